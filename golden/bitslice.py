@@ -1,0 +1,246 @@
+"""Golden bit-slice model: the specification of slice encoding, augmented
+reconstruction and every PE mode's integer dot product.
+
+An INT8 weight ``w`` is cut into ``n = 8 // s`` planes of ``s`` bits. Plane 0
+(the MSB plane) is signed, planes ``1 .. n-1`` are unsigned::
+
+    w = sum(planes[p] * 2**(s * (n - 1 - p)) for p in range(n))
+
+Keeping the top ``k`` planes drops ``d = s * (n - k)`` bits. Plain truncation
+(``floor`` to a multiple of ``2**d``) is biased by ``-(2**d - 1) / 2`` on
+average. LSB augmentation adds half of the dropped range, ``2**(d - 1)``,
+which puts the reconstruction at the midpoint of the interval the dropped bits
+span: round-to-nearest, unbiased over uniformly distributed low bits, and at
+most ``2**(d - 1)`` away from ``w``.
+
+PE modes (the values are the hardware encoding):
+
+========  =====================================================================
+FULL      all ``n`` planes, exact: ``sum(a * w)``
+DRAFT     top ``keep`` planes, LSB-augmented: ``sum(a * (trunc_keep(w) + 2**(d-1)))``
+MSB       top ``keep`` planes, truncated partial: ``sum(a * trunc_keep(w))``
+LSB       planes ``keep .. n-1`` partial: ``sum(a * (w - trunc_keep(w)))``
+========  =====================================================================
+
+``MSB + LSB == FULL`` exactly for every ``keep``. MSB mode is also the "plain
+truncation" draft that the augmented DRAFT is compared against.
+
+The PE computes these through ``(s + 1)``-bit signed *fields* (see
+:func:`field` and :func:`pe_dot`): an unsigned ``s``-bit slice needs a
+sign-extension bit to enter a signed multiplier, the signed MSB slice does not,
+so its spare bit becomes an implicit rounding bit (``{m, r}``, worth ``2m + r``
+half-units of the MSB plane). With ``k = 1`` setting ``r = 1`` is exactly the
+augmentation; with ``k > 1`` (only for ``s < 4``) the augmentation is the
+activation sum scaled by ``2**(d - 1)``.
+
+Everything here is plain NumPy with explicit ``int64`` arithmetic.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+__all__ = [
+    "Mode", "WEIGHT_BITS", "n_planes", "check_slice_bits", "split", "combine",
+    "truncate", "reconstruct", "effective_weights", "plane_range", "check_mode",
+    "dot", "field", "field_shift", "pe_dot", "acc_width", "max_abs_product",
+]
+
+WEIGHT_BITS = 8
+
+
+class Mode(enum.IntEnum):
+    """PE precision mode (the 2-bit hardware encoding)."""
+    FULL = 0
+    DRAFT = 1
+    MSB = 2
+    LSB = 3
+
+
+def check_slice_bits(s) -> int:
+    if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
+        raise TypeError(f"Slice width must be an integer, not {s!r}")
+    if int(s) not in (1, 2, 4):
+        raise ValueError(f"Slice width must be 1, 2 or 4, not {s!r}")
+    return int(s)
+
+
+def n_planes(s: int) -> int:
+    """Planes per INT8 weight for slice width ``s``."""
+    return WEIGHT_BITS // check_slice_bits(s)
+
+
+def _as_int8_values(w) -> np.ndarray:
+    w = np.asarray(w)
+    if not np.issubdtype(w.dtype, np.integer):
+        raise TypeError(f"Weights must be an integer array, not dtype {w.dtype}")
+    w = w.astype(np.int64)
+    if w.size and (w.min() < -128 or w.max() > 127):
+        raise ValueError(f"Weights must be INT8 (-128..127), got range {w.min()}..{w.max()}")
+    return w
+
+
+def split(w, s: int) -> np.ndarray:
+    """Slice INT8 weights into planes.
+
+    Returns an ``int64`` array of shape ``(n,) + w.shape``; plane 0 is the
+    signed MSB slice (``-2**(s-1) .. 2**(s-1)-1``), the others are unsigned
+    (``0 .. 2**s - 1``).
+    """
+    n = n_planes(s)
+    w = _as_int8_values(w)
+    u = w & 0xFF
+    planes = np.empty((n,) + w.shape, dtype=np.int64)
+    mask = (1 << s) - 1
+    for p in range(n):
+        planes[p] = (u >> (s * (n - 1 - p))) & mask
+    half = 1 << (s - 1)
+    planes[0] = np.where(planes[0] >= half, planes[0] - (1 << s), planes[0])
+    return planes
+
+
+def combine(planes, s: int) -> np.ndarray:
+    """Inverse of :func:`split` (all planes)."""
+    n = n_planes(s)
+    planes = np.asarray(planes, dtype=np.int64)
+    if planes.shape[0] != n:
+        raise ValueError(f"Expected {n} planes for slice width {s}, got {planes.shape[0]}")
+    return sum(planes[p] << (s * (n - 1 - p)) for p in range(n))
+
+
+def _check_keep(s: int, keep, lo: int, hi: int, what: str) -> int:
+    if isinstance(keep, bool) or not isinstance(keep, (int, np.integer)):
+        raise TypeError(f"Kept plane count must be an integer, not {keep!r}")
+    if not lo <= keep <= hi:
+        raise ValueError(f"{what}: kept plane count must be in {lo}..{hi} for slice width {s}, "
+                         f"not {keep!r}")
+    return int(keep)
+
+
+def truncate(w, s: int, k: int) -> np.ndarray:
+    """Top ``k`` planes of ``w`` (floor to a multiple of ``2**(s*(n-k))``)."""
+    n = n_planes(s)
+    k = _check_keep(s, k, 1, n, "truncate")
+    d = s * (n - k)
+    return (_as_int8_values(w) >> d) << d
+
+
+def reconstruct(w, s: int, k: int, augment: bool) -> np.ndarray:
+    """Weights as seen with the top ``k`` planes, with or without LSB augmentation.
+
+    ``k == n`` is full precision and returns ``w`` exactly (nothing dropped,
+    nothing to augment).
+    """
+    n = n_planes(s)
+    k = _check_keep(s, k, 1, n, "reconstruct")
+    t = truncate(w, s, k)
+    if augment and k < n:
+        t = t + (1 << (s * (n - k) - 1))
+    return t
+
+
+def check_mode(s: int, mode, keep) -> tuple[Mode, int]:
+    """Validate a (mode, keep) pair; returns it normalised.
+
+    FULL ignores ``keep`` (returned as ``n``); DRAFT, MSB and LSB need
+    ``1 <= keep <= n - 1``.
+    """
+    n = n_planes(s)
+    try:
+        mode = Mode(mode)
+    except ValueError:
+        raise ValueError(f"PE mode must be one of {[m.name for m in Mode]}, not {mode!r}") from None
+    if mode is Mode.FULL:
+        return mode, n
+    return mode, _check_keep(s, keep, 1, n - 1, f"{mode.name} mode")
+
+
+def plane_range(s: int, mode, keep) -> range:
+    """Planes a PE must be streamed for this mode, MSB first."""
+    n = n_planes(s)
+    mode, keep = check_mode(s, mode, keep)
+    if mode is Mode.LSB:
+        return range(keep, n)
+    return range(0, keep)
+
+
+def effective_weights(w, s: int, mode, keep) -> np.ndarray:
+    """The weight each mode multiplies by (the specification of a PE mode)."""
+    mode, keep = check_mode(s, mode, keep)
+    w = _as_int8_values(w)
+    if mode is Mode.FULL:
+        return w
+    if mode is Mode.DRAFT:
+        return reconstruct(w, s, keep, augment=True)
+    if mode is Mode.MSB:
+        return truncate(w, s, keep)
+    return w - truncate(w, s, keep)
+
+
+def dot(act, w, s: int, mode=Mode.FULL, keep=None) -> np.ndarray:
+    """Integer dot product(s) over the last axis for a PE mode (``int64``)."""
+    a = _as_int8_values(act)
+    ew = effective_weights(w, s, mode, keep)
+    return np.sum(a * ew, axis=-1, dtype=np.int64)
+
+
+# --- the PE's arithmetic, field by field ----------------------------------------
+
+def field(slices, plane: int, s: int, round_bit=0) -> np.ndarray:
+    """Value of the ``(s+1)``-bit signed multiplier field for a slice.
+
+    Plane 0: ``{m, r}`` = ``2*m + r`` (the spare sign-extension bit is the
+    rounding bit ``r``). Other planes: ``{0, l}`` = ``l`` (zero sign
+    extension); ``round_bit`` must be 0 for them.
+    """
+    slices = np.asarray(slices, dtype=np.int64)
+    if plane == 0:
+        return 2 * slices + int(round_bit)
+    if round_bit:
+        raise ValueError("Only the MSB plane has a rounding bit")
+    return slices
+
+
+def field_shift(plane: int, s: int) -> int:
+    """Left shift applied to a plane's partial sum: ``s*(n-1-p)``, one less for
+    the MSB plane because its field counts half-units."""
+    n = n_planes(s)
+    return s * (n - 1 - plane) - (1 if plane == 0 else 0)
+
+
+def pe_dot(act_chunks, plane_chunks, planes_seq, s: int, mode, keep, augment=True) -> int:
+    """The PE's algorithm on a beat sequence (one dot product).
+
+    ``act_chunks[b]``, ``plane_chunks[b]`` are the activation and slice vector
+    of beat ``b``, ``planes_seq[b]`` its plane index. Rounding (DRAFT) is
+    applied on beats of plane ``keep - 1``: through the MSB field bit when that
+    is plane 0, else by adding ``sum(a) << (field_shift - 1)``. With
+    ``augment=False`` (the plain bit-slice baseline) DRAFT rounds nothing.
+    """
+    mode, keep = check_mode(s, mode, keep)
+    acc = 0
+    for a, sl, p in zip(act_chunks, plane_chunks, planes_seq):
+        a = np.asarray(a, dtype=np.int64)
+        rnd = augment and mode is Mode.DRAFT and p == keep - 1
+        f = field(sl, p, s, round_bit=1 if (rnd and p == 0) else 0)
+        acc += int(np.sum(a * f)) << field_shift(p, s)
+        if rnd and p > 0:
+            acc += int(np.sum(a)) << (field_shift(p, s) - 1)
+    return acc
+
+
+def max_abs_product() -> int:
+    """Largest ``|a * w_eff|`` of any mode: ``(-128) * (-128)``."""
+    return 128 * 128
+
+
+def acc_width(max_len: int) -> int:
+    """Signed accumulator width that holds any dot product of up to
+    ``max_len`` elements in any mode (and any partial sum on the way)."""
+    if isinstance(max_len, bool) or not isinstance(max_len, int):
+        raise TypeError(f"Maximum dot-product length must be an integer, not {max_len!r}")
+    if max_len < 1:
+        raise ValueError(f"Maximum dot-product length must be >= 1, not {max_len!r}")
+    return (max_abs_product() * max_len).bit_length() + 1

@@ -1,0 +1,1 @@
+"""Amaranth HDL components of ELMoE-3D, installed as ``elmoe3d.hw``."""

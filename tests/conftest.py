@@ -1,0 +1,30 @@
+"""Shared pytest fixtures: simulator parametrisation (Icarus skips cleanly
+when it is not installed) and one sim_build folder for the whole session."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from elmoe3d.sim.harness import simulator_available
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ.setdefault("ELMOE_SIM_BUILD", str(ROOT / "sim_build"))
+
+
+def sim_params():
+    """``pytest.param`` per simulator; Icarus is skipped with a reason where absent."""
+    out = []
+    for sim in ("verilator", "icarus"):
+        ok, why = simulator_available(sim)
+        marks = [] if ok else [pytest.mark.skip(reason=why)]
+        out.append(pytest.param(sim, id=sim, marks=marks))
+    return out
+
+
+@pytest.fixture
+def measured_dir():
+    """Where RTL tests write measured figures for the report and the system model."""
+    d = ROOT / "build" / "measured"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
