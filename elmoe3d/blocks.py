@@ -1,56 +1,72 @@
 """Registry of the RTL blocks: name, Verilog top, how to build one from a
 :class:`~elmoe3d.config.Config`, and what it is. ``elmoe3d verilog``,
-``elmoe3d synth`` and the report iterate over it; a new block is one entry.
+``elmoe3d synth`` and the report iterate over it.
+
+A block registers itself: any module in ``elmoe3d.hw`` that defines a list
+``BLOCK_SPECS`` of :class:`Block` is picked up (ordered by ``Block.order``),
+so adding a block never means editing this file.
 """
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from dataclasses import dataclass
 from typing import Callable
 
 from .config import Config
 
-__all__ = ["Block", "BLOCKS", "block_params", "get_block"]
+__all__ = ["Block", "blocks", "block_names", "get_block"]
 
 
 @dataclass(frozen=True)
 class Block:
+    """One synthesisable block.
+
+    ``params(cfg)`` gives its elaboration parameters (a JSON-able dict) from a
+    Config; ``factory(**params)`` builds the Amaranth component. Baselines
+    name the block they are compared with in ``baseline_of``. ``sweep`` is
+    an optional list of Config overrides reported as a size sweep.
+    """
     name: str
     top: str
     description: str
-    params: Callable[[Config], dict]        # elaboration parameters from a Config
-    factory: Callable[..., object]          # factory(**params) -> Amaranth component
-    baseline_of: str | None = None          # for baselines: the block they compare with
+    params: Callable[[Config], dict]
+    factory: Callable[..., object]
+    baseline_of: str | None = None
+    order: int = 100
+    sweep: tuple = ()
+
+    def build(self, cfg: Config):
+        return self.factory(**self.params(cfg))
 
 
-def _pe(**kw):
-    from .hw.pe import BitSlicePE
-    return BitSlicePE(**kw)
+_CACHE: dict[str, Block] | None = None
 
 
-def _mac(**kw):
-    from .hw.pe import Int8MacVector
-    return Int8MacVector(**kw)
+def blocks() -> dict[str, Block]:
+    """All registered blocks, in report order."""
+    global _CACHE
+    if _CACHE is None:
+        from . import hw
+        found = []
+        for info in pkgutil.iter_modules(hw.__path__):
+            mod = importlib.import_module(f"{hw.__name__}.{info.name}")
+            found.extend(getattr(mod, "BLOCK_SPECS", ()))
+        names = [b.name for b in found]
+        dups = {n for n in names if names.count(n) > 1}
+        if dups:
+            raise RuntimeError(f"Duplicate block names registered: {sorted(dups)}")
+        _CACHE = {b.name: b for b in sorted(found, key=lambda b: (b.order, b.name))}
+    return _CACHE
 
 
-BLOCKS: dict[str, Block] = {b.name: b for b in [
-    Block("pe", "elmoe3d_pe", "LSB-augmented bit-slice PE (FULL/DRAFT/MSB/LSB modes)",
-          lambda c: dict(lanes=c.lanes, slice_bits=c.slice_bits, max_len=c.max_len,
-                         augment=True), _pe),
-    Block("pe_plain", "elmoe3d_pe_plain", "baseline: the same bit-slice PE without augmentation",
-          lambda c: dict(lanes=c.lanes, slice_bits=c.slice_bits, max_len=c.max_len,
-                         augment=False), _pe, baseline_of="pe"),
-    Block("mac_int8", "elmoe3d_mac_int8", "baseline: bit-parallel INT8xINT8 MAC vector, same lanes",
-          lambda c: dict(lanes=c.lanes, max_len=c.max_len), _mac, baseline_of="pe"),
-]}
+def block_names() -> list[str]:
+    return list(blocks())
 
 
 def get_block(name: str) -> Block:
     try:
-        return BLOCKS[name]
+        return blocks()[name]
     except KeyError:
-        raise ValueError(f"Unknown block {name!r}; choose from {', '.join(BLOCKS)}") from None
-
-
-def block_params(name: str, cfg: Config) -> dict:
-    return get_block(name).params(cfg)
+        raise ValueError(f"Unknown block {name!r}; choose from {', '.join(blocks())}") from None

