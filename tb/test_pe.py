@@ -19,7 +19,9 @@ import cocotb
 import numpy as np
 from cocotb.triggers import RisingEdge
 
+from ..golden import bitfusion as gbf
 from ..golden import bitslice as gbs
+from ..hw.bitfusion import bitfusion_input_layout
 from ..hw.pe import int8_input_layout, pe_input_layout, pe_output_layout
 from .common import (CycleCounter, StreamSink, StreamSource, golden_mutation, knob, params,
                      rng, start_clock_and_reset)
@@ -43,8 +45,9 @@ class PETB:
         self.max_beats = -(-self.p["max_len"] // self.lanes) * self.n
         self.rand = rng()
         self.np_rng = np.random.default_rng(self.rand.getrandbits(32))
-        self.in_layout = (pe_input_layout(self.lanes, self.s) if self.kind == "bitslice"
-                          else int8_input_layout(self.lanes))
+        self.in_layout = {"bitslice": lambda: pe_input_layout(self.lanes, self.s),
+                          "int8": lambda: int8_input_layout(self.lanes),
+                          "bitfusion": lambda: bitfusion_input_layout(self.lanes)}[self.kind]()
         self.out_layout = pe_output_layout(self.acc_width)
         self.idle, self.backpressure = idle, backpressure
         self.expected = []                   # (value or None, error)
@@ -79,6 +82,8 @@ class PETB:
         L, s = self.lanes, self.s
         a = self.rand_int8(chunks * L)
         w = self.rand_int8(chunks * L)
+        if self.kind == "bitfusion":
+            return self._bitfusion_dot(mode, chunks)
         if self.kind == "int8":
             beats = [{"act": a[c * L:(c + 1) * L].tolist(), "weight": w[c * L:(c + 1) * L].tolist(),
                       "last": int(c == chunks - 1)} for c in range(chunks)]
@@ -109,6 +114,25 @@ class PETB:
         else:
             gmode = gbs.Mode.MSB if (mode == gbs.Mode.DRAFT and not self.augment) else mode
             self._expect(int(gbs.dot(a, w, s, gmode, keep)), 0)
+        return len(beats)
+
+    def _bitfusion_dot(self, mode, chunks):
+        """Bit-Fusion beats: W8 uses act[0:L] (act[L:2L] is random and must be
+        ignored); W4 uses all 2L activations against packed INT4 pairs."""
+        L = self.lanes
+        total, beats = 0, []
+        for c in range(chunks):
+            a = self.rand_int8(2 * L)
+            if mode == gbf.W8:
+                wb = self.rand_int8(L) & 0xFF
+            else:
+                wb = gbf.pack_w4(self.np_rng.integers(-8, 8, size=2 * L))
+            total += gbf.beat_dot(a, wb, mode)
+            beats.append({"act": a.tolist(), "weight": wb.tolist(), "mode": mode,
+                          "last": int(c == chunks - 1)})
+        self.src.send(beats)
+        self._expect(None if len(beats) > self.max_beats else total,
+                     int(len(beats) > self.max_beats))
         return len(beats)
 
     def _expect(self, value, error):
@@ -158,8 +182,9 @@ async def random_vectors(dut):
     beats = 0
     max_chunks = max(1, min(6, tb.p["max_len"] // tb.lanes))
     while beats < target:
-        if tb.kind == "int8":
-            beats += tb.dot_product(None, None, tb.rand.randint(1, max_chunks))
+        if tb.kind in ("int8", "bitfusion"):
+            mode = tb.rand.choice((gbf.W8, gbf.W4))
+            beats += tb.dot_product(mode, None, tb.rand.randint(1, max_chunks))
             continue
         mode, keep = tb.random_mode()
         order = tb.rand.choice(("plane", "plane", "chunk", "shuffle"))
@@ -179,9 +204,9 @@ async def too_long(dut):
     tb = PETB(dut)
     await tb.start()
     chunks = tb.max_beats // tb.n + 1
-    if tb.kind == "int8":
-        tb.dot_product(None, None, chunks)
-        tb.dot_product(None, None, 1)
+    if tb.kind in ("int8", "bitfusion"):
+        tb.dot_product(gbf.W8, None, chunks)
+        tb.dot_product(gbf.W8, None, 1)
     else:
         tb.dot_product(gbs.Mode.FULL, tb.n, chunks)
         tb.dot_product(gbs.Mode.FULL, tb.n, 1)
@@ -196,7 +221,9 @@ async def throughput(dut):
     tb = PETB(dut)
     await tb.start()
     chunks, count = 4, 32
-    groups = [("FULL", gbs.Mode.FULL, tb.n)]
+    groups = [("FULL", gbs.Mode.FULL if tb.kind != "bitfusion" else gbf.W8, tb.n)]
+    if tb.kind == "bitfusion":
+        groups += [("W4", gbf.W4, None)]
     if tb.kind == "bitslice":
         groups += [(f"DRAFT_k{k}", gbs.Mode.DRAFT, k) for k in range(1, tb.n)]
     figures = {}

@@ -17,13 +17,14 @@ CASES = [
     pytest.param("pe", {"slice_bits": 1, "lanes": 4, "max_len": 64}, id="pe-s1-L4"),
     pytest.param("pe_plain", {"slice_bits": 2, "lanes": 8, "max_len": 512}, id="plain-s2-L8"),
     pytest.param("mac_int8", {"lanes": 8, "max_len": 512}, id="mac-L8"),
+    pytest.param("bitfusion", {"lanes": 4, "max_len": 256}, id="bitfusion-L4"),
 ]
 
 
 def _params(block, over):
     b = get_block(block)
     p = b.params(preset("default").replace(**over))
-    p["kind"] = "int8" if block == "mac_int8" else "bitslice"
+    p["kind"] = {"mac_int8": "int8", "bitfusion": "bitfusion"}.get(block, "bitslice")
     return b, p
 
 
