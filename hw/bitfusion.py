@@ -12,12 +12,10 @@ as wide. Golden model: :mod:`elmoe3d.golden.bitfusion`.
 from __future__ import annotations
 
 from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, stream, wiring
-from amaranth.lib.wiring import In, Out
+from amaranth.lib import data
 
-from ..golden import bitslice as gbs
-from .common import adder_tree, check_int
-from .pe import _accumulate, _pipeline_ctrl, pe_output_layout
+from .common import adder_tree
+from .pe import _accumulate, _pipeline_ctrl, _VectorMAC
 
 __all__ = ["BitFusionPE", "bitfusion_input_layout"]
 
@@ -31,7 +29,7 @@ def bitfusion_input_layout(lanes: int) -> data.StructLayout:
     })
 
 
-class BitFusionPE(wiring.Component):
+class BitFusionPE(_VectorMAC):
     """Bit-Fusion-style PE baseline.
 
     Parameters
@@ -51,16 +49,8 @@ class BitFusionPE(wiring.Component):
     """
 
     def __init__(self, *, lanes: int = 16, max_len: int = 4096):
-        check_int("Lane count", lanes, 1, 1024)
-        check_int("Maximum dot-product length", max_len, 1)
-        self.lanes = lanes
-        self.max_len = max_len
-        self.acc_width = gbs.acc_width(max_len)
-        self.max_beats = -(-max_len // lanes)          # W8 beats; W4 beats carry twice as many
-        super().__init__({
-            "i": In(stream.Signature(bitfusion_input_layout(lanes))),
-            "o": Out(stream.Signature(pe_output_layout(self.acc_width))),
-        })
+        # the beat limit counts W8 beats; W4 beats carry twice as many elements
+        super().__init__(lambda: bitfusion_input_layout(lanes), lanes=lanes, max_len=max_len)
 
     def elaborate(self, platform):
         m = Module()

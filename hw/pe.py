@@ -100,7 +100,24 @@ def _accumulate(m: Module, adv, o, width: int, max_beats: int, term, valid, last
                      o.payload.error.eq(bad_next)]
 
 
-class BitSlicePE(wiring.Component):
+class _VectorMAC(wiring.Component):
+    """Common constructor of the PE and its baselines: validated lanes and
+    length, the accumulator width, the beat limit, and the stream ports."""
+
+    def __init__(self, in_layout_fn, *, lanes: int, max_len: int, beats_per_chunk: int = 1):
+        check_int("Lane count", lanes, 1, 1024)
+        check_int("Maximum dot-product length", max_len, 1)
+        self.lanes = lanes
+        self.max_len = max_len
+        self.acc_width = gbs.acc_width(max_len)
+        self.max_beats = -(-max_len // lanes) * beats_per_chunk
+        super().__init__({
+            "i": In(stream.Signature(in_layout_fn())),
+            "o": Out(stream.Signature(pe_output_layout(self.acc_width))),
+        })
+
+
+class BitSlicePE(_VectorMAC):
     """LSB-augmented bit-slice PE: ``L`` lanes of INT8 x ``(s+1)``-bit field.
 
     Parameters
@@ -146,22 +163,14 @@ class BitSlicePE(wiring.Component):
 
     def __init__(self, *, lanes: int = 16, slice_bits: int = 4, max_len: int = 4096,
                  augment: bool = True):
-        check_int("Lane count", lanes, 1, 1024)
         gbs.check_slice_bits(slice_bits)
-        check_int("Maximum dot-product length", max_len, 1)
         if not isinstance(augment, bool):
             raise TypeError(f"augment must be a bool, not {augment!r}")
-        self.lanes = lanes
         self.slice_bits = slice_bits
         self.planes = gbs.n_planes(slice_bits)
-        self.max_len = max_len
         self.augment = augment
-        self.acc_width = gbs.acc_width(max_len)
-        self.max_beats = -(-max_len // lanes) * self.planes
-        super().__init__({
-            "i": In(stream.Signature(pe_input_layout(lanes, slice_bits))),
-            "o": Out(stream.Signature(pe_output_layout(self.acc_width))),
-        })
+        super().__init__(lambda: pe_input_layout(lanes, slice_bits), lanes=lanes,
+                         max_len=max_len, beats_per_chunk=self.planes)
 
     def elaborate(self, platform):
         m = Module()
@@ -247,7 +256,7 @@ def int8_input_layout(lanes: int) -> data.StructLayout:
     })
 
 
-class Int8MacVector(wiring.Component):
+class Int8MacVector(_VectorMAC):
     """Baseline: bit-parallel INT8 x INT8 MAC vector unit with ``L`` lanes.
 
     Same pipeline, stream protocol and accumulator sizing as
@@ -265,16 +274,7 @@ class Int8MacVector(wiring.Component):
     """
 
     def __init__(self, *, lanes: int = 16, max_len: int = 4096):
-        check_int("Lane count", lanes, 1, 1024)
-        check_int("Maximum dot-product length", max_len, 1)
-        self.lanes = lanes
-        self.max_len = max_len
-        self.acc_width = gbs.acc_width(max_len)
-        self.max_beats = -(-max_len // lanes)
-        super().__init__({
-            "i": In(stream.Signature(int8_input_layout(lanes))),
-            "o": Out(stream.Signature(pe_output_layout(self.acc_width))),
-        })
+        super().__init__(lambda: int8_input_layout(lanes), lanes=lanes, max_len=max_len)
 
     def elaborate(self, platform):
         m = Module()
