@@ -2,6 +2,8 @@
 (``elmoe3d.golden``), cocotb testbenches (``elmoe3d.tb``) and simulation / model
 drivers (``elmoe3d.sim``)."""
 
-from .config import Config, PRESETS, preset  # noqa: F401
+from .config import PRESETS, Config, preset
+
+__all__ = ["Config", "PRESETS", "preset", "__version__"]
 
 __version__ = "0.1.0"

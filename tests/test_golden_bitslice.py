@@ -1,6 +1,5 @@
 """Golden bit-slice model, exhaustively over all 256 INT8 values for every s and k."""
 
-import itertools
 
 import numpy as np
 import pytest
