@@ -12,6 +12,20 @@ ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("ELMOE_SIM_BUILD", str(ROOT / "sim_build"))
 
 
+def pytest_collection_modifyitems(config, items):
+    """Leave `slow` tests out unless the -m expression mentions `slow`, so
+    `pytest -m tag` runs the tag unit's default tests and `pytest -m slow`
+    (or `-m "tag and slow"`) the long sweeps."""
+    if "slow" in (config.option.markexpr or ""):
+        return
+    keep, drop = [], []
+    for item in items:
+        (drop if item.get_closest_marker("slow") else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def sim_params():
     """``pytest.param`` per simulator; Icarus is skipped with a reason where absent."""
     out = []
