@@ -61,7 +61,7 @@ class BitFusionPE(_VectorMAC):
         w4 = p.mode == 1
 
         # stage 0: 16 BitBricks per lane -> registered brick products
-        bricks = []                                    # (signal, shift in W8, shift in W4)
+        bricks = {}                                    # (lane, i, k) -> product
         with m.If(adv):
             for j in range(L):
                 a0, a1 = p.act[2 * j], p.act[2 * j + 1]
@@ -72,23 +72,28 @@ class BitFusionPE(_VectorMAC):
                         a_src = Mux(w4, a0 if k < 2 else a1, p.act[j])
                         a_sl = a_src.as_unsigned()[2 * i:2 * i + 2]
                         w_sl = w[2 * k:2 * k + 2]
-                        a_signed = i == 3
                         w_signed = Mux(w4, k in (1, 3), k == 3)
-                        ax = Cat(a_sl, a_sl[1] if a_signed else 0).as_signed()
+                        ax = Cat(a_sl, a_sl[1] if i == 3 else 0).as_signed()
                         wx = Cat(w_sl, w_sl[1] & w_signed).as_signed()
                         b = Signal(signed(6), name=f"s1_b{j}_{i}{k}")
                         m.d.sync += b.eq(ax * wx)
-                        bricks.append((b, 2 * (i + k), 2 * (i + (k % 2))))
+                        bricks[j, i, k] = b
         s1_mode, s1_last, s1_valid = Signal(), Signal(), Signal()
         with m.If(adv):
             m.d.sync += [s1_mode.eq(p.mode), s1_last.eq(p.last), s1_valid.eq(self.i.valid)]
 
-        # stage 1: fusion shift-add (mode-dependent shifts) and the lane tree
-        terms = [Mux(s1_mode, b << sh4, b << sh8) for b, sh8, sh4 in bricks]
-        s2_sum = Signal(adder_tree(terms).shape())
+        # stage 1: fusion. Bricks of weight slices 0-1 form the low half, 2-3 the
+        # high half, each shifted by 2*(i + k mod 2); W8 fuses the halves with
+        # a 4-bit shift, W4 adds them as two separate products (one mux per lane).
+        lanes = []
+        for j in range(L):
+            lo = adder_tree([bricks[j, i, k] << (2 * (i + k)) for i in range(4) for k in (0, 1)])
+            hi = adder_tree([bricks[j, i, k] << (2 * (i + k - 2)) for i in range(4) for k in (2, 3)])
+            lanes.append(lo + Mux(s1_mode, hi, hi << 4))
+        s2_sum = Signal(adder_tree(lanes).shape())
         s2_last, s2_valid = Signal(), Signal()
         with m.If(adv):
-            m.d.sync += [s2_sum.eq(adder_tree(terms)), s2_last.eq(s1_last), s2_valid.eq(s1_valid)]
+            m.d.sync += [s2_sum.eq(adder_tree(lanes)), s2_last.eq(s1_last), s2_valid.eq(s1_valid)]
 
         _accumulate(m, adv, self.o, self.acc_width, self.max_beats, s2_sum, s2_valid, s2_last, 0)
         return m
