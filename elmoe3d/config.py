@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-__all__ = ["Config", "PRESETS", "preset", "SLICE_WIDTHS", "WEIGHT_BITS", "ACT_BITS"]
+__all__ = ["Config", "PRESETS", "preset", "check_int", "SLICE_WIDTHS", "WEIGHT_BITS", "ACT_BITS"]
 
 #: Weight and activation precision of the target models (INT8 x INT8).
 WEIGHT_BITS = 8
@@ -25,12 +25,16 @@ ACT_BITS = 8
 SLICE_WIDTHS = (1, 2, 4)
 
 
-def _check_int(name, value, lo, hi=None):
+def check_int(name: str, value, lo: int, hi: int | None = None) -> int:
+    """Validate an integer parameter: ``TypeError`` for a non-integer (bools
+    included), ``ValueError`` naming the value when out of range. Shared by
+    the Config, the Amaranth blocks and the golden models."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an integer, not {value!r}")
     if value < lo or (hi is not None and value > hi):
         rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
         raise ValueError(f"{name} must be {rng}, not {value!r}")
+    return value
 
 
 def _check_pow2(name, value):
@@ -86,25 +90,25 @@ class Config:
             raise TypeError(f"Slice width must be an integer, not {self.slice_bits!r}")
         if self.slice_bits not in SLICE_WIDTHS:
             raise ValueError(f"Slice width must be 1, 2 or 4, not {self.slice_bits!r}")
-        _check_int("Lane count", self.lanes, 1, 1024)
-        _check_int("PE count", self.pes, 1, 1024)
-        _check_int("Maximum dot-product length", self.max_len, 1)
-        _check_int("HB words per bank", self.hb_words, 2)
+        check_int("Lane count", self.lanes, 1, 1024)
+        check_int("PE count", self.pes, 1, 1024)
+        check_int("Maximum dot-product length", self.max_len, 1)
+        check_int("HB words per bank", self.hb_words, 2)
         _check_pow2("HB words per bank", self.hb_words)
-        _check_int("Tag-unit slot count", self.tag_slots, 2, 4096)
-        _check_int("Layer id width", self.layer_bits, 1, 16)
-        _check_int("Expert id width", self.expert_bits, 1, 16)
-        _check_int("Hidden size", self.hidden, 1)
-        _check_int("Expert FFN width", self.ffn, 1)
-        _check_int("Routed expert count", self.experts, 1)
-        _check_int("Top-k", self.top_k, 1)
-        _check_int("Shared expert count", self.shared_experts, 0)
+        check_int("Tag-unit slot count", self.tag_slots, 2, 4096)
+        check_int("Layer id width", self.layer_bits, 1, 16)
+        check_int("Expert id width", self.expert_bits, 1, 16)
+        check_int("Hidden size", self.hidden, 1)
+        check_int("Expert FFN width", self.ffn, 1)
+        check_int("Routed expert count", self.experts, 1)
+        check_int("Top-k", self.top_k, 1)
+        check_int("Shared expert count", self.shared_experts, 0)
         if self.top_k > self.experts:
             raise ValueError(f"Top-k must not exceed the expert count {self.experts}, not {self.top_k!r}")
         if self.experts > (1 << self.expert_bits):
             raise ValueError(
                 f"Expert count {self.experts!r} does not fit in expert id width {self.expert_bits}")
-        _check_int("AXI data width", self.axi_data_bits, 8, 1024)
+        check_int("AXI data width", self.axi_data_bits, 8, 1024)
         _check_pow2("AXI data width", self.axi_data_bits)
 
     # -- derived quantities -------------------------------------------------

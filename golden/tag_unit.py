@@ -69,6 +69,8 @@ from __future__ import annotations
 import enum
 import math
 
+from ..config import check_int
+
 __all__ = ["TagOp", "TagError", "TagUnitModel", "STAT_NAMES", "RESPONSE_FIELDS",
            "COMMAND_FIELDS", "slot_bits"]
 
@@ -106,15 +108,6 @@ RESPONSE_FIELDS = ("op", "error", "hit", "slot", "planes", "evicted", "evicted_t
 
 OP_BITS = 4
 ERROR_BITS = 4
-
-
-def _check_int(name, value, lo, hi=None):
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an integer, not {value!r}")
-    if value < lo or (hi is not None and value > hi):
-        rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
-        raise ValueError(f"{name} must be {rng}, not {value!r}")
-    return value
 
 
 def slot_bits(slots: int) -> int:
@@ -162,14 +155,14 @@ class TagUnitModel:
     def __init__(self, slots: int = 32, layer_bits: int = 6, expert_bits: int = 7,
                  hot_bits: int = 8, decay_shift: int = 2, plane_bits: int = 2,
                  stat_bits: int = 32, pin_bits: int = 3, *, mutant: str | None = None):
-        _check_int("Tag-unit slot count", slots, 2, 4096)
-        _check_int("Layer id width", layer_bits, 1, 16)
-        _check_int("Expert id width", expert_bits, 1, 16)
-        _check_int("Hotness width", hot_bits, 1, 32)
-        _check_int("Decay shift", decay_shift, 0, hot_bits)
-        _check_int("Resident-plane width", plane_bits, 1, 8)
-        _check_int("Statistics counter width", stat_bits, 1, 64)
-        _check_int("Pin counter width", pin_bits, 1, 16)
+        check_int("Tag-unit slot count", slots, 2, 4096)
+        check_int("Layer id width", layer_bits, 1, 16)
+        check_int("Expert id width", expert_bits, 1, 16)
+        check_int("Hotness width", hot_bits, 1, 32)
+        check_int("Decay shift", decay_shift, 0, hot_bits)
+        check_int("Resident-plane width", plane_bits, 1, 8)
+        check_int("Statistics counter width", stat_bits, 1, 64)
+        check_int("Pin counter width", pin_bits, 1, 16)
         if mutant not in (None, "tie", "decay"):
             raise ValueError(f"Unknown mutant {mutant!r}")
         self.slots = slots

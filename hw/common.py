@@ -4,18 +4,9 @@ from __future__ import annotations
 
 from amaranth.hdl import Value
 
+from ..config import check_int  # noqa: F401  (re-exported for the blocks)
+
 __all__ = ["adder_tree", "check_int"]
-
-
-def check_int(name: str, value, lo: int, hi: int | None = None) -> int:
-    """Validate an elaboration parameter: ``TypeError`` for a non-integer,
-    ``ValueError`` naming the value when out of range."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an integer, not {value!r}")
-    if value < lo or (hi is not None and value > hi):
-        rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
-        raise ValueError(f"{name} must be {rng}, not {value!r}")
-    return value
 
 
 def adder_tree(values: list[Value]) -> Value:

@@ -21,6 +21,7 @@ Two measurements per block, both from the YoWASP tools installed with pip:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -150,8 +151,16 @@ def ecp5_fmax(vfile: Path, top: str, workdir: Path, *, freq_mhz: float | None = 
             "device": f"LFE5U-{c['device'].upper()} (out of context, -nodsp)"}
 
 
-def synth_block(component, top: str, workdir: Path | None = None, *, fmax: bool = False) -> dict:
-    """Verilog + generic synthesis (+ optional ECP5 Fmax) of one component."""
+def synth_block(component, top: str, workdir: Path | None = None, *, fmax: bool = False,
+                fmax_max_cells: int | None = None) -> dict:
+    """Verilog + generic synthesis (+ optional ECP5 Fmax) of one component.
+
+    Results are cached in ``workdir/result.json`` keyed by the hash of the
+    Verilog text and the flow options, so a repeated ``make demo`` only
+    re-synthesises blocks whose RTL changed. With ``fmax_max_cells``, place
+    and route is skipped (``fmax_skipped`` says why) for blocks whose generic
+    cell count is larger.
+    """
     from .harness import write_verilog
     tmp = None
     if workdir is None:
@@ -159,9 +168,21 @@ def synth_block(component, top: str, workdir: Path | None = None, *, fmax: bool 
         workdir = Path(tmp.name)
     try:
         vfile = write_verilog(component, top, workdir / f"{top}.v")
+        key = {"verilog_sha256": hashlib.sha256(vfile.read_bytes()).hexdigest(), "fmax": fmax,
+               "fmax_max_cells": fmax_max_cells, "sram_min_words": SRAM_MIN_WORDS,
+               "ecp5": _ecp5_constraints() if fmax else None}
+        cache = workdir / "result.json"
+        if cache.exists():
+            old = json.loads(cache.read_text())
+            if old.get("key") == key:
+                return old["result"]
         out = yosys_generic(vfile, top, workdir)
-        if fmax:
+        if fmax and fmax_max_cells is not None and out["cells"] > fmax_max_cells:
+            out["fmax_skipped"] = (f"{out['cells']} cells > {fmax_max_cells}: run "
+                                   f"`elmoe3d synth --fmax --blocks <name>`")
+        elif fmax:
             out.update(ecp5_fmax(vfile, top, workdir))
+        cache.write_text(json.dumps({"key": key, "result": out}, indent=1))
         return out
     finally:
         if tmp is not None:

@@ -16,6 +16,10 @@ from ..report import BuildContext, Progress, Section, md_table, text_table
 from ._common import add_config_args, config_from_args
 
 NAME = "build"
+
+#: Blocks larger than this (generic cells) skip nextpnr in `make demo`: the MoE
+#: layer alone takes about 10 minutes to place and route on ECP5.
+FMAX_MAX_CELLS = 30000
 HELP = "main job: Verilog + synthesis estimates + measurements + models -> build/report.md"
 
 
@@ -67,7 +71,7 @@ def run(args) -> int:
 
     write_all(cfg, bl, outdir / "verilog", progress)
     synth = run_synth(cfg, bl, outdir / "synth", fmax=not (args.no_fmax or args.quick),
-                      sweep=not args.quick, progress=progress)
+                      sweep=not args.quick, progress=progress, fmax_max_cells=FMAX_MAX_CELLS)
     sections = [Section("Blocks: synthesis estimates", synth_md(synth), {"blocks": synth},
                         text_table(*table(synth)) + "\n" + "\n".join(ratio_lines(synth)))]
     if not args.no_sim:

@@ -25,12 +25,14 @@ def register(p):
     add_blocks_arg(p)
 
 
-def run_synth(cfg, blocks, workroot: Path, *, fmax: bool, sweep: bool, progress) -> dict:
+def run_synth(cfg, blocks, workroot: Path, *, fmax: bool, sweep: bool, progress,
+              fmax_max_cells: int | None = None) -> dict:
     from ..sim.synth import synth_block
     results = {}
     for b in blocks:
         progress(f"synthesising {b.name}" + (" (+ nextpnr)" if fmax else ""))
-        r = synth_block(b.build(cfg), b.top, workroot / b.name, fmax=fmax)
+        r = synth_block(b.build(cfg), b.top, workroot / b.name, fmax=fmax,
+                        fmax_max_cells=fmax_max_cells)
         r.update({"top": b.top, "description": b.description, "params": b.params(cfg),
                   "baseline_of": b.baseline_of})
         if sweep and b.sweep:
@@ -82,7 +84,8 @@ def table(results: dict) -> tuple[list[str], list[list]]:
         if sram:
             row.append(round(r.get("sram_bits", 0) / 1024, 1))
         if fmax:
-            row += [r.get("lut4", "-"), r.get("ff", "-"), r.get("fmax_mhz", "-")]
+            row += [r.get("lut4", "-"), r.get("ff", "-"),
+                    r.get("fmax_mhz", "skipped" if r.get("fmax_skipped") else "-")]
         rows.append(row)
         for s in r.get("sweep", []):
             tag = ",".join(f"{k}={v}" for k, v in s["overrides"].items())
@@ -131,4 +134,6 @@ def markdown(results: dict) -> str:
              "words are kept as macros and counted in SRAM kbit); transistors from "
              "`stat -tech cmos` (a lower bound, `+`); depth = `ltp -noff`; LUT4/FF/Fmax: "
              "ECP5-85F out-of-context nextpnr, no DSPs, target in `constraints/ecp5_ooc.json`."]
+    notes += [f"{name}: place and route skipped ({r['fmax_skipped']})"
+              for name, r in results.items() if r.get("fmax_skipped")]
     return (md_table(h, rows) + "\n\n" + "\n".join(f"- {line}" for line in notes + ratio_lines(results)))
