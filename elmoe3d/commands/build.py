@@ -9,6 +9,7 @@ command modules contribute (``build_section``), a table on stdout, and
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def pe_throughput_section(ctx) -> Section:
     from ..sim.harness import simulate
     b = get_block("pe")
     params = dict(b.params(ctx.cfg), kind="bitslice")
-    out = ctx.outdir / "measured" / "throughput-pe-build.json"
+    out = (ctx.outdir / "measured" / "throughput-pe-build.json").resolve()
     ctx.progress("cocotb: PE throughput (Verilator)")
     simulate(lambda kind, **kw: b.factory(**kw), block="pe", params=params, top=b.top,
              test_module="elmoe3d.tb.test_pe", testcase="throughput",
@@ -74,13 +75,15 @@ def run(args) -> int:
                       sweep=not args.quick, progress=progress, fmax_max_cells=FMAX_MAX_CELLS)
     sections = [Section("Blocks: synthesis estimates", synth_md(synth), {"blocks": synth},
                         text_table(*table(synth)) + "\n" + "\n".join(ratio_lines(synth)))]
-    if not args.no_sim:
-        sections.append(pe_throughput_section(ctx))
-    for mod in hooks:
+    steps = ([("pe throughput", pe_throughput_section)] if not args.no_sim else []) + \
+        [(mod.NAME, mod.build_section) for mod in hooks]
+    failed = []
+    for name, fn in steps:
         try:
-            sec = mod.build_section(ctx)
-        except Exception as e:          # a model failing must not hide the rest of the report
-            sec = Section(f"{mod.NAME}: failed", f"`{mod.NAME}` section failed: {e!r}",
+            sec = fn(ctx)
+        except Exception as e:          # one failing section must not hide the rest of the report
+            failed.append(name)
+            sec = Section(f"{name}: FAILED", f"The `{name}` section failed: `{e!r}`",
                           {"error": repr(e)}, f"FAILED: {e!r}")
         if sec is not None:
             sections.append(sec)
@@ -99,4 +102,7 @@ def run(args) -> int:
         print(f"\n== {s.title} ==")
         print(s.stdout or s.markdown)
     print(f"\nwrote {outdir / 'report.md'} and {outdir / 'report.json'}")
+    if failed:
+        print(f"elmoe3d: error: report sections failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
