@@ -72,7 +72,7 @@ import math
 from ..config import check_int
 
 __all__ = ["TagOp", "TagError", "TagUnitModel", "STAT_NAMES", "RESPONSE_FIELDS",
-           "COMMAND_FIELDS", "slot_bits"]
+           "COMMAND_FIELDS", "slot_bits", "check_params"]
 
 
 class TagOp(enum.IntEnum):
@@ -108,6 +108,20 @@ RESPONSE_FIELDS = ("op", "error", "hit", "slot", "planes", "evicted", "evicted_t
 
 OP_BITS = 4
 ERROR_BITS = 4
+
+
+def check_params(slots, layer_bits, expert_bits, hot_bits, decay_shift, plane_bits,
+                 stat_bits, pin_bits) -> None:
+    """Validate the tag unit's parameters (shared by the golden model and the
+    RTL, so both refuse exactly the same values with the same messages)."""
+    check_int("Tag-unit slot count", slots, 2, 4096)
+    check_int("Layer id width", layer_bits, 1, 16)
+    check_int("Expert id width", expert_bits, 1, 16)
+    check_int("Hotness width", hot_bits, 1, 32)
+    check_int("Decay shift", decay_shift, 0, hot_bits)
+    check_int("Resident-plane width", plane_bits, 1, 8)
+    check_int("Statistics counter width", stat_bits, 1, 64)
+    check_int("Pin counter width", pin_bits, 1, 16)
 
 
 def slot_bits(slots: int) -> int:
@@ -155,14 +169,8 @@ class TagUnitModel:
     def __init__(self, slots: int = 32, layer_bits: int = 6, expert_bits: int = 7,
                  hot_bits: int = 8, decay_shift: int = 2, plane_bits: int = 2,
                  stat_bits: int = 32, pin_bits: int = 3, *, mutant: str | None = None):
-        check_int("Tag-unit slot count", slots, 2, 4096)
-        check_int("Layer id width", layer_bits, 1, 16)
-        check_int("Expert id width", expert_bits, 1, 16)
-        check_int("Hotness width", hot_bits, 1, 32)
-        check_int("Decay shift", decay_shift, 0, hot_bits)
-        check_int("Resident-plane width", plane_bits, 1, 8)
-        check_int("Statistics counter width", stat_bits, 1, 64)
-        check_int("Pin counter width", pin_bits, 1, 16)
+        check_params(slots, layer_bits, expert_bits, hot_bits, decay_shift, plane_bits,
+                     stat_bits, pin_bits)
         if mutant not in (None, "tie", "decay"):
             raise ValueError(f"Unknown mutant {mutant!r}")
         self.slots = slots

@@ -38,7 +38,6 @@ from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..golden import tag_unit as gtu
-from .common import check_int
 
 __all__ = ["TagOpcode", "TagErrorCode", "TagUnit", "tag_command_layout",
            "tag_response_layout"]
@@ -150,14 +149,8 @@ class TagUnit(wiring.Component):
     def __init__(self, *, slots: int = 32, layer_bits: int = 6, expert_bits: int = 7,
                  hot_bits: int = 8, decay_shift: int = 2, plane_bits: int = 2,
                  stat_bits: int = 32, pin_bits: int = 3):
-        check_int("Tag-unit slot count", slots, 2, 4096)
-        check_int("Layer id width", layer_bits, 1, 16)
-        check_int("Expert id width", expert_bits, 1, 16)
-        check_int("Hotness width", hot_bits, 1, 32)
-        check_int("Decay shift", decay_shift, 0, hot_bits)
-        check_int("Resident-plane width", plane_bits, 1, 8)
-        check_int("Statistics counter width", stat_bits, 1, 64)
-        check_int("Pin counter width", pin_bits, 1, 16)
+        gtu.check_params(slots, layer_bits, expert_bits, hot_bits, decay_shift, plane_bits,
+                         stat_bits, pin_bits)
         self.slots = slots
         self.layer_bits = layer_bits
         self.expert_bits = expert_bits
