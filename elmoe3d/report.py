@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .config import Config
 
-__all__ = ["Section", "BuildContext", "Progress", "md_table"]
+__all__ = ["Section", "BuildContext", "Progress", "md_table", "text_table", "save_png"]
 
 
 @dataclass
@@ -51,6 +51,17 @@ class BuildContext:
     outdir: Path                     # build/ (report, verilog/, measured/, plots)
     progress: Progress
     quick: bool = False              # `elmoe3d build --quick`: smallest useful work
+
+
+def save_png(fig, path, written: list | None = None, dpi: int = 110):
+    """Lay out, save and close a matplotlib figure; append its path to ``written``."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    if written is not None:
+        written.append(path)
+    return path
 
 
 def md_table(headers: list[str], rows: list[list]) -> str:

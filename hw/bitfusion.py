@@ -11,11 +11,11 @@ as wide. Golden model: :mod:`elmoe3d.golden.bitfusion`.
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Cat, Mux, Signal, signed, unsigned
 from amaranth.lib import data
 
 from .common import adder_tree
-from .pe import _accumulate, _pipeline_ctrl, _VectorMAC
+from .pe import _accumulate, _VectorMAC
 
 __all__ = ["BitFusionPE", "bitfusion_input_layout"]
 
@@ -53,11 +53,8 @@ class BitFusionPE(_VectorMAC):
         super().__init__(lambda: bitfusion_input_layout(lanes), lanes=lanes, max_len=max_len)
 
     def elaborate(self, platform):
-        m = Module()
+        m, adv, p = self._begin()
         L = self.lanes
-        adv = _pipeline_ctrl(m, self.o)
-        m.d.comb += self.i.ready.eq(adv)
-        p = self.i.payload
         w4 = p.mode == 1
 
         # stage 0: 16 BitBricks per lane -> registered brick products

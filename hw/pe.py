@@ -116,6 +116,13 @@ class _VectorMAC(wiring.Component):
             "o": Out(stream.Signature(pe_output_layout(self.acc_width))),
         })
 
+    def _begin(self):
+        """Module, global-stall advance signal (``i.ready``) and input payload."""
+        m = Module()
+        adv = _pipeline_ctrl(m, self.o)
+        m.d.comb += self.i.ready.eq(adv)
+        return m, adv, self.i.payload
+
 
 class BitSlicePE(_VectorMAC):
     """LSB-augmented bit-slice PE: ``L`` lanes of INT8 x ``(s+1)``-bit field.
@@ -173,12 +180,9 @@ class BitSlicePE(_VectorMAC):
                          max_len=max_len, beats_per_chunk=self.planes)
 
     def elaborate(self, platform):
-        m = Module()
+        m, adv, p = self._begin()
         L, s, n = self.lanes, self.slice_bits, self.planes
         deep = self.augment and n > 2        # k > 1 drafts need the activation sum
-        adv = _pipeline_ctrl(m, self.o)
-        m.d.comb += self.i.ready.eq(adv)
-        p = self.i.payload
 
         # ---- stage 0 (combinational): fields, products, beat checks --------
         is_draft = p.mode == PEMode.DRAFT
@@ -277,11 +281,8 @@ class Int8MacVector(_VectorMAC):
         super().__init__(lambda: int8_input_layout(lanes), lanes=lanes, max_len=max_len)
 
     def elaborate(self, platform):
-        m = Module()
+        m, adv, p = self._begin()
         L = self.lanes
-        adv = _pipeline_ctrl(m, self.o)
-        m.d.comb += self.i.ready.eq(adv)
-        p = self.i.payload
         s1_prod = [Signal(signed(16), name=f"s1_prod{j}") for j in range(L)]
         s1_last, s1_valid = Signal(), Signal()
         with m.If(adv):

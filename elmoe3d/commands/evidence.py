@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..report import Progress, Section, md_table, text_table
+from ..report import Progress, Section, md_table, save_png, text_table
 from ._common import writable_file
 
 NAME = "evidence"
@@ -339,11 +339,7 @@ def plots(res, outdir: Path) -> list[Path]:
         ax.grid(alpha=0.3)
     (axes[0] if len(precs) > 1 else axes).set_ylabel("mean accepted bytes")
     (axes[0] if len(precs) > 1 else axes).legend(fontsize=8)
-    fig.tight_layout()
-    p = outdir / "acceptance_vs_residents.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    written.append(p)
+    save_png(fig, outdir / "acceptance_vs_residents.png", written)
 
     mid = 0.5 if 0.5 in fr else fr[0]
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
@@ -358,11 +354,7 @@ def plots(res, outdir: Path) -> list[Path]:
     ax.set_title(f"{mid:.0%} resident experts")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    p = outdir / "acceptance_vs_draft_len.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    written.append(p)
+    save_png(fig, outdir / "acceptance_vs_draft_len.png", written)
 
     ws = res["working_set"]
     fig, ax = plt.subplots(figsize=(5, 3.4))
@@ -372,11 +364,7 @@ def plots(res, outdir: Path) -> list[Path]:
     ax.set_ylabel("distinct experts / layer / step")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    p = outdir / "working_set.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    written.append(p)
+    save_png(fig, outdir / "working_set.png", written)
 
     fig, ax = plt.subplots(figsize=(6, 3.4))
     for r in res["routing"]:
@@ -385,11 +373,7 @@ def plots(res, outdir: Path) -> list[Path]:
     ax.set_ylabel("share of routing assignments")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    p = outdir / "expert_popularity.png"
-    fig.savefig(p, dpi=110)
-    plt.close(fig)
-    written.append(p)
+    save_png(fig, outdir / "expert_popularity.png", written)
 
     from ..sim.lm.evidence import DATA_DIR
     curve = DATA_DIR / "train_curve.png"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ...report import save_png
+
 __all__ = ["plot_grid"]
 
 
@@ -46,11 +48,7 @@ def plot_grid(grid: dict, outdir, abl: dict | None = None) -> list[Path]:
             axes[j // cols][j % cols].axis("off")
         axes[0][0].legend(fontsize=7)
         fig.suptitle(f"{label} ({grid['hb_gb']:g} GB HB, context {grid['context']})", fontsize=10)
-        fig.tight_layout()
-        p = outdir / fname
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        files.append(p)
+        save_png(fig, outdir / fname, files)
     abl = abl or {}
     if abl.get("context", {}).get("rows"):
         rows_ = abl["context"]["rows"]
@@ -66,11 +64,7 @@ def plot_grid(grid: dict, outdir, abl: dict | None = None) -> list[Path]:
         ax.set_ylabel("tokens/s")
         ax.set_title(f"KV pressure: {rows_[0]['model']}, batch {rows_[0]['batch']}", fontsize=9)
         ax.legend(fontsize=7, loc="upper right")
-        fig.tight_layout()
-        p = outdir / "ablation_context.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        files.append(p)
+        save_png(fig, outdir / "ablation_context.png", files)
     if abl.get("hb", {}).get("rows"):
         rows_ = [r for r in abl["hb"]["rows"] if "error" not in r]
         fig, ax = plt.subplots(figsize=(5, 3.4))
@@ -84,9 +78,5 @@ def plot_grid(grid: dict, outdir, abl: dict | None = None) -> list[Path]:
         ax.set_xlabel("batch")
         ax.set_ylabel("ELMoE-3D speedup vs xPU")
         ax.legend(fontsize=6)
-        fig.tight_layout()
-        p = outdir / "ablation_hb.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        files.append(p)
+        save_png(fig, outdir / "ablation_hb.png", files)
     return files
