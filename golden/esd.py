@@ -427,6 +427,7 @@ class StepResult:
     selections: list            # per token: selected experts, best first
     passes: list                # PassPlan per pass
     error: bool
+    mask: int | None = None     # DRAFT: the eligible-expert mask the routing used
 
 
 class EsdController:
@@ -595,7 +596,7 @@ class EsdController:
         self._emit(EventKind.LAYER_DONE, phase=phase, step=step, layer=layer, code=int(error))
         if not error:
             self._advance(phase, step, layer)
-        return StepResult(sel, passes, error)
+        return StepResult(sel, passes, error, mask)
 
     def _ext_read(self):
         """Ordinal of the next LPDDR expert read and its fault (ExtError.OK if none)."""
