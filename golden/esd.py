@@ -32,7 +32,7 @@ stream carries:
     The KV cache now holds ``tokens`` tokens (all requests together): the KV
     boundary moves to ``tokens * kv_words_per_token`` words; newly covered
     slots are dropped from the tag unit (``KV_MOVE`` then one ``INVALIDATE``
-    per dropped resident slot).
+    per dropped slot that held an expert, resident or not).
 
 Rules (the specification)
 -------------------------
@@ -140,7 +140,7 @@ class EventKind(enum.IntEnum):
     EXT_ERROR = 8     # expert, slot, value = ExtError of the failed LPDDR read
     FILL_END = 9      # expert, slot, code = FillEnd
     UNPIN = 10        # expert, slot
-    INVALIDATE = 11   # slot, expert, layer (the dropped tag), code = InvalidateReason
+    INVALIDATE = 11   # slot, code = InvalidateReason; ABORT also names the pass and expert
     LAYER_DONE = 12   # phase, step, layer; code = 1 when an LPDDR error spoilt the step
     DECAY = 13        # value = decode steps so far
     ACCEPT = 14       # value = accepted drafted tokens
@@ -754,11 +754,9 @@ class EsdController:
         self.kv_words, self.covered = words, mask
         self.counters["kv_moves"] += 1
         self._emit(EventKind.KV_MOVE, value=words, tag=self.usable_slots)
-        for s, tag in dropped:
-            layer, e = self.tags.split_tag(tag)
+        for s, _tag in dropped:
             self.counters["kv_invalidations"] += 1
-            self._emit(EventKind.INVALIDATE, slot=s, layer=layer, expert=e,
-                       code=InvalidateReason.KV)
+            self._emit(EventKind.INVALIDATE, slot=s, code=InvalidateReason.KV)
 
     # -- checks --------------------------------------------------------------------------
     def check_invariants(self):

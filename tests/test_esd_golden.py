@@ -326,6 +326,8 @@ class Shadow:
 
     def feed(self, e):
         cfg, key = self.cfg, (e.layer, e.expert)
+        if e.kind not in (K.INVALIDATE, K.KV_MOVE):       # every covered slot was dropped
+            assert not any((self.covered >> s) & 1 for s in self.holder), ("covered holder", e)
         if e.kind == K.ELIGIBLE:
             mask = sum(1 << x for (l, x) in self.where if l == e.layer)
             assert e.value == mask, (e, mask)
@@ -371,16 +373,18 @@ class Shadow:
             self.pins[e.slot] -= 1
             assert self.pins[e.slot] >= 0
         elif e.kind == K.INVALIDATE:
-            assert self.holder.pop(e.slot) == key
-            self.where.pop(key, None)
+            held = self.holder.pop(e.slot)
+            if e.code == InvalidateReason.ABORT:
+                assert held == key
+            else:
+                assert (self.covered >> e.slot) & 1 and not self.pins.get(e.slot)
+            self.where.pop(held, None)
             self.pins.pop(e.slot, None)
         elif e.kind == K.KV_MOVE:
             self.covered = gl.slot_covered_mask(cfg, e.value)
             assert e.tag == cfg.tag_slots - bin(self.covered).count("1")
-        elif e.kind in (K.LAYER_DONE,):
+        elif e.kind == K.LAYER_DONE:
             assert not any(self.pins.values()) and not self.pending
-        elif e.kind == K.INVALIDATE:
-            pass
 
 
     def feed_all(self, events):
