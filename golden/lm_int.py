@@ -41,12 +41,12 @@ from . import lm as glm
 from . import moe_layer as gml
 from ..config import preset
 
-__all__ = ["IntMoE", "calibrate_layer", "IntMoEModel", "GoldenTile", "ragged_forward",
+__all__ = ["CALIB_PROMPTS", "IntMoE", "calibrate_layer", "IntMoEModel", "GoldenTile", "ragged_forward",
            "decode", "DecodeResult", "perplexity", "calibration_inputs"]
 
 
-def _silu(v):
-    return v / (1.0 + np.exp(-v))
+#: Held-out prompts (64 bytes each) the activation scales are calibrated on.
+CALIB_PROMPTS = 32
 
 
 def calibrate_layer(router_f, wg_f, wu_f, wd_f, calib_x, *, top_k, slice_bits=4,
@@ -120,10 +120,14 @@ class IntMoE:
     cfg: object = None
 
     @classmethod
-    def from_model(cls, weights, meta, calib_prompts, cfg=None):
-        """Quantise the model's MoE layers; slice width and draft planes from
-        ``cfg`` (default the ``lm`` preset)."""
+    def from_model(cls, weights, meta, calib_prompts=None, cfg=None):
+        """Quantise the model's MoE layers, calibrated on ``calib_prompts``
+        (default: the first :data:`CALIB_PROMPTS` held-out prompts); slice
+        width and draft planes from ``cfg`` (default the ``lm`` preset)."""
         cfg = cfg or preset("lm")
+        if calib_prompts is None:
+            from ..sim.lm.evidence import heldout_prompts
+            calib_prompts = heldout_prompts(CALIB_PROMPTS)
         slice_bits, draft_keep = cfg.slice_bits, cfg.hb_planes_eff
         xs = calibration_inputs(weights, meta, calib_prompts)
         k = meta["shape"]["top_k"]
@@ -280,14 +284,15 @@ class DecodeResult:
 
 
 def decode(weights, meta, intmoe: IntMoE, prompts, n_tokens: int, *, mode="auto", cfg=None,
-           tile=None) -> DecodeResult:
+           tile=None, progress=None) -> DecodeResult:
     """Greedy decode of ``n_tokens`` after each prompt (``prompts``: list of
     1-D token arrays, one request each) with the MoE layers on ``tile``
     (default: a :class:`GoldenTile` of the ``lm`` preset).
 
     ``mode``: ``"ar"`` forces AR (the SD threshold is raised above the
     batch), ``"sd"`` forces Elastic-SD (threshold 1), ``"auto"`` leaves the
-    controller's batch threshold as configured.
+    controller's batch threshold as configured. ``progress(done, total)``
+    is called after every round (``done``: tokens of the slowest request).
     """
     if mode not in ("ar", "sd", "auto"):
         raise ValueError(f"Decode mode must be ar, sd or auto, not {mode!r}")
@@ -328,6 +333,8 @@ def decode(weights, meta, intmoe: IntMoE, prompts, n_tokens: int, *, mode="auto"
                 for b in range(B):
                     out[b].append(last[b])
                 rounds.append((int(m), 0, None))
+                if progress:
+                    progress(min(len(o) for o in out), n_tokens)
                 continue
             L0 = [c.length for c in caches]
             drafts = [[] for _ in range(B)]
@@ -354,6 +361,8 @@ def decode(weights, meta, intmoe: IntMoE, prompts, n_tokens: int, *, mode="auto"
                 last[b] = tgt[a]
             tile.accept(sum(acc))
             rounds.append((int(m), K, acc))
+            if progress:
+                progress(min(len(o) for o in out), n_tokens)
     events = list(ctl.events) if ctl is not None else []
     counters = dict(ctl.counters) if ctl is not None else {}
     return DecodeResult([o[:n_tokens] for o in out], events, counters, rounds)

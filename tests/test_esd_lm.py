@@ -83,3 +83,34 @@ def test_decode_bad_mode(lm):
     w, meta, im, P = lm
     with pytest.raises(ValueError, match="Decode mode"):
         li.decode(w, meta, im, [P[0][:4]], 2, mode="fast")
+
+
+def test_decode_command(tmp_path, capsys):
+    """`elmoe3d decode` (golden tile): text, counters, JSON; AR and SD agree."""
+    import json
+
+    from elmoe3d.cli import main
+    outs = {}
+    for mode in ("ar", "sd"):
+        f = tmp_path / f"{mode}.json"
+        assert main(["decode", "--prompt", "def main(", "--tokens", "6", "--mode", mode,
+                     "--json", str(f), "--quiet"]) == 0
+        d = json.loads(f.read_text())
+        assert len(d["tokens_golden"][0]) == 6 and d["counters"]["tokens_out"] >= 5
+        assert d["tokens_rtl"] is None and d["match"] is None
+        outs[mode] = d
+    assert outs["ar"]["tokens_golden"] == outs["sd"]["tokens_golden"]
+    assert all(r["mode"] == "SD" for r in outs["sd"]["rounds"])
+    assert "def main(" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--tokens", "0"], "--tokens"), (["--batch", "17"], "--batch"),
+    (["--prompt", ""], "empty prompt"), (["--rtl"], "--rtl"),
+    (["--prompt-file", "/nonexistent/x"], "does not exist"),
+    (["--prompt", "a", "--prompt", "b", "--batch", "1"], "2 prompts")])
+def test_decode_command_errors(argv, msg, capsys):
+    from elmoe3d.cli import main
+    assert main(["decode", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("elmoe3d: error:") and msg in err and err.count("\n") == 1
