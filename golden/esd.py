@@ -121,7 +121,7 @@ __all__ = ["EventKind", "Phase", "Mode", "ModeReason", "LookupResult", "AllocRes
            "Source", "FillEnd", "InvalidateReason", "HostError", "EsdHostError", "Event",
            "EVENT_FIELDS", "PASS_MEMBERS", "canonical", "compare", "EsdController",
            "TagPolicy", "RankingRouter", "synthetic_trace", "run_trace", "TraceRun",
-           "MAX_BATCH", "COUNTERS"]
+           "MAX_BATCH", "COUNTERS", "complete_rankings", "round_wavedrom"]
 
 #: Largest batch (requests decoded in lock step) the controller accepts.
 MAX_BATCH = 16
@@ -925,3 +925,87 @@ def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p:
                 pos[b] = int(rng.integers(0, ntok))
         contexts.append(send_context())
     return TraceRun(ctl.events, dict(ctl.counters), accepted, rounds, contexts, ctl)
+
+
+def complete_rankings(experts, num_experts: int) -> np.ndarray:
+    """Full rankings from a top-k routing trace ``experts (..., L, k)`` (``-1``
+    = none): the trace's picks first, in order, then the remaining experts in
+    descending popularity of that layer over the whole trace (ties: lower
+    id). A trace keeps only the top-k; drafting needs the next-ranked
+    experts when a pick is not resident, and popularity is the best
+    estimate the trace offers."""
+    ex = np.asarray(experts)
+    L, k = ex.shape[-2], ex.shape[-1]
+    flat = ex.reshape(-1, L, k)
+    out = np.zeros((flat.shape[0], L, num_experts), dtype=np.int16)
+    for l in range(L):
+        v = flat[:, l][flat[:, l] >= 0]
+        pop = np.bincount(v, minlength=num_experts)
+        order = sorted(range(num_experts), key=lambda e: (-pop[e], e))
+        for t in range(flat.shape[0]):
+            picks = [int(e) for e in flat[t, l] if e >= 0]
+            seen = set(picks)
+            out[t, l] = picks + [e for e in order if e not in seen]
+    return out.reshape(ex.shape[:-2] + (L, num_experts))
+
+
+def round_wavedrom(events, round_no: int = 0, title: str | None = None) -> dict:
+    """A WaveDrom picture (JSON-able dict) of the ``round_no``-th Elastic-SD
+    round of an event list: one column per pass (draft steps, verify passes,
+    the accept), with the lookups that hit / missed, the fills started and
+    committed, the touches, the phase and the accept/rollback."""
+    evs = list(events)
+    starts = [i for i, e in enumerate(evs) if e.kind == EventKind.MODE and e.code == Mode.SD]
+    if round_no >= len(starts):
+        raise ValueError(f"The event list has {len(starts)} SD rounds, not {round_no + 1}")
+    i0 = starts[round_no]
+    i1 = next((i for i in range(i0 + 1, len(evs)) if evs[i].kind == EventKind.MODE), len(evs))
+    cols = []          # (label, phase, hits, misses, fills_started, commits, touches)
+    cur = None
+    tail = []
+    for e in evs[i0:i1]:
+        if e.kind == EventKind.PASS:
+            ph = Phase(e.phase)
+            lab = (f"D{e.step} L{e.layer}" if ph == Phase.DRAFT else f"V L{e.layer}")
+            if e.pass_no:
+                lab += f" p{e.pass_no}"
+            cur = dict(label=lab, phase=ph.name, hit=0, miss=0, fill=0, commit=0, touch=0)
+            cols.append(cur)
+        elif cur is not None and e.kind == EventKind.LOOKUP:
+            cur["hit" if e.code == LookupResult.HIT else "miss"] += 1
+        elif cur is not None and e.kind == EventKind.FILL_START:
+            cur["fill"] += 1
+        elif cur is not None and e.kind == EventKind.FILL_END and e.code == FillEnd.COMMIT:
+            cur["commit"] += 1
+        elif cur is not None and e.kind == EventKind.TOUCH:
+            cur["touch"] += 1
+        elif e.kind in (EventKind.ACCEPT, EventKind.ROLLBACK, EventKind.DRAFT_LEN):
+            tail.append(f"{EventKind(e.kind).name} {e.value}")
+    cols.append(dict(label="accept", phase="ACCEPT", hit=0, miss=0, fill=0, commit=0, touch=0))
+
+    def lane(name, key, fmt=str):
+        wave, data, last = "", [], None
+        for c in cols:
+            v = c[key]
+            if key != "phase" and not v:
+                wave += "x" if last != "x" else "."
+                last = "x"
+                continue
+            if v == last and key == "phase":
+                wave += "."
+            else:
+                wave += "="
+                data.append(fmt(v))
+            last = v
+        return {"name": name, "wave": wave, "data": data}
+
+    phase = lane("phase", "phase")
+    label = {"name": "pass", "wave": "=" * len(cols), "data": [c["label"] for c in cols]}
+    res = {"signal": [phase, label, lane("HB hits", "hit"), lane("misses", "miss"),
+                      lane("fills started", "fill"), lane("fills committed", "commit"),
+                      lane("touches", "touch"),
+                      {"name": "host", "wave": "x" * (len(cols) - 1) + "=",
+                       "data": [", ".join(tail) or "ACCEPT"]}],
+           "head": {"text": title or f"Elastic-SD round {round_no}"},
+           "config": {"hscale": 2}}
+    return res

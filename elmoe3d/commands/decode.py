@@ -128,3 +128,96 @@ def run(args) -> int:
             "counters": c, "seconds": round(secs, 2)}, indent=1))
         print(f"wrote {out}")
     return 0
+
+
+# -- report: Elastic-SD vs AR from the control sequence --------------------------------------
+
+BATCHES = (1, 4, 16)
+REPORT_HEAD = ["trace", "batch", "mode", "HB hit rate", "mean accepted len", "HB MB", "LPDDR MB",
+               "HB share", "LPDDR KB / token", "cycles / token (RTL)"]
+
+
+def report_traces(quick=False):
+    """``[(name, cfg, rankings)]``: the synthetic Zipf trace on the ``default``
+    tile and the LM's own routing trace (top-2, completed by popularity) on
+    the ``lm`` tile."""
+    import numpy as np
+
+    from ..config import preset
+    from ..golden import esd
+    from ..sim.perf.traces import load_trace
+    from ..golden.lm import DATA_DIR
+    cfg = preset("default")
+    n = 300 if quick else 1200
+    syn = esd.synthetic_trace(np.random.default_rng(2026), requests=16, tokens=n,
+                              layers=cfg.layers, experts=cfg.experts)
+    lm_cfg = preset("lm")
+    tr = load_trace(DATA_DIR / "routing_trace.npz")
+    S = tr.streams(16)                                       # (16, T, L, k)
+    lm_r = esd.complete_rankings(S, tr.num_experts)
+    return [("zipf-1.1 (default)", cfg, syn), ("moe_lm routing (lm)", lm_cfg, lm_r)]
+
+
+def report_runs(quick=False):
+    """Golden runs per trace, batch and mode: a list of dicts with the counters."""
+    from ..golden import esd
+    steps = 60 if quick else 400
+    out = []
+    for name, cfg, R in report_traces(quick):
+        for B in BATCHES:
+            for mode in ("AR", "SD"):
+                c = cfg.replace(sd_threshold=1 if mode == "SD" else esd.MAX_BATCH + 1)
+                run = esd.run_trace(c, R, batch=B, steps=steps, seed=B, check=False,
+                                    kv_mid_round=False)
+                out.append(dict(trace=name, batch=B, mode=mode, counters=run.counters,
+                                run=run))
+    return out
+
+
+def report_rows(runs, rtl=None):
+    rows = []
+    for r in runs:
+        c = r["counters"]
+        look = c["hb_hits"] + c["hb_misses"] + c["hb_pending"]
+        B = r["batch"]
+        acc = ((c["accepted_tokens"] + c["rounds_sd"] * B) / (c["rounds_sd"] * B)
+               if c["rounds_sd"] else 1.0)
+        tot = c["hb_bytes"] + c["lpddr_bytes"]
+        rows.append([r["trace"], B, r["mode"], round(c["hb_hits"] / look, 4) if look else 0.0,
+                     round(acc, 3), round(c["hb_bytes"] / 1e6, 2),
+                     round(c["lpddr_bytes"] / 1e6, 2), round(c["hb_bytes"] / tot, 3) if tot else 0,
+                     round(c["lpddr_bytes"] / 1e3 / max(1, c["tokens_out"]), 2),
+                     "not measured"])
+    return rows
+
+
+def build_section(ctx):
+    import json as _json
+
+    from ..golden import esd
+    from ..report import Section, md_table, text_table
+    ctx.progress("Elastic-SD control sequence (golden)")
+    runs = report_runs(ctx.quick)
+    rows = report_rows(runs)
+    pic = next(r for r in runs if r["mode"] == "SD" and r["batch"] == 4)["run"]
+    rounds = [i for i, (m, k) in enumerate(pic.rounds) if m == 1]
+    ks = [pic.rounds[i][1] for i in rounds]
+    pick = max(range(len(ks)), key=lambda i: (ks[i], -i)) if ks else 0
+    wd = esd.round_wavedrom(pic.events, pick, title=f"Elastic-SD round {pick} (batch 4, "
+                            f"K = {ks[pick] if ks else 0}, golden control sequence)")
+    svg = ctx.outdir / "esd_round.svg"
+    (ctx.outdir / "esd_round.json").write_text(_json.dumps(wd, indent=1))
+    try:
+        import wavedrom
+        wavedrom.render(_json.dumps(wd)).saveas(str(svg))
+        pic_md = f"\n\n![one Elastic-SD round]({svg.name})"
+    except ImportError:
+        pic_md = "\n\n(`wavedrom` is not installed: the round picture is esd_round.json)"
+    md = ("Golden Elastic-SD control sequence (`golden/esd.py`) replaying routing traces with "
+          "random acceptance (each drafted token accepted with p = 0.7 until the first "
+          "rejection); AR and SD forced per row. Bytes are expert weight bytes. The RTL "
+          "column stays empty until the tile (`elmoe3d_tile`) writes "
+          "`build/measured/tile_counters.json`.\n\n" + md_table(REPORT_HEAD, rows) + pic_md)
+    data = {"rows": [dict(zip(REPORT_HEAD, r)) for r in rows],
+            "counters": [{k: r[k] for k in ("trace", "batch", "mode", "counters")} for r in runs]}
+    return Section("Elastic-SD control sequence", md, data, text_table(REPORT_HEAD, rows))
