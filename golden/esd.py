@@ -40,8 +40,10 @@ Passes
     A layer step of ``n`` tokens runs in ``ceil(n / T)`` passes of
     consecutive tokens (``T = batch_tokens``; VERIFY tokens request-major:
     request ``b``'s ``K + 1`` tokens are ``b*(K+1) .. b*(K+1)+K``). A pass
-    handles each expert that any of its tokens selected once, in ascending
-    expert id; ``count`` = tokens of the pass routed to it.
+    handles each expert that any of its tokens selected once; ``count`` =
+    tokens of the pass routed to it. The experts are handled in the batched
+    datapath's announce order (:func:`announce_order`: decreasing count,
+    ties to the lower id).
 Per expert of a pass
     ``LOOKUP`` (LOOKUP_PIN: a hit is pinned). AR / VERIFY: a hit streams
     its ``k`` HB planes from HB and the other ``n - k`` from LPDDR
@@ -91,13 +93,15 @@ The hardware overlaps the per-expert work of one pass: a fill commits while
 the next expert's lookup runs, unpins follow commits as they come. The
 *canonical order* is therefore a sort key, not the execution order: every
 run of events that follows a ``PASS`` event and belongs to that pass
-(kinds in :data:`PASS_MEMBERS`) is stably sorted by ``(expert, kind rank)``
-with the rank of :data:`PASS_MEMBERS`; the ``INVALIDATE`` s that follow a
+(kinds in :data:`PASS_MEMBERS`) is stably sorted by ``(announce position of
+the expert, kind rank)`` with the rank of :data:`PASS_MEMBERS` (the
+announce position comes from the counts the LOOKUPs carry); the
+``INVALIDATE`` s that follow a
 ``KV_MOVE`` are sorted by slot. Everything else (MODE, PASS, ELIGIBLE,
 LAYER_DONE, DECAY, ACCEPT, ROLLBACK, DRAFT_LEN, KV_MOVE) is a barrier that
 keeps its place. Within a pass the result does not depend on the overlap:
 only ALLOCATEs change what a later ALLOCATE chooses, they are issued in
-ascending expert order, and every slot a pass touches or commits is pinned
+announce order, and every slot a pass touches or commits is pinned
 (never a victim) until the pass ends. An event missing, extra or different
 fails the comparison (:func:`compare`).
 
@@ -119,7 +123,7 @@ from .vocab import ExtError
 
 __all__ = ["EventKind", "Phase", "Mode", "ModeReason", "LookupResult", "AllocResult",
            "Source", "FillEnd", "InvalidateReason", "HostError", "EsdHostError", "Event",
-           "EVENT_FIELDS", "PASS_MEMBERS", "canonical", "compare", "EsdController",
+           "EVENT_FIELDS", "PASS_MEMBERS", "announce_order", "canonical", "compare", "EsdController",
            "TagPolicy", "RankingRouter", "synthetic_trace", "run_trace", "TraceRun",
            "MAX_BATCH", "COUNTERS", "complete_rankings", "round_wavedrom"]
 
@@ -132,7 +136,7 @@ class EventKind(enum.IntEnum):
     MODE = 0          # code = Mode, value = K (SD) / 0, tag = ModeReason
     PASS = 1          # phase, step, layer, pass_no; value = tokens in the pass
     ELIGIBLE = 2      # phase DRAFT, step, layer; value = eligible-expert mask
-    LOOKUP = 3        # expert, code = LookupResult, slot (hit / pending)
+    LOOKUP = 3        # expert, code = LookupResult, slot (hit / pending), value = tokens
     ALLOCATE = 4      # expert, code = AllocResult, slot = victim, tag = evicted tag, value = hot
     FILL_START = 5    # expert, slot, value = HB plane mask written
     SOURCE = 6        # expert, slot, code = Source, value = hb_mask | lpddr_mask << n
@@ -260,6 +264,20 @@ PASS_MEMBERS = (EventKind.LOOKUP, EventKind.ALLOCATE, EventKind.FILL_START, Even
 _RANK = {int(k): i for i, k in enumerate(PASS_MEMBERS)}
 
 
+def announce_order(counts: dict) -> list:
+    """The order in which a pass's experts are handled: decreasing token
+    count, ties to the lower expert id — the batched datapath's announce
+    order (``golden/moe_batched.py``, heavy experts first), which the
+    controller answers in; ALLOCATEs follow it, so victims depend on it."""
+    return sorted(counts, key=lambda e: (-counts[e], e))
+
+
+def _sort_pass(members) -> list:
+    counts = {x.expert: x.value for x in members if x.kind == EventKind.LOOKUP}
+    pos = {e: i for i, e in enumerate(announce_order(counts))}
+    return sorted(members, key=lambda x: (pos.get(x.expert, len(pos)), x.expert, _RANK[x.kind]))
+
+
 def canonical(events) -> list:
     """The canonical order of an event list (see the module doc): pass
     members sorted by ``(expert, kind rank)`` after their ``PASS``, KV
@@ -275,7 +293,7 @@ def canonical(events) -> list:
             j = i
             while j < n and evs[j].kind in _RANK:
                 j += 1
-            out.extend(sorted(evs[i:j], key=lambda x: (x.expert, _RANK[x.kind])))
+            out.extend(_sort_pass(evs[i:j]))
             i = j
         elif e.kind == EventKind.KV_MOVE:
             j = i
@@ -416,7 +434,7 @@ COUNTERS = ("hb_hits", "hb_misses", "hb_pending", "draft_lookups", "hb_bytes", "
 
 @dataclass
 class PassPlan:
-    """What the controller told the datapath for one pass: per expert (ascending)
+    """What the controller told the datapath for one pass: per expert (announce order)
     ``(expert, source, slot, hb_mask, lpddr_mask, fill)`` and its tokens."""
     tokens: range
     experts: list
@@ -610,7 +628,9 @@ class EsdController:
         self._emit(EventKind.PASS, phase=phase, step=step, layer=layer, pass_no=p,
                    value=len(toks))
         first = len(self.events)
-        order = sorted(counts, reverse=(self.mutant == "order"))
+        order = announce_order(counts)
+        if self.mutant == "order":
+            order = sorted(counts)
         ents, pinned, fills, error = [], [], [], False
         base = dict(phase=phase, step=step, layer=layer, pass_no=p)
         for e in order:
@@ -618,7 +638,7 @@ class EsdController:
             tag = self.tag_of(layer, e)
             ev = dict(base, expert=e)
             res, slot = self.tags.lookup_pin(tag)
-            self._emit(EventKind.LOOKUP, **ev, code=res, slot=slot)
+            self._emit(EventKind.LOOKUP, **ev, code=res, slot=slot, value=cnt)
             if phase == Phase.DRAFT:
                 if res != LookupResult.HIT:          # eligibility guarantees a hit
                     raise AssertionError(f"DRAFT lookup of ineligible expert {e}")
@@ -700,7 +720,7 @@ class EsdController:
                 self.tags.unpin(slot)
                 self._emit(EventKind.UNPIN, **base, expert=e, slot=slot)
         # the list keeps the canonical order (executed above in hardware order)
-        self.events[first:] = sorted(self.events[first:], key=lambda x: (x.expert, _RANK[x.kind]))
+        self.events[first:] = _sort_pass(self.events[first:])
         return PassPlan(toks, ents), error
 
     def _touch(self, ev, tag, slot, cnt):

@@ -40,7 +40,7 @@ def test_ar_first_step_exact():
     exp = [Event(K.MODE, code=Mode.AR, tag=ModeReason.BATCH),
            Event(K.PASS, **P, value=1)]
     for e, slot in ((1, 0), (3, 1)):
-        exp += [Event(K.LOOKUP, **P, expert=e, code=LookupResult.MISS),
+        exp += [Event(K.LOOKUP, **P, expert=e, code=LookupResult.MISS, value=1),
                 Event(K.ALLOCATE, **P, expert=e, slot=slot, code=AllocResult.FREE, value=1),
                 Event(K.FILL_START, **P, expert=e, slot=slot, value=m),
                 Event(K.SOURCE, **P, expert=e, slot=slot, code=Source.LPDDR,
@@ -569,3 +569,27 @@ def test_ranking_router_restricts_in_rank_order():
     assert r(0b000011) == [[1, 0]]
     assert r(0b000001) == [[0]]
     assert r(0) == [[]]
+
+
+def test_announce_order_decides_victims():
+    """Experts of a pass are handled heavy first (the datapath's announce
+    order): expert 6, chosen by three tokens, takes the first free slot
+    before expert 1, chosen by one."""
+    cfg = TINY.replace(batch_tokens=4)
+    c = EsdController(cfg)
+    c.begin_round(1)
+    c.layer_step(Phase.AR, 0, 0, fixed([[6, 1]]))
+    c2 = EsdController(cfg)
+    c2.begin_round(1)
+    assert esd.announce_order({1: 1, 6: 3, 3: 3}) == [3, 6, 1]
+    c = EsdController(cfg.replace(sd_threshold=esd.MAX_BATCH))
+    c.begin_round(3)
+    c.layer_step(Phase.AR, 0, 0, fixed([[6, 1], [6], [6]]))
+    al = {e.expert: e.slot for e in c.events if e.kind == K.ALLOCATE}
+    assert al == {6: 0, 1: 1}
+    lk = [e.expert for e in c.events if e.kind == K.LOOKUP]
+    assert lk == [6, 1]
+    bad = EsdController(cfg.replace(sd_threshold=esd.MAX_BATCH), mutant="order")
+    bad.begin_round(3)
+    bad.layer_step(Phase.AR, 0, 0, fixed([[6, 1], [6], [6]]))
+    assert esd.compare(c.events, bad.events) is not None
