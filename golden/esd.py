@@ -859,6 +859,8 @@ class TraceRun:
     rounds: list                # per round: (mode, K)
     contexts: list              # per round: context tokens sent
     controller: EsdController
+    script: list = None         # the host commands in order, with the rankings routed and
+                                # the responses (what a testbench replays on the RTL)
 
 
 def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p: float = 0.7,
@@ -890,18 +892,24 @@ def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p:
     left = [int(rng.integers(*length)) for _ in range(batch)]      # tokens still to generate
     kv_cap = gl.kv_limit(cfg) // max(1, cfg.kv_words_per_token)
 
+    script = []
+
     def send_context(extra=0):
         total = min(sum(ctx) + extra, kv_cap)
         ctl.context(total)
+        script.append(dict(op="CONTEXT", value=total, error=0))
         return total
 
     def ranking(b, i):
         return R[b, (pos[b] + i) % ntok]
 
     def step(phase, j, layer, toks):
-        router = RankingRouter([ranking(b, i)[layer] for b, i in toks], cfg.top_k)
+        ranks = [ranking(b, i)[layer] for b, i in toks]
+        router = RankingRouter(ranks, cfg.top_k)
         while True:
             res = ctl.layer_step(phase, j, layer, router)
+            script.append(dict(op="STEP", phase=int(phase), step=j, layer=layer,
+                               rankings=np.asarray(ranks, dtype=np.int16), error=int(res.error)))
             if check:
                 ctl.check_invariants()
             if not res.error:
@@ -911,6 +919,7 @@ def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p:
     send_context()
     while ctl.counters["decode_steps"] < steps:
         mode, K = ctl.begin_round(batch)
+        script.append(dict(op="ROUND", value=batch, mode=int(mode), k=K, error=0))
         rounds.append((int(mode), K))
         if mode == Mode.AR:
             for l in range(cfg.layers):
@@ -933,6 +942,7 @@ def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p:
                     n += 1
                 a.append(n)
             ctl.accept(sum(a))
+            script.append(dict(op="ACCEPT", value=sum(a), error=0))
             accepted.append(a)
             gen = [x + 1 for x in a]
         for b in range(batch):
@@ -944,7 +954,7 @@ def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p:
                 left[b] = int(rng.integers(*length))
                 pos[b] = int(rng.integers(0, ntok))
         contexts.append(send_context())
-    return TraceRun(ctl.events, dict(ctl.counters), accepted, rounds, contexts, ctl)
+    return TraceRun(ctl.events, dict(ctl.counters), accepted, rounds, contexts, ctl, script)
 
 
 def complete_rankings(experts, num_experts: int) -> np.ndarray:
