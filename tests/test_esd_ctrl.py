@@ -25,17 +25,18 @@ def _factory(**fields):
     return EsdCtrl(Config(**fields))
 
 
-def _case(cfg, batch, steps, seed, faults=None, tokens=400):
+def _case(cfg, batch, steps, seed, faults=None, tokens=400, mutant=None, **kw):
     R = gesd.synthetic_trace(np.random.default_rng(seed), requests=batch, tokens=tokens,
                              layers=cfg.layers, experts=cfg.experts)
     run = gesd.run_trace(cfg, R, batch=batch, steps=steps, seed=seed, faults=faults,
-                         check=False)
+                         check=False, mutant=mutant, **kw)
     return run, dict(script=run.script, events=run.events, counters=run.counters,
                      faults={int(k): int(v) for k, v in (faults or {}).items()})
 
 
-def _run(tmp_path, cfg, batch, steps, seed=1, faults=None, simulator="verilator", env=None):
-    run, case = _case(cfg, batch, steps, seed, faults)
+def _run(tmp_path, cfg, batch, steps, seed=1, faults=None, simulator="verilator", env=None,
+         **kw):
+    run, case = _case(cfg, batch, steps, seed, faults, **kw)
     f = tmp_path / "case.pkl"
     f.write_bytes(pickle.dumps(case))
     out = tmp_path / "out.json"
@@ -46,16 +47,36 @@ def _run(tmp_path, cfg, batch, steps, seed=1, faults=None, simulator="verilator"
     return run, json.loads(out.read_text())
 
 
-TINY_KV = preset("tiny").replace(kv_words_per_token=2, min_free_slots=3)
+def _tiny_kv():
+    cfg = preset("tiny")
+    free_top = cfg.hb_words - cfg.dense_words - cfg.tag_slots * cfg.slot_words
+    return cfg.replace(kv_words_per_token=max(1, (free_top + 6 * cfg.slot_words) // 400),
+                       min_free_slots=4)
+
+
+TINY_KV = _tiny_kv()
+KV_PRESSURE = dict(prompt=(60, 120), length=(30, 120))
 
 
 @pytest.mark.parametrize("simulator", sim_params())
 def test_esd_ctrl_tiny(tmp_path, simulator):
-    """tiny geometry, batch 4 (Elastic-SD, with KV moves both ways and
-    back-off): the trace equals the golden sequence."""
-    run, out = _run(tmp_path, TINY_KV, 4, 60 if simulator == "verilator" else 30,
-                    simulator=simulator)
+    """tiny geometry, batch 4: Elastic-SD and AR rounds (KV back-off), KV
+    moves both ways that invalidate slots, moves in the middle of drafting
+    and verification: the trace equals the golden sequence, every response
+    and counter too."""
+    run, out = _run(tmp_path, TINY_KV, 4, 80 if simulator == "verilator" else 30,
+                    simulator=simulator, **KV_PRESSURE)
+    c = run.counters
     assert out["events"] == len(run.events)
+    assert c["rounds_ar"] and c["rounds_sd"] and c["kv_invalidations"]
+
+
+def test_esd_ctrl_catches_wrong_golden(tmp_path):
+    """A golden sequence from a mutated policy (VERIFY touches too) makes the
+    same testbench fail: the comparison can fail."""
+    from elmoe3d.sim.harness import SimulationFailed
+    with pytest.raises(SimulationFailed):
+        _run(tmp_path, TINY_KV, 4, 12, mutant="touch_verify")
 
 
 @pytest.mark.parametrize("batch", [1, 4, 16])
@@ -68,7 +89,7 @@ def test_esd_ctrl_default(tmp_path, batch):
 def test_esd_ctrl_faults(tmp_path):
     faults = {i: [ExtError.SLVERR, ExtError.DECERR, ExtError.PROTOCOL][i % 3]
               for i in range(3, 600, 37)}
-    run, out = _run(tmp_path, TINY_KV, 4, 40, seed=5, faults=faults)
+    run, out = _run(tmp_path, TINY_KV, 4, 60, seed=5, faults=faults, **KV_PRESSURE)
     assert run.counters["aborts"] > 0 and out["counters"]["aborts"] == run.counters["aborts"]
 
 
