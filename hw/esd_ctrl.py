@@ -789,4 +789,12 @@ def _params(cfg):
     return cfg.to_dict()
 
 
-BLOCK_SPECS = []
+def _block_specs():
+    from ..blocks import Block
+    return [Block("esd_ctrl", "elmoe3d_esd_ctrl",
+                  "Elastic-SD controller: AR/SD phase sequencer, draft eligibility, fills, "
+                  "pins, DECAY, draft length, KV back-off; TraceEvent stream",
+                  params=_params, factory=_from_params, order=70)]
+
+
+BLOCK_SPECS = _block_specs()
