@@ -30,6 +30,9 @@ def register(p):
                    help="run the MoE layers on the RTL tile in Verilator (default: golden model)")
     p.add_argument("--json", metavar="FILE", help="write tokens, match and counters as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--perplexity", type=int, default=None, metavar="W",
+                   help="instead of decoding: perplexity of the float, INT8 and integer-MoE "
+                        "model on the first W held-out windows (64 = all)")
 
 
 def _prompts(args):
@@ -64,6 +67,31 @@ def _prompts(args):
     return prompts
 
 
+def _perplexity(args) -> int:
+    from ..golden import lm as glm
+    from ..golden import lm_int as li
+    from ..report import text_table
+    from ..sim.lm.evidence import heldout_windows
+    if not 1 <= args.perplexity <= 64:
+        raise ValueError(f"--perplexity must be in 1..64 windows, not {args.perplexity}")
+    out = writable_file(args.json) if args.json else None
+    w, meta = glm.load_weights()
+    im = li.IntMoE.from_model(w, meta)
+    W = heldout_windows(args.perplexity)
+    res = {name: li.perplexity(m, W) for name, m in (
+        ("float", glm.MoEModel(w, meta, "float")), ("int8", glm.MoEModel(w, meta, "full")),
+        ("integer_moe", li.IntMoEModel(w, meta, im)))}
+    print(f"perplexity on {len(W)} held-out windows ({W[:, 1:].size} bytes); integer-MoE "
+          f"activation scales calibrated on {li.CALIB_PROMPTS} held-out prompts")
+    print(text_table(["model", "perplexity", "bits/byte"],
+                     [[k, f"{v['ppl']:.4f}", f"{v['bits_per_byte']:.4f}"]
+                      for k, v in res.items()]))
+    if out:
+        out.write_text(json.dumps(res, indent=1))
+        print(f"wrote {out}")
+    return 0
+
+
 def _bar(done, total, t0, stream=sys.stderr):
     w = 30
     f = min(1.0, done / total)
@@ -80,6 +108,8 @@ def run(args) -> int:
     from ..golden import lm_int as li
     from ..report import text_table
 
+    if args.perplexity is not None:
+        return _perplexity(args)
     if args.tokens < 1 or args.tokens > 24:
         raise ValueError(f"--tokens must be in 1..24 (the LM's context is 128 bytes), "
                          f"not {args.tokens}")
