@@ -237,11 +237,17 @@ class EsdCtrl(wiring.Component):
             top = (1 << cfg.stat_bits) - 1
             return c.eq(Mux(s > top, top, s))
 
+        # registered derived values (they change only with ROUND / KV moves, long
+        # before they are used): keep the multiply and the popcount off the FSM
         usable = Signal(range(S + 1))
-        m.d.comb += usable.eq(S - sum(covered[j] for j in range(S)))
+        m.d.sync += usable.eq(S - sum(covered[j] for j in range(S)))
 
         # ---- the command being executed ------------------------------------------
         cmd = Signal(t["HostCommand"])
+        drafted = Signal(range(gesd.MAX_BATCH * cfg.draft_len_max + 1))
+        verify_tok = Signal(range(gesd.MAX_BATCH * (cfg.draft_len_max + 1) + 1))
+        m.d.sync += [drafted.eq(batch * round_k), verify_tok.eq(batch * (round_k + 1))]
+        words = Signal(VALUE_BITS + 8)
         err = Signal(3)
         rsp_value = Signal(max(VALUE_BITS, cfg.stat_bits))
         phase = Signal(2)
@@ -368,7 +374,7 @@ class EsdCtrl(wiring.Component):
                     m.d.sync += err.eq(gesd.HostError.BAD_ORDER)
                     m.next = "RESPOND"
                 with m.Else():
-                    tok = Mux(cmd.phase == Ph.VERIFY, batch * (round_k + 1), batch)
+                    tok = Mux(cmd.phase == Ph.VERIFY, verify_tok, batch)
                     m.d.sync += [phase.eq(cmd.phase), ntok.eq(tok), tok_left.eq(tok),
                                  pass_no.eq(0), mask.eq(0), probe.eq(0), step_err.eq(0),
                                  in_step.eq(1)]
@@ -678,8 +684,6 @@ class EsdCtrl(wiring.Component):
                     m.next = "RESPOND"
 
             # ---- ACCEPT n ----------------------------------------------------------
-            drafted = Signal(range(gesd.MAX_BATCH * cfg.draft_len_max + 1))
-            m.d.comb += drafted.eq(batch * round_k)
             with m.State("ACCEPT"):
                 with m.If(~round_open | ~expect_accept | (cmd.value > drafted)):
                     m.d.sync += err.eq(gesd.HostError.BAD_ACCEPT)
@@ -713,9 +717,10 @@ class EsdCtrl(wiring.Component):
                         m.next = "RESPOND"
 
             # ---- CONTEXT: the KV boundary ------------------------------------------
-            words = Signal(VALUE_BITS + 8)
-            m.d.comb += words.eq(cmd.value * cfg.kv_words_per_token)
             with m.State("CONTEXT"):
+                m.d.sync += words.eq(cmd.value * cfg.kv_words_per_token)
+                m.next = "CONTEXT_CHECK"
+            with m.State("CONTEXT_CHECK"):
                 with m.If(words > gl.kv_limit(cfg)):
                     m.d.sync += err.eq(gesd.HostError.KV_RANGE)
                     m.next = "RESPOND"
@@ -736,7 +741,9 @@ class EsdCtrl(wiring.Component):
                         m.d.comb += newcov[j].eq(words > lim) if lim >= 0 else newcov[j].eq(1)
                     m.d.sync += [kvm.eq(kv_i.payload), kv_words.eq(words), covered.eq(newcov),
                                  bump("kv_moves"), inv_j.eq(0)]
-                    m.next = "EV_KV_MOVE"
+                    m.next = "KV_SETTLE"
+            with m.State("KV_SETTLE"):                # `usable` follows `covered` a cycle later
+                m.next = "EV_KV_MOVE"
             with m.State("EV_KV_MOVE"):
                 with m.If(emit(EK.KV_MOVE, value=kv_words, tag=usable)):
                     m.next = "KV_INV"

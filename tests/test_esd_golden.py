@@ -576,11 +576,6 @@ def test_announce_order_decides_victims():
     order): expert 6, chosen by three tokens, takes the first free slot
     before expert 1, chosen by one."""
     cfg = TINY.replace(batch_tokens=4)
-    c = EsdController(cfg)
-    c.begin_round(1)
-    c.layer_step(Phase.AR, 0, 0, fixed([[6, 1]]))
-    c2 = EsdController(cfg)
-    c2.begin_round(1)
     assert esd.announce_order({1: 1, 6: 3, 3: 3}) == [3, 6, 1]
     c = EsdController(cfg.replace(sd_threshold=esd.MAX_BATCH))
     c.begin_round(3)
