@@ -169,6 +169,7 @@ class ModeReason(enum.IntEnum):
     BATCH = 0         # batch below the SD threshold: AR
     BACKOFF = 1       # the KV region leaves fewer than min_free_slots slots: AR
     SD = 2            # Elastic-SD
+    HOST = 3          # the host asked for AR
 
 
 class LookupResult(enum.IntEnum):
@@ -520,16 +521,24 @@ class EsdController:
         return m
 
     # -- host commands ---------------------------------------------------------------
-    def begin_round(self, batch: int) -> tuple[Mode, int]:
-        """Open a decode round of ``batch`` requests: ``(mode, K)``."""
+    def begin_round(self, batch: int, force=None) -> tuple[Mode, int]:
+        """Open a decode round of ``batch`` requests: ``(mode, K)``.
+
+        ``force`` (``Mode.AR`` / ``Mode.SD``, default ``None``) overrides the
+        batch threshold (the host asks for a mode; reason HOST for AR); the KV
+        back-off still applies to a forced SD."""
         try:
             check_int("Batch", batch, 1, MAX_BATCH)
         except (TypeError, ValueError) as e:
             raise EsdHostError(HostError.BAD_BATCH, str(e)) from None
         if self.expect is not None:
             raise EsdHostError(HostError.BAD_BATCH, "A decode round is already open")
+        if force is not None and force not in (Mode.AR, Mode.SD):
+            raise EsdHostError(HostError.BAD_BATCH, f"Forced mode must be AR or SD, not {force!r}")
         cfg = self.cfg
-        if batch < cfg.sd_threshold:
+        if force == Mode.AR:
+            mode, reason = Mode.AR, ModeReason.HOST
+        elif force is None and batch < cfg.sd_threshold:
             mode, reason = Mode.AR, ModeReason.BATCH
         elif self.usable_slots < cfg.min_free_slots:
             mode, reason = Mode.AR, ModeReason.BACKOFF
@@ -865,7 +874,7 @@ class TraceRun:
 
 def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p: float = 0.7,
               prompt: tuple = (8, 40), length: tuple = (20, 120), faults=None, mutant=None,
-              kv_mid_round: bool = True, check: bool = True) -> TraceRun:
+              kv_mid_round: bool = True, check: bool = True, force=None) -> TraceRun:
     """The host of a synthetic decode: ``batch`` requests decoded in lock step
     until at least ``steps`` decode steps ran, routing from ``rankings``
     (:func:`synthetic_trace`, one stream per request slot, reused cyclically).
@@ -876,7 +885,8 @@ def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p:
     replaced by a new one, so the context (sent with ``context`` after every
     round, and with ``kv_mid_round`` also in the middle of random draft and
     verify steps) grows and shrinks and the KV boundary moves both ways.
-    A layer step that fails (``faults``) is repeated by the host.
+    A layer step that fails (``faults``) is repeated by the host. ``force``
+    asks every round for AR or SD (:meth:`EsdController.begin_round`).
     """
     rng = np.random.default_rng(seed)
     R = np.asarray(rankings)
@@ -918,8 +928,9 @@ def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p:
     accepted, rounds, contexts = [], [], []
     send_context()
     while ctl.counters["decode_steps"] < steps:
-        mode, K = ctl.begin_round(batch)
-        script.append(dict(op="ROUND", value=batch, mode=int(mode), k=K, error=0))
+        mode, K = ctl.begin_round(batch, force)
+        script.append(dict(op="ROUND", value=batch, force=0 if force is None else 1 + int(force),
+                           mode=int(mode), k=K, error=0))
         rounds.append((int(mode), K))
         if mode == Mode.AR:
             for l in range(cfg.layers):

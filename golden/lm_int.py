@@ -289,19 +289,16 @@ def decode(weights, meta, intmoe: IntMoE, prompts, n_tokens: int, *, mode="auto"
     1-D token arrays, one request each) with the MoE layers on ``tile``
     (default: a :class:`GoldenTile` of the ``lm`` preset).
 
-    ``mode``: ``"ar"`` forces AR (the SD threshold is raised above the
-    batch), ``"sd"`` forces Elastic-SD (threshold 1), ``"auto"`` leaves the
-    controller's batch threshold as configured. ``progress(done, total)``
+    ``mode``: ``"ar"`` / ``"sd"`` asks the controller for AR / Elastic-SD in
+    every round (ROUND's force field; the KV back-off still applies),
+    ``"auto"`` leaves the decision to its batch threshold. ``progress(done, total)``
     is called after every round (``done``: tokens of the slowest request).
     """
     if mode not in ("ar", "sd", "auto"):
         raise ValueError(f"Decode mode must be ar, sd or auto, not {mode!r}")
     B = len(prompts)
     cfg = cfg or preset("lm")
-    if mode == "ar":
-        cfg = cfg.replace(sd_threshold=gesd.MAX_BATCH + 1)
-    elif mode == "sd":
-        cfg = cfg.replace(sd_threshold=1)
+    force = {"ar": gesd.Mode.AR, "sd": gesd.Mode.SD, "auto": None}[mode]
     tile = tile or GoldenTile(cfg, intmoe)
     ctl = getattr(tile, "ctl", None)
     model = IntMoEModel(weights, meta, intmoe)
@@ -326,7 +323,7 @@ def decode(weights, meta, intmoe: IntMoE, prompts, n_tokens: int, *, mode="auto"
 
         while min(len(o) for o in out) < n_tokens:
             tile.context(sum(c.length for c in caches))
-            m, K = tile.begin_round(B)
+            m, K = tile.begin_round(B, force)
             if m == gesd.Mode.AR:
                 lgs = ragged_forward(model, [[t] for t in last], caches, moe_fn(gesd.Phase.AR, 0))
                 last = [int(np.argmax(lg[-1])) for lg in lgs]
@@ -369,6 +366,6 @@ def decode(weights, meta, intmoe: IntMoE, prompts, n_tokens: int, *, mode="auto"
 
 
 # the GoldenTile's host commands (the same as the RTL tile's host stream)
-GoldenTile.begin_round = lambda self, batch: self.ctl.begin_round(batch)
+GoldenTile.begin_round = lambda self, batch, force=None: self.ctl.begin_round(batch, force)
 GoldenTile.accept = lambda self, n: self.ctl.accept(n)
 GoldenTile.context = lambda self, tokens: self.ctl.context(tokens)

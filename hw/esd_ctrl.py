@@ -347,14 +347,18 @@ class EsdCtrl(wiring.Component):
 
             # ---- ROUND: the mode decision ------------------------------------------
             with m.State("ROUND"):
-                b = cmd.value
-                with m.If((b < 1) | (b > gesd.MAX_BATCH) | round_open):
+                b = cmd.value[:8]
+                force = cmd.value[8:10]                 # 0 auto, 1 AR, 2 SD
+                with m.If((b < 1) | (b > gesd.MAX_BATCH) | round_open | (force == 3) |
+                          (cmd.value[10:] != 0)):
                     m.d.sync += err.eq(gesd.HostError.BAD_BATCH)
                     m.next = "RESPOND"
                 with m.Else():
-                    sd = (b >= cfg.sd_threshold) & (usable >= cfg.min_free_slots)
-                    reason = Mux(b < cfg.sd_threshold, gesd.ModeReason.BATCH,
-                                 Mux(sd, gesd.ModeReason.SD, gesd.ModeReason.BACKOFF))
+                    want = Mux(force == 0, b >= cfg.sd_threshold, force == 2)
+                    sd = want & (usable >= cfg.min_free_slots)
+                    reason = Mux(force == 1, gesd.ModeReason.HOST,
+                                 Mux(~want, gesd.ModeReason.BATCH,
+                                     Mux(sd, gesd.ModeReason.SD, gesd.ModeReason.BACKOFF)))
                     with m.If(emit(EK.MODE, code=sd, value=Mux(sd, K, 0), tag=reason)):
                         m.d.sync += [mode.eq(sd), batch.eq(b), round_k.eq(Mux(sd, K, 0)),
                                      round_open.eq(1), ex_phase.eq(Mux(sd, Ph.DRAFT, Ph.AR)),

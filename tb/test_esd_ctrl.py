@@ -122,12 +122,27 @@ class Snk:
 
 @cocotb.test()
 async def replay(dut):
-    case = _case()
+    """Every case of ``$ELMOE_ESD_CASE`` (one, or a list under ``cases``), the
+    controller reset between cases; ``$ELMOE_ESD_OUT`` gets one result each."""
+    loaded = _case()
+    cases = loaded["cases"] if "cases" in loaded else [loaded]
     cfg = Config(**params())
     t = {k: data.Layout.cast(v) for k, v in esd_ports(cfg).items()}
     r = rng()
     idle = float(os.environ.get("ELMOE_ESD_IDLE", "0.2"))
     await start_clock_and_reset(dut)
+    outs = []
+    for case in cases:
+        dut.rst.value = 1
+        for _ in range(3):
+            await RisingEdge(dut.clk)
+        dut.rst.value = 0
+        outs.append(await run_case(dut, case, cfg, t, r, idle))
+        with open(os.environ["ELMOE_ESD_OUT"], "w") as f:
+            json.dump(outs if "cases" in loaded else outs[0], f)
+
+
+async def run_case(dut, case, cfg, t, r, idle):
     clk = dut.clk
     cyc = [0]
     tags = gesd.TagPolicy(cfg)
@@ -263,7 +278,8 @@ async def replay(dut):
     for e in case["script"]:
         op = e["op"]
         if op == "ROUND":
-            host.put(dict(op=HostOp.ROUND, phase=0, step=0, layer=0, value=e["value"]))
+            host.put(dict(op=HostOp.ROUND, phase=0, step=0, layer=0,
+                          value=e["value"] | e.get("force", 0) << 8))
             expected.append(dict(op=HostOp.ROUND, error=0, mode=e["mode"], k=e["k"]))
         elif op == "STEP":
             host.put(dict(op=HostOp.STEP, phase=e["phase"], step=e["step"], layer=e["layer"],
@@ -305,10 +321,10 @@ async def replay(dut):
     evs = [gesd.Event.from_dict(p) for p in events]
     msg = gesd.compare(case["events"], evs)
     viol = sum(x.violations for x in sinks)
-    with open(os.environ["ELMOE_ESD_OUT"], "w") as f:
-        json.dump(dict(cycles=cyc[0], counters=counters, events=len(evs), rule_violations=viol), f)
     assert viol == 0, f"{viol} stream-rule violations on the outputs"
     assert msg is None, msg
     for k, v in case["counters"].items():
         if k in counters:
             assert counters[k] == v, f"counter {k}: RTL {counters[k]} != golden {v}"
+    return dict(cycles=cyc[0], counters=counters, events=len(evs), rule_violations=viol,
+                name=case.get("name"))

@@ -79,11 +79,37 @@ def test_esd_ctrl_catches_wrong_golden(tmp_path):
         _run(tmp_path, TINY_KV, 4, 12, mutant="touch_verify")
 
 
-@pytest.mark.parametrize("batch", [1, 4, 16])
-def test_esd_ctrl_default(tmp_path, batch):
-    cfg = preset("default").replace(kv_words_per_token=8)
-    run, out = _run(tmp_path, cfg, batch, 40, seed=batch)
-    assert out["events"] == len(run.events)
+def _report(tmp_path, measured_dir, traces, steps):
+    """The report's runs (AR and SD forced by the host, batch 1, 4, 16) on the
+    RTL, one simulation per geometry; writes ``build/measured/esd_ctrl_report.json``."""
+    from elmoe3d.commands import decode as dec
+    runs = dec.report_runs(steps=steps, traces=traces)
+    cases = [dict(script=r["run"].script, events=r["run"].events, counters=r["counters"],
+                  faults={}, name=f"{r['trace']} B{r['batch']} {r['mode']}") for r in runs]
+    f = tmp_path / "cases.pkl"
+    f.write_bytes(pickle.dumps(dict(cases=cases)))
+    out = tmp_path / "out.json"
+    simulate(_factory, block="esd_ctrl", params=runs[0]["cfg"].to_dict(),
+             top="elmoe3d_esd_ctrl", test_module=TB,
+             env={"ELMOE_ESD_CASE": str(f), "ELMOE_ESD_OUT": str(out)}, seed=1)
+    outs = [dict(trace=r["trace"], batch=r["batch"], mode=r["mode"], steps=steps,
+                 rtl=o["counters"], cycles=o["cycles"], events=o["events"])
+            for r, o in zip(runs, json.loads(out.read_text()))]
+    path = measured_dir / "esd_ctrl_report.json"
+    old = json.loads(path.read_text())["runs"] if path.is_file() else []
+    keep = [o for o in old if o["trace"] not in traces]
+    path.write_text(json.dumps({"source": "tests/test_esd_ctrl.py (Verilator)",
+                                "runs": keep + outs}, indent=1))
+    return runs, outs
+
+
+def test_esd_ctrl_report(tmp_path, measured_dir):
+    """`default` geometry, the synthetic Zipf trace, batch 1, 4 and 16 in AR
+    and in Elastic-SD: trace, responses and counters equal the golden's."""
+    from elmoe3d.commands.decode import report_traces
+    name = report_traces(quick=True)[0][0]
+    runs, outs = _report(tmp_path, measured_dir, [name], 24)
+    assert len(outs) == 6 and all(o["events"] > 0 for o in outs)
 
 
 def test_esd_ctrl_faults(tmp_path):
@@ -91,6 +117,14 @@ def test_esd_ctrl_faults(tmp_path):
               for i in range(3, 600, 37)}
     run, out = _run(tmp_path, TINY_KV, 4, 60, seed=5, faults=faults, **KV_PRESSURE)
     assert run.counters["aborts"] > 0 and out["counters"]["aborts"] == run.counters["aborts"]
+
+
+@pytest.mark.slow
+def test_esd_ctrl_report_lm(tmp_path, measured_dir):
+    """The LM's own routing trace on the `lm` geometry, batch 1, 4, 16, AR and SD."""
+    from elmoe3d.commands.decode import report_traces
+    name = report_traces(quick=True)[1][0]
+    _report(tmp_path, measured_dir, [name], 60)
 
 
 @pytest.mark.slow

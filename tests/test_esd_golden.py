@@ -588,3 +588,22 @@ def test_announce_order_decides_victims():
     bad.begin_round(3)
     bad.layer_step(Phase.AR, 0, 0, fixed([[6, 1], [6], [6]]))
     assert esd.compare(c.events, bad.events) is not None
+
+
+def test_forced_modes():
+    """The host may force AR (reason HOST) or SD below the threshold; a
+    forced SD still backs off when the KV region crowds the cache."""
+    cfg = TINY.replace(min_free_slots=3)
+    c = EsdController(cfg)
+    assert c.begin_round(1, Mode.SD) == (Mode.SD, cfg.draft_len_init)
+    assert c.events[-1].tag == ModeReason.SD
+    c = EsdController(cfg)
+    assert c.begin_round(cfg.sd_threshold, Mode.AR) == (Mode.AR, 0)
+    assert c.events[-1].tag == ModeReason.HOST
+    c = EsdController(cfg)
+    S, SW = cfg.tag_slots, cfg.slot_words
+    c.context((cfg.hb_words - cfg.dense_words - S * SW + (S - 2) * SW) // cfg.kv_words_per_token)
+    assert c.begin_round(1, Mode.SD) == (Mode.AR, 0)
+    assert c.events[-1].tag == ModeReason.BACKOFF
+    with pytest.raises(EsdHostError):
+        EsdController(cfg).begin_round(1, 7)

@@ -188,36 +188,68 @@ def report_traces(quick=False):
     return [("zipf-1.1 (default)", cfg, syn), ("moe_lm routing (lm)", lm_cfg, lm_r)]
 
 
-def report_runs(quick=False):
-    """Golden runs per trace, batch and mode: a list of dicts with the counters."""
+
+
+def report_runs(quick=False, steps=None, traces=None):
+    """Golden runs per trace, batch and mode: a list of dicts with the
+    counters (``traces``: names to keep; ``steps`` default 400, quick 60)."""
     from ..golden import esd
-    steps = 60 if quick else 400
+    steps = steps or (60 if quick else 400)
     out = []
     for name, cfg, R in report_traces(quick):
+        if traces and name not in traces:
+            continue
         for B in BATCHES:
             for mode in ("AR", "SD"):
-                c = cfg.replace(sd_threshold=1 if mode == "SD" else esd.MAX_BATCH + 1)
-                run = esd.run_trace(c, R, batch=B, steps=steps, seed=B, check=False,
-                                    kv_mid_round=False)
-                out.append(dict(trace=name, batch=B, mode=mode, counters=run.counters,
-                                run=run))
+                run = esd.run_trace(cfg, R, batch=B, steps=steps, seed=B, check=False,
+                                    kv_mid_round=False, force=esd.Mode[mode])
+                out.append(dict(trace=name, batch=B, mode=mode, steps=steps,
+                                counters=run.counters, run=run, cfg=cfg))
     return out
 
 
-def report_rows(runs, rtl=None):
+#: Where the controller RTL's report runs are written (tests/test_esd_ctrl.py).
+RTL_REPORT = "esd_ctrl_report.json"
+
+
+def _figures(c, B):
+    look = c["hb_hits"] + c["hb_misses"] + c["hb_pending"]
+    acc = ((c["accepted_tokens"] + c["rounds_sd"] * B) / (c["rounds_sd"] * B)
+           if c["rounds_sd"] else 1.0)
+    tot = c["hb_bytes"] + c["lpddr_bytes"]
+    return [round(c["hb_hits"] / look, 4) if look else 0.0, round(acc, 3),
+            round(c["hb_bytes"] / 1e6, 3), round(c["lpddr_bytes"] / 1e6, 3),
+            round(c["hb_bytes"] / tot, 3) if tot else 0,
+            round(c["lpddr_bytes"] / 1e3 / max(1, c["tokens_out"]), 2)]
+
+
+def report_rows(runs):
+    return [[r["trace"], r["batch"], r["mode"], *_figures(r["counters"], r["batch"]),
+             "tile not built"] for r in runs]
+
+
+RTL_HEAD = ["trace", "batch", "mode", "steps", "HB hit rate RTL", "golden",
+            "mean accepted len RTL", "golden", "HB MB RTL", "LPDDR MB RTL", "HB share",
+            "RTL = golden"]
+
+
+def rtl_rows(path):
+    """Rows for the controller RTL's report runs in ``path`` (JSON written by
+    ``tests/test_esd_ctrl.py``) beside the golden runs recomputed here."""
+    import json as _json
+    from pathlib import Path
+    p = Path(path)
+    if not p.is_file():
+        return None
+    d = _json.loads(p.read_text())
     rows = []
-    for r in runs:
-        c = r["counters"]
-        look = c["hb_hits"] + c["hb_misses"] + c["hb_pending"]
-        B = r["batch"]
-        acc = ((c["accepted_tokens"] + c["rounds_sd"] * B) / (c["rounds_sd"] * B)
-               if c["rounds_sd"] else 1.0)
-        tot = c["hb_bytes"] + c["lpddr_bytes"]
-        rows.append([r["trace"], B, r["mode"], round(c["hb_hits"] / look, 4) if look else 0.0,
-                     round(acc, 3), round(c["hb_bytes"] / 1e6, 2),
-                     round(c["lpddr_bytes"] / 1e6, 2), round(c["hb_bytes"] / tot, 3) if tot else 0,
-                     round(c["lpddr_bytes"] / 1e3 / max(1, c["tokens_out"]), 2),
-                     "not measured"])
+    for r in d["runs"]:
+        g = next(x for x in report_runs(steps=r["steps"], traces=[r["trace"]])
+                 if x["batch"] == r["batch"] and x["mode"] == r["mode"])
+        fr, fg = _figures(r["rtl"], r["batch"]), _figures(g["counters"], r["batch"])
+        same = all(r["rtl"][k] == g["counters"][k] for k in r["rtl"] if k in g["counters"])
+        rows.append([r["trace"], r["batch"], r["mode"], r["steps"], fr[0], fg[0], fr[1], fg[1],
+                     fr[2], fr[3], fr[4], "yes" if same else "NO"])
     return rows
 
 
@@ -248,6 +280,15 @@ def build_section(ctx):
           "rejection); AR and SD forced per row. Bytes are expert weight bytes. The RTL "
           "column stays empty until the tile (`elmoe3d_tile`) writes "
           "`build/measured/tile_counters.json`.\n\n" + md_table(REPORT_HEAD, rows) + pic_md)
-    data = {"rows": [dict(zip(REPORT_HEAD, r)) for r in rows],
+    rrows = rtl_rows(ctx.outdir / "measured" / RTL_REPORT)
+    if rrows:
+        md += ("\n\nThe controller RTL (`elmoe3d_esd_ctrl`, Verilator, the blocks it drives "
+               "modelled by their golden contracts) replaying the same traces, its counters "
+               "read over the host port (`pytest tests/test_esd_ctrl.py -k report` writes "
+               f"`build/measured/{RTL_REPORT}`):\n\n" + md_table(RTL_HEAD, rrows))
+    else:
+        md += (f"\n\nNo controller RTL runs (`build/measured/{RTL_REPORT}`; "
+               "`pytest tests/test_esd_ctrl.py -k report` writes it).")
+    data = {"rows": [dict(zip(REPORT_HEAD, r)) for r in rows], "rtl_rows": rrows,
             "counters": [{k: r[k] for k in ("trace", "batch", "mode", "counters")} for r in runs]}
     return Section("Elastic-SD control sequence", md, data, text_table(REPORT_HEAD, rows))
