@@ -133,6 +133,7 @@ async def replay(dut):
     await start_clock_and_reset(dut)
     outs = []
     for case in cases:
+        await RisingEdge(dut.clk)                  # leave the ReadOnly phase of the last case
         dut.rst.value = 1
         for _ in range(3):
             await RisingEdge(dut.clk)

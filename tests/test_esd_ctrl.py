@@ -64,7 +64,7 @@ def test_esd_ctrl_tiny(tmp_path, simulator):
     moves both ways that invalidate slots, moves in the middle of drafting
     and verification: the trace equals the golden sequence, every response
     and counter too."""
-    run, out = _run(tmp_path, TINY_KV, 4, 80 if simulator == "verilator" else 30,
+    run, out = _run(tmp_path, TINY_KV, 4, 50 if simulator == "verilator" else 20,
                     simulator=simulator, **KV_PRESSURE)
     c = run.counters
     assert out["events"] == len(run.events)
