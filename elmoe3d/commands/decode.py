@@ -242,10 +242,12 @@ def rtl_rows(path):
     if not p.is_file():
         return None
     d = _json.loads(p.read_text())
-    rows = []
+    rows, golden = [], {}
     for r in d["runs"]:
-        g = next(x for x in report_runs(steps=r["steps"], traces=[r["trace"]])
-                 if x["batch"] == r["batch"] and x["mode"] == r["mode"])
+        key = (r["steps"], r["trace"])
+        if key not in golden:
+            golden[key] = report_runs(steps=r["steps"], traces=[r["trace"]])
+        g = next(x for x in golden[key] if x["batch"] == r["batch"] and x["mode"] == r["mode"])
         fr, fg = _figures(r["rtl"], r["batch"]), _figures(g["counters"], r["batch"])
         same = all(r["rtl"][k] == g["counters"][k] for k in r["rtl"] if k in g["counters"])
         rows.append([r["trace"], r["batch"], r["mode"], r["steps"], fr[0], fg[0], fr[1], fg[1],
