@@ -1021,7 +1021,8 @@ def round_wavedrom(events, round_no: int = 0, title: str | None = None) -> dict:
         elif cur is not None and e.kind == EventKind.TOUCH:
             cur["touch"] += 1
         elif e.kind in (EventKind.ACCEPT, EventKind.ROLLBACK, EventKind.DRAFT_LEN):
-            tail.append(f"{EventKind(e.kind).name} {e.value}")
+            tail.append({EventKind.ACCEPT: "acc", EventKind.ROLLBACK: "rb",
+                         EventKind.DRAFT_LEN: "K="}[EventKind(e.kind)] + str(e.value))
     cols.append(dict(label="accept", phase="ACCEPT", hit=0, miss=0, fill=0, commit=0, touch=0))
 
     def lane(name, key, fmt=str):
@@ -1046,7 +1047,7 @@ def round_wavedrom(events, round_no: int = 0, title: str | None = None) -> dict:
                       lane("fills started", "fill"), lane("fills committed", "commit"),
                       lane("touches", "touch"),
                       {"name": "host", "wave": "x" * (len(cols) - 1) + "=",
-                       "data": [", ".join(tail) or "ACCEPT"]}],
+                       "data": [" ".join(tail) or "acc"]}],
            "head": {"text": title or f"Elastic-SD round {round_no}"},
            "config": {"hscale": 2}}
     return res

@@ -30,6 +30,9 @@ def register(p):
                    help="run the MoE layers on the RTL tile in Verilator (default: golden model)")
     p.add_argument("--json", metavar="FILE", help="write tokens, match and counters as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--picture", metavar="FILE",
+                   help="write a WaveDrom SVG of one Elastic-SD round of this decode "
+                        "(the round with the longest draft)")
     p.add_argument("--perplexity", type=int, default=None, metavar="W",
                    help="instead of decoding: perplexity of the float, INT8 and integer-MoE "
                         "model on the first W held-out windows (64 = all)")
@@ -92,6 +95,25 @@ def _perplexity(args) -> int:
     return 0
 
 
+def _picture(res, batch, path):
+    from ..golden import esd
+    sd = [r for r in res.rounds if r[0] == 1]
+    if not sd:
+        raise ValueError("--picture needs an Elastic-SD round (use --mode sd)")
+    # the round with the most drafted-from-HB experts (a warm cache), then the longest draft
+    starts = [i for i, e in enumerate(res.events)
+              if e.kind == esd.EventKind.MODE and e.code == esd.Mode.SD] + [len(res.events)]
+    hits = [sum(1 for e in res.events[a:b] if e.kind == esd.EventKind.LOOKUP
+                and e.phase == esd.Phase.DRAFT) for a, b in zip(starts, starts[1:])]
+    i = max(range(len(sd)), key=lambda j: (hits[j], sd[j][1], -j))
+    k = sd[i][1]
+    wd = esd.round_wavedrom(res.events, i, title=f"Elastic-SD round {i} of this decode "
+                            f"(batch {batch}, K = {k})")
+    import wavedrom
+    wavedrom.render(json.dumps(wd)).saveas(str(path))
+    print(f"wrote {path}")
+
+
 def _bar(done, total, t0, stream=sys.stderr):
     w = 30
     f = min(1.0, done / total)
@@ -147,6 +169,8 @@ def run(args) -> int:
     print("simulated cycles per token: n/a (golden model; --rtl measures them)")
     print("RTL tokens equal golden tokens: n/a (golden model only)")
     print(f"decode took {secs:.1f} s")
+    if args.picture:
+        _picture(res, len(prompts), writable_file(args.picture))
     if out:
         out.write_text(json.dumps({
             "mode": args.mode, "batch": len(prompts), "tokens": args.tokens,
