@@ -874,7 +874,8 @@ class TraceRun:
 
 def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p: float = 0.7,
               prompt: tuple = (8, 40), length: tuple = (20, 120), faults=None, mutant=None,
-              kv_mid_round: bool = True, check: bool = True, force=None) -> TraceRun:
+              kv_mid_round: bool = True, check: bool = True, force=None,
+              bad: float = 0.0) -> TraceRun:
     """The host of a synthetic decode: ``batch`` requests decoded in lock step
     until at least ``steps`` decode steps ran, routing from ``rankings``
     (:func:`synthetic_trace`, one stream per request slot, reused cyclically).
@@ -887,6 +888,9 @@ def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p:
     verify steps) grows and shrinks and the KV boundary moves both ways.
     A layer step that fails (``faults``) is repeated by the host. ``force``
     asks every round for AR or SD (:meth:`EsdController.begin_round`).
+    With ``bad > 0`` a command that the controller must refuse (every
+    :class:`HostError` a host can cause) is sent before a legal one with that
+    probability; the script records it with ``refused`` = the error code.
     """
     rng = np.random.default_rng(seed)
     R = np.asarray(rankings)
@@ -904,7 +908,52 @@ def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p:
 
     script = []
 
+    def inject():
+        if not bad or rng.random() >= bad:
+            return
+        ex = ctl.expect
+        cands = [("ROUND", 0, 0), ("ROUND", MAX_BATCH + 1, 0), ("ROUND", batch, 3)]
+        if ex is not None:
+            cands.append(("ROUND", batch, 0))
+        if isinstance(ex, tuple):
+            ph, j, l = ex
+            cands += [("STEP", p, j, l) for p in (Phase.AR, Phase.DRAFT, Phase.VERIFY) if p != ph]
+            if cfg.layers > 1:
+                cands.append(("STEP", ph, j, (l + 1) % cfg.layers))
+            cands.append(("ACCEPT", 0))
+        else:
+            cands.append(("STEP", Phase.AR, 0, 0))
+            if ex == "ACCEPT":
+                cands.append(("ACCEPT", ctl.batch * ctl.round_K + 1))
+            else:
+                cands.append(("ACCEPT", 0))
+        if cfg.kv_words_per_token:
+            cands.append(("CONTEXT", gl.kv_limit(cfg) // cfg.kv_words_per_token + 1))
+        c = cands[int(rng.integers(0, len(cands)))]
+        before = (len(ctl.events), dict(ctl.counters), ctl.expect, ctl.K, ctl.kv_words)
+        try:
+            if c[0] == "ROUND":
+                ctl.begin_round(c[1], None if c[2] == 0 else c[2] - 1)
+            elif c[0] == "STEP":
+                ctl.layer_step(c[1], c[2], c[3], RankingRouter([], cfg.top_k))
+            elif c[0] == "ACCEPT":
+                ctl.accept(c[1])
+            else:
+                ctl.context(c[1])
+        except EsdHostError as e:
+            code = int(e.code)
+        else:
+            raise AssertionError(f"{c} was not refused")
+        assert before == (len(ctl.events), dict(ctl.counters), ctl.expect, ctl.K, ctl.kv_words)
+        if c[0] == "ROUND":
+            script.append(dict(op="ROUND", value=c[1], force=c[2], refused=code))
+        elif c[0] == "STEP":
+            script.append(dict(op="STEP", phase=int(c[1]), step=c[2], layer=c[3], refused=code))
+        else:
+            script.append(dict(op=c[0], value=c[1], refused=code))
+
     def send_context(extra=0):
+        inject()
         total = min(sum(ctx) + extra, kv_cap)
         ctl.context(total)
         script.append(dict(op="CONTEXT", value=total, error=0))
@@ -917,6 +966,7 @@ def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p:
         ranks = [ranking(b, i)[layer] for b, i in toks]
         router = RankingRouter(ranks, cfg.top_k)
         while True:
+            inject()
             res = ctl.layer_step(phase, j, layer, router)
             script.append(dict(op="STEP", phase=int(phase), step=j, layer=layer,
                                rankings=np.asarray(ranks, dtype=np.int16), error=int(res.error)))
@@ -928,6 +978,7 @@ def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p:
     accepted, rounds, contexts = [], [], []
     send_context()
     while ctl.counters["decode_steps"] < steps:
+        inject()
         mode, K = ctl.begin_round(batch, force)
         script.append(dict(op="ROUND", value=batch, force=0 if force is None else 1 + int(force),
                            mode=int(mode), k=K, error=0))
@@ -952,6 +1003,7 @@ def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p:
                 while n < K and rng.random() < accept_p:
                     n += 1
                 a.append(n)
+            inject()
             ctl.accept(sum(a))
             script.append(dict(op="ACCEPT", value=sum(a), error=0))
             accepted.append(a)

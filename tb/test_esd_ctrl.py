@@ -223,7 +223,7 @@ async def run_case(dut, case, cfg, t, r, idle):
         kv_move.put(dict(kv_words=words, covered=newly, invalidated=inv), later(r.randint(1, 8)))
 
     # ---- datapath -------------------------------------------------------------------
-    steps = [e for e in case["script"] if e["op"] == "STEP"]
+    steps = [e for e in case["script"] if e["op"] == "STEP" and "refused" not in e]
     step_i = [0]
     passes = collections.deque()             # experts still to be sourced, per pass
 
@@ -278,7 +278,14 @@ async def run_case(dut, case, cfg, t, r, idle):
     expected = []
     for e in case["script"]:
         op = e["op"]
-        if op == "ROUND":
+        if "refused" in e:                          # a command the controller must refuse
+            code = getattr(HostOp, op)
+            host.put(dict(op=code, phase=e.get("phase", 0), step=e.get("step", 0),
+                          layer=e.get("layer", 0),
+                          value=e.get("value", 0) | e.get("force", 0) << 8 if op == "ROUND"
+                          else e.get("value", 0)))
+            expected.append(dict(op=code, error=e["refused"]))
+        elif op == "ROUND":
             host.put(dict(op=HostOp.ROUND, phase=0, step=0, layer=0,
                           value=e["value"] | e.get("force", 0) << 8))
             expected.append(dict(op=HostOp.ROUND, error=0, mode=e["mode"], k=e["k"]))

@@ -71,6 +71,16 @@ def test_esd_ctrl_tiny(tmp_path, simulator):
     assert c["rounds_ar"] and c["rounds_sd"] and c["kv_invalidations"]
 
 
+def test_esd_ctrl_refuses_bad_commands(tmp_path):
+    """Every host error a host can cause (BAD_BATCH, BAD_PHASE, BAD_ORDER,
+    BAD_ACCEPT, KV_RANGE) sprinkled through a decode: the RTL answers each
+    with the golden's code and nothing else changes (the trace and counters
+    still equal the golden's)."""
+    run, out = _run(tmp_path, TINY_KV, 4, 20, seed=11, bad=0.3, **KV_PRESSURE)
+    codes = {e["refused"] for e in run.script if "refused" in e}
+    assert codes >= {1, 2, 3, 4, 5}, codes
+
+
 def test_esd_ctrl_catches_wrong_golden(tmp_path):
     """A golden sequence from a mutated policy (VERIFY touches too) makes the
     same testbench fail: the comparison can fail."""

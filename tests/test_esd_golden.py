@@ -607,3 +607,30 @@ def test_forced_modes():
     assert c.events[-1].tag == ModeReason.BACKOFF
     with pytest.raises(EsdHostError):
         EsdController(cfg).begin_round(1, 7)
+
+
+def test_refused_commands_leave_the_sequence_alone():
+    """A decode with refused commands sprinkled in (every host-caused error
+    code) has the same events and counters as the same decode without them."""
+    cfg = TINY
+    R = esd.synthetic_trace(np.random.default_rng(3), requests=4, tokens=300,
+                            layers=cfg.layers, experts=cfg.experts)
+    # the injections draw from the host's generator, so compare with a replay of
+    # the legal commands of the same run
+    run = esd.run_trace(cfg, R, batch=4, steps=60, seed=3, bad=0.3, check=False)
+    codes = {e["refused"] for e in run.script if "refused" in e}
+    assert codes >= {1, 2, 3, 4, 5}
+    c = EsdController(cfg)
+    for e in run.script:
+        if "refused" in e:
+            continue
+        if e["op"] == "ROUND":
+            c.begin_round(e["value"])
+        elif e["op"] == "STEP":
+            c.layer_step(e["phase"], e["step"], e["layer"],
+                         RankingRouter(e["rankings"], cfg.top_k))
+        elif e["op"] == "ACCEPT":
+            c.accept(e["value"])
+        else:
+            c.context(e["value"])
+    assert esd.compare(run.events, c.events) is None and c.counters == run.counters
