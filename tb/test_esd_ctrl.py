@@ -44,9 +44,65 @@ from elmoe3d.hw.esd_ctrl import COUNTERS, HostOp, esd_ports
 from elmoe3d.tb.common import pack, params, rng, start_clock_and_reset, unpack
 
 
+# -- functional coverage (cocotb-coverage, written by tb/coverage.py) ----------------------
+from cocotb_coverage.coverage import CoverCross, CoverPoint  # noqa: E402
+
+EK, PH = gesd.EventKind, gesd.Phase
+_PHASES = [int(PH.AR), int(PH.DRAFT), int(PH.VERIFY)]
+
+
+@CoverPoint("esd_ctrl.event.kind", xf=lambda e: e["kind"], bins=[int(k) for k in EK])
+@CoverPoint("esd_ctrl.lookup.code", xf=lambda e: e["code"] if e["kind"] == EK.LOOKUP else None,
+            bins=[int(gesd.LookupResult.MISS), int(gesd.LookupResult.HIT)])
+@CoverPoint("esd_ctrl.lookup.phase", xf=lambda e: e["phase"] if e["kind"] == EK.LOOKUP else None,
+            bins=_PHASES)
+@CoverCross("esd_ctrl.lookup.phaseXcode", items=["esd_ctrl.lookup.phase", "esd_ctrl.lookup.code"],
+            ign_bins=[(int(PH.DRAFT), int(gesd.LookupResult.MISS))])
+@CoverPoint("esd_ctrl.allocate.code",
+            xf=lambda e: e["code"] if e["kind"] == EK.ALLOCATE else None,
+            bins=[int(x) for x in gesd.AllocResult])
+@CoverPoint("esd_ctrl.source.code", xf=lambda e: e["code"] if e["kind"] == EK.SOURCE else None,
+            bins=[int(x) for x in gesd.Source])
+@CoverPoint("esd_ctrl.source.phase", xf=lambda e: e["phase"] if e["kind"] == EK.SOURCE else None,
+            bins=_PHASES)
+@CoverCross("esd_ctrl.source.phaseXcode", items=["esd_ctrl.source.phase", "esd_ctrl.source.code"],
+            ign_bins=[(int(PH.DRAFT), int(gesd.Source.SPLIT)),
+                      (int(PH.DRAFT), int(gesd.Source.LPDDR)),
+                      (int(PH.AR), int(gesd.Source.HB)), (int(PH.VERIFY), int(gesd.Source.HB))])
+@CoverPoint("esd_ctrl.fill_end.code",
+            xf=lambda e: e["code"] if e["kind"] == EK.FILL_END else None,
+            bins=[int(x) for x in gesd.FillEnd])
+@CoverPoint("esd_ctrl.invalidate.code",
+            xf=lambda e: e["code"] if e["kind"] == EK.INVALIDATE else None,
+            bins=[int(x) for x in gesd.InvalidateReason])
+@CoverPoint("esd_ctrl.mode.reason", xf=lambda e: e["tag"] if e["kind"] == EK.MODE else None,
+            bins=[int(x) for x in gesd.ModeReason])
+@CoverPoint("esd_ctrl.ext_error.code",
+            xf=lambda e: e["value"] if e["kind"] == EK.EXT_ERROR else None,
+            bins=[1, 2, 3])
+def _cover_event(e):
+    pass
+
+
+@CoverPoint("esd_ctrl.host.op", xf=lambda op, err: op, bins=list(range(5)))
+@CoverPoint("esd_ctrl.host.error", xf=lambda op, err: err, bins=[int(x) for x in gesd.HostError
+                                                                 if x != gesd.HostError.BAD_ROUTE])
+def _cover_response(op, err):
+    pass
+
+
+@CoverPoint("esd_ctrl.stream.stall", xf=lambda name: name,
+            bins=["host_cmd", "trace", "tag_cmd", "ext_cmd", "dp_source", "dp_announce"])
+def _cover_stall(name):
+    pass
+
+
 def _case():
     with open(os.environ["ELMOE_ESD_CASE"], "rb") as f:
         return pickle.load(f)
+
+
+_STALL_NAMES = {"host_cmd", "trace", "tag_cmd", "ext_cmd", "dp_source", "dp_announce"}
 
 
 class Src:
@@ -57,6 +113,7 @@ class Src:
         self.ready = getattr(dut, f"{prefix}__ready")
         self.payload = getattr(dut, f"{prefix}__payload")
         self.layout, self.r, self.idle = layout, r, idle
+        self.name = prefix
         self.queue = collections.deque()
         self.later = collections.deque()            # (due cycle, item or callable)
         self.item = None
@@ -81,6 +138,8 @@ class Src:
 
     def sample(self):
         self.fired = self.item is not None and bool(self.ready.value)
+        if self.item is not None and not self.fired and self.name in _STALL_NAMES:
+            _cover_stall(self.name)
 
     def busy(self):
         return self.item is not None or self.queue or self.later
@@ -95,6 +154,7 @@ class Snk:
         self.ready = getattr(dut, f"{prefix}__ready")
         self.payload = getattr(dut, f"{prefix}__payload")
         self.layout, self.r, self.bp, self.fn = layout, r, bp, fn
+        self.name = prefix
         self.rdy = False
         self.held = None
         self.violations = 0
@@ -113,6 +173,8 @@ class Snk:
         raw = self.payload.value.to_unsigned()
         if self.held is not None and raw != self.held:
             self.violations += 1
+        if not self.rdy and self.name in _STALL_NAMES:
+            _cover_stall(self.name)
         if self.rdy:
             self.held = None
             self.fn(unpack(self.layout, raw))
@@ -326,6 +388,13 @@ async def run_case(dut, case, cfg, t, r, idle):
         for k, v in want.items():
             assert got[k] == v, f"response {i} ({case['script'][i]['op']}): {k} {got[k]} != {v}"
     counters = {name: responses[len(expected) + i]["value"] for i, name in enumerate(COUNTERS)}
+    for p in events:
+        _cover_event(p)
+    for rr in responses:
+        _cover_response(rr["op"], rr["error"])
+    from elmoe3d.tb.coverage import write_coverage
+    write_coverage("esd_ctrl", run=f"{case.get('name') or 'replay'} seed {cocotb.RANDOM_SEED}",
+                   transactions=len(events) + len(responses))
     evs = [gesd.Event.from_dict(p) for p in events]
     msg = gesd.compare(case["events"], evs)
     viol = sum(x.violations for x in sinks)

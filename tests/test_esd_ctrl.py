@@ -125,8 +125,11 @@ def test_esd_ctrl_report(tmp_path, measured_dir):
 def test_esd_ctrl_faults(tmp_path):
     faults = {i: [ExtError.SLVERR, ExtError.DECERR, ExtError.PROTOCOL][i % 3]
               for i in range(3, 600, 37)}
-    run, out = _run(tmp_path, TINY_KV, 4, 60, seed=5, faults=faults, **KV_PRESSURE)
+    run, out = _run(tmp_path, TINY_KV, 4, 40, seed=5, faults=faults, **KV_PRESSURE)
     assert run.counters["aborts"] > 0 and out["counters"]["aborts"] == run.counters["aborts"]
+    # batch 1 (AR below the threshold, reason BATCH) with faults too
+    run, out = _run(tmp_path, TINY_KV, 1, 30, seed=6, faults=faults)
+    assert run.counters["ext_errors"] > 0
 
 
 @pytest.mark.slow
