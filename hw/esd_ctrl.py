@@ -278,6 +278,11 @@ class EsdCtrl(wiring.Component):
         trsp = Signal(t["TagResponse"])
         kvm = Signal(t["KVMove"])
         cur = Signal(range(P + 1))           # table index of the expert in hand
+        # the expert in hand (front half) and the entry being ended (back half) as plain
+        # registers: no dynamically indexed table read sits on a FSM decision path
+        c_slot, c_pin, c_fill = Signal(_bits(S)), Signal(), Signal()
+        x_exp, x_slot = Signal(cfg.expert_bits), Signal(_bits(S))
+        x_pin, x_fill, x_read, x_err, x_ok = Signal(), Signal(), Signal(), Signal(3), Signal()
         inv_j = Signal(range(S + 1))
 
         # asynchronous reports: always accepted
@@ -429,7 +434,8 @@ class EsdCtrl(wiring.Component):
             with m.State("ANNOUNCE"):
                 m.d.comb += ann_i.ready.eq(1)
                 with m.If(ann_i.valid):
-                    m.d.sync += [ann.eq(ann_i.payload), cur.eq(nent)]
+                    m.d.sync += [ann.eq(ann_i.payload), cur.eq(nent), c_slot.eq(0), c_pin.eq(0),
+                                 c_fill.eq(0)]
                     with m.If(ann_i.payload.none):
                         m.next = "PASS_WAIT"
                     with m.Else():
@@ -449,14 +455,14 @@ class EsdCtrl(wiring.Component):
                            Mux(trsp.pending, gesd.LookupResult.PENDING, gesd.LookupResult.MISS))
                 with m.If(emit(EK.LOOKUP, **P_, expert=ann.expert, code=code,
                                slot=Mux(hit | trsp.pending, trsp.slot, 0), value=ann.count)):
-                    m.d.sync += e_slot[cur].eq(trsp.slot)
+                    m.d.sync += [e_slot[cur].eq(trsp.slot), c_slot.eq(trsp.slot)]
                     with m.If(hit):
-                        m.d.sync += e_pin[cur].eq(1)
+                        m.d.sync += [e_pin[cur].eq(1), c_pin.eq(1)]
                         with m.If(phase != Ph.DRAFT):
                             m.d.sync += bump("hb_hits")
                         m.next = "EV_SOURCE_HB"
                     with m.Elif(trsp.pending & (phase != Ph.DRAFT)):
-                        m.d.sync += [bump("hb_pending"), e_slot[cur].eq(0)]
+                        m.d.sync += [bump("hb_pending"), e_slot[cur].eq(0), c_slot.eq(0)]
                         m.next = "EV_SOURCE_LPDDR"
                     with m.Else():
                         m.d.sync += bump("hb_misses")
@@ -465,7 +471,7 @@ class EsdCtrl(wiring.Component):
             with m.State("EV_SOURCE_HB"):
                 draft = phase == Ph.DRAFT
                 lmask = all_mask & ~hb_mask
-                with m.If(emit(EK.SOURCE, **P_, expert=ann.expert, slot=e_slot[cur],
+                with m.If(emit(EK.SOURCE, **P_, expert=ann.expert, slot=c_slot,
                                code=Mux(draft, gesd.Source.HB, gesd.Source.SPLIT),
                                value=Mux(draft, hb_mask, hb_mask | (lmask << n)))):
                     with m.If(draft):
@@ -489,7 +495,7 @@ class EsdCtrl(wiring.Component):
                     m.next = "EV_TOUCH"
             with m.State("EV_TOUCH"):
                 amt = Mux(ann.count > hot_max, hot_max, ann.count)
-                with m.If(emit(EK.TOUCH, **P_, expert=ann.expert, slot=e_slot[cur], value=amt)):
+                with m.If(emit(EK.TOUCH, **P_, expert=ann.expert, slot=c_slot, value=amt)):
                     m.d.sync += bump("touches")
                     m.next = "TOUCH_NEXT"
             with m.State("TOUCH_NEXT"):
@@ -502,7 +508,7 @@ class EsdCtrl(wiring.Component):
                              ext_o.payload.kind.eq(hv.ExtKindCode.EXPERT),
                              ext_o.payload.addr.eq(self._expert_addr(cmd.layer, ann.expert)),
                              ext_o.payload.plane_mask.eq(all_mask & ~hb_mask),
-                             ext_o.payload.fill.eq(0), ext_o.payload.slot.eq(e_slot[cur]),
+                             ext_o.payload.fill.eq(0), ext_o.payload.slot.eq(c_slot),
                              ext_o.payload.id.eq(cur)]
                 with m.If(ext_o.ready):
                     m.d.sync += e_read[cur].eq(1)
@@ -528,19 +534,20 @@ class EsdCtrl(wiring.Component):
                                value=Mux(ok, amt, 0))):
                     with m.If(ok):
                         m.d.sync += [e_slot[cur].eq(trsp.slot), e_pin[cur].eq(1),
-                                     e_fill[cur].eq(1), bump("allocations")]
+                                     e_fill[cur].eq(1), c_slot.eq(trsp.slot), c_pin.eq(1),
+                                     c_fill.eq(1), bump("allocations")]
                         with m.If(trsp.evicted):
                             m.d.sync += bump("evictions")
                         m.next = "EV_FILL_START"
                     with m.Else():
-                        m.d.sync += [e_slot[cur].eq(0), bump("no_victim")]
+                        m.d.sync += [e_slot[cur].eq(0), c_slot.eq(0), bump("no_victim")]
                         m.next = "EV_SOURCE_LPDDR"
             with m.State("EV_FILL_START"):
-                with m.If(emit(EK.FILL_START, **P_, expert=ann.expert, slot=e_slot[cur],
+                with m.If(emit(EK.FILL_START, **P_, expert=ann.expert, slot=c_slot,
                                value=hb_mask)):
                     m.next = "EV_SOURCE_LPDDR"
             with m.State("EV_SOURCE_LPDDR"):
-                with m.If(emit(EK.SOURCE, **P_, expert=ann.expert, slot=e_slot[cur],
+                with m.If(emit(EK.SOURCE, **P_, expert=ann.expert, slot=c_slot,
                                code=gesd.Source.LPDDR, value=all_mask << n)):
                     m.d.sync += bump("lpddr_bytes", n * plane_bytes)
                     m.next = "EXT_FULL"
@@ -549,15 +556,15 @@ class EsdCtrl(wiring.Component):
                              ext_o.payload.kind.eq(hv.ExtKindCode.EXPERT),
                              ext_o.payload.addr.eq(self._expert_addr(cmd.layer, ann.expert)),
                              ext_o.payload.plane_mask.eq(all_mask),
-                             ext_o.payload.fill.eq(e_fill[cur]),
-                             ext_o.payload.slot.eq(e_slot[cur]), ext_o.payload.id.eq(cur)]
+                             ext_o.payload.fill.eq(c_fill),
+                             ext_o.payload.slot.eq(c_slot), ext_o.payload.id.eq(cur)]
                 with m.If(ext_o.ready):
                     m.d.sync += e_read[cur].eq(1)
                     m.next = "SOURCE_OUT"
             with m.State("SOURCE_OUT"):
                 m.d.comb += [src_o.valid.eq(1), src_o.payload.expert.eq(ann.expert),
-                             src_o.payload.hb.eq(e_pin[cur] & ~e_fill[cur]),
-                             src_o.payload.slot.eq(e_slot[cur])]
+                             src_o.payload.hb.eq(c_pin & ~c_fill),
+                             src_o.payload.slot.eq(c_slot)]
                 with m.If(src_o.ready):
                     m.next = "NEXT_EXPERT"
             with m.State("NEXT_EXPERT"):
@@ -578,36 +585,43 @@ class EsdCtrl(wiring.Component):
                     reads_done = reads_done & ~(live & ((e_read[i] & ~e_done[i]) | need_fill))
                 with m.If(pass_done & reads_done):
                     m.d.sync += idx.eq(0)
+                    m.next = "END_LOAD"
+            with m.State("END_LOAD"):
+                m.d.sync += [x_exp.eq(e_exp[idx]), x_slot.eq(e_slot[idx]), x_pin.eq(e_pin[idx]),
+                             x_fill.eq(e_fill[idx]), x_read.eq(e_read[idx]),
+                             x_err.eq(e_err[idx]),
+                             x_ok.eq(fill_ok.bit_select(e_slot[idx], 1) & (e_err[idx] == 0))]
+                m.next = "PASS_NEXT"
+                with m.If(idx != nent):
                     m.next = "END_ENTRY"
             with m.State("END_ENTRY"):
-                with m.If(idx == nent):
-                    m.next = "PASS_NEXT"
-                with m.Elif(e_read[idx] & (e_err[idx] != 0)):
+                with m.If(x_read & (x_err != 0)):
                     m.next = "EV_EXT_ERROR"
-                with m.Elif(e_fill[idx]):
+                with m.Elif(x_fill):
                     m.next = "EV_FILL_END"
-                with m.Elif(e_pin[idx]):
+                with m.Elif(x_pin):
                     m.next = "UNPIN"
                 with m.Else():
                     m.d.sync += idx.eq(idx + 1)
+                    m.next = "END_LOAD"
             with m.State("EV_EXT_ERROR"):
-                with m.If(emit(EK.EXT_ERROR, **P_, expert=e_exp[idx], slot=e_slot[idx],
-                               value=e_err[idx])):
+                with m.If(emit(EK.EXT_ERROR, **P_, expert=x_exp, slot=x_slot,
+                               value=x_err)):
                     m.d.sync += [bump("ext_errors"), step_err.eq(1)]
                     m.next = "AFTER_ERROR"
             with m.State("AFTER_ERROR"):
-                with m.If(e_fill[idx]):
+                with m.If(x_fill):
                     m.next = "EV_FILL_END"
-                with m.Elif(e_pin[idx]):
+                with m.Elif(x_pin):
                     m.next = "UNPIN"
                 with m.Else():
                     m.d.sync += idx.eq(idx + 1)
-                    m.next = "END_ENTRY"
+                    m.next = "END_LOAD"
             with m.State("EV_FILL_END"):
-                good = (e_err[idx] == 0) & fill_ok.bit_select(e_slot[idx], 1)
-                with m.If(emit(EK.FILL_END, **P_, expert=e_exp[idx], slot=e_slot[idx],
+                good = x_ok
+                with m.If(emit(EK.FILL_END, **P_, expert=x_exp, slot=x_slot,
                                code=Mux(good, gesd.FillEnd.COMMIT, gesd.FillEnd.ABORT))):
-                    m.d.comb += fs_clr.eq(1 << e_slot[idx])
+                    m.d.comb += fs_clr.eq(1 << x_slot)
                     with m.If(good):
                         m.d.sync += bump("fills")
                         m.next = "UNPIN"
@@ -615,28 +629,28 @@ class EsdCtrl(wiring.Component):
                         m.d.sync += [bump("aborts"), step_err.eq(1)]
                         m.next = "ABORT"
             with m.State("ABORT"):
-                with m.If(tag(TAG_OP["ABORT"], slot=e_slot[idx])):
+                with m.If(tag(TAG_OP["ABORT"], slot=x_slot)):
                     m.next = "ABORT_RSP"
             with m.State("ABORT_RSP"):
                 m.d.comb += tag_i.ready.eq(1)
                 with m.If(tag_i.valid):
                     m.next = "EV_INVALIDATE_ABORT"
             with m.State("EV_INVALIDATE_ABORT"):
-                with m.If(emit(EK.INVALIDATE, **P_, expert=e_exp[idx], slot=e_slot[idx],
+                with m.If(emit(EK.INVALIDATE, **P_, expert=x_exp, slot=x_slot,
                                code=gesd.InvalidateReason.ABORT)):
                     m.d.sync += idx.eq(idx + 1)
-                    m.next = "END_ENTRY"
+                    m.next = "END_LOAD"
             with m.State("UNPIN"):
-                with m.If(tag(TAG_OP["UNPIN"], slot=e_slot[idx])):
+                with m.If(tag(TAG_OP["UNPIN"], slot=x_slot)):
                     m.next = "UNPIN_RSP"
             with m.State("UNPIN_RSP"):
                 m.d.comb += tag_i.ready.eq(1)
                 with m.If(tag_i.valid):
                     m.next = "EV_UNPIN"
             with m.State("EV_UNPIN"):
-                with m.If(emit(EK.UNPIN, **P_, expert=e_exp[idx], slot=e_slot[idx])):
+                with m.If(emit(EK.UNPIN, **P_, expert=x_exp, slot=x_slot)):
                     m.d.sync += idx.eq(idx + 1)
-                    m.next = "END_ENTRY"
+                    m.next = "END_LOAD"
             with m.State("PASS_NEXT"):
                 with m.If(tok_left > T):
                     m.d.sync += [tok_left.eq(tok_left - T), pass_no.eq(pass_no + 1)]
