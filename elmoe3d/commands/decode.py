@@ -303,9 +303,9 @@ def build_section(ctx):
         pic_md = "\n\n(`wavedrom` is not installed: the round picture is esd_round.json)"
     md = ("Golden Elastic-SD control sequence (`golden/esd.py`) replaying routing traces with "
           "random acceptance (each drafted token accepted with p = 0.7 until the first "
-          "rejection); AR and SD forced per row. Bytes are expert weight bytes. The RTL "
-          "column stays empty until the tile (`elmoe3d_tile`) writes "
-          "`build/measured/tile_counters.json`.\n\n" + md_table(REPORT_HEAD, rows) + pic_md)
+          "rejection); AR and SD forced per row (the host's ROUND force field). Bytes are "
+          "expert weight bytes. Cycles per token need the tile (`elmoe3d_tile`, not built "
+          "yet): the controller alone runs against modelled memories.\n\n" + md_table(REPORT_HEAD, rows) + pic_md)
     rrows = rtl_rows(ctx.outdir / "measured" / RTL_REPORT)
     if rrows:
         md += ("\n\nThe controller RTL (`elmoe3d_esd_ctrl`, Verilator, the blocks it drives "
