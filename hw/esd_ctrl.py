@@ -261,13 +261,19 @@ class EsdCtrl(wiring.Component):
         step_err = Signal()
 
         # pass table
-        e_exp = Array(Signal(cfg.expert_bits, name=f"t_exp{i}") for i in range(P))
-        e_slot = Array(Signal(_bits(S), name=f"t_slot{i}") for i in range(P))
-        e_pin = Array(Signal(name=f"t_pin{i}") for i in range(P))
-        e_fill = Array(Signal(name=f"t_fill{i}") for i in range(P))
-        e_read = Array(Signal(name=f"t_read{i}") for i in range(P))
-        e_done = Array(Signal(name=f"t_done{i}") for i in range(P))
-        e_err = Array(Signal(3, name=f"t_err{i}") for i in range(P))
+        # packed vectors indexed with bit_select / word_select (continuous shifts in
+        # Verilog, unlike Array's case blocks, which Icarus leaves X until an index changes)
+        eb, sbits = cfg.expert_bits, _bits(S)
+        t_exp, t_slot = Signal(P * eb), Signal(P * sbits)
+        t_pin, t_fill, t_read, t_done = Signal(P), Signal(P), Signal(P), Signal(P)
+        t_err = Signal(P * 3)
+        e_exp = lambda i: t_exp.word_select(i, eb)
+        e_slot = lambda i: t_slot.word_select(i, sbits)
+        e_pin = lambda i: t_pin.bit_select(i, 1)
+        e_fill = lambda i: t_fill.bit_select(i, 1)
+        e_read = lambda i: t_read.bit_select(i, 1)
+        e_done = lambda i: t_done.bit_select(i, 1)
+        e_err = lambda i: t_err.word_select(i, 3)
         nent = Signal(range(P + 1))
         idx = Signal(range(P + 1))
         fill_seen = Signal(S)
@@ -288,14 +294,16 @@ class EsdCtrl(wiring.Component):
         # asynchronous reports: always accepted
         m.d.comb += [ext_i.ready.eq(1), fill_i.ready.eq(1)]
         with m.If(ext_i.valid):
-            m.d.sync += [e_done[ext_i.payload.id].eq(1), e_err[ext_i.payload.id].eq(
+            m.d.sync += [e_done(ext_i.payload.id).eq(1), e_err(ext_i.payload.id).eq(
                 ext_i.payload.error)]
+        # written as Mux expressions, not m.If: an `always @*` whose inputs have not
+        # changed since time 0 is never evaluated by Icarus (X)
         fs_set = Signal(S)
         fo_set = Signal(S)
-        with m.If(fill_i.valid):
-            m.d.comb += fs_set.eq(1 << fill_i.payload.slot)
-            with m.If(fill_i.payload.ok):
-                m.d.comb += fo_set.eq(1 << fill_i.payload.slot)
+        one = Const(1, S)
+        m.d.comb += [fs_set.eq(Mux(fill_i.valid, one << fill_i.payload.slot, 0)),
+                     fo_set.eq(Mux(fill_i.valid & fill_i.payload.ok, one << fill_i.payload.slot,
+                                   0))]
         fs_clr = Signal(S)
         m.d.sync += [fill_seen.eq((fill_seen & ~fs_clr) | fs_set),
                      fill_ok.eq((fill_ok & ~fs_clr) | fo_set)]
@@ -314,23 +322,31 @@ class EsdCtrl(wiring.Component):
         tag_of = Signal(cfg.tag_bits)
         m.d.comb += tag_of.eq(Cat(ann.expert, cmd.layer))
 
+        # Every field of a driven payload is assigned in the driving state, the
+        # unused ones to 0: a field left to its comb default comes from an
+        # `always @*` with no changing input, which Icarus never evaluates (X).
+        ev_fields = [name for name, _ in data.Layout.cast(t["TraceEvent"])]
+        tag_fields = [name for name, _ in data.Layout.cast(t["TagCommand"])]
+
         def emit(kind, **fields):
             """Drive one trace event this cycle; returns the handshake."""
             m.d.comb += [tq.w_stream.valid.eq(1), ev.kind.eq(kind)]
-            for f, v in fields.items():
-                m.d.comb += getattr(ev, f).eq(v)
+            for f in ev_fields:
+                if f != "kind":
+                    m.d.comb += getattr(ev, f).eq(fields.get(f, 0))
             return tq.w_stream.ready
 
         def tag(op, **fields):
             m.d.comb += [tag_o.valid.eq(1), tag_o.payload.op.eq(op)]
-            for f, v in fields.items():
-                m.d.comb += getattr(tag_o.payload, f).eq(v)
+            for f in tag_fields:
+                if f != "op":
+                    m.d.comb += getattr(tag_o.payload, f).eq(fields.get(f, 0))
             return tag_o.ready
 
         P_ = dict(phase=phase, step=cmd.step, layer=cmd.layer, pass_no=pass_no)
         EK = gesd.EventKind
 
-        with m.FSM(name="esd"):
+        with m.FSM(name="esd") as fsm:
             with m.State("IDLE"):
                 m.d.comb += host_i.ready.eq(1)
                 with m.If(host_i.valid):
@@ -427,9 +443,8 @@ class EsdCtrl(wiring.Component):
                 ptok = Mux(tok_left > T, T, tok_left)
                 with m.If(emit(EK.PASS, **P_, value=ptok)):
                     m.d.sync += [nent.eq(0), pass_done.eq(0)]
-                    for i in range(P):
-                        m.d.sync += [e_pin[i].eq(0), e_fill[i].eq(0), e_read[i].eq(0),
-                                     e_done[i].eq(0), e_err[i].eq(0)]
+                    m.d.sync += [t_pin.eq(0), t_fill.eq(0), t_read.eq(0), t_done.eq(0),
+                                 t_err.eq(0)]
                     m.next = "ANNOUNCE"
             with m.State("ANNOUNCE"):
                 m.d.comb += ann_i.ready.eq(1)
@@ -439,7 +454,7 @@ class EsdCtrl(wiring.Component):
                     with m.If(ann_i.payload.none):
                         m.next = "PASS_WAIT"
                     with m.Else():
-                        m.d.sync += [nent.eq(nent + 1), e_exp[nent].eq(ann_i.payload.expert)]
+                        m.d.sync += [nent.eq(nent + 1), e_exp(nent).eq(ann_i.payload.expert)]
                         m.next = "LOOKUP_PIN"
             with m.State("LOOKUP_PIN"):
                 with m.If(tag(TAG_OP["LOOKUP_PIN"], tag=tag_of)):
@@ -455,14 +470,14 @@ class EsdCtrl(wiring.Component):
                            Mux(trsp.pending, gesd.LookupResult.PENDING, gesd.LookupResult.MISS))
                 with m.If(emit(EK.LOOKUP, **P_, expert=ann.expert, code=code,
                                slot=Mux(hit | trsp.pending, trsp.slot, 0), value=ann.count)):
-                    m.d.sync += [e_slot[cur].eq(trsp.slot), c_slot.eq(trsp.slot)]
+                    m.d.sync += [e_slot(cur).eq(trsp.slot), c_slot.eq(trsp.slot)]
                     with m.If(hit):
-                        m.d.sync += [e_pin[cur].eq(1), c_pin.eq(1)]
+                        m.d.sync += [e_pin(cur).eq(1), c_pin.eq(1)]
                         with m.If(phase != Ph.DRAFT):
                             m.d.sync += bump("hb_hits")
                         m.next = "EV_SOURCE_HB"
                     with m.Elif(trsp.pending & (phase != Ph.DRAFT)):
-                        m.d.sync += [bump("hb_pending"), e_slot[cur].eq(0), c_slot.eq(0)]
+                        m.d.sync += [bump("hb_pending"), e_slot(cur).eq(0), c_slot.eq(0)]
                         m.next = "EV_SOURCE_LPDDR"
                     with m.Else():
                         m.d.sync += bump("hb_misses")
@@ -509,9 +524,9 @@ class EsdCtrl(wiring.Component):
                              ext_o.payload.addr.eq(self._expert_addr(cmd.layer, ann.expert)),
                              ext_o.payload.plane_mask.eq(all_mask & ~hb_mask),
                              ext_o.payload.fill.eq(0), ext_o.payload.slot.eq(c_slot),
-                             ext_o.payload.id.eq(cur)]
+                             ext_o.payload.id.eq(cur), ext_o.payload.length.eq(0)]
                 with m.If(ext_o.ready):
-                    m.d.sync += e_read[cur].eq(1)
+                    m.d.sync += e_read(cur).eq(1)
                     m.next = "SOURCE_OUT"
             # miss: ALLOCATE a victim
             with m.State("ALLOCATE"):
@@ -533,14 +548,14 @@ class EsdCtrl(wiring.Component):
                                tag=Mux(ok & trsp.evicted, trsp.evicted_tag, 0),
                                value=Mux(ok, amt, 0))):
                     with m.If(ok):
-                        m.d.sync += [e_slot[cur].eq(trsp.slot), e_pin[cur].eq(1),
-                                     e_fill[cur].eq(1), c_slot.eq(trsp.slot), c_pin.eq(1),
+                        m.d.sync += [e_slot(cur).eq(trsp.slot), e_pin(cur).eq(1),
+                                     e_fill(cur).eq(1), c_slot.eq(trsp.slot), c_pin.eq(1),
                                      c_fill.eq(1), bump("allocations")]
                         with m.If(trsp.evicted):
                             m.d.sync += bump("evictions")
                         m.next = "EV_FILL_START"
                     with m.Else():
-                        m.d.sync += [e_slot[cur].eq(0), c_slot.eq(0), bump("no_victim")]
+                        m.d.sync += [e_slot(cur).eq(0), c_slot.eq(0), bump("no_victim")]
                         m.next = "EV_SOURCE_LPDDR"
             with m.State("EV_FILL_START"):
                 with m.If(emit(EK.FILL_START, **P_, expert=ann.expert, slot=c_slot,
@@ -557,9 +572,10 @@ class EsdCtrl(wiring.Component):
                              ext_o.payload.addr.eq(self._expert_addr(cmd.layer, ann.expert)),
                              ext_o.payload.plane_mask.eq(all_mask),
                              ext_o.payload.fill.eq(c_fill),
-                             ext_o.payload.slot.eq(c_slot), ext_o.payload.id.eq(cur)]
+                             ext_o.payload.slot.eq(c_slot), ext_o.payload.id.eq(cur),
+                             ext_o.payload.length.eq(0)]
                 with m.If(ext_o.ready):
-                    m.d.sync += e_read[cur].eq(1)
+                    m.d.sync += e_read(cur).eq(1)
                     m.next = "SOURCE_OUT"
             with m.State("SOURCE_OUT"):
                 m.d.comb += [src_o.valid.eq(1), src_o.payload.expert.eq(ann.expert),
@@ -581,16 +597,16 @@ class EsdCtrl(wiring.Component):
                 reads_done = Const(1)
                 for i in range(P):
                     live = i < nent
-                    need_fill = e_fill[i] & ~fill_seen.bit_select(e_slot[i], 1)
-                    reads_done = reads_done & ~(live & ((e_read[i] & ~e_done[i]) | need_fill))
+                    need_fill = e_fill(i) & ~fill_seen.bit_select(e_slot(i), 1)
+                    reads_done = reads_done & ~(live & ((e_read(i) & ~e_done(i)) | need_fill))
                 with m.If(pass_done & reads_done):
                     m.d.sync += idx.eq(0)
                     m.next = "END_LOAD"
             with m.State("END_LOAD"):
-                m.d.sync += [x_exp.eq(e_exp[idx]), x_slot.eq(e_slot[idx]), x_pin.eq(e_pin[idx]),
-                             x_fill.eq(e_fill[idx]), x_read.eq(e_read[idx]),
-                             x_err.eq(e_err[idx]),
-                             x_ok.eq(fill_ok.bit_select(e_slot[idx], 1) & (e_err[idx] == 0))]
+                m.d.sync += [x_exp.eq(e_exp(idx)), x_slot.eq(e_slot(idx)), x_pin.eq(e_pin(idx)),
+                             x_fill.eq(e_fill(idx)), x_read.eq(e_read(idx)),
+                             x_err.eq(e_err(idx)),
+                             x_ok.eq(fill_ok.bit_select(e_slot(idx), 1) & (e_err(idx) == 0))]
                 m.next = "PASS_NEXT"
                 with m.If(idx != nent):
                     m.next = "END_ENTRY"
@@ -621,7 +637,6 @@ class EsdCtrl(wiring.Component):
                 good = x_ok
                 with m.If(emit(EK.FILL_END, **P_, expert=x_exp, slot=x_slot,
                                code=Mux(good, gesd.FillEnd.COMMIT, gesd.FillEnd.ABORT))):
-                    m.d.comb += fs_clr.eq(1 << x_slot)
                     with m.If(good):
                         m.d.sync += bump("fills")
                         m.next = "UNPIN"
@@ -789,6 +804,8 @@ class EsdCtrl(wiring.Component):
                              host_o.payload.k.eq(round_k), host_o.payload.value.eq(rsp_value)]
                 with m.If(host_o.ready):
                     m.next = "IDLE"
+        m.d.comb += fs_clr.eq(Mux(fsm.ongoing("EV_FILL_END") & tq.w_stream.ready,
+                                  Const(1, S) << x_slot, 0))
         return m
 
     # -- helpers -----------------------------------------------------------------------

@@ -170,7 +170,10 @@ class Snk:
                 self.violations += 1
             self.held = None
             return
-        raw = self.payload.value.to_unsigned()
+        v = self.payload.value
+        if not v.is_resolvable:
+            raise AssertionError(f"{self.name}: payload {v} has X/Z bits while valid")
+        raw = v.to_unsigned()
         if self.held is not None and raw != self.held:
             self.violations += 1
         if not self.rdy and self.name in _STALL_NAMES:
@@ -383,10 +386,11 @@ async def run_case(dut, case, cfg, t, r, idle):
             if idle_after > 50:
                 break
     assert not problems, problems[:5]
-    assert len(responses) == total, f"{len(responses)} of {total} responses by cycle {cyc[0]}"
     for i, (want, got) in enumerate(zip(expected, responses)):
         for k, v in want.items():
-            assert got[k] == v, f"response {i} ({case['script'][i]['op']}): {k} {got[k]} != {v}"
+            assert got[k] == v, (f"response {i} ({case['script'][i]}): {k} {got[k]} != {v}; "
+                                 f"got {got}")
+    assert len(responses) == total, f"{len(responses)} of {total} responses by cycle {cyc[0]}"
     counters = {name: responses[len(expected) + i]["value"] for i, name in enumerate(COUNTERS)}
     for p in events:
         _cover_event(p)
