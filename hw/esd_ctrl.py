@@ -346,7 +346,12 @@ class EsdCtrl(wiring.Component):
         P_ = dict(phase=phase, step=cmd.step, layer=cmd.layer, pass_no=pass_no)
         EK = gesd.EventKind
 
-        with m.FSM(name="esd") as fsm:
+        with m.FSM(name="esd", init="START") as fsm:
+            # one cycle out of reset first: the state register changes, so every
+            # `always @*` that reads it is evaluated (Icarus 11 leaves a block whose
+            # inputs never changed since time 0 at X)
+            with m.State("START"):
+                m.next = "IDLE"
             with m.State("IDLE"):
                 m.d.comb += host_i.ready.eq(1)
                 with m.If(host_i.valid):
