@@ -698,7 +698,7 @@ def _run(setup, weights_meta, log, trace_path, acceptance_path) -> dict:
 def _trim(r: dict) -> dict:
     """A model's result without the bulky parts kept only for the primary model."""
     return {k: v for k, v in r.items() if k not in ("routing", "working_set", "acceptance_detail",
-                                                    "trace")}
+                                                    "trace", "acceptance", "batched")}
 
 
 def _mean_dicts(ds):
@@ -1135,7 +1135,7 @@ def gain_intervals(matched: dict, s: Setup, n_boot: int = 2000) -> dict:
         if x is None or y is None:
             continue
         idx = rng.integers(0, len(x), (n_boot, len(x)))
-        g = x[idx].mean(1) / y[idx].mean(1) - 1
+        g = x[idx].mean(1) / np.maximum(y[idx].mean(1), 1e-12) - 1
         out[name] = dict(gain=float(x.mean() / y.mean() - 1), ci95=[float(np.percentile(g, 2.5)),
                                                                     float(np.percentile(g, 97.5))],
                          prompts=int(len(x)))
@@ -1162,7 +1162,7 @@ def batched_intervals(matched: dict, matched_b: dict, s: Setup, n_boot: int = 20
         x = per["hotness"].reshape(-1, g).mean(1)
         y = per["random"].reshape(-1, g).mean(1)
         idx = rng.integers(0, len(x), (n_boot, len(x)))
-        boot = x[idx].mean(1) / y[idx].mean(1) - 1
+        boot = x[idx].mean(1) / np.maximum(y[idx].mean(1), 1e-12) - 1
         out[str(g)] = dict(hotness=float(x.mean()), random=float(y.mean()),
                            gain=float(x.mean() / y.mean() - 1), batches=int(len(x)),
                            ci95=[float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))])

@@ -156,6 +156,7 @@ def load_fit(path=None, cfg: dict | None = None) -> dict:
         fit, errs = data["fit"], data["precision_error"]
         out = dict(a_max=float(fit["a_max"]), beta=float(fit["beta"]), gamma=float(fit["gamma"]),
                    errors={k: float(v) for k, v in errs.items()}, fitted=True,
+                   dense_msb_factor=dense_msb_factor(data.get("rows", [])),
                    rmse=fit.get("rmse"), rows=fit.get("rows"),
                    source=f"fit to the LM's measured acceptance ({p.name}: {fit.get('rows')} rows, "
                           f"rmse {fit.get('rmse', float('nan')):.3f})")
@@ -165,8 +166,25 @@ def load_fit(path=None, cfg: dict | None = None) -> dict:
                                   "errors": {"augmented": 0.074, "truncated": 0.169, "rtn4": 0.083}})
         return dict(a_max=fb["a_max"], beta=fb["beta"], gamma=fb["gamma"],
                     errors={f"s4k1-channel-{k}" if k != "rtn4" else k: v
-                            for k, v in fb["errors"].items()},
+                            for k, v in fb["errors"].items()}, dense_msb_factor=None,
                     fitted=False, source=f"FALLBACK (no fit file {p}): systems.json acceptance.fallback")
+
+
+def dense_msb_factor(rows) -> float | None:
+    """Measured effect of drafting with the dense weights (attention, router,
+    embedding/head) at MSB-augmented precision too: the mean ratio of per-token
+    rates, dense augmented over dense INT8, of the LM's rows with the same
+    resident fraction and draft length (hotness, augmented experts). ``None``
+    without such rows."""
+    base, aug = {}, {}
+    for r in rows:
+        if r.get("policy") != "hotness" or r.get("precision") != "augmented" or \
+                (r.get("slice_bits", 4), r.get("keep", 1), r.get("scales", "channel")) != (4, 1, "channel"):
+            continue
+        k = (r["resident_fraction"], int(r["draft_len"]))
+        (aug if r.get("dense_precision", "full") == "augmented" else base)[k] = _per_token(r)
+    ratios = [aug[k] / base[k] for k in aug if k in base and base[k] > 0]
+    return float(np.mean(ratios)) if ratios else None
 
 
 class AcceptanceModel:
@@ -196,6 +214,7 @@ class AcceptanceModel:
         if not 0 < self.a_max <= 1:
             raise ValueError(f"a_max must be in (0, 1], not {self.a_max!r}")
         self.errors = dict(fit["errors"] if errors is None else errors)
+        self.dense_factor = (fit or {}).get("dense_msb_factor")
         self.fit_source = (fit or {}).get("source", source or "given parameters")
         self.fitted = bool((fit or {}).get("fitted", False))
         self.measured = measured
@@ -210,6 +229,7 @@ class AcceptanceModel:
 
     def _with(self, fit):
         self.fit_source, self.fitted = fit["source"], fit["fitted"]
+        self.dense_factor = fit.get("dense_msb_factor")
         return self
 
     @property
@@ -237,8 +257,16 @@ class AcceptanceModel:
         return float(np.exp(-self.gamma * self.error(precision) ** 2))
 
     def rate(self, overlap, precision: str = "augmented", *, resident_fraction: float | None = None,
-             policy: str = "hotness", draft_len: int | None = None):
-        """Per-token acceptance (array-friendly in ``overlap``)."""
+             policy: str = "hotness", draft_len: int | None = None, dense: str = "full"):
+        """Per-token acceptance (array-friendly in ``overlap``); ``dense="msb"``
+        (the draft reads the dense weights at MSB-augmented precision too)
+        multiplies by the LM's measured factor (:func:`dense_msb_factor`)."""
+        if dense == "msb":
+            if self.dense_factor is None:
+                raise ValueError("No measured acceptance for drafts with MSB dense weights "
+                                 "(the acceptance file has no dense_precision 'augmented' rows)")
+            return np.clip(self.rate(overlap, precision, resident_fraction=resident_fraction,
+                                     policy=policy, draft_len=draft_len) * self.dense_factor, 0.0, 1.0)
         if self.measured is not None and resident_fraction is not None:
             rows = self._rows(precision)
             if rows:

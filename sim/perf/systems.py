@@ -266,6 +266,7 @@ class _Acc:
         self.hb = self.hbw = self.lp = self.near = 0.0
         self.macs = self.dmacs = self.time = 0.0
         self.tokens = 0
+        self.ideal_tokens = 0         # tokens if every draft were accepted
         self.near_pj = 0.0
         self.floor_lp = 0.0           # LPDDR floor bytes
         self.bound_t = 0.0            # sum of max(floor time, compute time)
@@ -276,17 +277,29 @@ class _Acc:
         self.phase_floor = {"ar": 0.0, "verify": 0.0}
 
     def phase(self, hw: Hardware, hb=0.0, hbw=0.0, lp=0.0, macs=0.0, dmacs=0.0, t_extra=0.0,
-              lp_bw=None, floor_lp=None, floor_hb=None, kind="ar"):
+              lp_bw=None, floor_lp=None, floor_hb=None, need=None, kind="ar"):
+        """One phase. ``need`` = ``(fixed HB bytes, fixed LPDDR bytes, expert
+        bytes needed, HB capacity for them)`` gives the perfect-cache bound:
+        the needed experts split between HB (at most the capacity) and LPDDR so
+        that the two overlapped streams finish together."""
         ct = macs / hw.int8_macs_per_s + dmacs / hw.draft_macs_per_s
         bw = lp_bw or hw.ext_bw
         t = max((hb + hbw) / hw.hb_bw, lp / bw, ct, t_extra)
         fl = lp if floor_lp is None else floor_lp
-        fh = hb if floor_hb is None else floor_hb
+        if need is not None:
+            D, Lf, N, C = need
+            H = hw.hb_bw
+            x = (N * H - D * bw + Lf * H) / (H + bw)          # HB share that balances the streams
+            x = min(max(x, 0.0, N - C), min(N, C))
+            tb = max((D + x) / H, (Lf + N - x) / bw)
+        else:
+            fh = hb if floor_hb is None else floor_hb
+            tb = max(fl / bw, fh / hw.hb_bw)
         self.hb += hb; self.hbw += hbw; self.lp += lp
         self.macs += macs; self.dmacs += dmacs; self.time += t
         self.floor_lp += fl
         self.compute_t += ct
-        self.bound_t += max(fl / bw, fh / hw.hb_bw, ct)
+        self.bound_t += max(tb, ct)
         self.phase_t[kind] += t
         self.phases[kind] += 1
         if kind in self.phase_lp:
@@ -316,6 +329,7 @@ def _finish(sysname, w: Workload, acc: _Acc, mode, cache=None, accept=None, note
                  phase=("verification" if kind == "verify" else "step"),
                  compute_tok_s=n / acc.compute_t if acc.compute_t else None,
                  bound_tok_s=n / acc.bound_t if acc.bound_t else None,
+                 bound_all_accepted_tok_s=(max(acc.ideal_tokens, n) / acc.bound_t) if acc.bound_t else None,
                  attainment=(acc.bound_t / acc.time) if acc.time else None)
     f = hw.freq_ghz * 1e9
     cnt = dict(tokens=int(acc.tokens), lpddr_bytes=acc.lp, hb_bytes=acc.hb, hb_write_bytes=acc.hbw,
@@ -411,10 +425,10 @@ def _belady(w: Workload, offsets, keys, counted_sets, capacity_units: float, mem
 
 
 def _ar_floor(w: Workload, s: int, cache_bytes: float, kv_lp: float, kv_hb: float) -> tuple:
-    """(LPDDR floor, HB floor) of AR step ``s``."""
-    need = w.union[s].sum() * w.model.expert_bytes
+    """(LPDDR floor, perfect-cache ``need`` tuple) of AR step ``s``."""
+    need = float(w.union[s].sum() * w.model.expert_bytes)
     dense = w.model.streamed_dense_params * w.model.weight_bytes
-    return max(0.0, need - cache_bytes) + kv_lp, dense + kv_hb + min(need, cache_bytes)
+    return max(0.0, need - cache_bytes) + kv_lp, (dense + kv_hb, kv_lp, need, cache_bytes)
 
 
 def _cache_info(policy, hits, lookups, per_layer, capacity_entries, capacity_gb, belady=None):
@@ -472,7 +486,7 @@ def _ar_cached(w: Workload, name: str, policy: str, spec: dict, engine: str = "f
     for s in range(W, S):
         fl, fh = _ar_floor(w, s, cache_bytes, kv_lp, kv_hb)
         acc.phase(hw, hb=dense + kv_hb + hs[s] * E, hbw=fs[s] * E, lp=kv_lp + (us[s] - hs[s]) * E,
-                  macs=w.batch * w.macs_per_token, floor_lp=fl, floor_hb=fh, kind="ar")
+                  macs=w.batch * w.macs_per_token, floor_lp=fl, need=fh, kind="ar")
         acc.tokens += w.batch
     bel = None
     if belady and cap > 0:
@@ -505,7 +519,7 @@ def _ar_static(w: Workload, name, spec, cap, cache_bytes, kv_hb, kv_lp, tag, bel
     for s in range(w.warmup, w.steps):
         fl, fh = _ar_floor(w, s, cache_bytes, kv_lp, kv_hb)
         acc.phase(hw, hb=dense + kv_hb + nh_s[s] * E, lp=kv_lp + (nu_s[s] - nh_s[s]) * E,
-                  macs=w.batch * w.macs_per_token, floor_lp=fl, floor_hb=fh, kind="ar")
+                  macs=w.batch * w.macs_per_token, floor_lp=fl, need=fh, kind="ar")
         acc.tokens += w.batch
     Hc, Uc = H[w.warmup:].reshape(-1, nL, NE), U[w.warmup:].reshape(-1, nL, NE)
     look, hits = Uc.sum(axis=(0, 2)), Hc.sum(axis=(0, 2))
@@ -619,7 +633,8 @@ def _run_sd(w: Workload, name: str, spec: dict, accm: AcceptanceModel, *, policy
     missn = np.zeros(nL, np.int64)
     hits_n = lookups_n = fills = 0
     promoted = 0
-    seq_sets, seq_count = [], []
+    seq_sets = []
+    draft_max = 0.0
     ev0 = None
 
     pos = np.zeros(B, np.int64)
@@ -660,6 +675,7 @@ def _run_sd(w: Workload, name: str, spec: dict, accm: AcceptanceModel, *, policy
                 tk = np.bincount((jj * nL * NE + flat)[dvalid], minlength=Kc * nL * NE)
                 X = (tk.reshape(Kc, nL, NE) > 0).sum(axis=2)
             step_hb = dense_draft + X.sum(axis=1) * msb + kv_hb                 # (K,)
+            draft_max = max(draft_max, float(X.sum(axis=1).max()) * msb)
             d_dmacs = B * (w.expert_macs_per_token +
                            (0 if draft_dense == "full" else w.macs_per_token - w.expert_macs_per_token))
             d_macs = 0 if draft_dense != "full" else B * (w.macs_per_token - w.expert_macs_per_token)
@@ -697,7 +713,7 @@ def _run_sd(w: Workload, name: str, spec: dict, accm: AcceptanceModel, *, policy
             draft_phases = []
             for j in range(Kc):
                 fl = max(0.0, steps_need[j] - cache_bytes) + kv_lp
-                fh = dense / 2 + kv_hb + min(steps_need[j], cache_bytes)
+                fh = (dense / 2 + kv_hb, kv_lp, float(steps_need[j]), cache_bytes)
                 draft_phases.append((float(steps_hb[j]), float(steps_hw[j]), float(steps_lp[j]),
                                      B * w.macs_per_token / 2, 0, fl, fh))
         # ---- verify
@@ -767,13 +783,13 @@ def _run_sd(w: Workload, name: str, spec: dict, accm: AcceptanceModel, *, policy
             tc.decay()
             if full_pool is not None:
                 full_pool.decay()
-        vfloor = (max(0.0, need - cache_bytes) + kv_lp, dense + kv_hb + min(need, cache_bytes))
+        vfloor = (max(0.0, need - cache_bytes) + kv_lp, (dense + kv_hb, kv_lp, need, cache_bytes))
         # ---- acceptance
         if kind == "sd_eagle":
             a = np.full(B, eagle_a)
         else:
             a = accm.rate(ov, precision, resident_fraction=resident_fraction, policy=policy,
-                          draft_len=Kc)
+                          draft_len=Kc, dense=opts.get("draft_dense", "full"))
         n = sample_accepted(a, Kc, rng)
         pos += n + 1
         if count:
@@ -785,11 +801,12 @@ def _run_sd(w: Workload, name: str, spec: dict, accm: AcceptanceModel, *, policy
                          f"({w.steps} steps)")
     for dph, (hb, hbw, lp, vfl, vfh), a, n, ov, k_ in recs:
         for (h, hw_, lp_, mac, dmac, fl, fh) in dph:
-            acc.phase(hw, hb=h, hbw=hw_, lp=lp_, macs=mac, dmacs=dmac, floor_lp=fl, floor_hb=fh,
-                      kind="draft")
+            acc.phase(hw, hb=h, hbw=hw_, lp=lp_, macs=mac, dmacs=dmac, floor_lp=fl,
+                      **({"need": fh} if isinstance(fh, tuple) else {"floor_hb": fh}), kind="draft")
         acc.phase(hw, hb=hb, hbw=hbw, lp=lp, macs=w.batch * (k_ + 1) * w.macs_per_token,
-                  floor_lp=vfl, floor_hb=vfh, kind="verify")
+                  floor_lp=vfl, need=vfh, kind="verify")
         acc.tokens += int((n + 1).sum())
+        acc.ideal_tokens += w.batch * (k_ + 1)
     rates = np.concatenate([r[2] for r in recs])
     nacc = np.concatenate([r[3] for r in recs])
     ovl = np.concatenate([r[4] for r in recs])
@@ -801,7 +818,8 @@ def _run_sd(w: Workload, name: str, spec: dict, accm: AcceptanceModel, *, policy
                        source=accm.source if kind != "sd_eagle" else
                        "EAGLE's reported acceptance length (systems.json SD-EAGLE)",
                        resident_fraction=resident_fraction,
-                       mean_draft_len=round(float(ks.mean()), 3), adaptive=adaptive)
+                       mean_draft_len=round(float(ks.mean()), 3), adaptive=adaptive,
+                       draft_expert_gb_max=draft_max / 1e9 if kind == "elmoe" else None)
     if kind == "elmoe":
         label = f"tag-unit ({policy})"
         bel = None
@@ -889,7 +907,7 @@ def run_system(name: str, w: Workload, accm: AcceptanceModel | None = None, *, m
         for p in pols:
             if p not in WHOLE_POLICIES:
                 raise ValueError(f"HB-xPU cache policy must be one of {', '.join(WHOLE_POLICIES)}, not {p!r}")
-        runs = {p: _ar_cached(w, name, p, spec, belady=belady and i == 0) for i, p in enumerate(pols)}
+        runs = {p: _ar_cached(w, name, p, spec, belady=belady) for p in pols}   # Belady memoised
         return _best(runs, name)
     if kind in ("sd_eagle", "sd_q4"):
         return _run_sd(w, name, spec, accm, K=draft_len, seed=seed, belady=False)
@@ -921,8 +939,8 @@ def run_system(name: str, w: Workload, accm: AcceptanceModel | None = None, *, m
         for p in pols:
             if p not in AR_POLICIES:
                 raise ValueError(f"ELMoE-3D AR policy must be one of {', '.join(AR_POLICIES)}, not {p!r}")
-        runs = {p: _ar_cached(w, name, "tag-" + p, spec, engine, belady=belady and i == 0)
-                for i, p in enumerate(pols)}
+        runs = {p: _ar_cached(w, name, "tag-" + p, spec, engine, belady=belady)
+                for p in pols}
         return _best(runs, name + " AR")
 
     if mode == "SD":
