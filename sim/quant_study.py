@@ -176,9 +176,19 @@ def lm_bit_axis(windows: int = 16, variants=None, evidence: dict | None = None) 
     from ..golden import lm as glm
     from .lm import evidence as ev
     variants = variants or ev.VARIANTS
-    with glm.single_thread_blas():
-        w, meta = glm.load_weights()
-        q = ev.bit_axis_quality(w, meta, ev.heldout_windows(windows), variants, extra=False)
+    cached = windows == 0 and evidence and evidence.get("bit_axis")
+    if cached:                     # the evidence run's own rows (64 windows), no recomputation
+        q = [r for r in evidence["bit_axis"] if r.get("dense_precision", "full") == "full"
+             and r["precision"] in ("full", "truncated", "augmented")
+             and (r["precision"] == "full" or (r["slice_bits"], r["keep"], r["scales"]) in
+                  {tuple(v) for v in variants})]
+        windows = (evidence.get("setup") or {}).get("ppl_windows", 64)
+    else:
+        if windows < 1:
+            raise ValueError(f"LM windows must be >= 1, not {windows!r}")
+        with glm.single_thread_blas():
+            w, meta = glm.load_weights()
+            q = ev.bit_axis_quality(w, meta, ev.heldout_windows(windows), variants, extra=False)
     acc = (evidence or {}).get("acceptance_mean") or (evidence or {}).get("acceptance") or []
 
     def accepted(v, prec, frac, L):
@@ -198,7 +208,8 @@ def lm_bit_axis(windows: int = 16, variants=None, evidence: dict | None = None) 
                          ppl=r["ppl"], ppl_vs_int8=r["ppl"] / base[v[2]] - 1, agreement=r["agreement"],
                          accepted_50pct_L4=accepted(v, r["precision"], 0.5, 4),
                          accepted_100pct_L8=accepted(v, r["precision"], 1.0, 8)))
-    notes = [f"small MoE LM (committed seed-1234 model), {windows} held-out windows; INT8 target "
+    notes = [f"small MoE LM (committed seed-1234 model), {windows} held-out windows"
+             f"{' (the cached evidence run)' if cached else ''}; INT8 target "
              f"perplexity per channel {base.get('channel', float('nan')):.3f}, per tensor "
              f"{base.get('tensor', float('nan')):.3f}"]
     if acc:

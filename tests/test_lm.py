@@ -401,3 +401,21 @@ def test_report_section_and_verdicts(tmp_path):
     flipped["claims_ci"]["hotness_vs_random"]["ci95"] = [h["gain"] - 0.01, h["gain"] + 0.01]
     text = "\n".join(cmd.verdicts(flipped))
     assert "Hotness vs random residents (~+22% accepted length in the paper): DOES NOT HOLD" in text
+
+
+def test_quant_study_lm_rows(tmp_path):
+    """`elmoe3d quant` covers s = 2 (keep 1, 2, 3) and s = 4, per channel and
+    per tensor, on the LM: perplexity, agreement and the evidence's acceptance."""
+    from elmoe3d.sim.quant_study import lm_bit_axis
+    from elmoe3d.cli import main
+    ev_cache = json.loads((ev.DATA_DIR / ev.RESULT).read_text())
+    lm = lm_bit_axis(2, evidence=ev_cache)
+    got = {(r["s"], r["k"], r["scales"], r["scheme"]) for r in lm["rows"]}
+    assert got == {v + (p,) for v in ev.VARIANTS for p in ("truncated", "augmented")}
+    by = {(r["s"], r["k"], r["scales"], r["scheme"]): r for r in lm["rows"]}
+    assert by[(2, 1, "channel", "truncated")]["ppl"] > 2 * by[(2, 1, "channel", "augmented")]["ppl"]
+    assert all(0 <= r["agreement"] <= 1 and r["accepted_100pct_L8"] is not None for r in lm["rows"])
+    out = tmp_path / "q.json"
+    assert main(["quant", "--json", str(out), "--no-real", "--lm-windows", "2"]) == 0
+    assert len(json.loads(out.read_text())["lm"]["rows"]) == 2 * len(ev.VARIANTS)
+    assert main(["quant", "--lm-windows", "0"]) == 2

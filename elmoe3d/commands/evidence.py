@@ -150,7 +150,7 @@ def working_set_table(res, batches=(1, 2, 4, 8, 16)):
 def batched_table(res):
     """Mean accepted bytes (augmented, mean over draft lengths 1-8) per batch
     size sharing one resident set, per resident fraction and policy."""
-    rows = [dict(r, batch=1) for r in res["acceptance"] if r["precision"] == "augmented"]
+    rows = [dict(r, batch=1) for r in _primary(res["acceptance"]) if r["precision"] == "augmented"]
     rows += res.get("batched", [])
     batches = sorted({r["batch"] for r in rows})
     pols = [p for p in ("hotness", "random", "oracle") if any(r["policy"] == p for r in rows)]
@@ -282,8 +282,9 @@ def _across(res, key, pct=True) -> str:
     if not a or a["models"] < 2:
         return ""
     f = (lambda v: f"{v:+.1%}") if pct else (lambda v: f"{v:.3f}")
+    sd = f"{a['std'] * 100:.1f} pp" if pct else f"{a['std']:.3f}"
     return (f"; across {a['models']} trained models mean {f(a['mean'])} (range {f(a['min'])}.."
-            f"{f(a['max'])}, std {a['std'] * (100 if pct else 1):.1f}{' pp' if pct else ''})")
+            f"{f(a['max'])}, std {sd})")
 
 
 def verdicts(res) -> list[str]:

@@ -162,7 +162,7 @@ def sbs_rows(rows):
             for r in rows]
 
 
-CLAIM_HEAD = ["claim", "paper", "this model", "ceiling (perfect cache)", "the LM measures", "where"]
+CLAIM_HEAD = ["claim", "paper", "this model", "ceilings", "the LM measures", "where"]
 
 
 def claim_rows(rows):
@@ -179,9 +179,11 @@ def claim_rows(rows):
         meas = _fmt(r.get("measured"), pct)
         if r.get("envelope") is not None:
             meas += f" (envelope {_fmt(r['envelope'])})"
-        bound = _fmt(r.get("bound")) if r.get("bound") is not None else "-"
+        bound = ("perfect cache " + _fmt(r.get("bound"))) if r.get("bound") is not None else "-"
+        if r.get("demand") is not None:
+            bound += f"; Belady AR / perfect SD {_fmt(r['demand'])}"
         if r.get("ideal") is not None:
-            bound += f" ({_fmt(r['ideal'])} if every draft were accepted)"
+            bound += f"; every draft accepted {_fmt(r['ideal'])}"
         out.append([r["claim"], _fmt(r.get("paper"), pct), meas, bound, lm, r["where"]])
     return out
 
@@ -374,7 +376,7 @@ def _print_ablations(abl):
         print(f"(published: {loc['published']})")
         print(text_table(["trace", "source", "locality", "median reuse dist", "reuse prev token", "top expert share",
                           "working set B=16"] + [k[8:] for k in keys],
-                         [[r["model"], r["source"], r["calibrated"][:10], r["median_reuse_distance"],
+                         [[r["model"], r["source"], r["calibrated"].split()[0], r["median_reuse_distance"],
                            round(r["reuse_prev_token"], 3), round(r["top_expert_share"], 3),
                            round(r["working_set_all_requests"], 3)] + [round(r[k], 3) for k in keys]
                           for r in loc["rows"]]))

@@ -94,7 +94,8 @@ def build_section(ctx):
           + "\n".join(f"- {n}" for n in study["notes"]) + "\n\n" + md_table(HEAD, r))
     stdout = text_table(HEAD, r)
     try:
-        lm = lm_bit_axis(8 if ctx.quick else 16, evidence=_evidence())
+        ev = _evidence()
+        lm = lm_bit_axis(0 if ev and ev.get("bit_axis") else 8, evidence=ev)
         study["lm"] = lm
         md += ("\n\nThe same bit-slice rows on the small MoE LM (experts at the draft precision):\n\n"
                + "\n".join(f"- {n}" for n in lm["notes"]) + "\n\n" + md_table(LM_HEAD, lm_rows(lm)))

@@ -407,11 +407,14 @@ def _run_near(w: Workload, spec: dict, kind: str) -> RunResult:
 
 # -- cache systems -------------------------------------------------------------------
 
-def _belady(w: Workload, offsets, keys, counted_sets, capacity_units: float, memo_key=None) -> float:
-    """Belady (farthest next use) hit rate over the counted sets, replaying all."""
+def _belady(w: Workload, offsets, keys, counted_sets, capacity_units: float, memo_key=None,
+            per_set: bool = False):
+    """Belady (farthest next use) hit rate over the counted sets, replaying
+    all; with ``per_set`` also the hits of every set."""
     key = ("belady", memo_key, float(capacity_units))
     if memo_key is not None and key in w._memo:
-        return w._memo[key]
+        rate, hits = w._memo[key]
+        return (rate, hits) if per_set else rate
     nu = next_use_flat(offsets, keys)
     bc = BatchCache(len(w.moe) * w.model.experts, capacity_units, "belady", 1)
     hits, _ = bc.replay(offsets, keys, None, nu)
@@ -420,8 +423,24 @@ def _belady(w: Workload, offsets, keys, counted_sets, capacity_units: float, mem
     n = int(sizes[c].sum())
     out = float(hits[c].sum()) / n if n else 0.0
     if memo_key is not None:
-        w._memo[key] = out
-    return out
+        w._memo[key] = (out, hits)
+    return (out, hits) if per_set else out
+
+
+def _belady_tok_s(w: Workload, hits, cache_bytes, kv_hb, kv_lp) -> float:
+    """AR tok/s of the same step model with the offline-optimal (Belady,
+    demand-fill) cache's hits: the best any AR cache policy could do."""
+    hw, m = w.hw, w.model
+    E = m.expert_bytes
+    dense = m.streamed_dense_params * m.weight_bytes
+    hs = np.asarray(hits).reshape(w.steps, len(w.moe)).sum(axis=1)
+    us = w.union.sum(axis=1)
+    t = 0.0
+    for s in range(w.warmup, w.steps):
+        ct = w.batch * w.macs_per_token / hw.int8_macs_per_s
+        t += max((dense + kv_hb + hs[s] * E + (us[s] - hs[s]) * E) / hw.hb_bw,
+                 (kv_lp + (us[s] - hs[s]) * E) / hw.ext_bw, ct)
+    return w.batch * (w.steps - w.warmup) / t if t else 0.0
 
 
 def _ar_floor(w: Workload, s: int, cache_bytes: float, kv_lp: float, kv_hb: float) -> tuple:
@@ -488,9 +507,10 @@ def _ar_cached(w: Workload, name: str, policy: str, spec: dict, engine: str = "f
         acc.phase(hw, hb=dense + kv_hb + hs[s] * E, hbw=fs[s] * E, lp=kv_lp + (us[s] - hs[s]) * E,
                   macs=w.batch * w.macs_per_token, floor_lp=fl, need=fh, kind="ar")
         acc.tokens += w.batch
-    bel = None
+    bel = bel_tok = None
     if belady and cap > 0:
-        bel = _belady(w, f["offsets"], f["keys"], f["set_step"] >= W, cap, memo_key="ar")
+        bel, bh = _belady(w, f["offsets"], f["keys"], f["set_step"] >= W, cap, memo_key="ar", per_set=True)
+        bel_tok = _belady_tok_s(w, bh, cache_bytes, kv_hb, kv_lp)
     label = f"tag-unit ({pol})" if tag else pol
     lk, ms = look[W:].sum(axis=0), (look[W:] - hits[W:]).sum(axis=0)
     cache = _cache_info(label, int(hits[W:].sum()), int(lk.sum()), (lk, ms), cap, cap * E / 1e9, bel)
@@ -498,7 +518,9 @@ def _ar_cached(w: Workload, name: str, policy: str, spec: dict, engine: str = "f
     counters = dict(hb_hits=int(hits[W:].sum()), hb_misses=int(ms.sum()), hb_pending=0,
                     fills=int(fills[W:].sum()),
                     evictions=int(ev.reshape(S, nL)[W:].sum()) if ev is not None else None)
-    return _finish(name, w, acc, "AR", cache=cache, counters=counters)
+    r = _finish(name, w, acc, "AR", cache=cache, counters=counters)
+    r.floor["belady_tok_s"] = bel_tok
+    return r
 
 
 def _ar_static(w: Workload, name, spec, cap, cache_bytes, kv_hb, kv_lp, tag, belady) -> RunResult:
@@ -523,16 +545,20 @@ def _ar_static(w: Workload, name, spec, cap, cache_bytes, kv_hb, kv_lp, tag, bel
         acc.tokens += w.batch
     Hc, Uc = H[w.warmup:].reshape(-1, nL, NE), U[w.warmup:].reshape(-1, nL, NE)
     look, hits = Uc.sum(axis=(0, 2)), Hc.sum(axis=(0, 2))
-    bel = None
+    bel = bel_tok = None
     if belady and cap > 0:
         f = w.ar_flat()
-        bel = _belady(w, f["offsets"], f["keys"], f["set_step"] >= w.warmup, cap, memo_key="ar")
+        bel, bh = _belady(w, f["offsets"], f["keys"], f["set_step"] >= w.warmup, cap, memo_key="ar",
+                          per_set=True)
+        bel_tok = _belady_tok_s(w, bh, cache_bytes, kv_hb, kv_lp)
     label = "tag-unit (static)" if tag else "static"
     cache = _cache_info(label, int(hits.sum()), int(look.sum()), (look, look - hits), cap, cap * E / 1e9, bel)
     cache.update(_ws(w))
     counters = dict(hb_hits=int(hits.sum()), hb_misses=int((look - hits).sum()), hb_pending=0, fills=0,
                     evictions=0)
-    return _finish(name, w, acc, "AR", cache=cache, counters=counters)
+    r = _finish(name, w, acc, "AR", cache=cache, counters=counters)
+    r.floor["belady_tok_s"] = bel_tok
+    return r
 
 
 class _BackOff(Exception):
@@ -910,7 +936,12 @@ def run_system(name: str, w: Workload, accm: AcceptanceModel | None = None, *, m
         runs = {p: _ar_cached(w, name, p, spec, belady=belady) for p in pols}   # Belady memoised
         return _best(runs, name)
     if kind in ("sd_eagle", "sd_q4"):
-        return _run_sd(w, name, spec, accm, K=draft_len, seed=seed, belady=False)
+        # the SD baselines' cache, like HB-xPU's: LRU, LFU and a static hot set, the fastest kept
+        pols = [spec["cache_policy"]] if "cache_policy" in spec else \
+            list(ar_policies or spec.get("policies", WHOLE_POLICIES))
+        runs = {p: _run_sd(w, name, dict(spec, cache_policy=p), accm, K=draft_len, seed=seed,
+                           belady=False) for p in pols}
+        return _best(runs, name) if len(runs) > 1 else runs[pols[0]]
     # ELMoE-3D
     thr = spec.get("sd_batch_threshold", "auto")
     if mode is None and thr == "auto":
