@@ -61,7 +61,6 @@ over models.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time

@@ -37,8 +37,17 @@ def smallest_k(key, k):
     n = key.size
     if k <= 0:
         return np.empty(0, np.int64)
-    if k * 8 >= n:
-        return np.argsort(key)[:k]
+    if k >= n:
+        return np.argsort(key)
+    if k * 8 >= n:                   # many victims: select by partition, then sort the k
+        thr = np.partition(key, k - 1)[k - 1]
+        idx = np.empty(k, np.int64)
+        j = 0
+        for i in range(n):
+            if key[i] <= thr:
+                idx[j] = i
+                j += 1
+        return idx[np.argsort(key[idx])]
     hk = key[:k].copy()
     hi = np.arange(k)
     # heapify (max-heap on hk)
@@ -164,10 +173,28 @@ def tag_layer_access(valid, tags_arr, planes_arr, hot, pins, where, cnt, tags, p
 
 
 @njit(cache=True)
-def batch_access(res, prio, size, keys, weights, next_use, policy, t, capacity, used, uniform,
-                 fill, out_hit, out_filled):
+def _rl_add(rl, pos, meta, k):
+    rl[meta[0]] = k
+    pos[k] = meta[0]
+    meta[0] += 1
+
+
+@njit(cache=True)
+def _rl_remove(rl, pos, meta, k):
+    j = pos[k]
+    last = rl[meta[0] - 1]
+    rl[j] = last
+    pos[last] = j
+    meta[0] -= 1
+    pos[k] = -1
+
+
+@njit(cache=True)
+def batch_access(res, prio, size, rl, pos, meta, keys, weights, next_use, policy, t, capacity, used,
+                 uniform, fill, out_hit, out_filled):
     """``BatchCache.access`` (policy 0 lru, 1 lfu, 2 static, 3 belady).
-    Returns ``(used, hits)``."""
+    ``rl[:meta[0]]`` lists the resident keys (``pos`` = their index) so that
+    victims are searched among residents only. Returns ``(used, hits)``."""
     N = res.size
     n = keys.size
     nh = 0
@@ -206,42 +233,40 @@ def batch_access(res, prio, size, keys, weights, next_use, policy, t, capacity, 
         need += size[mk[j]]
     need -= capacity - used
     if need > 1e-9:
+        # candidates: resident entries this set does not use
         for i in range(n):
             if out_hit[i]:
                 res[keys[i]] = False
+        nres = meta[0]
+        ck = np.empty(nres, np.float64)
+        ci = np.empty(nres, np.int64)
         nc = 0
-        for k in range(N):
+        for q in range(nres):
+            k = rl[q]
             if res[k]:
+                ck[nc] = prio[k] * N + k
+                ci[nc] = k
                 nc += 1
         for i in range(n):
             if out_hit[i]:
                 res[keys[i]] = True
         if nc:
-            ck = np.empty(nc, np.float64)
-            ci = np.empty(nc, np.int64)
-            for i in range(n):
-                if out_hit[i]:
-                    res[keys[i]] = False
-            j = 0
-            for k in range(N):
-                if res[k]:
-                    ck[j] = prio[k] * N + k
-                    ci[j] = k
-                    j += 1
-            for i in range(n):
-                if out_hit[i]:
-                    res[keys[i]] = True
-            if uniform:
-                kk = int(np.ceil(need / size[ci[0]] - 1e-9))
-                order = smallest_k(ck, min(kk, nc))
-            else:
-                order = np.argsort(ck)
+            ck = ck[:nc]
+            ci = ci[:nc]
+            smin = size[ci[0]]
+            if not uniform:
+                for q in range(nc):
+                    if size[ci[q]] < smin:
+                        smin = size[ci[q]]
+            kk = int(np.ceil(need / smin - 1e-9))     # at most this many victims are needed
+            order = smallest_k(ck, min(kk, nc))
             freed = 0.0
             for j in range(order.size):
                 if freed >= need - 1e-9:
                     break
                 k = ci[order[j]]
                 res[k] = False
+                _rl_remove(rl, pos, meta, k)
                 freed += size[k]
                 used -= size[k]
     room = capacity - used
@@ -250,6 +275,7 @@ def batch_access(res, prio, size, keys, weights, next_use, policy, t, capacity, 
         cum += size[mk[j]]
         if cum <= room + 1e-9:
             res[mk[j]] = True
+            _rl_add(rl, pos, meta, mk[j])
             used += size[mk[j]]
             out_filled[mi[j]] = True
         else:
@@ -298,8 +324,8 @@ def tag_replay(valid, tags_arr, planes_arr, hot, pins, where, cnt, offsets, tags
 
 
 @njit(cache=True)
-def batch_replay(res, prio, size, offsets, keys_flat, weights_flat, nu_flat, policy, t0, capacity,
-                 used, uniform, fill, out_hit_flat, out_fill_flat, out_hits, out_fills):
+def batch_replay(res, prio, size, rl, pos, meta, offsets, keys_flat, weights_flat, nu_flat, policy, t0,
+                 capacity, used, uniform, fill, out_hit_flat, out_fill_flat, out_hits, out_fills):
     """A sequence of :func:`batch_access` calls; per-element hit/fill flags in
     ``out_*_flat``, per-set counts in ``out_hits``/``out_fills``. Returns ``(used, t)``."""
     nsets = offsets.size - 1
@@ -308,9 +334,9 @@ def batch_replay(res, prio, size, offsets, keys_flat, weights_flat, nu_flat, pol
         a = offsets[j]
         b = offsets[j + 1]
         t += 1.0
-        used, nh = batch_access(res, prio, size, keys_flat[a:b], weights_flat[a:b], nu_flat[a:b],
-                                policy, t, capacity, used, uniform, fill, out_hit_flat[a:b],
-                                out_fill_flat[a:b])
+        used, nh = batch_access(res, prio, size, rl, pos, meta, keys_flat[a:b], weights_flat[a:b],
+                                nu_flat[a:b], policy, t, capacity, used, uniform, fill,
+                                out_hit_flat[a:b], out_fill_flat[a:b])
         nf = 0
         for i in range(a, b):
             if out_fill_flat[i]:

@@ -189,6 +189,17 @@ class TagCache:
                 self.decay()
         return hits, fills, ev
 
+    def touch_flat(self, keys, amounts):
+        """TOUCH experts given as flat ``layer * experts + expert`` keys (any
+        layers at once: saturating adds of non-negative amounts commute, so
+        the order does not matter)."""
+        keys = np.asarray(keys, dtype=np.int64)
+        tags = self.grid.reshape(-1)[keys]
+        am = np.minimum(np.asarray(amounts, np.int64), self.hot_max)
+        if self.engine == "fast":
+            return self.tu.touch_many(tags, am)
+        return np.array([self.tu.touch(int(t), int(a)) for t, a in zip(tags, am)], bool)
+
     def touch_layer(self, layer: int, ids, amounts):
         """TOUCH resident experts ``ids`` of ``layer`` by ``amounts`` (clipped);
         non-resident ones are no-ops (the tag unit's TOUCH)."""
@@ -275,6 +286,13 @@ class BatchCache:
                 if self.used + self.size[k] <= self.capacity + 1e-9:
                     self.res[k] = True
                     self.used += self.size[k]
+        # the compiled path also keeps a list of the resident keys (victim search among them)
+        ks = np.flatnonzero(self.res)
+        self._rl = np.zeros(max(self.n, 1), np.int64)
+        self._rl[:ks.size] = ks
+        self._pos = np.full(max(self.n, 1), -1, np.int64)
+        self._pos[ks] = np.arange(ks.size)
+        self._meta = np.array([ks.size], np.int64)
 
     def access(self, keys, weights=None, next_use=None, fill: bool = True):
         """Access the distinct ``keys`` of one set. ``weights`` (tokens per key)
@@ -288,7 +306,8 @@ class BatchCache:
             wts = np.ones(n) if weights is None else np.asarray(weights, np.float64)
             nu = np.zeros(n) if next_use is None else np.asarray(next_use, np.float64)
             self.used, nh = _kernels.batch_access(
-                self.res, self.prio, self.size, keys, wts, nu, self._code, float(self.t),
+                self.res, self.prio, self.size, self._rl, self._pos, self._meta, keys, wts, nu,
+                self._code, float(self.t),
                 self.capacity, float(self.used), self.uniform, bool(fill), hit, filled)
             self.lookups += n
             self.hits += int(nh)
@@ -359,7 +378,8 @@ class BatchCache:
         else:
             w = np.ones(keys_flat.size) if weights_flat is None else np.asarray(weights_flat, np.float64)
             nu = np.zeros(keys_flat.size) if nu_flat is None else np.asarray(nu_flat, np.float64)
-            self.used, t = _kernels.batch_replay(self.res, self.prio, self.size, offsets, keys_flat, w,
+            self.used, t = _kernels.batch_replay(self.res, self.prio, self.size, self._rl, self._pos,
+                                                 self._meta, offsets, keys_flat, w,
                                                  nu, self._code, float(self.t), self.capacity,
                                                  float(self.used), self.uniform, bool(fill), hf, ff,
                                                  hits, fills)

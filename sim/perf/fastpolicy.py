@@ -329,8 +329,8 @@ class FastTagUnit:
             raise ValueError(f"Touch amount outside 0..{self.hot_max}")
         slots = self.where[tags]
         hit = slots >= 0
-        np.add.at(self.hot, slots[hit], amounts[hit])
-        np.minimum(self.hot, self.hot_max, out=self.hot)
+        add = np.bincount(slots[hit], weights=amounts[hit], minlength=self.slots).astype(np.int64)
+        np.minimum(self.hot + add, self.hot_max, out=self.hot)
         return hit
 
     def pin_many(self, slots):

@@ -168,9 +168,8 @@ class Workload:
         S = self.steps
         valid = self.mex >= 0
         flat = np.where(valid, np.arange(nL)[None, None, :, None] * E + self.mex, -1)
-        cnt = np.zeros((S, nL * E), np.int32)
         si = np.broadcast_to(np.arange(S)[None, :, None, None], flat.shape)
-        np.add.at(cnt, (si[valid], flat[valid]), 1)
+        cnt = np.bincount((si * (nL * E) + flat)[valid], minlength=S * nL * E).astype(np.int32)
         self.counts = cnt.reshape(S, nL, E)                                   # tokens per expert per step
         self.union = (self.counts > 0).sum(axis=2)                           # (S, nL)
         self.profile = self.counts.sum(axis=0).reshape(-1)                   # uses per (layer, expert)
@@ -191,19 +190,6 @@ class Workload:
         """Flat (layer * E + expert) keys, most used over the trace first (ties: lower key)."""
         return np.lexsort((np.arange(self.profile.size), -self.profile))
 
-    def layer_ids(self):
-        """Per step, per MoE layer: ``(expert ids, tokens per expert)`` of the batch."""
-        if "layer_ids" not in self._memo:
-            out = []
-            for s in range(self.steps):
-                row = []
-                for li in range(len(self.moe)):
-                    ids = np.flatnonzero(self.counts[s, li])
-                    row.append((ids, self.counts[s, li, ids].astype(np.int64)))
-                out.append(row)
-            self._memo["layer_ids"] = out
-        return self._memo["layer_ids"]
-
     def ar_flat(self):
         """The AR access sequence as flat arrays: set ``j`` = (step ``j // nL``,
         layer ``j % nL``) holds ``ids[offsets[j]:offsets[j+1]]`` with token counts
@@ -220,18 +206,6 @@ class Workload:
                                          set_layer=np.tile(np.arange(nL), S),
                                          set_step=np.repeat(np.arange(S), nL))
         return self._memo["ar_flat"]
-
-    def ar_sets(self):
-        """The AR access sequence: per (step, layer) the distinct expert keys."""
-        if "ar_sets" not in self._memo:
-            E = self.model.experts
-            sets, counted = [], []
-            for s, row in enumerate(self.layer_ids()):
-                for li, (ids, _) in enumerate(row):
-                    sets.append(li * E + ids)
-                    counted.append(s >= self.warmup)
-            self._memo["ar_sets"] = (sets, np.array(counted))
-        return self._memo["ar_sets"]
 
 
 @dataclass
@@ -675,8 +649,6 @@ def _run_sd(w: Workload, name: str, spec: dict, accm: AcceptanceModel, *, policy
         d = win[:, :Kc]
         dvalid = d >= 0
         # ---- draft
-        dhb = dlp = dhbw = 0.0
-        dfloor = 0.0
         ov = np.ones(B)
         if kind == "elmoe":
             R = tc.resident_mask()
@@ -688,7 +660,7 @@ def _run_sd(w: Workload, name: str, spec: dict, accm: AcceptanceModel, *, policy
             tcnt = np.bincount(flat[res], minlength=nL * NE)
             keys = np.flatnonzero(tcnt)
             for pool in ([tc] if full_pool is None else [tc, full_pool]):
-                _touch_flat(pool, keys, tcnt[keys])
+                pool.touch_flat(keys, tcnt[keys])
             Rl = R.sum(axis=1)                                                  # (nL,)
             # per draft step and layer: distinct resident picks, non-resident picks
             jj = np.broadcast_to(np.arange(Kc)[None, :, None, None], d.shape)
@@ -873,14 +845,6 @@ def _run_sd(w: Workload, name: str, spec: dict, accm: AcceptanceModel, *, policy
     r = _finish(name, w, acc, "SD", cache=cache, accept=accept_info, notes=notes, counters=counters)
     r.options = opts
     return r
-
-
-def _touch_flat(pool: TagCache, keys, amounts):
-    """TOUCH flat (layer * E + expert) keys (order-free: saturating adds commute)."""
-    E = pool.experts
-    for li in np.unique(keys // E).tolist():
-        sel = (keys // E) == li
-        pool.touch_layer(li, keys[sel] % E, amounts[sel])
 
 
 def _best(runs: dict, name: str) -> RunResult:

@@ -495,25 +495,21 @@ def reuse_distances(streams: np.ndarray, num_experts: int) -> np.ndarray:
 
 def lru_hit_rate(streams: np.ndarray, capacity: int) -> float:
     """Per-request, per-layer LRU hit rate with ``capacity`` experts of a
-    layer cached (batch 1 decode: each request alone)."""
-    from collections import OrderedDict
+    layer cached (batch 1 decode: each request alone; a textbook LRU over the
+    picks in order, token by token)."""
+    from .cache import BatchCache
     B, S, L, k = streams.shape
+    E = int(streams.max()) + 1 if streams.size else 1
     hits = n = 0
     for b in range(B):
         for l in range(L):
-            d: OrderedDict = OrderedDict()
-            for s_ in range(S):
-                for e in streams[b, s_, l].tolist():
-                    if e < 0:
-                        continue
-                    n += 1
-                    if e in d:
-                        hits += 1
-                        d.move_to_end(e)
-                    else:
-                        d[e] = None
-                        if len(d) > capacity:
-                            d.popitem(last=False)
+            seq = streams[b, :, l].reshape(-1)
+            seq = seq[seq >= 0].astype(np.int64)
+            if not seq.size:
+                continue
+            h, _ = BatchCache(E, capacity, "lru").replay(np.arange(seq.size + 1), seq)
+            hits += int(h.sum())
+            n += seq.size
     return hits / n if n else 0.0
 
 
