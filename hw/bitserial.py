@@ -21,9 +21,11 @@ family, so that the comparison is at equal effort)
   ``levels_per_stage`` adder levels.
 * ``g_``: group accumulator, ``grp = (msd ? 0 : grp << b) + psum``.
 * ``d_``: dot-product accumulator, added on the group's last digit.
+* ``r_``: the result register, written into the output FIFO.
 * Output: a :class:`~amaranth.lib.fifo.SyncFIFOBuffered` of results. The
   pipeline never stalls: ``i.ready`` is a register that says a result slot
-  is free (credits = FIFO depth minus results in flight or buffered), so
+  is free (credits = FIFO depth minus results in flight or buffered, kept
+  as a thermometer code), so
   ``o.ready`` reaches no flip-flop but the FIFO's.
 """
 
@@ -89,7 +91,8 @@ class BitSerialMAC(wiring.Component):
         (:func:`elmoe3d.golden.bitserial.acc_width`) and the limit of
         ``ceil(max_len / L)`` weight groups.
     levels_per_stage : int
-        Adder-tree levels between registers (default 2).
+        Adder-tree levels between registers (default 1: every level
+        registered, as needed for 200 MHz on ECP5).
 
     Members
     -------
@@ -115,7 +118,7 @@ class BitSerialMAC(wiring.Component):
     """
 
     def __init__(self, *, lanes: int = 16, digit_bits: int = 4, max_len: int = 4096,
-                 levels_per_stage: int = 2):
+                 levels_per_stage: int = 1):
         check_int("Lane count", lanes, 1, 1024)
         gbsr.check_digit_bits(digit_bits)
         check_int("Maximum dot-product length", max_len, 1)
@@ -128,8 +131,8 @@ class BitSerialMAC(wiring.Component):
         terms = lanes * (digit_bits + 1)
         levels = max(1, (terms - 1).bit_length())
         self.tree_stages = -(-levels // levels_per_stage)
-        # a_ (1) + tree stages + g_ (1) + d_ (1), then the FIFO's write-to-read delay
-        self.pipe_stages = 1 + self.tree_stages + 2
+        # a_ (1) + tree stages + g_ (1) + d_ (1) + r_ (1), then the FIFO
+        self.pipe_stages = 1 + self.tree_stages + 3
         self.depth = self.pipe_stages + 3
         self.latency = self.pipe_stages + 1
         super().__init__({
@@ -147,12 +150,20 @@ class BitSerialMAC(wiring.Component):
         m.d.comb += [self.o.valid.eq(out_fifo.r_stream.valid),
                      self.o.payload.as_value().eq(out_fifo.r_stream.payload),
                      out_fifo.r_stream.ready.eq(self.o.ready)]
-        credits = Signal(range(self.depth + 1), init=self.depth)
-        ready = Signal(init=1)
+        # Credits as a thermometer code (bit k set: at least k + 1 result
+        # slots free): a last beat shifts it down, a result read shifts it
+        # up, so each bit's next value is a small function of its neighbours
+        # and i.ready is simply bit 0, a flip-flop -- no counter arithmetic
+        # between i.valid and i.ready.
+        D = self.depth
+        credits = Signal(D, init=(1 << D) - 1)
+        ready = credits[0]
         take = self.i.valid & ready & p.last
         give = self.o.valid & self.o.ready
-        credits_next = credits - take + give
-        m.d.sync += [credits.eq(credits_next), ready.eq(credits_next != 0)]
+        with m.If(take & ~give):
+            m.d.sync += credits.eq(credits >> 1)
+        with m.Elif(give & ~take):
+            m.d.sync += credits.eq(Cat(Const(1, 1), credits[:-1]))
         m.d.comb += self.i.ready.eq(ready)
         accept = self.i.valid & ready
 
@@ -160,13 +171,15 @@ class BitSerialMAC(wiring.Component):
         a_act = [Signal(signed(8), name=f"a_act{j}") for j in range(L)]
         a_neg = [Signal(signed(9), name=f"a_neg{j}") for j in range(L)]
         a_dig = [Signal(unsigned(b), name=f"a_dig{j}") for j in range(L)]
-        a_msd, a_lsd, a_last, a_valid = Signal(), Signal(), Signal(), Signal()
-        m.d.sync += a_valid.eq(accept)
-        with m.If(accept):
-            m.d.sync += [a_msd.eq(p.msd), a_lsd.eq(p.lsd), a_last.eq(p.last)]
-            for j in range(L):
-                m.d.sync += [a_act[j].eq(p.act[j]), a_neg[j].eq(-p.act[j]),
-                             a_dig[j].eq(p.digits[j])]
+        a_msd, a_lsd = Signal(name="a_msd"), Signal(name="a_lsd")
+        a_last, a_valid = Signal(name="a_last"), Signal(name="a_valid")
+        # The data registers load every cycle (no enable): a_valid alone says
+        # whether they hold a beat, so i.ready drives one flip-flop, not the
+        # L * (8 + 9 + b) of the input stage.
+        m.d.sync += [a_valid.eq(accept), a_msd.eq(p.msd), a_lsd.eq(p.lsd), a_last.eq(p.last)]
+        for j in range(L):
+            m.d.sync += [a_act[j].eq(p.act[j]), a_neg[j].eq(-p.act[j]),
+                         a_dig[j].eq(p.digits[j])]
 
         # sequence state (updated on a_ beats): inside a group, digits so far,
         # groups so far; a beat's own error goes down the pipe as a_bad
@@ -212,23 +225,29 @@ class BitSerialMAC(wiring.Component):
         grp = Signal(signed(g_width))
         g_sum = Signal(signed(g_width))
         m.d.comb += g_sum.eq(Mux(t_msd, 0, grp << b) + psum)
-        g_done = Signal(signed(g_width))
-        g_valid, g_add, g_last, g_bad = Signal(), Signal(), Signal(), Signal()
-        m.d.sync += [g_valid.eq(t_valid), g_add.eq(t_valid & t_lsd),
-                     g_last.eq(t_last), g_bad.eq(t_bad)]
+        # g_term: the finished group, or 0 (registered here, so the dot
+        # accumulator below is one add and one mux)
+        g_term = Signal(signed(g_width))
+        g_valid, g_last, g_bad = Signal(name="g_valid"), Signal(name="g_last"), Signal(name="g_bad")
+        m.d.sync += [g_valid.eq(t_valid), g_last.eq(t_last), g_bad.eq(t_bad),
+                     g_term.eq(Mux(t_valid & t_lsd, g_sum, 0))]
         with m.If(t_valid):
-            m.d.sync += [grp.eq(g_sum), g_done.eq(g_sum)]
+            m.d.sync += grp.eq(g_sum)
 
         # ---- d_: dot-product accumulator and the result ---------------------
         acc = Signal(signed(W))
         bad = Signal()
         fresh = Signal(init=1)
-        acc_next = Mux(fresh, 0, acc) + Mux(g_add, g_done, 0)
+        acc_next = Mux(fresh, 0, acc) + g_term
         bad_next = Mux(fresh, 0, bad) | g_bad
         with m.If(g_valid):
             m.d.sync += [acc.eq(acc_next), bad.eq(bad_next), fresh.eq(g_last)]
-        m.d.comb += [out_fifo.w_stream.valid.eq(g_valid & g_last),
-                     out_fifo.w_stream.payload.eq(Cat(acc_next[:W], bad_next))]
+        # r_: the result register (the FIFO's LUT-RAM write is not on the
+        # accumulator's path)
+        r_valid = Signal(name="r_valid")
+        r_data = Signal(W + 1, name="r_data")
+        m.d.sync += [r_valid.eq(g_valid & g_last), r_data.eq(Cat(acc_next[:W], bad_next))]
+        m.d.comb += [out_fifo.w_stream.valid.eq(r_valid), out_fifo.w_stream.payload.eq(r_data)]
         return m
 
 

@@ -65,7 +65,7 @@ def parse_seeds(text: str | None) -> list[int] | None:
 
 def run_synth(cfg, blocks, workroot: Path, *, targets=("generic",), fmax: bool = False,
               pnr: bool = True, seeds=None, sweep: bool = False, progress=None,
-              fmax_max_cells: int | None = None) -> dict:
+              fmax_max_cells: int | None = None, sweep_pnr: bool | None = None) -> dict:
     """Synthesise ``blocks`` at ``cfg`` on ``targets``; returns ``{name: result}``."""
     from ..sim.synth import synth_block
     progress = progress or Progress(len(blocks), quiet=True)
@@ -86,8 +86,10 @@ def run_synth(cfg, blocks, workroot: Path, *, targets=("generic",), fmax: bool =
         results[b.name] = r
     if sweep:
         from ..sim.scaling import run_sweeps
-        for name, pts in run_sweeps(cfg, [b.name for b in blocks], workroot, targets=targets,
-                                    pnr=pnr, seeds=seeds, progress=progress).items():
+        st = tuple(t for t in targets if t != "ice40")
+        for name, pts in run_sweeps(cfg, [b.name for b in blocks], workroot, targets=st,
+                                    pnr=pnr if sweep_pnr is None else sweep_pnr, seeds=seeds,
+                                    progress=progress, max_cells=fmax_max_cells).items():
             results[name]["sweep"] = pts
     _ratios(cfg, results)
     return results
