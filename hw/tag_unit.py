@@ -377,7 +377,8 @@ def _register():
         Block("tag_unit", "elmoe3d_tag_unit",
               "expert-cache tag unit: {layer, expert} -> slot, hotness, pins, 1 lookup/cycle",
               _tag_params, TagUnit, order=30,
-              sweep=(dict(tag_slots=8), dict(tag_slots=32), dict(tag_slots=128))),
+              sweep=(dict(tag_slots=8), dict(tag_slots=32, hb_words=16384),
+                     dict(tag_slots=128, hb_words=65536))),
     ]
 
 

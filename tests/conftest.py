@@ -10,6 +10,18 @@ from elmoe3d.sim.harness import simulator_available
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("ELMOE_SIM_BUILD", str(ROOT / "sim_build"))
+os.environ.setdefault("ELMOE_COVERAGE_DIR", str(ROOT / "build" / "coverage"))
+
+
+def pytest_configure(config):
+    """Start every pytest session with empty functional-coverage files (the
+    controller only, not each xdist worker): ``build/coverage/*.json`` then
+    hold what this session's testbenches reached."""
+    if hasattr(config, "workerinput"):
+        return
+    d = Path(os.environ["ELMOE_COVERAGE_DIR"])
+    for f in d.glob("*.json") if d.is_dir() else ():
+        f.unlink()
 
 
 def pytest_collection_modifyitems(config, items):

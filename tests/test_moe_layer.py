@@ -35,7 +35,11 @@ SLOW_TOKENS = 250
 
 def _params(name):
     over = SETS[name][0]
-    return BLOCK.params(preset("default").replace(**over))
+    base = BLOCK.params(preset("default"))
+    keys = {"hidden": "hidden", "ffn": "ffn", "experts": "experts", "top_k": "top_k",
+            "shared_experts": "shared", "pes": "pes", "lanes": "lanes",
+            "slice_bits": "slice_bits"}
+    return {**base, **{keys[k]: v for k, v in over.items()}}
 
 
 def _run(name, simulator, testcase, env=None, **kw):

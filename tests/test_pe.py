@@ -23,7 +23,10 @@ CASES = [
 
 def _params(block, over):
     b = get_block(block)
-    p = b.params(preset("default").replace(**over))
+    # block-level parameters (the PE is a leaf component with explicit
+    # parameters; a whole-tile Config with these lane/slice overrides need not fit HB)
+    p = {**b.params(preset("default")), **{k: v for k, v in over.items()
+                                           if k in b.params(preset("default"))}}
     p["kind"] = {"mac_int8": "int8", "bitfusion": "bitfusion"}.get(block, "bitslice")
     return b, p
 

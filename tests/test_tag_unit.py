@@ -22,7 +22,11 @@ DIRECTED = "all_pinned,thrash,decay_and_saturation,lookup_throughput"
 
 
 def _default_params(**over):
-    return get_block("tag_unit").params(preset("default").replace(**over))
+    p = get_block("tag_unit").params(preset("default"))
+    if "tag_slots" in over:            # a tag-unit size, not a whole tile that must fit HB
+        p["slots"] = over.pop("tag_slots")
+    assert not over, over
+    return p
 
 
 # A narrow instance where every corner is reachable quickly: S not a power of

@@ -1,0 +1,437 @@
+"""Memory layouts and beat orders: the one definition every block, golden
+model, testbench and the system model uses.
+
+Everything that says *where a weight lives* or *in which order beats travel*
+is a function here; RTL documentation refers to these functions, testbenches
+build memory images with them, and the system model counts bytes with them.
+The geometry (sizes) comes from :class:`elmoe3d.config.Config`.
+
+Vocabulary: a *slice vector* is ``L`` slices of ``s`` bits of ``L``
+consecutive weights of one weight row (lane 0 in the low bits); ``plane`` is a
+plane index (0 = MSB, signed), ``planes`` a count, ``plane_mask`` a bit mask.
+
+Expert rows and segments
+------------------------
+An expert's three projections are cut the way the PE array consumes them:
+``B`` PEs, PE ``b`` computes weight rows ``g*B + b`` of row group ``g``, one
+chunk of ``L`` reduction elements per beat::
+
+    projection  matrix   row groups   chunks per row
+    GATE        I x H    I / B        H / L
+    UP          I x H    I / B        H / L
+    DOWN        H x I    H / B        I / L
+
+A *segment* is one ``(projection, row group)``; it has ``chunks`` beats per
+plane. Per bank (= per PE) and per plane an expert is
+``expert_rows = 3 H I / (B L)`` words; the *row* of a word is its index
+``0 .. expert_rows-1`` in ``(projection, row group, chunk)`` order. The
+router (``E x H``) is cut the same way (``E / B`` row groups of ``H / L``
+chunks).
+
+The weight-beat order a datapath consumes
+-----------------------------------------
+For one expert and a set of planes (``planes_for(mode)``): for every segment
+in order, for every plane in increasing order, for every chunk: one beat of
+``B`` slice vectors (bank/PE ``b`` gets row ``g*B + b``). See
+:func:`weight_beats`. All planes of one segment arrive before the next
+segment, so a PE finishes a dot product (all chunks and planes of one row)
+before the next starts.
+
+HB address map (every bank the same; words)
+-------------------------------------------
+::
+
+    0 .......... D-1 | D ............ D + S*SW - 1 | ...... | W-kv ...... W-1
+    dense region     | expert slots 0 .. S-1       | free   | KV region
+                                                            ^ W - kv (boundary)
+
+* the dense region (:func:`dense_layout`, ``D`` words) holds every served
+  layer's router weights (all planes), shared experts (all planes) and the
+  requantisation parameters; it is loaded once;
+* slot ``j`` holds the ``k = hb_planes`` MSB planes of one expert at
+  ``D + j*SW`` (``SW = k * expert_rows``), *segment-interleaved*: the words
+  of segment ``σ`` for plane ``q`` follow those of plane ``q-1`` of the same
+  segment (:func:`hb_addr`), so a DRAFT (and the MSB half of a split
+  VERIFY) reads a slot as one contiguous range in consumption order;
+* the KV region occupies the top ``kv`` words and grows *downwards*: it covers
+  the highest slots first, while the tag unit's victim search prefers the
+  lowest free slot, so KV growth and victim choice do not fight. Slot ``j`` is
+  covered (disabled) when ``D + (j+1)*SW > W - kv``. The KV region never
+  enters the dense region (``kv <= W - D``).
+
+LPDDR image (bytes from ``lpddr_base``)
+---------------------------------------
+::
+
+    expert (layer l, expert e) at  lpddr_base + (l*E + e) * expert_bytes
+    dense image                at  lpddr_base + layers*E*expert_bytes
+
+Within an expert, all ``n`` planes, segment-interleaved like HB, bank
+fastest: word ``((seg_row0 * n + q * chunks + c) * B + b)`` (see
+:func:`lpddr_word_index`). One AXI beat carries ``fill_words`` consecutive
+words (banks ``b0 .. b0+fill_words-1`` of one ``{plane, row}``). A
+``(segment, plane)`` is therefore ``chunks * B`` contiguous words. The
+dense image is the dense region word by word, bank fastest.
+
+Everything here is plain Python / NumPy with explicit integer types.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from . import bitslice as gbs
+
+__all__ = [
+    "Proj", "Segment", "segments", "router_segments", "planes_for", "segment_of_row",
+    "hb_addr", "hb_decode", "slot_covered_mask", "kv_limit",
+    "lpddr_word_index", "lpddr_expert_base", "lpddr_plane_runs", "lpddr_layout", "LpddrLayout",
+    "DenseLayout", "dense_layout", "pack_rows", "slice_words", "expert_slice_words",
+    "expert_image", "hb_slot_image", "weight_beats", "ParamRecord", "pack_param_record",
+    "unpack_param_record",
+]
+
+
+class Proj(enum.IntEnum):
+    """Projection of an expert (hardware encoding)."""
+    ROUTER = 0
+    GATE = 1
+    UP = 2
+    DOWN = 3
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One ``(projection, row group)``: ``chunks`` beats per plane; its words
+    are rows ``row0 .. row0 + chunks - 1`` of every plane."""
+    proj: Proj
+    group: int
+    chunks: int
+    row0: int
+
+
+@lru_cache(maxsize=64)
+def _segments(H, I, B, L) -> tuple:
+    out, row = [], 0
+    for proj, groups, chunks in ((Proj.GATE, I // B, H // L), (Proj.UP, I // B, H // L),
+                                 (Proj.DOWN, H // B, I // L)):
+        for g in range(groups):
+            out.append(Segment(proj, g, chunks, row))
+            row += chunks
+    return tuple(out)
+
+
+def segments(cfg) -> tuple:
+    """The segments of one expert, in consumption order."""
+    return _segments(cfg.hidden, cfg.ffn, cfg.pes, cfg.lanes)
+
+
+def router_segments(cfg) -> tuple:
+    """The router's segments (``E / B`` row groups of ``H / L`` chunks)."""
+    E, H, B, L = cfg.experts, cfg.hidden, cfg.pes, cfg.lanes
+    return tuple(Segment(Proj.ROUTER, g, H // L, g * (H // L)) for g in range(E // B))
+
+
+def segment_of_row(cfg, row: int) -> tuple[Segment, int]:
+    """``(segment, chunk)`` of an expert row (``0 .. expert_rows-1``)."""
+    if not 0 <= row < cfg.expert_rows:
+        raise ValueError(f"Expert row {row!r} outside 0..{cfg.expert_rows - 1}")
+    segs = segments(cfg)
+    lo, hi = 0, len(segs) - 1
+    while lo < hi:                                   # last segment with row0 <= row
+        mid = (lo + hi + 1) // 2
+        if segs[mid].row0 <= row:
+            lo = mid
+        else:
+            hi = mid - 1
+    s = segs[lo]
+    return s, row - s.row0
+
+
+def planes_for(cfg, mode) -> range:
+    """Planes a PE mode streams for an expert: FULL all ``n``, DRAFT and MSB
+    the ``k`` HB planes, LSB the others (:func:`elmoe3d.golden.bitslice.plane_range`)."""
+    return gbs.plane_range(cfg.slice_bits, mode, cfg.hb_planes_eff)
+
+
+# --------------------------------------------------------------------------------------
+# HB
+
+
+def hb_addr(cfg, slot: int, plane: int, row: int) -> int:
+    """Bank word address of ``{slot, plane, row}`` (segment-interleaved)."""
+    k = cfg.hb_planes_eff
+    if not (0 <= slot < cfg.tag_slots and 0 <= plane < k and 0 <= row < cfg.expert_rows):
+        raise ValueError(f"{{slot, plane, row}} = {(slot, plane, row)!r} outside the HB map "
+                         f"({cfg.tag_slots} slots, {k} planes, {cfg.expert_rows} rows)")
+    seg, c = segment_of_row(cfg, row)
+    return cfg.expert_base + slot * cfg.slot_words + seg.row0 * k + plane * seg.chunks + c
+
+
+def hb_decode(cfg, addr: int) -> tuple[int, int, int]:
+    """Inverse of :func:`hb_addr` for an expert-region address: ``(slot, plane, row)``."""
+    k = cfg.hb_planes_eff
+    off = addr - cfg.expert_base
+    if not 0 <= off < cfg.tag_slots * cfg.slot_words:
+        raise ValueError(f"HB address {addr!r} is not in the expert region")
+    slot, w = divmod(off, cfg.slot_words)
+    for seg in segments(cfg):
+        base = seg.row0 * k
+        if w < base + k * seg.chunks:
+            plane, c = divmod(w - base, seg.chunks)
+            return slot, plane, seg.row0 + c
+    raise AssertionError("unreachable")
+
+
+def kv_limit(cfg) -> int:
+    """Largest KV region in words per bank (it never enters the dense region)."""
+    return cfg.hb_words - cfg.dense_words
+
+
+def slot_covered_mask(cfg, kv_words: int) -> int:
+    """Bit mask of the slots a KV region of ``kv_words`` (top of every bank)
+    covers: slot ``j`` when ``D + (j+1)*SW > W - kv_words``."""
+    if not 0 <= kv_words <= kv_limit(cfg):
+        raise ValueError(f"KV region {kv_words!r} words outside 0..{kv_limit(cfg)}")
+    top = cfg.hb_words - kv_words
+    mask = 0
+    for j in range(cfg.tag_slots):
+        if cfg.expert_base + (j + 1) * cfg.slot_words > top:
+            mask |= 1 << j
+    return mask
+
+
+# --------------------------------------------------------------------------------------
+# dense region
+
+
+@dataclass(frozen=True)
+class DenseLayout:
+    """Word offsets (per bank) of the dense region.
+
+    Per layer ``l`` (``layer_base[l]``): the router (``n`` planes,
+    segment-interleaved, ``router_words``), then each shared expert (``n``
+    planes, ``expert_words_all`` each), then the parameter records
+    (``param_words``). Parameter records (32 bits, :func:`pack_param_record`)
+    are packed little-endian into consecutive words of the bank (record ``i``
+    at bit ``32 i`` of the area). Per bank ``b`` the records are, in order:
+    for every expert ``j`` in ``0 .. E+S-1`` (routed, then shared — the
+    golden layer's indexing): its GATE rows ``g*B+b`` (``gate_rq``), its UP
+    rows (``up_rq`` then ``prod_rq``), its DOWN rows (``down_rq``); then the
+    layer's output rows (``out_rq``), one softmax record (``sm_mult``,
+    ``sm_shift``) and the SiLU table (256 INT8 entries, 4 per record, entry
+    0 = code -128, in every bank).
+    """
+    words: int
+    layer_base: tuple
+    router_words: int
+    expert_words_all: int
+    shared: int
+    param_base: int           # offset of the records within a layer
+    records: int              # records per bank per layer
+    param_words: int
+    layer_words: int
+    record_index: dict        # name -> record offset within a layer's records
+
+    def router_base(self, layer: int) -> int:
+        return self.layer_base[layer]
+
+    def shared_base(self, layer: int, j: int) -> int:
+        return self.layer_base[layer] + self.router_words + j * self.expert_words_all
+
+    def params_base(self, layer: int) -> int:
+        return self.layer_base[layer] + self.param_base
+
+
+def _param_counts(cfg):
+    B, H, I, E, S = cfg.pes, cfg.hidden, cfg.ffn, cfg.experts, cfg.shared_experts
+    per_expert = (I + 2 * I + H) // B
+    idx = {"experts": 0, "per_expert": per_expert,
+           "out": (E + S) * per_expert}
+    idx["sm"] = idx["out"] + H // B
+    idx["lut"] = idx["sm"] + 1
+    total = idx["lut"] + 256 // 4
+    return idx, total
+
+
+@lru_cache(maxsize=64)
+def _dense_layout(cfg) -> DenseLayout:
+    n, sv = cfg.planes, cfg.slice_vector_bits
+    router_words = n * cfg.experts * cfg.hidden // (cfg.pes * cfg.lanes)
+    expert_all = n * cfg.expert_rows
+    idx, records = _param_counts(cfg)
+    from ..config import PARAM_BITS
+    param_words = -(-records * PARAM_BITS // sv)
+    param_base = router_words + cfg.shared_experts * expert_all
+    layer_words = param_base + param_words
+    bases = tuple(l * layer_words for l in range(cfg.layers))
+    return DenseLayout(layer_words * cfg.layers, bases, router_words, expert_all,
+                       cfg.shared_experts, param_base, records, param_words, layer_words, idx)
+
+
+def dense_layout(cfg) -> DenseLayout:
+    """The dense region's layout for a configuration (see :class:`DenseLayout`)."""
+    return _dense_layout(cfg)
+
+
+@dataclass(frozen=True)
+class ParamRecord:
+    mult: int
+    shift: int
+
+
+def pack_param_record(mult: int, shift: int) -> int:
+    """32-bit record: ``mult`` in bits 0..15, ``shift`` in bits 16..21."""
+    if not (0 <= mult < 1 << 16 and 0 <= shift < 1 << 6):
+        raise ValueError(f"Requantisation parameters (mult={mult!r}, shift={shift!r}) do not "
+                         "fit a record (16-bit mult, 6-bit shift)")
+    return int(mult) | (int(shift) << 16)
+
+
+def unpack_param_record(rec: int) -> ParamRecord:
+    return ParamRecord(rec & 0xFFFF, (rec >> 16) & 0x3F)
+
+
+# --------------------------------------------------------------------------------------
+# LPDDR
+
+
+@dataclass(frozen=True)
+class LpddrLayout:
+    base: int
+    expert_bytes: int
+    dense_base: int
+    dense_bytes: int
+    total_bytes: int
+
+
+@lru_cache(maxsize=64)
+def _lpddr_layout(cfg) -> LpddrLayout:
+    eb = cfg.expert_bytes
+    experts = cfg.layers * cfg.experts * eb
+    dense = cfg.dense_words * cfg.pes * cfg.slice_vector_bits // 8
+    return LpddrLayout(cfg.lpddr_base, eb, cfg.lpddr_base + experts, dense, experts + dense)
+
+
+def lpddr_layout(cfg) -> LpddrLayout:
+    return _lpddr_layout(cfg)
+
+
+def lpddr_expert_base(cfg, layer: int, expert: int) -> int:
+    """Byte address of expert ``expert`` of layer ``layer``."""
+    if not (0 <= layer < cfg.layers and 0 <= expert < cfg.experts):
+        raise ValueError(f"(layer, expert) = {(layer, expert)!r} outside "
+                         f"{cfg.layers} layers x {cfg.experts} experts")
+    return cfg.lpddr_base + (layer * cfg.experts + expert) * cfg.expert_bytes
+
+
+def lpddr_word_index(cfg, plane: int, row: int, bank: int) -> int:
+    """Index of word ``{plane, row, bank}`` within an expert's LPDDR image
+    (times ``slice_vector_bits / 8`` bytes from the expert's base)."""
+    if not (0 <= plane < cfg.planes and 0 <= bank < cfg.pes):
+        raise ValueError(f"(plane, bank) = {(plane, bank)!r} outside the expert image")
+    seg, c = segment_of_row(cfg, row)
+    return ((seg.row0 * cfg.planes + plane * seg.chunks + c) * cfg.pes) + bank
+
+
+def lpddr_plane_runs(cfg, plane_mask: int) -> list[tuple[int, int, Segment, int]]:
+    """The contiguous byte runs of an expert image that hold the planes in
+    ``plane_mask``, in consumption order: ``(offset, length, segment, plane)``
+    (offset from the expert base). Adjacent runs are *not* merged here; a
+    reader may merge them. Every byte of the selected planes is in exactly
+    one run."""
+    n, B, svb = cfg.planes, cfg.pes, cfg.slice_vector_bits // 8
+    out = []
+    for seg in segments(cfg):
+        for q in range(n):
+            if (plane_mask >> q) & 1:
+                off = (seg.row0 * n + q * seg.chunks) * B * svb
+                out.append((off, seg.chunks * B * svb, seg, q))
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# images from weights
+
+
+def slice_words(w_row_chunks: np.ndarray, slice_bits: int) -> np.ndarray:
+    """Slice-vector words of INT8 weights grouped ``(..., L)``: returns
+    ``(n, ...)`` unsigned integers (object dtype), lane 0 in the low bits."""
+    planes = gbs.split(np.asarray(w_row_chunks), slice_bits)        # (n, ..., L)
+    L = planes.shape[-1]
+    mask = (1 << slice_bits) - 1
+    out = np.zeros(planes.shape[:-1], dtype=object)
+    for lane in range(L):
+        out = out + ((planes[..., lane].astype(np.int64) & mask).astype(object)
+                     << (lane * slice_bits))
+    return out
+
+
+def pack_rows(cfg, w: np.ndarray, proj: Proj) -> np.ndarray:
+    """``(n, B, rows)`` slice words of one matrix in the row order of its
+    segments: ``w`` is ``(R, C)`` INT8 with ``R`` a multiple of ``B`` and ``C``
+    of ``L``; bank ``b`` row ``g*(C/L) + c`` holds ``w[g*B+b, c*L:(c+1)*L]``."""
+    B, L = cfg.pes, cfg.lanes
+    w = np.asarray(w)
+    R, C = w.shape
+    if R % B or C % L:
+        raise ValueError(f"{proj.name} matrix {w.shape} does not cut into {B} PEs x {L} lanes")
+    blocks = w.reshape(R // B, B, C // L, L).transpose(1, 0, 2, 3)   # (B, G, chunks, L)
+    words = slice_words(blocks, cfg.slice_bits)                      # (n, B, G, chunks)
+    return words.reshape(words.shape[0], B, (R // B) * (C // L))
+
+
+def expert_slice_words(cfg, wg, wu, wd) -> np.ndarray:
+    """``(n, B, expert_rows)`` slice words of one expert (rows in
+    ``(projection, row group, chunk)`` order)."""
+    parts = [pack_rows(cfg, wg, Proj.GATE), pack_rows(cfg, wu, Proj.UP),
+             pack_rows(cfg, wd, Proj.DOWN)]
+    return np.concatenate(parts, axis=2)
+
+
+def expert_image(cfg, wg, wu, wd) -> bytes:
+    """The LPDDR image (``expert_bytes``) of one expert."""
+    words = expert_slice_words(cfg, wg, wu, wd)
+    n, B, R = words.shape
+    sv = cfg.slice_vector_bits
+    flat = [0] * (n * B * R)
+    for q in range(n):
+        for r in range(R):
+            for b in range(B):
+                flat[lpddr_word_index(cfg, q, r, b)] = int(words[q, b, r])
+    val = 0
+    for i, x in enumerate(flat):
+        val |= x << (i * sv)
+    return val.to_bytes(cfg.expert_bytes, "little")
+
+
+def hb_slot_image(cfg, wg, wu, wd) -> np.ndarray:
+    """``(B, slot_words)`` words of a slot holding this expert's ``k`` MSB
+    planes, in HB address order (offset ``hb_addr(...) - slot base``)."""
+    words = expert_slice_words(cfg, wg, wu, wd)
+    k = cfg.hb_planes_eff
+    out = np.zeros((cfg.pes, cfg.slot_words), dtype=object)
+    base = cfg.expert_base
+    for q in range(k):
+        for r in range(cfg.expert_rows):
+            a = hb_addr(cfg, 0, q, r) - base
+            out[:, a] = words[q, :, r]
+    return out
+
+
+def weight_beats(cfg, words: np.ndarray, planes, segs=None):
+    """The beats a datapath consumes for one expert (or the router with
+    ``segs=router_segments(cfg)``): yields ``(segment, plane, chunk,
+    [word per bank])`` in consumption order for the planes in ``planes``
+    (an iterable of plane indices, increasing). ``words`` is
+    ``(n, B, rows)`` from :func:`expert_slice_words` / :func:`pack_rows`."""
+    planes = sorted(planes)
+    for seg in (segments(cfg) if segs is None else segs):
+        for q in planes:
+            for c in range(seg.chunks):
+                r = seg.row0 + c
+                yield seg, q, c, [int(words[q, b, r]) for b in range(words.shape[1])]

@@ -1,0 +1,243 @@
+"""The shared vocabulary of the RTL: shaped enums and named ``data.Struct``
+payloads, defined once and used by every block, golden model and testbench.
+
+Every payload that crosses a block boundary is one of the ``data.Struct``
+types below (a class named after what it carries). Because their sizes depend
+on parameters, each type is made by a small cached constructor: the same
+parameters always give the *same class*, so two blocks built from one
+:class:`~elmoe3d.config.Config` have identical stream signatures and
+``wiring.connect`` joins them directly. :func:`vocab` bundles every type for
+one Config.
+
+Encodings come from :mod:`elmoe3d.golden.vocab` (the golden side), and the
+field words follow one rule: ``plane`` is a plane index (0 = MSB),
+``planes`` a count, ``plane_mask`` a bit mask.
+
+Types
+-----
+``SliceVector``  ``slices[L]`` (``s`` bits each, lane 0 lowest) + ``plane``: one
+                 word of one plane of ``L`` consecutive weights of a row.
+``PEBeat``       one PE input beat: ``act[L]`` (INT8) with a ``SliceVector``,
+                 ``mode``, ``keep`` (planes kept in DRAFT/MSB/LSB), ``last``.
+``PEResult``     ``value`` (signed accumulator), ``error``.
+``HBRead``       a read of ``count`` consecutive words of one HB region
+                 (``region``, ``slot``, word ``offset``) for one bank.
+``HBBeat``       one word read from HB: ``sv`` (``SliceVector``), ``last``, ``error``.
+``FillBeat``     HB fill beat: ``kind`` (DATA/COMMIT/ABORT), ``region``, ``slot``,
+                 word ``offset``, first ``bank``, ``words[fill_words]``.
+``ExtCommand``   external-memory command: ``kind``, byte ``addr``, ``plane_mask``
+                 (planes to the PE stream), ``fill`` (write the HB planes into
+                 ``slot``), ``length`` (words, DENSE only), ``id``.
+``ExtBeat``      one AXI beat for the PEs: ``words[fill_words]`` of banks
+                 ``bank ..``, ``plane``, ``row``, ``id``, ``last``, ``error``.
+``ExtResponse``  ``id``, ``error`` (:class:`ExtErrorCode`), ``resident``, ``slot``.
+``KVAccess`` / ``KVResponse`` / ``KVMove``  HB's KV-region port and its
+                 boundary-move report.
+
+Block-specific payloads (the tag unit's commands, the datapath's token
+batches, the controller's trace events) live in this module too, in the
+section of their block.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from amaranth.hdl import signed, unsigned
+from amaranth.lib import data, enum
+
+from ..golden import vocab as gv
+from ..golden.bitslice import acc_width
+
+__all__ = ["PEMode", "FillBeatKind", "HBRegionKind", "ExtKindCode", "ExtErrorCode",
+           "bits", "struct", "slice_vector", "pe_beat", "pe_result", "hb_read", "hb_beat",
+           "fill_beat", "ext_command", "ext_beat", "ext_response", "kv_access",
+           "kv_response", "kv_move", "Vocab", "vocab"]
+
+
+def bits(n: int) -> int:
+    """Width of an unsigned field holding ``0 .. n-1`` (at least 1)."""
+    return max(1, (int(n) - 1).bit_length())
+
+
+def struct(name: str, fields: dict) -> type:
+    """A named ``data.Struct`` subclass with ``fields`` (in order, first field
+    in the low bits). Use through the cached constructors below."""
+    return type(name, (data.Struct,), {"__annotations__": dict(fields),
+                                       "__module__": __name__, "__qualname__": name})
+
+
+# -- shaped enums ----------------------------------------------------------------------
+
+class PEMode(enum.Enum, shape=2):
+    """PE precision mode (values of :class:`elmoe3d.golden.bitslice.Mode`)."""
+    FULL = int(gv.PEMode.FULL)
+    DRAFT = int(gv.PEMode.DRAFT)
+    MSB = int(gv.PEMode.MSB)
+    LSB = int(gv.PEMode.LSB)
+
+
+class FillBeatKind(enum.Enum, shape=2):
+    DATA = int(gv.FillKind.DATA)
+    COMMIT = int(gv.FillKind.COMMIT)
+    ABORT = int(gv.FillKind.ABORT)
+
+
+class HBRegionKind(enum.Enum, shape=1):
+    EXPERT = int(gv.HBRegion.EXPERT)
+    DENSE = int(gv.HBRegion.DENSE)
+
+
+class ExtKindCode(enum.Enum, shape=1):
+    EXPERT = int(gv.ExtKind.EXPERT)
+    DENSE = int(gv.ExtKind.DENSE)
+
+
+class ExtErrorCode(enum.Enum, shape=3):
+    OK = int(gv.ExtError.OK)
+    SLVERR = int(gv.ExtError.SLVERR)
+    DECERR = int(gv.ExtError.DECERR)
+    PROTOCOL = int(gv.ExtError.PROTOCOL)
+    RANGE = int(gv.ExtError.RANGE)
+
+
+# -- slice data --------------------------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def slice_vector(slice_bits: int, lanes: int) -> type:
+    """``SliceVector``: ``slices[L]`` of ``s`` bits (lane 0 lowest) and ``plane``."""
+    n = 8 // slice_bits
+    return struct("SliceVector", {"slices": data.ArrayLayout(unsigned(slice_bits), lanes),
+                                  "plane": unsigned(bits(n))})
+
+
+@lru_cache(maxsize=None)
+def pe_beat(slice_bits: int, lanes: int) -> type:
+    """``PEBeat``: ``act[L]`` INT8, ``sv``, ``mode``, ``keep``, ``last``."""
+    n = 8 // slice_bits
+    return struct("PEBeat", {"act": data.ArrayLayout(signed(8), lanes),
+                             "sv": slice_vector(slice_bits, lanes),
+                             "mode": PEMode, "keep": unsigned(n.bit_length()),
+                             "last": unsigned(1)})
+
+
+@lru_cache(maxsize=None)
+def pe_result(max_len: int) -> type:
+    """``PEResult``: ``value`` (accumulator for ``max_len`` elements), ``error``."""
+    return struct("PEResult", {"value": signed(acc_width(max_len)), "error": unsigned(1)})
+
+
+# -- HB ----------------------------------------------------------------------------------
+
+def _offset_bits(slot_words: int, dense_words: int) -> int:
+    return bits(max(slot_words, dense_words, 2))
+
+
+@lru_cache(maxsize=None)
+def hb_read(slots: int, slot_words: int, dense_words: int) -> type:
+    """``HBRead``: ``count`` words (1 .. region size) from word ``offset`` of
+    ``region`` (an expert ``slot``, or the dense region)."""
+    ob = _offset_bits(slot_words, dense_words)
+    return struct("HBRead", {"region": HBRegionKind, "slot": unsigned(bits(slots)),
+                             "offset": unsigned(ob),
+                             "count": unsigned((max(slot_words, dense_words)).bit_length())})
+
+
+@lru_cache(maxsize=None)
+def hb_beat(slice_bits: int, lanes: int) -> type:
+    """``HBBeat``: one word to the paired PE."""
+    return struct("HBBeat", {"sv": slice_vector(slice_bits, lanes), "last": unsigned(1),
+                             "error": unsigned(1)})
+
+
+@lru_cache(maxsize=None)
+def fill_beat(sv_bits: int, fill_words: int, slots: int, slot_words: int, dense_words: int,
+              banks: int) -> type:
+    """``FillBeat``: ``fill_words`` words for banks ``bank .. bank+fill_words-1``
+    at word ``offset`` of ``region`` (DATA), or the end of a slot's fill
+    (COMMIT / ABORT)."""
+    return struct("FillBeat", {"kind": FillBeatKind, "region": HBRegionKind,
+                               "slot": unsigned(bits(slots)),
+                               "offset": unsigned(_offset_bits(slot_words, dense_words)),
+                               "bank": unsigned(bits(banks)),
+                               "words": data.ArrayLayout(unsigned(sv_bits), fill_words)})
+
+
+@lru_cache(maxsize=None)
+def kv_access(sv_bits: int, banks: int, words: int) -> type:
+    return struct("KVAccess", {"write": unsigned(1), "bank": unsigned(bits(banks)),
+                               "addr": unsigned(bits(words)), "data": unsigned(sv_bits)})
+
+
+@lru_cache(maxsize=None)
+def kv_response(sv_bits: int) -> type:
+    return struct("KVResponse", {"data": unsigned(sv_bits), "error": unsigned(1)})
+
+
+@lru_cache(maxsize=None)
+def kv_move(words: int, slots: int) -> type:
+    """``KVMove``: the report of a KV boundary move: the new KV size, the
+    slots it newly covers, and which of those were resident."""
+    return struct("KVMove", {"kv_words": unsigned(words.bit_length()),
+                             "covered": unsigned(slots), "invalidated": unsigned(slots)})
+
+
+# -- external memory ----------------------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def ext_command(addr_bits: int, planes: int, slots: int, dense_words: int, id_bits: int) -> type:
+    return struct("ExtCommand", {"kind": ExtKindCode, "addr": unsigned(addr_bits),
+                                 "plane_mask": unsigned(planes), "fill": unsigned(1),
+                                 "slot": unsigned(bits(slots)),
+                                 "length": unsigned(max(2, dense_words).bit_length()),
+                                 "id": unsigned(id_bits)})
+
+
+@lru_cache(maxsize=None)
+def ext_beat(sv_bits: int, fill_words: int, planes: int, rows: int, banks: int,
+             id_bits: int) -> type:
+    return struct("ExtBeat", {"words": data.ArrayLayout(unsigned(sv_bits), fill_words),
+                              "plane": unsigned(bits(planes)), "row": unsigned(bits(rows)),
+                              "bank": unsigned(bits(banks)), "id": unsigned(id_bits),
+                              "last": unsigned(1), "error": unsigned(1)})
+
+
+@lru_cache(maxsize=None)
+def ext_response(slots: int, id_bits: int) -> type:
+    return struct("ExtResponse", {"id": unsigned(id_bits), "error": ExtErrorCode,
+                                  "resident": unsigned(1), "slot": unsigned(bits(slots))})
+
+
+# -- one Config, every type ---------------------------------------------------------------
+
+#: Width of the command id carried by ExtCommand / ExtBeat / ExtResponse.
+CMD_ID_BITS = 4
+
+
+class Vocab:
+    """Every payload type for one :class:`~elmoe3d.config.Config` (attributes
+    named after the types). Build with :func:`vocab` (cached)."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        s, L, B = cfg.slice_bits, cfg.lanes, cfg.pes
+        sv, fw = cfg.slice_vector_bits, cfg.fill_words
+        S, SW, D = cfg.tag_slots, cfg.slot_words, cfg.dense_words
+        self.SliceVector = slice_vector(s, L)
+        self.PEBeat = pe_beat(s, L)
+        self.PEResult = pe_result(cfg.max_len)
+        self.HBRead = hb_read(S, SW, D)
+        self.HBBeat = hb_beat(s, L)
+        self.FillBeat = fill_beat(sv, fw, S, SW, D, B)
+        self.KVAccess = kv_access(sv, B, cfg.hb_words)
+        self.KVResponse = kv_response(sv)
+        self.KVMove = kv_move(cfg.hb_words, S)
+        self.ExtCommand = ext_command(cfg.axi_addr_bits, cfg.planes, S, D, CMD_ID_BITS)
+        self.ExtBeat = ext_beat(sv, fw, cfg.planes, cfg.expert_rows, B, CMD_ID_BITS)
+        self.ExtResponse = ext_response(S, CMD_ID_BITS)
+
+
+@lru_cache(maxsize=64)
+def vocab(cfg) -> Vocab:
+    """The :class:`Vocab` of a Config (the same object for equal Configs)."""
+    return Vocab(cfg)

@@ -1,0 +1,127 @@
+"""Functional coverage for the testbenches (``cocotb-coverage``), written to
+``build/coverage/<block>.json`` and merged across runs.
+
+A testbench declares its coverpoints and crosses with ``cocotb-coverage``'s
+decorators under a name prefix equal to the block name (``"hb_bank.read.region"``,
+``"hb_bank.read.regionXerror"``), samples them from its monitors, and calls
+:func:`write_coverage` (``"hb_bank"``) at the end of the test. Every run
+(tests, simulators, parameter sets) adds its bin hits to the same JSON file
+under a file lock, so the file holds the union of everything the default
+``make test`` reached. ``elmoe3d coverage`` (and the report) summarises the
+files: percentage of coverpoint bins hit and of cross bins hit, per block.
+
+The sign-off bar (OpenTitan V2): 100 % of coverpoint bins, at least 75 % of
+cross bins.
+
+Where: ``$ELMOE_COVERAGE_DIR`` (the harness sets it to ``build/coverage`` of
+the repository), else ``./build/coverage``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+
+__all__ = ["coverage_dir", "write_coverage", "load_coverage", "summarise", "COVERPOINT_BAR",
+           "CROSS_BAR"]
+
+COVERPOINT_BAR = 100.0
+CROSS_BAR = 75.0
+
+
+def coverage_dir() -> Path:
+    return Path(os.environ.get("ELMOE_COVERAGE_DIR", Path.cwd() / "build" / "coverage"))
+
+
+def _items(prefix: str):
+    """(name, kind, {bin: hits}) for every coverpoint and cross under ``prefix.``."""
+    from cocotb_coverage.coverage import CoverCross, CoverPoint, coverage_db
+    out = []
+    for name in list(coverage_db):
+        if not name.startswith(prefix + "."):
+            continue
+        item = coverage_db[name]
+        if isinstance(item, CoverCross):
+            kind = "cross"
+        elif isinstance(item, CoverPoint):
+            kind = "coverpoint"
+        else:
+            continue
+        bins = {repr(k) if not isinstance(k, str) else k: int(v)
+                for k, v in item.detailed_coverage.items()}
+        out.append((name, kind, bins))
+    return out
+
+
+#: bin hits already written by this process (a cocotb module calling
+#: write_coverage after each of its tests adds only what is new)
+_WRITTEN: dict = {}
+
+
+def write_coverage(block: str, *, run: str = "", transactions: int | None = None,
+                   directory: Path | None = None) -> Path:
+    """Merge this run's coverage of ``block`` into ``<dir>/<block>.json``.
+
+    ``run`` names the run (test, simulator, parameter set) and
+    ``transactions`` the random transactions it checked; both are recorded.
+    Returns the file path."""
+    d = Path(directory) if directory is not None else coverage_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{block}.json"
+    items = _items(block)
+    with open(d / f".{block}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            old = json.loads(path.read_text()) if path.exists() else {}
+        except json.JSONDecodeError:
+            old = {}
+        cov = {"block": block, "coverpoints": old.get("coverpoints", {}),
+               "crosses": old.get("crosses", {}), "runs": old.get("runs", [])}
+        for name, kind, bins in items:
+            group = cov["coverpoints" if kind == "coverpoint" else "crosses"]
+            merged = group.setdefault(name, {})
+            done = _WRITTEN.setdefault((str(d), name), {})
+            for b, hits in bins.items():
+                merged[b] = merged.get(b, 0) + hits - done.get(b, 0)
+                done[b] = hits
+        cov["runs"].append({"run": run, "transactions": transactions, "time": time.time()})
+        cov["summary"] = summarise(cov)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cov, indent=1, sort_keys=True))
+        tmp.replace(path)
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    return path
+
+
+def summarise(cov: dict) -> dict:
+    """Percentages of bins hit: coverpoints and crosses, plus the misses."""
+    def pct(group):
+        total = sum(len(b) for b in group.values())
+        hit = sum(1 for b in group.values() for v in b.values() if v > 0)
+        return (100.0 * hit / total if total else 100.0), hit, total
+    cp, cp_hit, cp_total = pct(cov.get("coverpoints", {}))
+    cr, cr_hit, cr_total = pct(cov.get("crosses", {}))
+    missed = sorted(f"{name}[{b}]" for name, bins in cov.get("coverpoints", {}).items()
+                    for b, v in bins.items() if v == 0)
+    tx = sum(r.get("transactions") or 0 for r in cov.get("runs", []))
+    return {"coverpoint_pct": round(cp, 2), "coverpoint_bins": [cp_hit, cp_total],
+            "cross_pct": round(cr, 2), "cross_bins": [cr_hit, cr_total],
+            "coverpoints_missed": missed, "transactions": tx,
+            "meets_bar": cp >= COVERPOINT_BAR and cr >= CROSS_BAR}
+
+
+def load_coverage(directory: Path | None = None) -> dict:
+    """``{block: coverage dict}`` of every file in the coverage folder."""
+    d = Path(directory) if directory is not None else coverage_dir()
+    out = {}
+    for p in sorted(d.glob("*.json")):
+        try:
+            cov = json.loads(p.read_text())
+        except json.JSONDecodeError:
+            continue
+        cov["summary"] = summarise(cov)
+        out[cov.get("block", p.stem)] = cov
+    return out

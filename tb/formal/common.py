@@ -1,0 +1,63 @@
+"""Property helpers shared by the formal wrappers.
+
+:func:`stream_rules` states the ``amaranth.lib.stream`` transfer rules on one
+stream: once ``valid`` is high without ``ready``, ``valid`` stays high and the
+payload stays unchanged until the transfer. On a stream the block *drives*
+(an output) this is an ``Assert``; on a stream the environment drives (an
+input) it is an ``Assume``, so the block is proved against every legal
+producer and no illegal one. :func:`history_ok` is a flag that is 0 in the
+first cycle (no history yet).
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Assert, Assume, Signal
+
+__all__ = ["history_ok", "stream_rules", "stream_rules_all"]
+
+
+def history_ok(m) -> Signal:
+    """A signal that is 0 in the first cycle and 1 afterwards (one per module)."""
+    ok = getattr(m, "_elmoe_history_ok", None)
+    if ok is None:
+        ok = Signal(name="history_ok")
+        m.d.sync += ok.eq(1)
+        m._elmoe_history_ok = ok
+    return ok
+
+
+def stream_rules(m, s, name: str, *, drive: str) -> None:
+    """Assert (``drive="dut"``) or assume (``drive="env"``) the stream rules on
+    ``s`` (an ``amaranth.lib.stream.Interface``)."""
+    if drive not in ("dut", "env"):
+        raise ValueError(f"drive must be 'dut' or 'env', not {drive!r}")
+    ok = history_ok(m)
+    p_valid = Signal(name=f"{name}_p_valid")
+    p_ready = Signal(name=f"{name}_p_ready")
+    payload = s.payload.as_value() if hasattr(s.payload, "as_value") else s.payload
+    p_payload = Signal.like(payload, name=f"{name}_p_payload")
+    m.d.sync += [p_valid.eq(s.valid), p_ready.eq(s.ready), p_payload.eq(payload)]
+    held = s.valid & (payload == p_payload)
+    with m.If(ok & p_valid & ~p_ready):
+        if drive == "dut":
+            m.d.comb += Assert(held, f"stream {name}: valid dropped or payload changed before ready")
+        else:
+            m.d.comb += Assume(held)
+
+
+def stream_rules_all(m, component, *, prefix: str = "") -> list[str]:
+    """Stream rules on every stream port of a ``wiring.Component`` (arrays
+    included): asserted on its outputs, assumed on its inputs. Returns the
+    names of the streams it covered."""
+    from amaranth.lib import stream, wiring
+    names = []
+    for name, member in component.signature.members.items():
+        if member.is_port or not isinstance(member.signature, stream.Signature):
+            continue
+        obj = getattr(component, name)
+        objs = [obj] if not member.dimensions else [obj[i] for i in range(member.dimensions[0])]
+        for i, s in enumerate(objs):
+            n = f"{prefix}{name}" + (f"{i}" if member.dimensions else "")
+            stream_rules(m, s, n, drive="dut" if member.flow == wiring.Out else "env")
+            names.append(n)
+    return names

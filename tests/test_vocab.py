@@ -1,0 +1,50 @@
+"""The shared vocabulary (named payload types) and the coverage files."""
+
+import json
+
+import pytest
+
+from elmoe3d.config import preset
+from elmoe3d.hw import vocab as hv
+
+pytestmark = pytest.mark.golden
+
+
+def test_equal_configs_give_the_same_classes():
+    a, b = hv.vocab(preset("tiny")), hv.vocab(preset("tiny").replace())
+    assert a.SliceVector is b.SliceVector and a.FillBeat is b.FillBeat
+    assert a.SliceVector.__name__ == "SliceVector"
+    d = hv.vocab(preset("default"))
+    assert d.SliceVector is not a.SliceVector
+
+
+def test_field_words():
+    v = hv.vocab(preset("tiny").replace(slice_bits=2, hb_words=8192))
+    sv = v.SliceVector.as_shape()
+    assert dict(sv)["plane"].shape.width == 2           # index of 4 planes
+    assert dict(v.ExtCommand.as_shape())["plane_mask"].shape.width == 4    # a mask
+    assert "planes" not in dict(v.ExtCommand.as_shape())
+    assert dict(v.FillBeat.as_shape())["words"].shape.length == v.cfg.fill_words == 2
+
+
+def test_coverage_merge_and_summary(tmp_path):
+    from cocotb_coverage.coverage import CoverCross, CoverPoint
+    from elmoe3d.tb.coverage import load_coverage, write_coverage
+
+    @CoverPoint("blk_t.op", xf=lambda op, e: op, bins=["a", "b"])
+    @CoverPoint("blk_t.err", xf=lambda op, e: e, bins=[0, 1])
+    @CoverCross("blk_t.opXerr", items=["blk_t.op", "blk_t.err"])
+    def sample(op, e):
+        pass
+
+    sample("a", 0)
+    write_coverage("blk_t", run="one", transactions=1, directory=tmp_path)
+    s = json.loads((tmp_path / "blk_t.json").read_text())["summary"]
+    assert s["coverpoint_pct"] == 50.0 and s["cross_pct"] == 25.0 and not s["meets_bar"]
+    assert s["coverpoints_missed"] == ["blk_t.err[1]", "blk_t.op[b]"]
+    sample("b", 1)
+    write_coverage("blk_t", run="two", transactions=1, directory=tmp_path)
+    cov = load_coverage(tmp_path)["blk_t"]
+    assert cov["summary"]["coverpoint_pct"] == 100.0 and cov["summary"]["transactions"] == 2
+    assert len(cov["runs"]) == 2
+    assert cov["coverpoints"]["blk_t.op"] == {"a": 1, "b": 1}     # no double counting
