@@ -198,9 +198,10 @@ def pipelining_table(results: dict, baseline: dict | None = None):
         if not b or not t:
             continue
         fo, fn = b.get("fmax_mhz"), t.get("fmax_mhz")
-        rows.append([name, b["lut4"], t["lut4"], f"{t['lut4'] - b['lut4']:+d}", b["ff"], t["ff"],
-                     f"{t['ff'] - b['ff']:+d}", fo if fo else "-", fn if fn else "-",
-                     t["target_mhz"]])
+        d = (lambda new, old: f"{new - old:+d}" if new is not None and old is not None else "-")
+        rows.append([name, b["lut4"], t["lut4"], d(t["lut4"], b["lut4"]),
+                     b["ff"] if b["ff"] is not None else "-", t["ff"], d(t["ff"], b["ff"]),
+                     fo if fo else "-", fn if fn else "-", t["target_mhz"]])
     return headers, rows
 
 
