@@ -121,3 +121,18 @@ def test_area_grows_with_lanes(tmp_path):
     small = fl.synth_block(b.build(preset("tiny").replace(lanes=4)), b.top, tmp_path / "a")
     big = fl.synth_block(b.build(preset("tiny").replace(lanes=8)), b.top, tmp_path / "b")
     assert 1.6 < big["cells"] / small["cells"] < 2.4
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("argv,msg", [
+    (["synth", "--target", "virtex"], "unknown target 'virtex'"),
+    (["synth", "--seeds", "a"], "--seeds needs comma-separated integers"),
+    (["fpga", "--board", "nope"], "invalid choice: 'nope'"),
+    (["sweep", "--set", "lanes"], "--set needs KEY=V1,V2"),
+    (["sweep", "--blocks", "nope"], "Unknown block 'nope'"),
+])
+def test_cli_errors_are_one_line(argv, msg, capsys):
+    from elmoe3d.cli import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1, err
