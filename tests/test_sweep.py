@@ -28,21 +28,21 @@ def test_pareto_front():
 
 def test_four_point_sweep_on_local_cluster(tmp_path, capsys):
     work = tmp_path / "sw"
-    argv = ["sweep", "--set", "lanes=2,4", "--set", "slice_bits=2,4", "--blocks", "pe",
+    argv = ["sweep", "--set", "lanes=4,8", "--set", "max_len=128,256", "--blocks", "pe",
             "--preset", "tiny", "--workers", "2", "--workdir", str(work), "--no-progress"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     res = json.loads((work / "sweep.json").read_text())["points"]
     assert len(res) == 4 and all("error" not in r for r in res)
-    by = {(r["overrides"]["lanes"], r["overrides"]["slice_bits"]): r for r in res}
-    assert by[(4, 4)]["cells"] > by[(2, 4)]["cells"]          # area grows with lanes
+    by = {(r["overrides"]["lanes"], r["overrides"]["max_len"]): r for r in res}
+    assert by[(8, 256)]["cells"] > by[(4, 256)]["cells"]      # area grows with lanes
     assert (work / "sweep.csv").read_text().count("\n") == 5
     assert (work / "pareto.png").stat().st_size > 1000
-    assert "lanes=4,slice_bits=4" in out
+    assert "lanes=8,max_len=256" in out
     # a second sweep reuses every point's cached synthesis (the Verilog did not change)
-    stamp = (work / "pe-lanes4-slice_bits4" / "generic.json").stat().st_mtime_ns
+    stamp = (work / "pe-lanes8-max_len256" / "generic.json").stat().st_mtime_ns
     assert main(argv) == 0
-    assert (work / "pe-lanes4-slice_bits4" / "generic.json").stat().st_mtime_ns == stamp
+    assert (work / "pe-lanes8-max_len256" / "generic.json").stat().st_mtime_ns == stamp
 
 
 def test_refused_configuration_is_a_result(tmp_path):

@@ -62,7 +62,9 @@ def test_wrapper_times_every_path(tmp_path):
 def test_tiny_pe_on_every_target(tmp_path):
     b = get_block("pe")
     r = fl.synth_block(b.build(preset("tiny")), b.top, tmp_path, name="pe",
-                       targets=("generic", "ecp5", "ice40"), seeds=[1, 2, 3])
+                       targets=("generic", "ecp5"), seeds=[1, 2, 3])
+    # iCE40 with one seed: nextpnr-ice40 is the slow one
+    r["ice40"] = fl.fpga_target(b.build(preset("tiny")), "pe", b.top, tmp_path, "ice40", seeds=[1])
     assert r["cells"] > 100 and r["flip_flops"] > 10 and r["logic_depth"] > 5
     assert sum(r["cells_by_type"].values()) == r["cells"]
     e = r["ecp5"]
@@ -92,7 +94,7 @@ def test_results_are_cached_by_verilog_hash(tmp_path):
     assert (tmp_path / "ecp5_seed1_nextpnr.log").stat().st_mtime_ns == stamp
     assert again["ecp5"]["fmax_seeds"]
     # a different RTL is synthesised again
-    fl.synth_block(b.build(preset("tiny").replace(lanes=2)), b.top, tmp_path, name="pe",
+    fl.synth_block(b.factory(**{**b.params(preset("tiny")), "lanes": 2}), b.top, tmp_path, name="pe",
                    targets=("generic", "ecp5"), seeds=[1])
     assert (tmp_path / "ecp5_seed1_nextpnr.log").stat().st_mtime_ns != stamp
 
@@ -101,8 +103,7 @@ def test_memory_still_maps_to_block_ram(tmp_path):
     """The wrapper sits at the ports: hb_bank's SRAM is EBR on ECP5, both in
     the block's area and in the wrapped netlist that nextpnr places."""
     b = get_block("hb_bank")
-    cfg = preset("tiny").replace(hb_words=1024)
-    r = fl.synth_block(b.build(cfg), b.top, tmp_path, name="hb_bank", targets=("generic", "ecp5"),
+    r = fl.synth_block(b.build(preset("tiny")), b.top, tmp_path, name="hb_bank", targets=("generic", "ecp5"),
                        seeds=[1])
     assert r["ecp5"]["ebr"] > 0
     assert r["ecp5"]["pnr_utilization"].get("DP16KD") == r["ecp5"]["ebr"]
@@ -118,8 +119,9 @@ def test_too_big_for_ice40_is_reported(tmp_path):
 
 def test_area_grows_with_lanes(tmp_path):
     b = get_block("pe")
-    small = fl.synth_block(b.build(preset("tiny").replace(lanes=4)), b.top, tmp_path / "a")
-    big = fl.synth_block(b.build(preset("tiny").replace(lanes=8)), b.top, tmp_path / "b")
+    p = b.params(preset("tiny"))
+    small = fl.synth_block(b.factory(**{**p, "lanes": 4}), b.top, tmp_path / "a")
+    big = fl.synth_block(b.factory(**{**p, "lanes": 8}), b.top, tmp_path / "b")
     assert 1.6 < big["cells"] / small["cells"] < 2.4
 
 

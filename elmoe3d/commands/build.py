@@ -66,13 +66,16 @@ def synthesis_sections(ctx, bl, *, fmax: bool, sweep: bool) -> list:
     from ..sim.scaling import growth_sentence, plot_sweeps
     from .synth import markdown as synth_md, run_synth, text_report
     work = ctx.outdir / "synth"
-    synth = run_synth(ctx.cfg, bl, work, targets=DEMO_TARGETS, pnr=fmax, seeds=DEMO_SEEDS,
+    targets = ("generic",) if ctx.quick else DEMO_TARGETS
+    synth = run_synth(ctx.cfg, bl, work, targets=targets, pnr=fmax, seeds=DEMO_SEEDS,
                       sweep=sweep, sweep_pnr=False, progress=ctx.progress,
                       fmax_max_cells=FMAX_MAX_CELLS)
     note = (f"; `make demo` uses one seed ({DEMO_SEEDS[0]}) to stay fast -- "
             "`elmoe3d synth --target generic,ecp5,ice40` gives the median of three")
-    secs = [Section("Blocks: synthesis estimates", synth_md(synth, DEMO_TARGETS, seeds_note=note),
-                    {"blocks": synth, "seeds": DEMO_SEEDS}, text_report(synth, DEMO_TARGETS))]
+    secs = [Section("Blocks: synthesis estimates", synth_md(synth, targets, seeds_note=note),
+                    {"blocks": synth, "seeds": DEMO_SEEDS}, text_report(synth, targets))]
+    if ctx.quick:
+        return secs
     ctx.progress("synthesis: peers per area")
     peers = peer_table(ctx.cfg, work, seeds=DEMO_SEEDS, pnr=fmax, progress=ctx.progress)
     if peers["rows"]:
