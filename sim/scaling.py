@@ -12,10 +12,13 @@ from pathlib import Path
 
 __all__ = ["SCALING", "sweep_points", "run_sweeps", "plot_sweeps", "growth_sentence"]
 
-#: block -> (Config field, values)
+#: block -> (Config field, values, the block parameter it sets). Where the
+#: Config refuses a point (its cross-block geometry checks: e.g. 64 lanes
+#: with a hidden size of 16), the value is applied to the block parameter
+#: directly: the block alone is still well defined.
 SCALING = {
-    "pe": ("lanes", (8, 16, 32, 64)),
-    "tag_unit": ("tag_slots", (16, 32, 64, 128)),
+    "pe": ("lanes", (8, 16, 32, 64), "lanes"),
+    "tag_unit": ("tag_slots", (16, 32, 64, 128), "slots"),
 }
 
 
@@ -23,7 +26,7 @@ def sweep_points(block) -> list[dict]:
     """Config overrides to sweep for one registered block."""
     pts = []
     if block.name in SCALING:
-        key, values = SCALING[block.name]
+        key, values, _ = SCALING[block.name]
         pts += [{key: v} for v in values]
     for over in block.sweep:
         if dict(over) not in pts:
@@ -39,20 +42,43 @@ def run_sweeps(cfg, names, workroot: Path, *, targets=("generic",), pnr=True, se
     out = {}
     for name in names:
         b = get_block(name)
-        pts = []
+        pts, seen = [], []
         for over in sweep_points(b):
-            c2 = cfg.replace(**over)
             tag = "-".join(f"{k}{v}" for k, v in over.items())
+            note = None
+            try:
+                comp = b.build(cfg.replace(**over))
+                mk = lambda: b.build(cfg.replace(**over))      # noqa: E731
+            except ValueError as e:
+                pname = SCALING.get(name, (None, None, None))[2]
+                key = next(iter(over))
+                if pname is None or len(over) != 1 or key != SCALING[name][0]:
+                    pts.append({"overrides": over, "error": str(e)})
+                    continue
+                params = {**b.params(cfg), pname: over[key]}
+                comp = b.factory(**params)
+                mk = lambda: b.factory(**params)               # noqa: E731
+                note = f"block parameter {pname}={over[key]} (Config refuses: {e})"
+            params_now = b.params(cfg.replace(**over)) if note is None else params
+            if params_now in seen:          # same block, other Config fields: nothing new
+                continue
+            seen.append(params_now)
             if progress:
                 progress(f"sweep {name} {tag}", step=False)
             wd = workroot / f"{name}-{tag}"
-            r = synth_block(b.build(c2), b.top, wd, name=name,
+            r = synth_block(comp, b.top, wd, name=name,
                             targets=targets if pnr else ("generic",), seeds=seeds,
                             fmax_max_cells=max_cells, progress=progress)
             if not pnr and "ecp5" in targets:
-                r["ecp5"] = fpga_target(b.build(c2), name, b.top, wd, "ecp5", pnr=False)
+                r["ecp5"] = fpga_target(mk(), name, b.top, wd, "ecp5", pnr=False)
             r["overrides"] = over
+            if note:
+                r["note"] = note
             pts.append(r)
+        keys = {tuple(p["overrides"]) for p in pts}
+        if len(keys) == 1 and len(next(iter(keys))) == 1:
+            k = next(iter(keys))[0]
+            pts.sort(key=lambda p: p["overrides"][k])
         if pts:
             out[name] = pts
     return out

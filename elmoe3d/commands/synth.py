@@ -90,7 +90,10 @@ def run_synth(cfg, blocks, workroot: Path, *, targets=("generic",), fmax: bool =
         for name, pts in run_sweeps(cfg, [b.name for b in blocks], workroot, targets=st,
                                     pnr=pnr if sweep_pnr is None else sweep_pnr, seeds=seeds,
                                     progress=progress, max_cells=fmax_max_cells).items():
-            results[name]["sweep"] = pts
+            results[name]["sweep"] = [p for p in pts if "error" not in p]
+            bad = [p for p in pts if "error" in p]
+            if bad:
+                results[name]["sweep_refused"] = bad
     _ratios(cfg, results)
     return results
 
