@@ -1,32 +1,30 @@
-"""pytest entry points: the bit-slice PE and its baselines in cocotb."""
+"""pytest entry points: the bit-slice PE and its baselines.
+
+* cocotb (Verilator and Icarus, ``elmoe3d.tb.test_pe``): random volume with
+  coverage at the default and the tiny geometry, the limits, every rule
+  violation with recovery, stall recovery, throughput and latency;
+* regression tests of issue 10's reproducers on the Amaranth simulator
+  (top-level ports only);
+* planted bugs the testbench must catch.
+"""
 
 import pytest
 
 from elmoe3d.blocks import get_block
 from elmoe3d.config import preset
-from elmoe3d.sim.harness import simulate
+from elmoe3d.sim.harness import SimulationFailed, simulate
 
 from conftest import sim_params
 
 pytestmark = pytest.mark.pe
 
-# (block, overrides of the default config) -- default size plus s=2 and s=1
-CASES = [
-    pytest.param("pe", {}, id="pe-s4-L16"),
-    pytest.param("pe", {"slice_bits": 2, "lanes": 8, "max_len": 512}, id="pe-s2-L8"),
-    pytest.param("pe", {"slice_bits": 1, "lanes": 4, "max_len": 64}, id="pe-s1-L4"),
-    pytest.param("pe_plain", {"slice_bits": 2, "lanes": 8, "max_len": 512}, id="plain-s2-L8"),
-    pytest.param("mac_int8", {"lanes": 8, "max_len": 512}, id="mac-L8"),
-    pytest.param("bitfusion", {"lanes": 4, "max_len": 256}, id="bitfusion-L4"),
-]
+VOLUME = 10000          # random dot products per default-geometry and tiny-geometry run (Verilator)
+SHORT = 1500            # on Icarus, and on the extra slice widths
 
 
-def _params(block, over):
+def _params(block, geometry, over=None):
     b = get_block(block)
-    # block-level parameters (the PE is a leaf component with explicit
-    # parameters; a whole-tile Config with these lane/slice overrides need not fit HB)
-    p = {**b.params(preset("default")), **{k: v for k, v in over.items()
-                                           if k in b.params(preset("default"))}}
+    p = dict(b.params(preset(geometry)), **(over or {}))
     p["kind"] = {"mac_int8": "int8", "bitfusion": "bitfusion"}.get(block, "bitslice")
     return b, p
 
@@ -36,23 +34,141 @@ def _factory(block):
     return lambda kind, **kw: b.factory(**kw)
 
 
-@pytest.mark.parametrize("simulator", sim_params())
-@pytest.mark.parametrize("block,over", CASES)
-def test_pe_random(block, over, simulator):
-    b, p = _params(block, over)
-    simulate(_factory(block), block=block, params=p, top=b.top, simulator=simulator,
-             test_module="elmoe3d.tb.test_pe", testcase="random_vectors,too_long")
+def _run(block, geometry, over, simulator, testcase, env=None, factory=None):
+    b, p = _params(block, geometry, over)
+    return simulate(factory or _factory(block), block=block, params=p, top=b.top,
+                    simulator=simulator, test_module="elmoe3d.tb.test_pe", testcase=testcase,
+                    env=env)
+
+
+BLOCKS = ["pe", "pe_plain", "mac_int8", "bitfusion"]
+DIRECTED = "limits,errors_recover,stall_recovery"
+
+# (block, geometry preset, block-parameter overrides, id)
+CASES = [pytest.param(blk, geo, None, id=f"{blk}-{geo}") for blk in BLOCKS
+         for geo in ("default", "tiny")]
+EXTRA = [pytest.param("pe", "default", {"slice_bits": 2, "lanes": 8, "max_len": 512},
+                      id="pe-s2-L8"),
+         pytest.param("pe", "default", {"slice_bits": 1, "lanes": 4, "max_len": 64},
+                      id="pe-s1-L4"),
+         pytest.param("pe_plain", "default", {"slice_bits": 2, "lanes": 8, "max_len": 512},
+                      id="plain-s2-L8")]
 
 
 @pytest.mark.parametrize("simulator", sim_params())
-@pytest.mark.parametrize("block,over", CASES[:3] + CASES[4:])
-def test_pe_throughput(block, over, simulator, measured_dir):
-    b, p = _params(block, over)
-    out = measured_dir / f"throughput-{block}-{'-'.join(f'{k}{v}' for k, v in over.items()) or 'default'}-{simulator}.json"
-    simulate(_factory(block), block=block, params=p, top=b.top, simulator=simulator,
-             test_module="elmoe3d.tb.test_pe", testcase="throughput",
-             env={"ELMOE_MEASURE_OUT": str(out)})
+@pytest.mark.parametrize("block,geometry,over", CASES + EXTRA)
+def test_pe_random(block, geometry, over, simulator):
+    """Random volume (10,000 dot products on Verilator at the default and the
+    tiny geometry) plus the directed tests, with functional coverage."""
+    volume = VOLUME if simulator == "verilator" and over is None else SHORT
+    _run(block, geometry, over, simulator, f"random_vectors,{DIRECTED}",
+         env={"ELMOE_PE_DOTS": str(volume)})
+
+
+@pytest.mark.parametrize("simulator", sim_params())
+@pytest.mark.parametrize("block,geometry,over", CASES[0::2] + EXTRA[:2])
+def test_pe_throughput(block, geometry, over, simulator, measured_dir):
+    """1 beat/cycle, DRAFT = k/n of FULL, single-beat dot products at full
+    rate, every latency equal to the documented one; figures written to
+    ``build/measured/throughput-<block>-<params>-<simulator>.json``."""
+    tag = "-".join(f"{k}{v}" for k, v in (over or {}).items()) or geometry
+    out = measured_dir / f"throughput-{block}-{tag}-{simulator}.json"
+    _run(block, geometry, over, simulator, "throughput", env={"ELMOE_MEASURE_OUT": str(out)})
     import json
-    fig = json.loads(out.read_text())["figures"]
-    for name, f in fig.items():
+    res = json.loads(out.read_text())
+    b, p = _params(block, geometry, over)
+    assert res["latency"] == b.factory(**{k: v for k, v in p.items() if k != "kind"}).latency
+    for name, f in res["figures"].items():
         assert f["input_cycles"] == f["beats"], name
+
+
+# -- issue 10's reproducers, on the Amaranth simulator (top-level ports only) ------------------
+
+def _sim_results(dut, dots, *, flat=None):
+    """Drive ``dots`` (lists of beat payload dicts, ``last`` added here) back
+    to back into ``dut.i`` with ``o`` always ready; return ``[(value, error)]``."""
+    from amaranth.sim import Simulator
+    flat = flat or (lambda b: b)
+    beats = [dict(flat(b), last=int(k == len(d) - 1)) for d in dots for k, b in enumerate(d)]
+    got = []
+
+    async def bench(ctx):
+        ctx.set(dut.o.ready, 1)
+        k = cyc = 0
+        while len(got) < len(dots) and cyc < len(beats) + 200:
+            if k < len(beats):
+                ctx.set(dut.i.payload, beats[k])
+            ctx.set(dut.i.valid, k < len(beats))
+            _, _, iv, ir, ov, op = await ctx.tick().sample(dut.i.valid, dut.i.ready,
+                                                           dut.o.valid, dut.o.payload)
+            k += bool(iv and ir)
+            if ov:
+                got.append((op.value, op.error))
+            cyc += 1
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert len(got) == len(dots), f"{len(got)} results for {len(dots)} dot products"
+    return got
+
+
+def _beats(L, planes, chunks, act, slices, mode, keep=1):
+    return [{"act": [act] * L, "sv": {"slices": [slices[q]] * L, "plane": q}, "mode": mode,
+             "keep": keep} for q in planes for _ in range(chunks)]
+
+
+def _pe(**kw):
+    from elmoe3d.hw.pe import BitSlicePE
+    return BitSlicePE(**kw)
+
+
+def test_repro_max_len_not_a_multiple_of_lanes():
+    """Issue 10, 1(a): ``L = 4, max_len = 7`` accepts 2 chunks = 8 elements;
+    eight (-128)·(-128) are 131072, not -131072, and a third chunk is an error."""
+    m8 = {0: 0x8, 1: 0x0}                         # w = -128: m = -8, l = 0
+    got = _sim_results(_pe(lanes=4, max_len=7), [
+        _beats(4, (0, 1), 2, -128, m8, 0), _beats(4, (0, 1), 3, -128, m8, 0),
+        _beats(4, (0, 1), 1, -128, m8, 0)])
+    assert got == [(131072, 0), (got[1][0], 1), (65536, 0)]
+
+
+def test_repro_max_len_4095_lanes_16():
+    """Issue 10, 1(a): ``max_len = 4095, L = 16``: 256 chunks of (-128)·(-128)."""
+    m8 = {0: 0x8, 1: 0x0}
+    got = _sim_results(_pe(lanes=16, max_len=4095), [_beats(16, (0, 1), 256, -128, m8, 0)])
+    assert got == [(1 << 26, 0)]
+
+
+@pytest.mark.parametrize("mode,s", [(2, 4), (1, 2), (1, 1)], ids=["MSB-s4", "DRAFT-s2", "DRAFT-s1"])
+def test_repro_one_plane_longer_than_max_len(mode, s):
+    """Issue 10, 1(b): default ``L = 16, max_len = 4096``, one-plane mode,
+    ``keep = 1``, 512 beats of act = -128 on the MSB slice 0b1..0 (m = min): the
+    accumulator wrapped (-134217728, error 0); 512 chunks are past the limit
+    of 256, so it is an error. 256 beats give the exact value."""
+    m_min = 1 << (s - 1)                           # most negative signed slice
+    m = -(1 << (s - 1))
+    d = 8 - s                                      # bits below the MSB slice
+    aug = (1 << (d - 1)) if mode == 1 else 0
+    want = 256 * 16 * (-128) * ((m << d) + aug)
+    got = _sim_results(_pe(lanes=16, slice_bits=s, max_len=4096), [
+        _beats(16, (0,), 512, -128, {0: m_min}, mode), _beats(16, (0,), 256, -128, {0: m_min}, mode)])
+    assert got[0][1] == 1 and got[1] == (want, 0)
+
+
+@pytest.mark.parametrize("planes,ok", [((0, 0, 1), False), ((0,), False), ((0, 1, 0, 1), False),
+                                       ((1, 0), False), ((0, 1, 1), False), ((0, 1), True),
+                                       ((0, 0, 1, 1), True)],
+                         ids=["repeat", "missing", "chunk-major", "reversed", "more-lsb",
+                              "ok-1", "ok-2"])
+def test_repro_full_plane_sequence(planes, ok):
+    """Issue 10, 1: FULL accepted repeated or missing planes. Only every plane
+    in increasing order with the same chunk count is a dot product; a clean
+    one follows each."""
+    beats = [{"act": [3] * 4, "sv": {"slices": [5] * 4, "plane": q}, "mode": 0, "keep": 0}
+             for q in planes]
+    got = _sim_results(_pe(lanes=4, max_len=16), [beats, _beats(4, (0, 1), 1, 1, {0: 1, 1: 1}, 0)])
+    assert got[0][1] == (0 if ok else 1) and got[1] == (4 * 17, 0)
+    if ok:
+        assert got[0][0] == 4 * 3 * 0x55 * len(planes) // 2
