@@ -53,8 +53,8 @@ class BitFusionPE(PipelinedMAC):
         ``error`` (``value`` unspecified) for a dot product that is too long
         or changes mode.
 
-    One beat per cycle: ``L`` MACs in W8, ``2L`` in W4. Latency ``T + 7``
-    cycles (14 at ``L = 16``: two trees of 128 bricks, 7 levels).
+    One beat per cycle: ``L`` MACs in W8, ``2L`` in W4. Latency ``T + 8``
+    cycles (15 at ``L = 16``: two trees of 128 bricks, 7 levels).
     """
 
     def __init__(self, *, lanes: int = 16, max_len: int = 4096,

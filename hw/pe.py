@@ -98,9 +98,11 @@ class BitSlicePE(PipelinedMAC):
     ----------
     latency : int
         Cycles from the transfer of a ``last`` beat to the transfer of its
-        result with ``o.ready`` high: ``T + 6`` with ``T`` =
-        :attr:`tree_stages`. 13 at the default (``L = 16``, ``s = 4``, one
-        level per stage: 80 partial products, 7 levels).
+        result with ``o.ready`` high: ``T + 7`` with ``T`` =
+        :attr:`tree_stages` (input register, decode, ``T`` tree stages, plane
+        shift, two accumulator/result stages, two in the result FIFO). 14 at
+        the default (``L = 16``, ``s = 4``, one level per stage: 80 partial
+        products, 7 levels).
     depth : int
         Result slots (= ``latency + 1``).
 
@@ -116,6 +118,10 @@ class BitSlicePE(PipelinedMAC):
     TypeError, ValueError
         For a parameter of the wrong kind or value, naming it.
     """
+
+    #: The rule checker (a class attribute, so that a test can plant a bug in
+    #: a subclass without a hook in the design).
+    check_cls = SequenceCheck
 
     def __init__(self, *, lanes: int = 16, slice_bits: int = 4, max_len: int = 4096,
                  augment: bool = True, levels_per_stage: int = LEVELS_PER_STAGE):
@@ -135,23 +141,26 @@ class BitSlicePE(PipelinedMAC):
         super().__init__(pe_beat(slice_bits, lanes), lanes=lanes, max_len=max_len,
                          levels_per_stage=levels_per_stage)
 
+    @staticmethod
+    def rounds(beat):
+        """The LSB-augmentation decision for one beat: DRAFT, on the last kept
+        plane (``plane == keep - 1``)."""
+        return (beat.mode == PEMode.DRAFT) & (beat.sv.plane + 1 == beat.keep)
+
     def elaborate(self, platform):
         m = Module()
         a, a_valid = self.frame(m)
         L, s, n, W = self.lanes, self.slice_bits, self.planes, self.acc_width
         deep = self.deep
 
-        m.submodules.check = check = SequenceCheck(slice_bits=s, planes=n,
-                                                   max_chunks=self.max_chunks)
+        m.submodules.check = check = self.check_cls(slice_bits=s, planes=n,
+                                                    max_chunks=self.max_chunks)
         m.d.comb += [check.valid.eq(a_valid), check.last.eq(a.last), check.plane.eq(a.sv.plane),
                      check.mode.eq(a.mode), check.keep.eq(a.keep)]
 
         # ---- d_: mode decode and fields ------------------------------------------------
-        # The LSB-augmentation bit: DRAFT, on the last kept plane.
         is_msb = a.sv.plane == 0
-        rnd = Const(0)
-        if self.augment:
-            rnd = (a.mode == PEMode.DRAFT) & (a.sv.plane + 1 == a.keep)
+        rnd = self.rounds(a) if self.augment else Const(0)
         d_field = [Signal(s + 1, name=f"d_field{j}") for j in range(L)]
         d_act = [Signal(signed(8), name=f"d_act{j}") for j in range(L)]
         d_plane = Signal.like(a.sv.plane, name="d_plane")
@@ -213,8 +222,10 @@ class Int8MacVector(PipelinedMAC):
     o : ``Out(stream.Signature(PEResult))``
         ``error`` (``value`` unspecified) when longer.
 
-    Latency ``T + 4`` cycles (11 at ``L = 16``: 128 partial products, 7
-    levels); one beat per cycle; ``i.ready`` a register, as the PE.
+    Latency ``T + 5`` cycles (12 at ``L = 16``: 128 partial products, 7
+    levels; ``max(T, 3) + 5`` for tiny ``L``, where the rule checker's three
+    stages are the longer path); one beat per cycle; ``i.ready`` a register,
+    as the PE.
     """
 
     def __init__(self, *, lanes: int = 16, max_len: int = 4096,

@@ -157,6 +157,11 @@ class SequenceCheck(Elaboratable):
         self.keep = Signal(planes.bit_length())
         self.o_valid, self.o_last, self.o_bad = Signal(), Signal(), Signal()
 
+    @staticmethod
+    def same_count(a, b):
+        """Two planes' chunk counts agree (the comparison of stage ``e_``)."""
+        return a == b
+
     def elaborate(self, platform):
         m = Module()
         n, maxc = self.n, self.max_chunks
@@ -214,13 +219,13 @@ class SequenceCheck(Elaboratable):
                      e["fresh"].eq(d["fresh"]), e["bad"].eq(pre_bad),
                      # a non-first plane ends by stepping to the next: its count must be C
                      e["chk_step"].eq(~d["fresh"] & d["step"] & ~in_first),
-                     e["eq_step"].eq(d_prev_cnt == chunks),
+                     e["eq_step"].eq(self.same_count(d_prev_cnt, chunks)),
                      # the last beat opens the second plane: that plane's 1 must be C
                      e["chk_lastp"].eq(d["last"] & leave_first),
-                     e["eq_lastp"].eq(d_cnt == d_prev_cnt),
+                     e["eq_lastp"].eq(self.same_count(d_cnt, d_prev_cnt)),
                      # the last beat ends a later plane: its count must be C
                      e["chk_last"].eq(d["last"] & ~first_now & ~leave_first),
-                     e["eq_last"].eq(d_cnt == chunks)]
+                     e["eq_last"].eq(self.same_count(d_cnt, chunks))]
 
         # ---- f_: sticky error ---------------------------------------------------
         bad = Signal()
@@ -277,8 +282,8 @@ class LengthCheck(Elaboratable):
 
 
 def accumulate(m: Module, width: int, *, valid, last, term, bad):
-    """Accumulate ``term`` into a ``width``-bit register (cleared by the first
-    beat of each dot product) and register the result on ``last``. Returns
+    """Accumulate ``term`` into a ``width``-bit register (cleared after the
+    last beat of each dot product) and register the result on ``last``. Returns
     ``(r_valid, r_value, r_error)``: registers, two cycles after the beat.
 
     The accumulator is split in two halves with the carry between them
@@ -292,17 +297,21 @@ def accumulate(m: Module, width: int, *, valid, last, term, bad):
     acc_lo = Signal(lo_w, name="c_acc_lo")
     acc_hi = Signal(signed(hi_w), name="c_acc_hi")
     cy = Signal(name="c_cy")
-    fresh = Signal(init=1, name="c_fresh")
     lo_sum = Signal(lo_w + 1, name="c_lo_sum")
     hi_sum = Signal(signed(hi_w), name="c_hi_sum")
-    m.d.comb += lo_sum.eq(Mux(fresh, 0, acc_lo) + term[:lo_w])
+    m.d.comb += lo_sum.eq(acc_lo + term[:lo_w])
     # (2 acc_hi + cy) + (2 term_hi + 1) = 2 (acc_hi + term_hi + cy) + 1: the
     # carry-in rides on bit 0
-    m.d.comb += hi_sum.eq((Mux(fresh, 0, Cat(cy, acc_hi).as_signed())
+    m.d.comb += hi_sum.eq((Cat(cy, acc_hi).as_signed()
                            + Cat(Const(1, 1), term[lo_w:width]).as_signed())[1:])
+    # The accumulator is cleared *after* a dot product's last beat (a
+    # synchronous reset of its flip-flops), not muxed to 0 in front of the
+    # adders on the first beat: the adders see registers only.
     with m.If(valid):
-        m.d.sync += [acc_lo.eq(lo_sum[:lo_w]), cy.eq(lo_sum[lo_w]), acc_hi.eq(hi_sum),
-                     fresh.eq(last)]
+        with m.If(last):
+            m.d.sync += [acc_lo.eq(0), cy.eq(0), acc_hi.eq(0)]
+        with m.Else():
+            m.d.sync += [acc_lo.eq(lo_sum[:lo_w]), cy.eq(lo_sum[lo_w]), acc_hi.eq(hi_sum)]
     q_valid, q_error, q_cy = Signal(name="q_valid"), Signal(name="q_error"), Signal(name="q_cy")
     q_lo = Signal(lo_w, name="q_lo")
     q_hi = Signal(signed(hi_w), name="q_hi")
@@ -415,11 +424,13 @@ class PipelinedMAC(wiring.Component):
         self.depth = self.latency + 1
         super().__init__({"i": In(stream.Signature(beat_type)),
                           "o": Out(stream.Signature(pe_result(max_len, lanes)))})
+        #: the credit-managed result buffer (a member, so that the formal
+        #: wrapper can state that it never refuses a result)
+        self.result_buffer = CreditBuffer(self.o.payload.shape(), self.depth)
 
     def frame(self, m: Module):
         """Input register (``a_``) and output buffer; returns ``(a, a_valid)``."""
-        m.submodules.out = buf = CreditBuffer(self.o.payload.shape(), self.depth)
-        self._buf = buf
+        m.submodules.out = buf = self.result_buffer
         wiring.connect(m, buf.o, wiring.flipped(self.o))
         m.d.comb += self.i.ready.eq(buf.grant)
         take = self.i.valid & buf.grant
@@ -442,6 +453,6 @@ class PipelinedMAC(wiring.Component):
         bad = delay(m, check.o_bad, stage - CHECK_STAGES, "c_bad")
         r_valid, r_value, r_error = accumulate(m, self.acc_width, valid=valid, last=last,
                                                term=term, bad=bad)
-        buf = self._buf
+        buf = self.result_buffer
         m.d.comb += [buf.i.valid.eq(r_valid), buf.i.payload.value.eq(r_value),
                      buf.i.payload.error.eq(r_error)]
