@@ -302,7 +302,7 @@ def check_beats(s: int, beats, *, max_len: int, lanes: int) -> SeqError:
     order, is returned. The accumulator (:func:`acc_width`) is sized for the
     longest accepted sequence, so an accepted dot product cannot overflow.
     """
-    n = n_planes(s)
+    check_slice_bits(s)
     limit = max_chunks(max_len, lanes)
     beats = [(int(p), int(m), int(k)) for p, m, k in beats]
     if not beats:

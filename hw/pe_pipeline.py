@@ -32,7 +32,7 @@ pipeline). The members therefore share four pieces:
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Elaboratable, Module, Mux, Shape, Signal, signed, unsigned
+from amaranth.hdl import Cat, Const, Elaboratable, Module, Mux, Shape, Signal, signed
 from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -113,7 +113,7 @@ def pipelined_sum(m: Module, terms: list[Term], *, levels_per_stage: int, name: 
 
 
 def delay(m: Module, value, cycles: int, name: str):
-    """``value`` delayed by ``cycles`` registers (no enable, no reset)."""
+    """``value`` delayed by ``cycles`` plain registers."""
     for k in range(cycles):
         r = Signal.like(value, name=f"{name}_d{k}")
         m.d.sync += r.eq(value)
