@@ -9,6 +9,12 @@ one thing, built by :func:`mutant`.
   accumulator overflows).
 * ``"round"``: the augmented PE rounds on the wrong plane (``keep`` instead
   of ``keep - 1``), so DRAFT results are off.
+* ``"corner"``: FULL mode sets the MSB field's rounding bit for one operand
+  pair only (lane 0: activation -128 and MSB slice 0b10..0), so FULL differs
+  from the INT8 MAC at one corner of the operand space (the equivalence
+  check of ``tb/formal/pe_equiv.py`` must find it).
+* ``"msb_round"``: MSB-partial mode rounds like DRAFT, so MSB + LSB differs
+  from FULL while FULL stays exact.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from ..hw.pe_pipeline import SequenceCheck
 
 __all__ = ["MUTANTS", "mutant"]
 
-MUTANTS = ("chunks", "limit", "round")
+MUTANTS = ("chunks", "limit", "round", "corner", "msb_round")
 
 
 class _AlwaysSameCount(SequenceCheck):
@@ -53,5 +59,22 @@ def mutant(block: str, bug: str, **params):
             @staticmethod
             def rounds(beat):
                 return (beat.mode == PEMode.DRAFT) & (beat.sv.plane == beat.keep)
+        return Mutant(**params)
+    if bug in ("corner", "msb_round"):
+        if not (issubclass(cls, BitSlicePE) and params.get("augment", True)):
+            raise ValueError(f"bug {bug!r} needs the augmented PE, not {block!r}")
+        s = params.get("slice_bits", 4)
+        if bug == "corner":
+            def rounds(beat):
+                return ((beat.mode == PEMode.FULL) & (beat.sv.plane == 0)
+                        & (beat.act[0] == -128) & (beat.sv.slices[0] == 1 << (s - 1)))
+        else:
+            def rounds(beat):
+                return (((beat.mode == PEMode.DRAFT) | (beat.mode == PEMode.MSB))
+                        & (beat.sv.plane + 1 == beat.keep))
+
+        class Mutant(cls):
+            pass
+        Mutant.rounds = staticmethod(rounds)
         return Mutant(**params)
     raise ValueError(f"bug must be one of {', '.join(MUTANTS)}, not {bug!r}")

@@ -333,3 +333,49 @@ def test_formal_catches_planted_bug(block, bug, values):
     """A planted bug (tb/pe_mutants.py) makes the same properties fail."""
     depth = VALUE_DEPTH[block] if values else FORMAL_DEPTH
     assert _formal(block, values=values, bug=bug, depth=depth).status == "FAIL"
+
+
+# -- formal equivalence: augmented PE FULL == INT8 MAC, MSB + LSB == FULL (issue 14, item 4) ---
+
+def _equiv(bug=None, *, lanes=1, slice_bits=4, max_len=1):
+    from elmoe3d.hw.pe import BitSlicePE, Int8MacVector
+    from elmoe3d.sim.formal import run_sby
+    from elmoe3d.tb.formal.pe_equiv import PEEquivalence
+    from elmoe3d.tb.pe_mutants import mutant
+    p = dict(lanes=lanes, slice_bits=slice_bits, max_len=max_len)
+    pe = mutant("pe", bug, **p) if bug else BitSlicePE(**p)
+    w = PEEquivalence(pe, Int8MacVector(lanes=lanes, max_len=max_len))
+    name = f"pe_equiv_L{lanes}_s{slice_bits}_n{max_len}{'_' + bug if bug else ''}"
+    return run_sby(w, name=name, depth=w.bound + 1, ports=[], expect="FAIL" if bug else "PASS")
+
+
+@pytest.mark.formal
+@pytest.mark.skipif(not _FORMAL_OK, reason=_FORMAL_WHY)
+def test_formal_equivalence_full_vs_mac():
+    """For every INT8 activation and weight (``L = 1``, ``s = 4``,
+    ``max_len = 1``): the augmented PE's FULL result equals the INT8 MAC's,
+    and its MSB-partial plus LSB-partial results equal FULL (BMC to the
+    cycle by which every result must have arrived; tb/formal/pe_equiv.py)."""
+    assert _equiv().status == "PASS"
+
+
+@pytest.mark.formal
+@pytest.mark.slow
+@pytest.mark.skipif(not _FORMAL_OK, reason=_FORMAL_WHY)
+@pytest.mark.parametrize("lanes,slice_bits,max_len", [(2, 4, 4), (1, 2, 1)],
+                         ids=["L2-s4-C2", "L1-s2-keep1to3"])
+def test_formal_equivalence_larger(lanes, slice_bits, max_len):
+    """The same on two lanes with two chunks (a dot product of four
+    products, accumulated across beats), and at ``s = 2`` (four planes, every
+    ``keep`` of 1 .. 3)."""
+    assert _equiv(lanes=lanes, slice_bits=slice_bits, max_len=max_len).status == "PASS"
+
+
+@pytest.mark.formal
+@pytest.mark.skipif(not _FORMAL_OK, reason=_FORMAL_WHY)
+@pytest.mark.parametrize("bug", ["corner", "msb_round"])
+def test_formal_equivalence_catches_planted_difference(bug):
+    """A PE that differs from the MAC at one operand pair only (``corner``:
+    act -128, MSB slice 0b1000) or whose MSB-partial rounds (``msb_round``)
+    fails the equivalence check."""
+    assert _equiv(bug).status == "FAIL"
