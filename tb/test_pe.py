@@ -803,3 +803,59 @@ async def throughput(dut):
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps({"params": tb.p, "latency": tb.comp.latency,
                                          "figures": figures}, indent=2))
+
+
+@cocotb.test()
+async def repro_issue10(dut):
+    """Issue 10, defect 1, at this build's geometry (bit-slice PEs only): the
+    longest FULL dot product of (-128)(-128) is exact (it wrapped to a
+    negative value with error 0); one chunk more, and a one-plane (MSB, DRAFT)
+    dot product of 2 C beats (the old limit counted beats over all planes:
+    512 at the default) are errors; C one-plane beats are exact; FULL with a
+    repeated, missing, reversed or interleaved plane is an error. A clean dot
+    product follows each. The golden model gives every expected result; the
+    issue's figures are asserted against it as well."""
+    tb = _flow_tb(dut)
+    if tb.kind != "bitslice":
+        return
+    await tb.start()
+    L, s, n, C = tb.L, tb.s, tb.n, tb.maxc
+    mask = (1 << s) - 1
+
+    def raw(planes_seq, mode, keep, av=-128, wv=-128):
+        w = np.full(L, wv, dtype=np.int64)
+        sl = gbs.split(w, s) & mask
+        beats = [{"act": np.full(L, av, dtype=np.int64), "sv": {"slices": sl[q], "plane": q},
+                  "mode": int(mode), "keep": keep, "last": int(i == len(planes_seq) - 1)}
+                 for i, q in enumerate(planes_seq)]
+        chunks = max(planes_seq.count(q) for q in set(planes_seq))
+        feats = {"mode": mode.name, "keep": keep if mode is not Mode.FULL else n,
+                 "chunks": chunk_bin(chunks, C), "corners": tb.corners(w, w)}
+        return beats, feats
+
+    want = []                                   # (index in tb.expected, value or None, error)
+
+    def case(beats_feats, value, error):
+        want.append((len(tb.expected), value, error))
+        tb.queue(*beats_feats)
+        tb.queue(*tb.bitslice_dot(Mode.FULL, n, 1))
+
+    full = [q for q in range(n) for _ in range(C)]
+    case(raw(full, Mode.FULL, n), 16384 * C * L, 0)
+    case(raw([q for q in range(n) for _ in range(C + 1)], Mode.FULL, n), None, 1)
+    d = s * (n - 1)
+    m_min = -(1 << (s - 1))
+    for mode in (Mode.MSB, Mode.DRAFT):
+        eff = (m_min << d) + ((1 << (d - 1)) if mode is Mode.DRAFT and tb.augment else 0)
+        case(raw([0] * (2 * C), mode, 1), None, 1)
+        case(raw([0] * C, mode, 1), C * L * (-128) * eff, 0)
+    bad = [[0, 0] + list(range(1, n)), [0], list(range(n))[::-1],
+           list(range(n)) * 2, [0] + list(range(1, n)) + [n - 1]]
+    for seq in bad:
+        case(raw(seq, Mode.FULL, n, av=3, wv=85), None, 1)
+    await tb.drain()
+    tb.check("repro_issue10")
+    for k, value, error in want:
+        got_v, got_e, _ = tb.expected[k]
+        assert got_e == error and (value is None or got_v == value), \
+            f"golden model disagrees with issue 10 at case {k}: {got_v, got_e} != {value, error}"

@@ -82,6 +82,23 @@ def test_pe_throughput(block, geometry, over, simulator, measured_dir):
         assert f["input_cycles"] == f["beats"], name
 
 
+REPRO = [pytest.param("pe", "default", None, id="pe-default"),
+         pytest.param("pe", "default", {"lanes": 4, "max_len": 7}, id="pe-L4-n7"),
+         pytest.param("pe", "default", {"lanes": 16, "max_len": 4095}, id="pe-L16-n4095"),
+         EXTRA[0], EXTRA[1]]
+
+
+@pytest.mark.parametrize("simulator", sim_params())
+@pytest.mark.parametrize("block,geometry,over", REPRO)
+def test_repro_issue10_cocotb(block, geometry, over, simulator):
+    """Issue 10, defect 1 on Verilator and Icarus (cocotb ``repro_issue10``):
+    overflow at the longest FULL dot product (``L = 4, max_len = 7``: 131072,
+    not -131072), one-plane dot products past the limit (MSB and DRAFT, also at
+    ``s = 2`` and ``s = 1``) and FULL with repeated or missing planes are
+    errors; every result against the golden model and the issue's figures."""
+    _run(block, geometry, over, simulator, "repro_issue10")
+
+
 # -- issue 10's reproducers, on the Amaranth simulator (top-level ports only) ------------------
 
 def _sim_results(dut, dots, *, flat=None):
