@@ -20,6 +20,8 @@ Types
 ``PEBeat``       one PE input beat: ``act[L]`` (INT8) with a ``SliceVector``,
                  ``mode``, ``keep`` (planes kept in DRAFT/MSB/LSB), ``last``.
 ``PEResult``     ``value`` (signed accumulator), ``error``.
+``Int8Beat`` / ``BitFusionBeat``  input beats of the PE's baselines (INT8 MAC,
+                 Bit-Fusion); their results are ``PEResult`` too.
 ``HBRead``       a read of ``count`` consecutive words of one HB region
                  (``region``, ``slot``, word ``offset``) for one bank.
 ``HBBeat``       one word read from HB: ``sv`` (``SliceVector``), ``last``, ``error``.
@@ -46,11 +48,13 @@ from functools import lru_cache
 from amaranth.hdl import signed, unsigned
 from amaranth.lib import data, enum
 
+from ..golden import bitfusion as gbf
 from ..golden import vocab as gv
 from ..golden.bitslice import acc_width
 
-__all__ = ["PEMode", "FillBeatKind", "HBRegionKind", "ExtKindCode", "ExtErrorCode",
-           "bits", "struct", "slice_vector", "pe_beat", "pe_result", "hb_read", "hb_beat",
+__all__ = ["PEMode", "BitFusionMode", "FillBeatKind", "HBRegionKind", "ExtKindCode", "ExtErrorCode",
+           "bits", "struct", "slice_vector", "pe_beat", "pe_result", "int8_beat",
+           "bitfusion_beat", "hb_read", "hb_beat",
            "fill_beat", "ext_command", "ext_beat", "ext_response", "kv_access",
            "kv_response", "kv_move", "Vocab", "vocab"]
 
@@ -122,9 +126,37 @@ def pe_beat(slice_bits: int, lanes: int) -> type:
 
 
 @lru_cache(maxsize=None)
-def pe_result(max_len: int) -> type:
-    """``PEResult``: ``value`` (accumulator for ``max_len`` elements), ``error``."""
-    return struct("PEResult", {"value": signed(acc_width(max_len)), "error": unsigned(1)})
+def pe_result(max_len: int, lanes: int) -> type:
+    """``PEResult``: ``value`` (signed, ``acc_width(max_len, L)`` bits: holds
+    every dot product a PE with ``L`` lanes accepts), ``error``."""
+    return struct("PEResult", {"value": signed(acc_width(max_len, lanes)),
+                               "error": unsigned(1)})
+
+
+# -- PE-family baselines (not in the tile; compared with the PE) ------------------------
+
+class BitFusionMode(enum.Enum, shape=1):
+    """Bit-Fusion baseline weight mode (values of :mod:`elmoe3d.golden.bitfusion`)."""
+    W8 = int(gbf.Mode.W8)      # one INT8 weight per lane
+    W4 = int(gbf.Mode.W4)      # two INT4 weights per lane (a separate low-precision copy)
+
+
+@lru_cache(maxsize=None)
+def int8_beat(lanes: int) -> type:
+    """``Int8Beat`` (INT8 MAC baseline): ``act[L]``, ``weight[L]`` (INT8), ``last``."""
+    return struct("Int8Beat", {"act": data.ArrayLayout(signed(8), lanes),
+                               "weight": data.ArrayLayout(signed(8), lanes),
+                               "last": unsigned(1)})
+
+
+@lru_cache(maxsize=None)
+def bitfusion_beat(lanes: int) -> type:
+    """``BitFusionBeat`` (Bit-Fusion baseline): ``act[2L]`` (INT8; W8 uses the
+    first ``L``), ``weight[L]`` bytes (W8: one INT8; W4: two INT4, low nibble
+    for ``act[2j]``), ``mode``, ``last``."""
+    return struct("BitFusionBeat", {"act": data.ArrayLayout(signed(8), 2 * lanes),
+                                    "weight": data.ArrayLayout(unsigned(8), lanes),
+                                    "mode": BitFusionMode, "last": unsigned(1)})
 
 
 # -- HB ----------------------------------------------------------------------------------
@@ -225,7 +257,7 @@ class Vocab:
         S, SW, D = cfg.tag_slots, cfg.slot_words, cfg.dense_words
         self.SliceVector = slice_vector(s, L)
         self.PEBeat = pe_beat(s, L)
-        self.PEResult = pe_result(cfg.max_len)
+        self.PEResult = pe_result(cfg.max_len, L)
         self.HBRead = hb_read(S, SW, D)
         self.HBBeat = hb_beat(s, L)
         self.FillBeat = fill_beat(sv, fw, S, SW, D, B)
