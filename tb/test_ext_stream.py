@@ -391,3 +391,85 @@ async def bandwidth(dut):
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps({"params": tb.p, "bus_peak_beats_per_cycle": 1.0,
                                          "figures": figures}, indent=2))
+
+
+class FaultyLpddr(Lpddr):
+    """Lpddr whose first burst carries one fault (issue 10, defect 3):
+    ``slverr`` (SLVERR on beat 3), ``early_rlast`` (RLAST on beat 2 as well),
+    ``missing_rlast`` (no RLAST on the last beat), ``bad_rid`` (RID 1 on beat
+    1), ``exokay`` (EXOKAY on beat 1)."""
+
+    def __init__(self, *args, fault, **kw):
+        self.fault, self.faulted = fault, False
+        super().__init__(*args, **kw)
+
+    async def _process_read(self):
+        cocotb.start_soon(self._accept())
+        while True:
+            t0, ar = await self._accepted.get()
+            addr, length = int(ar.araddr), int(ar.arlen) + 1
+            self.records.append((t0, addr, length, None, 0))
+            fault, self.faulted = (None if self.faulted else self.fault), True
+            for n in range(length):
+                r = self.r_channel._transaction_obj()
+                r.rid = 1 if (fault == "bad_rid" and n == 1) else int(ar.arid)
+                r.rlast = int(n == length - 1)
+                if fault == "early_rlast" and n == 2:
+                    r.rlast = 1
+                if fault == "missing_rlast" and n == length - 1:
+                    r.rlast = 0
+                r.rresp = int(AxiResp.OKAY)
+                if fault == "slverr" and n == 3:
+                    r.rresp = int(AxiResp.SLVERR)
+                if fault == "exokay" and n == 1:
+                    r.rresp = int(AxiResp.EXOKAY)
+                r.rdata = int.from_bytes(self.read(addr + n * self.byte_lanes, self.byte_lanes),
+                                         "little")
+                await self.r_channel.send(r)
+
+
+@cocotb.test()
+async def defect3(dut):
+    """Issue 10, defect 3, on the engine's ports: a failed command's PE stream
+    must end with a ``last`` beat; a wrong RLAST, an unexpected RID and EXOKAY
+    must fail the command; a command outside the LPDDR window must not be
+    issued; the next command must be unaffected."""
+    fault = os.environ["ELMOE_EXT_DEFECT"]
+    tb = ExtTB(dut, err_prob=0.0)
+    await start_clock_and_reset(dut)
+    tb.counter = c = CycleCounter(dut.clk)
+    p, lay = tb.p, tb.lay
+    tb.ram = FaultyLpddr(AxiReadBus.from_prefix(dut, "m_axi"), dut.clk, c, size=MEM_BYTES,
+                         latency=5, rand=tb.rand, fault=fault if fault != "range" else None)
+    tb.ram.write(0, bytes(tb.rand.getrandbits(8) for _ in range(MEM_BYTES)))
+    tb.cmd = StreamSource(dut, "cmd", ext_cmd_layout(p["addr_bits"], lay.planes, p["slots"],
+                                                     p["cmd_id_bits"]), dut.clk, c)
+    tb.rsp = StreamSink(dut, "rsp", ext_rsp_layout(p["slots"], p["cmd_id_bits"]), dut.clk, c)
+    tb.pe = StreamSink(dut, "pe", pe_beat_layout(lay.sv_bits, lay.fill_words, lay.planes,
+                                                 p["rows"], p["banks"], p["cmd_id_bits"]),
+                       dut.clk, c)
+    tb.fill = StreamSink(dut, "fill", fill_layout(lay.sv_bits, lay.fill_words, p["slots"],
+                                                  p["hb_planes"], p["rows"], p["banks"]),
+                         dut.clk, c)
+    full = (1 << lay.planes) - 1
+    first = tb.command(full, True, 1, base=MEM_BYTES if fault == "range" else 0)
+    for _ in range(2000):
+        await RisingEdge(dut.clk)
+    rsp = [x for _, x in tb.rsp.received]
+    pe = [x for _, x in tb.pe.received]
+    if fault == "range":
+        assert not any(r[1] >= MEM_BYTES for r in tb.ram.records), \
+            "a command outside the LPDDR window was issued"
+    else:
+        assert rsp and rsp[0]["ok"] == 0, f"{fault}: command not failed: {rsp}"
+        assert pe and pe[-1]["last"] == 1, f"{fault}: failed command's PE stream has no last beat"
+    # the next command is unaffected
+    n_pe = len(pe)
+    tb.command(full, False, 2, base=4 * lay.expert_bytes)
+    for _ in range(3000):
+        await RisingEdge(dut.clk)
+    exp_pe, _, exp_rsp = split_command(lay, tb.ram.mem, tb.cmds[-1])
+    got = [x for _, x in tb.pe.received][n_pe:]
+    assert got == exp_pe and [x for _, x in tb.rsp.received][-1] == exp_rsp, \
+        f"{fault}: the next command was affected"
+    del first

@@ -118,3 +118,10 @@ def test_ext_bad_params(kw, match):
     base = ext_params(_cfg({"pes": 4}))
     with pytest.raises((TypeError, ValueError), match=match):
         ExtStream(**{**base, **kw})
+
+
+@pytest.mark.xfail(strict=True, reason="issue 10 defect 3: fails on the engine as it is")
+@pytest.mark.parametrize("fault", ["slverr", "early_rlast", "missing_rlast", "bad_rid", "exokay",
+                                   "range"])
+def test_ext_defect3_regression(fault):
+    _run(CASES[0].values[0], "verilator", "defect3", {"ELMOE_EXT_DEFECT": fault})
