@@ -47,7 +47,7 @@ is unaffected; nothing needs a reset.
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -121,8 +121,8 @@ class ExtGeometry:
             "id": unsigned(self.cmd_id_bits), "slot": unsigned(self.slot_bits),
             "tag": unsigned(2)})
         self.run_layout = data.StructLayout({
-            "addr": unsigned(self.aw), "beats": unsigned(self.run_bits), "last": 1,
-            "contig": 1, "single": 1, "plane": unsigned(self.plane_bits),
+            "addr": unsigned(self.aw), "beats": unsigned(self.run_bits),
+            "room": range(self.blk + 1), "last": 1, "contig": 1, "single": 1, "plane": unsigned(self.plane_bits),
             "row0": unsigned(self.row_bits), "hb_off0": unsigned(self.ob), "to_pe": 1,
             "to_fill": 1, "last_pe": 1, "region": HBRegionKind, "pe_stream": 1,
             "fill_end": 1, "range_err": 1, "id": unsigned(self.cmd_id_bits),
@@ -131,9 +131,14 @@ class ExtGeometry:
             "addr": unsigned(self.aw), "len": unsigned(8), "last": 1, "end": 1})
         self.desc_layout = data.StructLayout({"len": unsigned(8), "single": 1, "last": 1,
                                               "end": 1})
+        # an R beat, with RID/RRESP already decoded at the register slice's input
         self.r_layout = data.StructLayout({
-            "id": unsigned(self.id_bits), "data": unsigned(cfg.axi_beat_bits),
-            "resp": unsigned(2), "last": 1})
+            "data": unsigned(cfg.axi_beat_bits), "last": 1, "bad_id": 1, "exokay": 1,
+            "slverr": 1, "decerr": 1})
+        #: output FIFO depth (pe, fill). The router's writes are registered
+        #: and so is its view of the room (``level < out_depth - 3`` a cycle
+        #: ago): two writes may be in flight when it decides the next.
+        self.out_depth = 8
 
 
 class CommandCheck(wiring.Component):
@@ -188,7 +193,7 @@ class CommandCheck(wiring.Component):
             with m.State("OFFSET"):
                 if pow2:
                     m.d.sync += [o0.eq(d_off >> lrb), rem.eq(d_off[:lrb] if lrb else 0)]
-                    m.next = "EMIT"
+                    m.next = "JUDGE"
                 else:
                     # restoring division by the (constant) row size
                     m.d.sync += [rem.eq(d_off), o0.eq(0), dv.eq(g.row_bytes << (steps - 1)),
@@ -197,22 +202,28 @@ class CommandCheck(wiring.Component):
             if not pow2:
                 with m.State("DIVIDE"):
                     with m.If(cnt == 0):
-                        m.next = "EMIT"
+                        m.next = "JUDGE"
                     with m.Else():
                         ge = rem >= dv
                         m.d.sync += [rem.eq(Mux(ge, rem - dv, rem)), o0.eq(Cat(ge, o0)),
                                      dv.eq(dv >> 1), cnt.eq(cnt - 1)]
-            with m.State("EMIT"):
-                is_exp = c.kind == ExtKindCode.EXPERT
+            is_exp = c.kind == ExtKindCode.EXPERT
+            rng = Signal()
+            mask = Signal(g.n)
+            dbeats = Signal(g.run_bits)
+            with m.State("JUDGE"):
                 d_ok = d_in & (rem == 0) & (c.length != 0) & (o0 + c.length <= g.D)
-                rng = Mux(is_exp, ~e_ok, ~d_ok)
-                mask = Mux(is_exp, c.plane_mask | Mux(c.fill, hbm, 0), 0)
+                m.d.sync += [rng.eq(Mux(is_exp, ~e_ok, ~d_ok)),
+                             mask.eq(Mux(is_exp, c.plane_mask | Mux(c.fill, hbm, 0), 0)),
+                             dbeats.eq(c.length * g.bpr)]
+                m.next = "EMIT"
+            with m.State("EMIT"):
                 with m.If(~self.o.valid | self.o.ready):
                     m.d.sync += [
                         o.kind.eq(c.kind), o.null.eq(rng | (is_exp & (mask == 0))),
                         o.base.eq(c.addr[g.lbb:]), o.mask.eq(mask),
                         o.pe_mask.eq(Mux(is_exp, c.plane_mask, 0)), o.fill.eq(c.fill & is_exp),
-                        o.o0.eq(o0), o.dbeats.eq(c.length * g.bpr),
+                        o.o0.eq(o0), o.dbeats.eq(dbeats),
                         o.pe_stream.eq(is_exp & (c.plane_mask != 0)),
                         o.fill_end.eq(~is_exp | c.fill), o.range_err.eq(rng),
                         o.id.eq(c.id), o.slot.eq(c.slot), o.tag.eq(tag),
@@ -293,11 +304,22 @@ class RunWalker(wiring.Component):
         m.d.comb += nq.eq(nq_v)
         rb = Mux(down, g.rb_d, g.rb_g)
         ch = Mux(down, g.ch_d, g.ch_g)
-        off_g = Array([Const(p * g.rb_g, g.aw) for p in range(n)])
-        off_d = Array([Const(p * g.rb_d, g.aw) for p in range(n)])
-        hb_g = Array([Const(p * g.ch_g, g.ob) for p in range(n)])
-        hb_d = Array([Const(p * g.ch_d, g.ob) for p in range(n)])
+        def table(step, width):
+            # `q * step` as a Mux chain, not an Array: an Array becomes a
+            # `case` in an `always @*` that Icarus never evaluates while `q`
+            # keeps its reset value (see TOOLCHAIN.md)
+            out = Const(0, width)
+            for p in range(1, n):
+                out = Mux(q == p, p * step, out)
+            return out
+        off = Mux(down, table(g.rb_d, g.aw), table(g.rb_g, g.aw))
+        hb_q = Mux(down, table(g.ch_d, g.ob), table(g.ch_g, g.ob))
         single_g, single_d = int(g.rb_g == 1), int(g.rb_d == 1)
+        lb = _log2(g.blk)
+
+        def room(addr_lo):
+            # beats from an address to the next burst-block boundary (for the cutter)
+            return g.blk - addr_lo[:lb] if lb else 1
 
         with m.If(busy & (~self.o.valid | self.o.ready) & ~flushing):
             info = [o.id.eq(c.id), o.slot.eq(c.slot), o.tag.eq(c.tag),
@@ -305,24 +327,27 @@ class RunWalker(wiring.Component):
                     o.range_err.eq(c.range_err), self.o.valid.eq(1)]
             m.d.sync += info
             with m.If(c.null):
-                m.d.sync += [o.addr.eq(c.base), o.beats.eq(0), o.last.eq(1), o.contig.eq(0),
+                m.d.sync += [o.addr.eq(c.base), o.beats.eq(0), o.room.eq(0), o.last.eq(1),
+                             o.contig.eq(0),
                              o.single.eq(0), o.plane.eq(0), o.row0.eq(0), o.hb_off0.eq(0),
                              o.to_pe.eq(0), o.to_fill.eq(0), o.last_pe.eq(0),
                              o.region.eq(Mux(c.kind == ExtKindCode.DENSE, HBRegionKind.DENSE,
                                              HBRegionKind.EXPERT)),
                              busy.eq(0)]
             with m.Elif(c.kind == ExtKindCode.DENSE):
-                m.d.sync += [o.addr.eq(c.base), o.beats.eq(c.dbeats), o.last.eq(1),
+                m.d.sync += [o.addr.eq(c.base), o.beats.eq(c.dbeats), o.room.eq(room(c.base)),
+                             o.last.eq(1),
                              o.contig.eq(0), o.single.eq(c.dbeats == 1), o.plane.eq(0),
                              o.row0.eq(0), o.hb_off0.eq(c.o0), o.to_pe.eq(0), o.to_fill.eq(1),
                              o.last_pe.eq(0), o.region.eq(HBRegionKind.DENSE), busy.eq(0)]
             with m.Else():
                 last_q = q == top_q
                 m.d.sync += [
-                    o.addr.eq(seg_addr + Mux(down, off_d[q], off_g[q])), o.beats.eq(rb),
+                    o.addr.eq(seg_addr + off), o.beats.eq(rb),
+                    o.room.eq(room((seg_addr[:lb] + off[:lb])[:lb]) if lb else 1),
                     o.last.eq(last_seg & last_q), o.contig.eq(contig),
                     o.single.eq(Mux(down, single_d, single_g)), o.plane.eq(q), o.row0.eq(row0),
-                    o.hb_off0.eq(hb_seg + Mux(down, hb_d[q], hb_g[q])),
+                    o.hb_off0.eq(hb_seg + hb_q),
                     o.to_pe.eq(c.pe_mask.bit_select(q, 1)), o.to_fill.eq(c.fill & (q < k)),
                     o.last_pe.eq(last_seg & (q == top_pe)), o.region.eq(HBRegionKind.EXPERT)]
                 with m.If(last_q):
@@ -368,11 +393,14 @@ class BurstCutter(wiring.Component):
         b_full = Signal()
         b_last = Signal()
 
+        # Registers a piece ahead: beats from cur_addr to the next block
+        # boundary (`to_blk`), whether the rest of the run fits in them
+        # (`fits`) and the next piece's length (`piece`).
         to_blk = Signal(range(blk + 1))
-        m.d.comb += to_blk.eq(blk - (cur_addr[:lb] if lb else 0))
+        reach = Signal(range(2 * blk + 1))    # to_blk + blk: what two pieces reach
+        fits = Signal()
         piece = Signal(range(blk + 1))
-        m.d.comb += piece.eq(Mux(cur_left < to_blk, cur_left, to_blk))
-        run_done = piece == cur_left
+        run_done = fits
 
         o = self.o.payload
         can_out = Signal()
@@ -403,8 +431,18 @@ class BurstCutter(wiring.Component):
                          b_last.eq(cur_last & run_done),
                          b_addr.eq(Mux(open_new, cur_addr, b_addr)),
                          b_len.eq(Mux(open_new, piece, b_len + piece)),
-                         cur_addr.eq(cur_addr + piece), cur_left.eq(cur_left - piece),
                          cur_contig.eq(1)]
+            # A piece either ends the run (then the next run is loaded and these
+            # do not matter) or reaches the block boundary: so the next piece
+            # starts at the next block, whatever `piece` was -- no adder on it.
+            rest = cur_left - to_blk
+            nfits = cur_left <= reach          # = rest <= blk, without the subtraction
+            m.d.sync += [cur_left.eq(rest), to_blk.eq(blk), reach.eq(2 * blk), fits.eq(nfits),
+                         piece.eq(Mux(nfits, rest, blk))]
+            if lb:
+                m.d.sync += cur_addr.eq(Cat(Const(0, lb), cur_addr[lb:] + 1))
+            else:
+                m.d.sync += cur_addr.eq(cur_addr + 1)
         with m.If(consumed):
             m.d.sync += cur_valid.eq(0)
         with m.If(self.i.valid & self.i.ready):
@@ -412,6 +450,8 @@ class BurstCutter(wiring.Component):
             m.d.sync += [cur_valid.eq(1), cur_addr.eq(r.addr), cur_left.eq(r.beats),
                          cur_last.eq(r.last), cur_null.eq(r.beats == 0),
                          cur_contig.eq(r.contig)]
+            m.d.sync += [to_blk.eq(r.room), reach.eq(r.room + blk), fits.eq(r.beats <= r.room),
+                         piece.eq(Mux(r.beats <= r.room, r.beats, r.room))]
         with m.If(self.flush):
             m.d.sync += [cur_valid.eq(0), b_open.eq(0), self.o.valid.eq(0)]
         return m
@@ -434,8 +474,8 @@ class BeatRouter(wiring.Component):
             "r": In(stream.Signature(geo.r_layout)),
             "desc": In(stream.Signature(geo.desc_layout)),
             "runs": In(stream.Signature(geo.run_layout)),
-            "pe_data": Out(v.ExtBeat), "pe_en": Out(1), "pe_rdy": In(1),
-            "fill_data": Out(v.FillBeat), "fill_en": Out(1), "fill_rdy": In(1),
+            "pe_data": Out(v.ExtBeat), "pe_en": Out(1), "pe_room": In(1),
+            "fill_data": Out(v.FillBeat), "fill_en": Out(1), "fill_room": In(1),
             "rsp_data": Out(v.ExtResponse), "rsp_en": Out(1), "rsp_rdy": In(1),
             "failed": Out(1), "seq": Out(geo.seq_bits), "burst_done": Out(1),
             "drop": Out(1), "drop_tag": Out(2)})
@@ -473,29 +513,30 @@ class BeatRouter(wiring.Component):
         m.d.comb += [self.failed.eq(failed), self.seq.eq(seq)]
 
         pe_open = cur.pe_stream & ~pe_done & ~failed
-        prot = ((r.id != AXI_ID) | (r.last != beat_last) | (r.resp == AxiResp.EXOKAY))
+        prot = r.bad_id | r.exokay | (r.last != beat_last)
         code = Signal(ExtErrorCode)
         m.d.comb += code.eq(Mux(prot, ExtErrorCode.PROTOCOL,
-                                Mux(r.resp == AxiResp.SLVERR, ExtErrorCode.SLVERR,
-                                    Mux(r.resp == AxiResp.DECERR, ExtErrorCode.DECERR,
-                                        ExtErrorCode.OK))))
+                                Mux(r.slverr, ExtErrorCode.SLVERR,
+                                    Mux(r.decerr, ExtErrorCode.DECERR, ExtErrorCode.OK))))
         bad = Signal()
         m.d.comb += bad.eq((code != ExtErrorCode.OK) & ~failed)
         ends_cmd = d.last & beat_last
         need_fill = cur.to_fill & ~failed
         take = Signal()
         m.d.comb += take.eq(self.r.valid & self.desc.valid & ~d.end & cur_valid
-                            & (~pe_open | self.pe_rdy)
-                            & (~need_fill | (self.fill_rdy & ~(pend & pend_fill)))
-                            & (~ends_cmd | ~pend))
+                            & (~pe_open | self.pe_room)
+                            & (~need_fill | (self.fill_room & ~(pend & pend_fill)))
+                            & (~d.last | ~pend))
         end_step = Signal()
         m.d.comb += end_step.eq(self.desc.valid & d.end & cur_valid & ~pend
-                                & (~pe_open | self.pe_rdy))
+                                & (~pe_open | self.pe_room))
         m.d.comb += [self.r.ready.eq(take), self.burst_done.eq(take & beat_last),
                      self.desc.ready.eq((take & beat_last) | end_step)]
 
+        # The FIFO writes leave from registers (pe_en/pe_data, fill_en/fill_data):
+        # `*_room` already leaves space for the write in flight.
         words = [r.data[i * g.sv:(i + 1) * g.sv] for i in range(fw)]
-        pe_w = self.pe_data
+        pe_w = Signal(g.vocab.ExtBeat)
         marker = bad | end_step
         m.d.comb += [pe_w.plane.eq(Mux(marker, 0, cur.plane)), pe_w.row.eq(Mux(marker, 0, row)),
                      pe_w.bank.eq(Mux(marker, 0, b0)), pe_w.id.eq(cur.id),
@@ -505,13 +546,13 @@ class BeatRouter(wiring.Component):
         pe_en = Signal()
         m.d.comb += pe_en.eq((take & ((cur.to_pe & ~failed & ~bad) | (bad & pe_open)))
                              | (end_step & pe_open))
-        m.d.comb += self.pe_en.eq(pe_en)
+        m.d.sync += [self.pe_en.eq(pe_en), self.pe_data.eq(pe_w)]
         with m.If(pe_en & pe_w.last):
             m.d.sync += pe_done.eq(1)
 
-        fl = self.fill_data
+        fl = Signal(g.vocab.FillBeat)
         pend_out = Signal()
-        m.d.comb += pend_out.eq(pend & self.rsp_rdy & (~pend_fill | self.fill_rdy))
+        m.d.comb += pend_out.eq(pend & self.rsp_rdy & (~pend_fill | self.fill_room))
         data_fill = take & cur.to_fill & ~failed & ~bad
         end_fill = Signal()                   # the fill FIFO's write port: the end beat
         m.d.comb += end_fill.eq(pend_out & pend_fill)
@@ -522,10 +563,10 @@ class BeatRouter(wiring.Component):
             fl.slot.eq(Mux(end_fill, pend_slot,
                            Mux(cur.region == HBRegionKind.EXPERT, cur.slot, 0))),
             fl.offset.eq(Mux(end_fill, 0, hb_off)), fl.bank.eq(Mux(end_fill, 0, b0)),
-            self.fill_en.eq(data_fill | end_fill),
             self.rsp_data.eq(pend_rsp), self.rsp_en.eq(pend_out)]
         for i in range(fw):
             m.d.comb += fl.words[i].eq(Mux(end_fill, 0, words[i]))
+        m.d.sync += [self.fill_en.eq(data_fill | end_fill), self.fill_data.eq(fl)]
         with m.If(pend_out):
             m.d.sync += pend.eq(0)
 
@@ -548,8 +589,16 @@ class BeatRouter(wiring.Component):
             m.d.sync += [rleft.eq(rleft - 1), run_end.eq(rleft == 1)]
             with m.If(run_end):
                 m.d.sync += cur_valid.eq(0)
-        load = self.runs.valid & (~cur_valid | (take & run_end))
-        m.d.comb += self.runs.ready.eq(load)
+        # After a command that ended early (abort, refused), its remaining runs
+        # in the register slice in front of `runs` are popped and dropped; the
+        # walker itself is flushed in the same cycle as the end (`drop`).
+        dropping = Signal()
+        dtag = Signal(2)
+        stale = self.runs.valid & (self.runs.payload.tag == dtag)
+        with m.If(dropping & ~stale):
+            m.d.sync += dropping.eq(0)
+        load = self.runs.valid & ~dropping & (~cur_valid | (take & run_end))
+        m.d.comb += self.runs.ready.eq(load | (dropping & stale))
         with m.If(load):
             rn = self.runs.payload
             m.d.sync += [cur.eq(rn), cur_valid.eq(1), rleft.eq(rn.beats - 1),
@@ -570,7 +619,7 @@ class BeatRouter(wiring.Component):
             finish(Mux(failed, fcode, code))
         with m.If(end_step):
             finish(Mux(failed, fcode, Mux(cur.range_err, ExtErrorCode.RANGE, ExtErrorCode.OK)))
-            m.d.sync += cur_valid.eq(0)
+            m.d.sync += [cur_valid.eq(0), dropping.eq(1), dtag.eq(cur.tag)]
         m.d.comb += [self.drop.eq(end_step), self.drop_tag.eq(cur.tag)]
         return m
 
@@ -659,7 +708,9 @@ class ExtStream(wiring.Component):
         m.submodules.ar_walk = ar_walk = RunWalker(g)
         m.submodules.cutter = cutter = BurstCutter(g)
         m.submodules.burst_slice = bq = RegisterSlice(g.burst_layout)
-        wiring.connect(m, ar_walk.o, cutter.i)
+        m.submodules.ar_run_slice = ar_run_slice = RegisterSlice(g.run_layout)
+        wiring.connect(m, ar_walk.o, ar_run_slice.i)
+        wiring.connect(m, ar_run_slice.o, cutter.i)
         wiring.connect(m, cutter.o, bq.i)
         ar_active = Signal()                  # the address side is on a command
         ar_seq = Signal(g.seq_bits)
@@ -686,15 +737,19 @@ class ExtStream(wiring.Component):
 
         can_issue = Signal()
         m.d.comb += can_issue.eq(inflight < g.outstanding)
+        # While the data side's current command has failed, nothing is issued
+        # (a cheap condition on the issue path); a cycle later `aborting` says
+        # whether that command is the one the address side is on.
+        stall = Signal()
+        m.d.comb += stall.eq(ar_active & router.failed)
         aborting = Signal()
-        m.d.comb += aborting.eq(ar_active & router.failed & (router.seq == ar_seq))
         # The issue stage. In abort mode everything in the address pipeline
         # belongs to the failed command: it is flushed, and the command is
         # closed with an end item (plain expressions, no FSM case statement:
         # Icarus, see TOOLCHAIN.md).
         abort_mode = Signal()
         b = bq.o.payload
-        normal = ~abort_mode & ~aborting
+        normal = ~abort_mode & ~aborting & ~stall
         issued = Signal()
         end_go = Signal()
         abort_end = Signal()
@@ -702,7 +757,8 @@ class ExtStream(wiring.Component):
             issued.eq(normal & bq.o.valid & ~b.end & (~ar_valid | ar_fire) & can_issue
                       & desc.w_rdy),
             end_go.eq(normal & bq.o.valid & b.end & desc.w_rdy),
-            abort_end.eq(abort_mode & ~bq.o.valid & ~cutter.o.valid & desc.w_rdy),
+            abort_end.eq(abort_mode & ~bq.o.valid & ~cutter.o.valid & ~ar_run_slice.o.valid
+                         & ~ar_walk.o.valid & desc.w_rdy),
             bq.o.ready.eq(issued | end_go | abort_mode),
             ar_walk.flush.eq(abort_mode), ar_walk.flush_tag.eq(ar_tag),
             cutter.flush.eq(abort_mode),
@@ -711,6 +767,7 @@ class ExtStream(wiring.Component):
         m.d.comb += [dw.len.eq(b.len), dw.single.eq(b.len == 0),
                      dw.last.eq(Mux(issued, b.last, 1)), dw.end.eq(~issued),
                      desc.w_data.eq(dw), desc.w_en.eq(issued | end_go | abort_end)]
+        m.d.sync += aborting.eq(stall & (router.seq == ar_seq) & ~abort_mode)
         with m.If(aborting & ~abort_mode):
             m.d.sync += abort_mode.eq(1)
         with m.If(issued):
@@ -724,8 +781,10 @@ class ExtStream(wiring.Component):
         # -- data side ------------------------------------------------------------------
         m.submodules.r_slice = r_slice = RegisterSlice(g.r_layout)
         rp = r_slice.i.payload
-        m.d.comb += [rp.id.eq(self.m_axi_rid), rp.data.eq(self.m_axi_rdata),
-                     rp.resp.eq(self.m_axi_rresp), rp.last.eq(self.m_axi_rlast),
+        rresp = self.m_axi_rresp
+        m.d.comb += [rp.data.eq(self.m_axi_rdata), rp.last.eq(self.m_axi_rlast),
+                     rp.bad_id.eq(self.m_axi_rid != AXI_ID), rp.exokay.eq(rresp == AxiResp.EXOKAY),
+                     rp.slverr.eq(rresp == AxiResp.SLVERR), rp.decerr.eq(rresp == AxiResp.DECERR),
                      r_slice.i.valid.eq(self.m_axi_rvalid), self.m_axi_rready.eq(r_slice.i.ready)]
         wiring.connect(m, r_slice.o, router.r)
         m.d.comb += [router.desc.payload.eq(desc.r_data), router.desc.valid.eq(desc.r_rdy),
@@ -733,20 +792,27 @@ class ExtStream(wiring.Component):
         m.submodules.r_walk = r_walk = RunWalker(g)
         m.d.comb += [r_walk.i.payload.eq(r_cmds.r_data), r_walk.i.valid.eq(r_cmds.r_rdy),
                      r_cmds.r_en.eq(r_walk.i.ready)]
-        wiring.connect(m, r_walk.o, router.runs)
+        m.submodules.run_slice = run_slice = RegisterSlice(g.run_layout)
+        wiring.connect(m, r_walk.o, run_slice.i)
+        wiring.connect(m, run_slice.o, router.runs)
         m.d.comb += [r_walk.flush.eq(router.drop), r_walk.flush_tag.eq(router.drop_tag)]
 
         # -- outputs ----------------------------------------------------------------------
-        for name, width, depth in (("pe", v.ExtBeat.as_shape().size, 4),
-                                   ("fill", v.FillBeat.as_shape().size, 4),
+        for name, width, depth in (("pe", v.ExtBeat.as_shape().size, g.out_depth),
+                                   ("fill", v.FillBeat.as_shape().size, g.out_depth),
                                    ("rsp", v.ExtResponse.as_shape().size, 2)):
             q = fifo.SyncFIFOBuffered(width=width, depth=depth)
             m.submodules[f"{name}_fifo"] = q
             port = getattr(self, name)
             m.d.comb += [q.w_data.eq(getattr(router, f"{name}_data")),
                          q.w_en.eq(getattr(router, f"{name}_en")),
-                         getattr(router, f"{name}_rdy").eq(q.w_rdy),
                          port.payload.eq(q.r_data), port.valid.eq(q.r_rdy), q.r_en.eq(port.ready)]
+            if name == "rsp":
+                m.d.comb += router.rsp_rdy.eq(q.w_rdy)
+            else:
+                room = Signal(name=f"{name}_room")
+                m.d.sync += room.eq(q.level < depth - 3)
+                m.d.comb += getattr(router, f"{name}_room").eq(room)
         self._dbg = dict(r_walk=r_walk, router=router, desc=desc, issued=issued, aborting=aborting, abort_mode=abort_mode, dw=dw, bq=bq, cutter=cutter)
         return m
 

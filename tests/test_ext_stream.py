@@ -26,9 +26,12 @@ CFGS = {
     "tiny-B3": preset("tiny").replace(pes=3, hidden=12, ffn=24, experts=6, top_k=2),
 }
 
-#: Bursts per default run (the volume bar: 10,000 random AXI transactions at
-#: `default` and at `tiny`, on Verilator).
-VOLUME = {"default": 10_000, "tiny": 10_000, "tiny-s2": 2_000, "tiny-B3": 2_000}
+#: Bursts per default run: the volume bar (10,000 random AXI transactions at
+#: `default` and at `tiny`) on Verilator; shorter runs of the other two
+#: geometries, and of `tiny`/`default`, on Icarus.
+VOLUME = {("verilator", "default"): 10_000, ("verilator", "tiny"): 10_000,
+          ("icarus", "tiny-s2"): 2_000, ("icarus", "tiny-B3"): 2_000,
+          ("icarus", "tiny"): 500, ("icarus", "default"): 500}
 
 
 def _run(name, simulator, testcase, env=None, cfg=None):
@@ -39,18 +42,17 @@ def _run(name, simulator, testcase, env=None, cfg=None):
                     testcase=testcase, env=env)
 
 
-@pytest.mark.parametrize("name", sorted(CFGS))
-def test_ext_random_verilator(name):
-    """The volume run: random commands until the burst target is met."""
-    _run(name, "verilator", "random_commands",
-         {"ELMOE_EXT_MIN_BURSTS": str(VOLUME[name]), "ELMOE_EXT_CMDS": "40"})
+def _sim_param(sim):
+    return [p for p in sim_params() if p.values[0] == sim][0]
 
 
-@pytest.mark.parametrize("simulator", [p for p in sim_params() if p.values[0] == "icarus"])
-@pytest.mark.parametrize("name", ["tiny", "default"])
-def test_ext_random_icarus(name, simulator):
+@pytest.mark.parametrize("simulator,name", [
+    pytest.param(*k, id=f"{k[0]}-{k[1]}", marks=_sim_param(k[0]).marks) for k in VOLUME])
+def test_ext_random(simulator, name):
+    """Random commands until the burst target is met (faults, pauses,
+    back-pressure, refused commands)."""
     _run(name, simulator, "random_commands",
-         {"ELMOE_EXT_MIN_BURSTS": "600", "ELMOE_EXT_CMDS": "20"})
+         {"ELMOE_EXT_MIN_BURSTS": str(VOLUME[(simulator, name)]), "ELMOE_EXT_CMDS": "20"})
 
 
 @pytest.mark.parametrize("name", ["tiny", "default"])
