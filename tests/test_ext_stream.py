@@ -26,12 +26,14 @@ CFGS = {
     "tiny-B3": preset("tiny").replace(pes=3, hidden=12, ffn=24, experts=6, top_k=2),
 }
 
-#: Bursts per default run: the volume bar (10,000 random AXI transactions at
-#: `default` and at `tiny`) on Verilator; shorter runs of the other two
-#: geometries, and of `tiny`/`default`, on Icarus.
+#: Bursts per default run: the volume bar (10,000 random AXI bursts at
+#: `default` and at `tiny`) on Verilator, a short Icarus run at `tiny` and
+#: `tiny-B3`; the longer Icarus runs are `slow` (Icarus runs this design
+#: about 10x slower than Verilator).
 VOLUME = {("verilator", "default"): 10_000, ("verilator", "tiny"): 10_000,
-          ("icarus", "tiny-s2"): 2_000, ("icarus", "tiny-B3"): 2_000,
-          ("icarus", "tiny"): 500, ("icarus", "default"): 500}
+          ("icarus", "tiny"): 300, ("icarus", "tiny-B3"): 300}
+VOLUME_SLOW = {("icarus", "tiny-s2"): 2_000, ("icarus", "tiny-B3"): 2_000,
+               ("icarus", "default"): 500, ("verilator", "tiny-s2"): 2_000}
 
 
 def _run(name, simulator, testcase, env=None, cfg=None):
@@ -55,10 +57,22 @@ def test_ext_random(simulator, name):
          {"ELMOE_EXT_MIN_BURSTS": str(VOLUME[(simulator, name)]), "ELMOE_EXT_CMDS": "20"})
 
 
-@pytest.mark.parametrize("name", ["tiny", "default"])
-def test_ext_stock_axi_ram(name):
+@pytest.mark.slow
+@pytest.mark.parametrize("simulator,name", [
+    pytest.param(*k, id=f"{k[0]}-{k[1]}", marks=_sim_param(k[0]).marks) for k in VOLUME_SLOW])
+def test_ext_random_long(simulator, name):
+    """The longer random runs (Icarus at three geometries, Verilator at tiny-s2)."""
+    _run(name, simulator, "random_commands",
+         {"ELMOE_EXT_MIN_BURSTS": str(VOLUME_SLOW[(simulator, name)]), "ELMOE_EXT_CMDS": "20"})
+
+
+@pytest.mark.parametrize("simulator,name", [
+    pytest.param("verilator", "default", id="verilator-default",
+                 marks=_sim_param("verilator").marks),
+    pytest.param("icarus", "tiny", id="icarus-tiny", marks=_sim_param("icarus").marks)])
+def test_ext_stock_axi_ram(simulator, name):
     """cocotbext-axi's stock AxiRamRead with pause generators on AR and R."""
-    _run(name, "verilator", "stock_axi_ram", {"ELMOE_EXT_CMDS": "30"})
+    _run(name, simulator, "stock_axi_ram", {"ELMOE_EXT_CMDS": "30"})
 
 
 @pytest.mark.parametrize("simulator", sim_params())
@@ -71,12 +85,17 @@ def test_ext_directed(name, simulator):
     _run(name, simulator, "directed")
 
 
-@pytest.mark.parametrize("fault", ["slverr", "decerr", "early_rlast", "missing_rlast", "bad_rid",
-                                   "exokay", "range"])
-def test_ext_defect3_regression(fault):
-    """Issue 10 defect 3. On the engine before the rework these failed (commit
-    5683fc1: strict xfail, every case failing); now they pass."""
-    _run("tiny", "verilator", "defect3", {"ELMOE_EXT_DEFECT": fault})
+DEFECT3_FAULTS = ("slverr", "decerr", "early_rlast", "missing_rlast", "bad_rid", "exokay",
+                  "range")
+
+
+@pytest.mark.parametrize("simulator", sim_params())
+def test_ext_defect3_regression(simulator):
+    """Issue 10 defect 3, every reproducer in one run: SLVERR, DECERR, an early
+    and a missing RLAST, an unexpected RID, EXOKAY on a normal read, a command
+    outside the LPDDR window. On the engine before the rework each of these
+    failed (commit 5683fc1: strict xfail, every case failing); now they pass."""
+    _run("tiny", simulator, "defect3", {"ELMOE_EXT_DEFECT": ",".join(DEFECT3_FAULTS)})
 
 
 @pytest.mark.parametrize("name", ["default", "tiny"])
