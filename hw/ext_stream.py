@@ -649,8 +649,10 @@ class ExtStream(wiring.Component):
     register-slice flags, ``m_axi_ar*`` come from the AR register, ``pe``,
     ``fill`` and ``rsp`` from FIFO output registers.
 
-    Latency and throughput (measured, ``tests/test_ext_stream.py -k latency``):
-    the first AR leaves 8 cycles after ``cmd`` is accepted; a beat reaches
+    Latency and throughput (measured, ``tests/test_ext_stream.py -k bandwidth``):
+    the first AR handshake comes 16 cycles after ``cmd`` is accepted (at
+    ``default``; range check, two walkers' register slices, the cutter's
+    look-ahead and the AR register); a beat reaches
     ``pe``/``fill`` 4 cycles after its R handshake; one R beat per cycle while
     the outputs have room, back to back across commands, as long as
     ``axi_outstanding`` bursts cover the memory's latency. A command with a

@@ -98,6 +98,13 @@ def test_ext_defect3_regression(simulator):
     _run("tiny", simulator, "defect3", {"ELMOE_EXT_DEFECT": ",".join(DEFECT3_FAULTS)})
 
 
+#: Latencies stated in hw/ext_stream.py and docs/blocks/ext_stream.md: the
+#: first AR handshake after the command's (always-ready slave), a PE beat
+#: after its R handshake.
+FIRST_AR_CYCLES = 16
+PE_AFTER_R_CYCLES = 4
+
+
 @pytest.mark.parametrize("name", ["default", "tiny"])
 def test_ext_bandwidth(name, measured_dir):
     """R beats per cycle at read latencies 10/50/100 (bus peak 1 beat/cycle)."""
@@ -108,9 +115,11 @@ def test_ext_bandwidth(name, measured_dir):
     for lat in (10, 50, 100):
         for kind in ("full", "full_with_fill"):
             assert fig[f"{kind}_lat{lat}"]["beats_per_cycle_steady"] >= 0.99, fig
-        # the latencies stated in the docstring and docs
-        assert fig[f"full_lat{lat}"]["first_ar_after_cmd"] == 8, fig
-        assert fig[f"full_lat{lat}"]["pe_beat_after_r"] == 4, fig
+        # the latencies stated in the docstring and docs (the first AR: 16
+        # cycles at `default`, at most 16 at the other geometries)
+        first = fig[f"full_lat{lat}"]["first_ar_after_cmd"]
+        assert first == FIRST_AR_CYCLES if name == "default" else first <= FIRST_AR_CYCLES, fig
+        assert fig[f"full_lat{lat}"]["pe_beat_after_r"] == PE_AFTER_R_CYCLES, fig
 
 
 @pytest.mark.slow
