@@ -30,10 +30,13 @@ CFGS = {
 #: `default` and at `tiny`) on Verilator, a short Icarus run at `tiny` and
 #: `tiny-B3`; the longer Icarus runs are `slow` (Icarus runs this design
 #: about 10x slower than Verilator).
+#: `tiny-s2` (4 planes) is the geometry whose 16 plane masks fill the
+#: `plane_mask` coverpoint.
 VOLUME = {("verilator", "default"): 10_000, ("verilator", "tiny"): 10_000,
+          ("verilator", "tiny-s2"): 1_000,
           ("icarus", "tiny"): 300, ("icarus", "tiny-B3"): 300}
 VOLUME_SLOW = {("icarus", "tiny-s2"): 2_000, ("icarus", "tiny-B3"): 2_000,
-               ("icarus", "default"): 500, ("verilator", "tiny-s2"): 2_000}
+               ("icarus", "default"): 500, ("verilator", "tiny-s2"): 5_000}
 
 
 def _run(name, simulator, testcase, env=None, cfg=None):
