@@ -1,6 +1,5 @@
-"""Golden model of the HB address map, the HB bank contents and the
-external-memory (LPDDR) expert layout: the specification of
-:mod:`elmoe3d.hw.hb_bank` and :mod:`elmoe3d.hw.ext_stream`.
+"""Golden model of the HB address map and the HB bank contents: the
+specification of :mod:`elmoe3d.hw.hb_bank`.
 
 HB address map (every bank the same)
 ------------------------------------
@@ -28,18 +27,8 @@ slot) when any of its words lies below the boundary, i.e.
 ``j * slot_words < b``. Moving the boundary up invalidates exactly the newly
 covered slots; moving it down uncovers slots, which come back empty (invalid).
 
-LPDDR expert layout
--------------------
-An expert is ``n = 8 // s`` planes of ``rows x B`` slice vectors, stored
-contiguously from its base address in ``{plane, row, bank}`` order (bank
-fastest): word ``i = (plane * rows + row) * B + bank`` at byte
-``base + i * sv_bytes``. One AXI beat of ``D`` bits carries
-``fill_words = D / sv`` consecutive words, which therefore share ``plane`` and
-``row`` and go to banks ``bank0 .. bank0 + fill_words - 1`` (this needs
-``B % fill_words == 0``). A read command names the planes the PEs want (a
-bit mask) and whether the expert's ``k`` MSB planes are to be cached in a slot;
-the engine reads the union once and sends each beat to the PE stream, the HB
-fill stream, or both.
+The LPDDR expert image and the stream engine's contract moved to
+:mod:`elmoe3d.golden.layout` and :mod:`elmoe3d.golden.ext_stream`.
 
 Everything here is plain Python / NumPy with explicit integer types.
 """
@@ -53,8 +42,7 @@ import numpy as np
 
 from . import bitslice as gbs
 
-__all__ = ["HBMap", "HBModel", "ExpertLayout", "FillKind", "bursts", "split_command",
-           "axi_beat_words", "hb_planes_for", "AXI_4K"]
+__all__ = ["HBMap", "HBModel", "FillKind", "axi_beat_words", "hb_planes_for", "AXI_4K"]
 
 AXI_4K = 4096
 
@@ -250,182 +238,3 @@ class HBModel:
         """``(banks, slot_words)`` contents of a slot."""
         b = self.map.slot_base(slot)
         return self.mem[:, b:b + self.map.slot_words].copy()
-
-
-# ---------------------------------------------------------------------------
-# LPDDR layout and the stream engine's split
-# ---------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ExpertLayout:
-    """Where an expert's slices live in LPDDR and how one AXI read of it is
-    cut into bursts and beats.
-
-    Parameters
-    ----------
-    slice_bits, lanes, banks, rows, hb_planes : int
-        ``s``, ``L``, ``B``, rows per plane per bank, and ``k`` MSB planes
-        cached in HB.
-    data_bits : int
-        AXI data width; ``fill_words = data_bits // (L * s)`` must divide ``B``.
-    max_burst : int
-        Longest INCR burst in beats (1..256).
-    """
-    slice_bits: int
-    lanes: int
-    banks: int
-    rows: int
-    hb_planes: int
-    data_bits: int
-    max_burst: int = 16
-
-    def __post_init__(self):
-        gbs.check_slice_bits(self.slice_bits)
-        _check_int("Lane count", self.lanes, 1, 1024)
-        _check_int("Bank count", self.banks, 1, 1024)
-        _check_int("Rows per plane", self.rows, 1)
-        _check_int("HB planes", self.hb_planes, 1, self.planes)
-        _check_int("AXI data width", self.data_bits, 8, 1024)
-        _check_int("Maximum burst length", self.max_burst, 1, 256)
-        if self.data_bits & (self.data_bits - 1):
-            raise ValueError(f"AXI data width must be a power of two, not {self.data_bits!r}")
-        if self.data_bits % self.sv_bits or self.banks % (self.data_bits // self.sv_bits):
-            raise ValueError(
-                f"AXI data width {self.data_bits!r} must be a multiple of the {self.sv_bits}-bit "
-                f"slice vector whose word count divides the {self.banks} banks")
-
-    @property
-    def planes(self) -> int:
-        return gbs.n_planes(self.slice_bits)
-
-    @property
-    def sv_bits(self) -> int:
-        return self.lanes * self.slice_bits
-
-    @property
-    def fill_words(self) -> int:
-        return self.data_bits // self.sv_bits
-
-    @property
-    def beat_bytes(self) -> int:
-        return self.data_bits // 8
-
-    @property
-    def plane_beats(self) -> int:
-        return self.rows * self.banks // self.fill_words
-
-    @property
-    def plane_bytes(self) -> int:
-        return self.plane_beats * self.beat_bytes
-
-    @property
-    def expert_bytes(self) -> int:
-        return self.planes * self.plane_bytes
-
-    def msb_mask(self) -> int:
-        return (1 << self.hb_planes) - 1
-
-    def read_mask(self, planes: int, fill: bool) -> int:
-        """Planes the engine reads: those wanted by the PEs, plus the MSB
-        planes when the expert is being cached."""
-        return (planes | (self.msb_mask() if fill else 0)) & ((1 << self.planes) - 1)
-
-    def expert_bytes_of(self, weights_planes: np.ndarray) -> bytes:
-        """LPDDR image of an expert from its slice words, shape
-        ``(planes, rows, banks)`` of ``sv_bits``-bit unsigned integers."""
-        w = np.asarray(weights_planes, dtype=object)
-        if w.shape != (self.planes, self.rows, self.banks):
-            raise ValueError(f"expert words must have shape "
-                             f"{(self.planes, self.rows, self.banks)}, not {w.shape!r}")
-        out = 0
-        flat = [int(x) for x in w.reshape(-1)]
-        for i, x in enumerate(flat):
-            out |= (x & ((1 << self.sv_bits) - 1)) << (i * self.sv_bits)
-        return out.to_bytes(self.expert_bytes, "little")
-
-    def pack_weights(self, w_int8: np.ndarray) -> np.ndarray:
-        """Slice words ``(planes, rows, banks)`` of an INT8 weight block of
-        ``rows * banks * lanes`` weights (row-major ``(rows, banks, lanes)``:
-        bank ``b`` of row ``r`` holds lanes ``[(r*B + b)*L, ...)``)."""
-        w = np.asarray(w_int8).reshape(self.rows, self.banks, self.lanes)
-        planes = gbs.split(w, self.slice_bits)          # (n, rows, banks, lanes)
-        mask = (1 << self.slice_bits) - 1
-        out = np.zeros((self.planes, self.rows, self.banks), dtype=object)
-        for lane in range(self.lanes):
-            field = (planes[..., lane].astype(np.int64) & mask).astype(object)
-            out += field << (lane * self.slice_bits)
-        return out
-
-
-def bursts(lay: ExpertLayout, base: int, planes: int, fill: bool) -> list[dict]:
-    """The AXI read bursts (in issue order) for one command: per read plane,
-    INCR bursts of at most ``max_burst`` beats that never cross a 4 KiB
-    boundary. Each item: ``addr``, ``len`` (beats), ``plane``, ``beat0``
-    (first beat's index within the plane)."""
-    base = base - base % lay.beat_bytes
-    out = []
-    mask = lay.read_mask(planes, fill)
-    for p in range(lay.planes):
-        if not (mask >> p) & 1:
-            continue
-        beat = 0
-        while beat < lay.plane_beats:
-            addr = base + p * lay.plane_bytes + beat * lay.beat_bytes
-            to_4k = (AXI_4K - addr % AXI_4K) // lay.beat_bytes
-            n = min(lay.max_burst, lay.plane_beats - beat, to_4k)
-            out.append({"addr": addr, "len": n, "plane": p, "beat0": beat})
-            beat += n
-    return out
-
-
-def split_command(lay: ExpertLayout, mem: bytes | bytearray, cmd: dict,
-                  error_beat: int | None = None) -> tuple[list[dict], list[dict], dict]:
-    """Golden split of one engine command into PE beats, HB fill beats and
-    the response.
-
-    ``cmd``: ``addr`` (byte address; low bits below one beat are ignored),
-    ``planes`` (mask of planes for the PE stream), ``fill`` (cache the MSB
-    planes), ``slot``, ``id``. ``error_beat``: index (in read order, over all
-    beats of the command) of the first beat that came back with SLVERR or
-    DECERR, or ``None``.
-
-    Returns ``(pe_beats, fill_beats, response)``. Every beat before the first
-    error beat is delivered; nothing from the erroring beat on. A fill ends
-    with a COMMIT beat, or an ABORT beat when the command failed; the response
-    is ``{"id", "ok", "resident", "slot"}`` with ``resident = fill and ok``.
-    PE beats carry ``last`` on the final beat of the highest wanted plane
-    (never on a failed command's truncated stream)."""
-    planes, fill, slot = cmd["planes"], bool(cmd["fill"]), cmd["slot"]
-    wmask = (1 << lay.sv_bits) - 1
-    pe, fl = [], []
-    top_pe = planes.bit_length() - 1 if planes else -1
-    idx = 0
-    failed = False
-    for b in bursts(lay, cmd["addr"], planes, fill):
-        for j in range(b["len"]):
-            if error_beat is not None and idx >= error_beat:
-                failed = True
-                break
-            beat = b["beat0"] + j
-            addr = b["addr"] + j * lay.beat_bytes
-            raw = int.from_bytes(mem[addr:addr + lay.beat_bytes], "little")
-            words = [(raw >> (i * lay.sv_bits)) & wmask for i in range(lay.fill_words)]
-            row, bank0 = divmod(beat * lay.fill_words, lay.banks)
-            p = b["plane"]
-            if (planes >> p) & 1:
-                pe.append({"data": words, "plane": p, "row": row, "bank": bank0, "id": cmd["id"],
-                           "last": int(p == top_pe and beat == lay.plane_beats - 1)})
-            if fill and p < lay.hb_planes:
-                fl.append({"kind": int(FillKind.DATA), "slot": slot, "plane": p, "row": row,
-                           "bank": bank0, "data": list(words)})
-            idx += 1
-        if failed:
-            break
-    if error_beat is not None and idx >= error_beat:
-        failed = True
-    if fill:
-        fl.append({"kind": int(FillKind.ABORT if failed else FillKind.COMMIT), "slot": slot,
-                   "plane": 0, "row": 0, "bank": 0, "data": [0] * lay.fill_words})
-    rsp = {"id": cmd["id"], "ok": int(not failed), "resident": int(fill and not failed),
-           "slot": slot}
-    return pe, fl, rsp
