@@ -115,7 +115,7 @@ class ReadSession(wiring.Component):
     next session becomes *current* as soon as the current one has issued its
     last word, so a bank streams one word per cycle back to back across
     commands. A refused command becomes one ``last`` + ``error`` beat. Words
-    are issued only with a free output-FIFO entry (``OUT_DEPTH`` credits), so
+    are issued only with a free output-FIFO entry (``out_depth`` credits), so
     the SRAM output never has to be held.
 
     Parameters
@@ -144,8 +144,10 @@ class ReadSession(wiring.Component):
         A command was decoded this cycle / it was accepted (formal probes).
     """
 
-    def __init__(self, *, slots, slot_words, dense_words, words, slice_bits, lanes, planes):
+    def __init__(self, *, slots, slot_words, dense_words, words, slice_bits, lanes, planes,
+                 out_depth=OUT_DEPTH):
         self.S, self.SW, self.D, self.W = slots, slot_words, dense_words, words
+        self.out_depth = out_depth
         self.sv_bits = slice_bits * lanes
         self.read_t = hv.hb_read(slots, slot_words, dense_words, planes)
         self.beat_t = hv.hb_beat(slice_bits, lanes)
@@ -188,9 +190,9 @@ class ReadSession(wiring.Component):
         c_plane = Signal.like(p.plane)
         c_oh = Signal(S + 1)
 
-        owed = Signal(range(OUT_DEPTH + 1))
+        owed = Signal(range(self.out_depth + 1))
         credit = Signal()
-        m.d.comb += credit.eq(owed < OUT_DEPTH)
+        m.d.comb += credit.eq(owed < self.out_depth)
         issue = Signal()
         m.d.comb += [self.req.eq(c_active & credit & ~c_err),
                      issue.eq(c_active & credit & (c_err | self.go)),
@@ -226,7 +228,7 @@ class ReadSession(wiring.Component):
             m.d.sync += b.eq(a)
         mo = stages[-1]
         m.submodules.out = ofifo = fifo.SyncFIFOBuffered(width=self.beat_t.as_shape().size,
-                                                         depth=OUT_DEPTH)
+                                                         depth=self.out_depth)
         w = Signal(self.beat_t)
         m.d.comb += [w.sv.slices.eq(Mux(mo.err, 0, self.ram_data)),
                      w.sv.plane.eq(Mux(mo.err, 0, mo.plane)),
@@ -380,6 +382,9 @@ class HBBank(wiring.Component):
         Words per fill beat (a power of two dividing ``banks``).
     fill_depth : int
         Fill queue depth in beats (>= 2).
+    out_depth : int
+        Depth of each bank's output FIFO (read credits, >= 1); the default
+        ``OUT_DEPTH`` sustains one word per cycle, less only slows reads.
 
     Members
     -------
@@ -429,7 +434,8 @@ class HBBank(wiring.Component):
 
     def __init__(self, *, banks: int = 4, words: int = 8192, slots: int = 16,
                  slot_words: int = 384, dense_words: int = 1938, lanes: int = 16,
-                 slice_bits: int = 4, fill_words: int = 1, fill_depth: int = 8):
+                 slice_bits: int = 4, fill_words: int = 1, fill_depth: int = 8,
+                 out_depth: int = OUT_DEPTH):
         check_int("HB bank count", banks, 1, 1024)
         check_int("HB words per bank", words, 2)
         if words & (words - 1):
@@ -449,6 +455,8 @@ class HBBank(wiring.Component):
             raise ValueError(f"Fill words per beat {fill_words!r} must be a power of two "
                              f"dividing the bank count {banks}")
         check_int("Fill FIFO depth", fill_depth, 2, 1024)
+        check_int("Output FIFO depth", out_depth, 1, 1024)
+        self.out_depth = out_depth
         self.banks, self.words, self.slots = banks, words, slots
         self.slot_words, self.dense_words = slot_words, dense_words
         self.lanes, self.slice_bits = lanes, slice_bits
@@ -526,29 +534,39 @@ class HBBank(wiring.Component):
         phase = Signal(P, init=1)         # one-hot fill-slot phase
         m.d.sync += phase.eq(phase.rotate_left(1))
 
-        # ---- SRAM banks, with registered inputs and output registers ---------------
+        # ---- SRAM banks: single-port, registered inputs, registered output ---------
+        # One address per bank for reads and writes (the arbitration gives a
+        # bank one access per cycle), so synthesis maps a bank to single-port
+        # block RAM without read-during-write bypass logic; the address, write
+        # enable and write data come from registers and the read data goes
+        # straight into a register (ECP5: DP16KD, then a fabric FF next to it;
+        # Yosys 0.70 does not pack it into the DP16KD's OUTREG).
         ram_ren = [Signal(name=f"ram_ren{b}") for b in range(B)]
-        ram_raddr = [Signal(range(W), name=f"ram_raddr{b}") for b in range(B)]
         ram_wen = [Signal(name=f"ram_wen{b}") for b in range(B)]
-        ram_waddr = [Signal(range(W), name=f"ram_waddr{b}") for b in range(B)]
-        ram_wdata = [Signal(self.sv_bits, name=f"ram_wdata{b}") for b in range(B)]
-        ram_q = [Signal(self.sv_bits, name=f"ram_q{b}") for b in range(B)]
+        ram_addr = [Signal(range(W), name=f"ram_addr{b}", reset_less=True) for b in range(B)]
+        ram_wdata = [Signal(self.sv_bits, name=f"ram_wdata{b}", reset_less=True)
+                     for b in range(B)]
+        ram_q = [Signal(self.sv_bits, name=f"ram_q{b}", reset_less=True) for b in range(B)]
         for b in range(B):
             mem = Memory(shape=unsigned(self.sv_bits), depth=W, init=[])
             m.submodules[f"bank{b}"] = mem
-            rp = mem.read_port()
             wp = mem.write_port()
-            m.d.comb += [rp.addr.eq(ram_raddr[b]), rp.en.eq(ram_ren[b]),
-                         wp.addr.eq(ram_waddr[b]), wp.data.eq(ram_wdata[b]),
+            rp = mem.read_port()
+            # the read port reads every cycle (its data is used only when the
+            # pipeline says so): a read enable would cost a hold multiplexer
+            # behind the block RAM
+            m.d.comb += [rp.addr.eq(ram_addr[b]), rp.en.eq(1),
+                         wp.addr.eq(ram_addr[b]), wp.data.eq(ram_wdata[b]),
                          wp.en.eq(ram_wen[b]),
                          self.probe_ren[b].eq(ram_ren[b]), self.probe_wen[b].eq(ram_wen[b])]
-            m.d.sync += ram_q[b].eq(rp.data)          # DP16KD output register
+            m.d.sync += ram_q[b].eq(rp.data)
 
         # ---- read sessions ----------------------------------------------------------
         sess = []
         for b in range(B):
             s = ReadSession(slots=S, slot_words=SW, dense_words=D, words=W,
-                            slice_bits=self.slice_bits, lanes=self.lanes, planes=self.planes)
+                            slice_bits=self.slice_bits, lanes=self.lanes, planes=self.planes,
+                            out_depth=self.out_depth)
             m.submodules[f"read{b}"] = s
             wiring.connect(m, wiring.flipped(self.rd_cmd[b]), s.cmd)
             wiring.connect(m, s.beat, wiring.flipped(self.rd[b]))
@@ -635,9 +653,8 @@ class HBBank(wiring.Component):
             kv_rd = kv_go[b] & ~k_write
             kv_wr = kv_go[b] & k_write
             m.d.sync += [ram_ren[b].eq(s.go | kv_rd),
-                         ram_raddr[b].eq(Mux(kv_rd, k_addr, s.addr)),
                          ram_wen[b].eq(fgo[b] | kv_wr),
-                         ram_waddr[b].eq(Mux(kv_wr, k_addr, head.addr)),
+                         ram_addr[b].eq(Mux(kv_go[b], k_addr, Mux(s.go, s.addr, head.addr))),
                          ram_wdata[b].eq(Mux(kv_wr, k_data, head.words[b % FW]))]
 
         pop = Signal()
