@@ -83,7 +83,7 @@ from .streams import RegisterSlice
 from .vocab import FillBeatKind, FillResultCode, HBRegionKind, bits
 
 __all__ = ["HBBank", "ReadSession", "FillDecoder", "fill_op", "hb_params", "FILL_PERIOD",
-           "FILL_READY_BOUND", "READ_LATENCY", "OUT_DEPTH"]
+           "FILL_READY_BOUND", "READ_LATENCY", "OUT_DEPTH", "FIRST_WORD_LATENCY"]
 
 #: Period of the fill slots (cycles): each bank group owns one cycle in ``P``.
 FILL_PERIOD = 4
@@ -95,6 +95,9 @@ READ_LATENCY = 3
 OUT_DEPTH = 6
 #: Longest run of cycles ``fill.ready`` can stay low (formally proved).
 FILL_READY_BOUND = 9
+#: Cycles from a read command's first cycle on ``rd_cmd`` (idle bank) to its
+#: first word on ``rd`` (asserted by the bandwidth test).
+FIRST_WORD_LATENCY = 7
 
 
 def _onehot(value, n: int):
@@ -383,7 +386,7 @@ class HBBank(wiring.Component):
     fill_depth : int
         Fill queue depth in beats (>= 2).
     out_depth : int
-        Depth of each bank's output FIFO (read credits, >= 1); the default
+        Depth of each bank's output FIFO (read credits, >= 3); the default
         ``OUT_DEPTH`` sustains one word per cycle, less only slows reads.
 
     Members
@@ -455,7 +458,12 @@ class HBBank(wiring.Component):
             raise ValueError(f"Fill words per beat {fill_words!r} must be a power of two "
                              f"dividing the bank count {banks}")
         check_int("Fill FIFO depth", fill_depth, 2, 1024)
-        check_int("Output FIFO depth", out_depth, 1, 1024)
+        # >= 3: the credit count assumes the FIFO takes a word whenever fewer
+        # than ``depth`` are in it; a 2-deep SyncFIFOBuffered (a 1-entry
+        # memory in front of its output register) refuses a write in the
+        # cycle its entry moves on, and would drop a word (found by the
+        # formal check of tb/formal/hb_bank.py)
+        check_int("Output FIFO depth", out_depth, 3, 1024)
         self.out_depth = out_depth
         self.banks, self.words, self.slots = banks, words, slots
         self.slot_words, self.dense_words = slot_words, dense_words

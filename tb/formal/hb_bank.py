@@ -53,9 +53,10 @@ __all__ = ["HBBankFormal", "FORMAL_PARAMS", "BUGS"]
 
 #: the geometry the proof runs at: 2 banks of 8 words, dense region of 2 words,
 #: 2 slots of 2 words, KV up to 6 words from the top; 12-bit words; 2-deep
-#: fill queue and output FIFOs (depths only change throughput)
+#: fill queue, 3-deep output FIFOs (the smallest legal; depths only change
+#: throughput)
 FORMAL_PARAMS = dict(banks=2, words=8, slots=2, slot_words=2, dense_words=2, lanes=3,
-                     slice_bits=4, fill_words=2, fill_depth=2, out_depth=2)
+                     slice_bits=4, fill_words=2, fill_depth=2, out_depth=3)
 BUGS = ("no_resident_check", "no_busy_refusal", "commit_incomplete")
 #: read commands a bank may have outstanding in the environment
 OUTSTANDING = 3
