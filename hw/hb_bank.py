@@ -83,7 +83,8 @@ from .streams import RegisterSlice
 from .vocab import FillBeatKind, FillResultCode, HBRegionKind, bits
 
 __all__ = ["HBBank", "ReadSession", "FillDecoder", "fill_op", "hb_params", "FILL_PERIOD",
-           "FILL_READY_BOUND", "READ_LATENCY", "OUT_DEPTH", "FIRST_WORD_LATENCY"]
+           "FILL_READY_BOUND", "READ_LATENCY", "OUT_DEPTH", "FIRST_WORD_LATENCY",
+           "FILL_OVERHEAD"]
 
 #: Period of the fill slots (cycles): each bank group owns one cycle in ``P``.
 FILL_PERIOD = 4
@@ -95,9 +96,12 @@ READ_LATENCY = 3
 OUT_DEPTH = 6
 #: Longest run of cycles ``fill.ready`` can stay low (formally proved).
 FILL_READY_BOUND = 9
-#: Cycles from a read command's first cycle on ``rd_cmd`` (idle bank) to its
-#: first word on ``rd`` (asserted by the bandwidth test).
-FIRST_WORD_LATENCY = 7
+#: Cycles from a read command's transfer on ``rd_cmd`` (idle bank, PE ready)
+#: to its first word's transfer on ``rd`` (asserted by the bandwidth test).
+FIRST_WORD_LATENCY = 8
+#: Cycles a fill costs besides one per DATA beat: up to 3 for its claim (its
+#: first beat) and 1 for its COMMIT/ABORT beat.
+FILL_OVERHEAD = 4
 
 
 def _onehot(value, n: int):
@@ -418,8 +422,8 @@ class HBBank(wiring.Component):
         The boundary register.
 
     Latency and throughput (measured by ``tb/test_hb_bank.py``): a read's
-    first word is on ``rd`` 7 cycles after its command is offered to an idle
-    bank (register slice, decode, grant, registered SRAM address, SRAM,
+    first word is on ``rd`` 8 cycles after its command's transfer on an idle
+    bank (``FIRST_WORD_LATENCY``) (register slice, decode, grant, registered SRAM address, SRAM,
     SRAM output register, output FIFO); a bank then streams one word per
     cycle, back to back across commands, while its PE is ready. Fills: one
     beat per cycle in address order under any read load (see the
