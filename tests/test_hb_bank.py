@@ -38,6 +38,17 @@ def test_hb_random(geom, simulator):
          {"ELMOE_HB_TX": str(tx), "ELMOE_RUN_TAG": f"{geom}-{simulator}"})
 
 
+@pytest.mark.parametrize("simulator", sim_params())
+def test_hb_random_b4_fw2(simulator, monkeypatch):
+    """4 banks with 2 words per fill beat (bank groups of 2), the geometry of
+    main's failing CI run (old test, s4-B4-fw2, Icarus, seed 833615558),
+    replayed at that seed."""
+    monkeypatch.setenv("COCOTB_RANDOM_SEED", "833615558")
+    _run(preset("tiny").replace(pes=4, axi_data_bits=32), simulator,
+         "random_traffic,torn_expert_regression,fill_behind_open_read,malformed_fills",
+         {"ELMOE_HB_TX": "1500", "ELMOE_RUN_TAG": f"b4fw2-{simulator}"})
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("simulator", sim_params())
 @pytest.mark.parametrize("geom", list(GEOMS))
