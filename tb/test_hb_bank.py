@@ -969,7 +969,10 @@ async def random_traffic(dut):
                   tb.transactions(), sum(len(x.sent) for x in tb.rd_cmd), len(tb.fill.sent),
                   len(tb.kv.sent), len(tb.bnd.sent), tb.counter.cycle, res, why, mk,
                   tb.fill_low_max)
-    assert res.get("COMMITTED", 0) >= 2, res
+    # the stimulus committed fills (two when the run is long enough for two
+    # whole expert fills), so reads of committed data were checked
+    per_fill = tb.SW * tb.B // tb.FW
+    assert res.get("COMMITTED", 0) >= (2 if n >= 2 * per_fill else 1), res
 
 
 async def _settle(tb):
