@@ -246,11 +246,10 @@ def test_hb_golden_mutation_fails():
 from elmoe3d.sim.formal import formal_available, run_sby  # noqa: E402
 
 _fok, _fwhy = formal_available()
-#: BMC depth (cycles) of the HB proof: a fill commits, a read of it is accepted,
-#: a second fill of the slot starts and the read's words arrive within steps
-#: 0..15 (the planted torn-read and incomplete-commit bugs fail at step 15).
-#: (Step 16 had not finished after 10 minutes on the shared machine;
-#: k-induction has not been tried.)
+#: BMC depth (cycles) of the HB proof, steps 0..15 (step 16 had not finished
+#: after 10 minutes on the shared machine; k-induction has not been tried).
+#: Enough for the residency bug (step 1); the torn-read bugs need deeper
+#: traces at this geometry (HB_BUG_DEPTH, under `slow`).
 HB_BMC_DEPTH = 16
 #: depth for the planted bugs that need a longer trace
 HB_BUG_DEPTH = 24
