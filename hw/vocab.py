@@ -23,7 +23,8 @@ Types
 ``Int8Beat`` / ``BitFusionBeat``  input beats of the PE's baselines (INT8 MAC,
                  Bit-Fusion); their results are ``PEResult`` too.
 ``HBRead``       a read of ``count`` consecutive words of one HB region
-                 (``region``, ``slot``, word ``offset``) for one bank.
+                 (``region``, ``slot``, word ``offset``) for one bank; ``plane``
+                 is copied into the beats.
 ``HBBeat``       one word read from HB: ``sv`` (``SliceVector``), ``last``, ``error``.
 ``FillBeat``     HB fill beat: ``kind`` (DATA/COMMIT/ABORT), ``region``, ``slot``,
                  word ``offset``, first ``bank``, ``words[fill_words]``.
@@ -33,6 +34,8 @@ Types
 ``ExtBeat``      one AXI beat for the PEs: ``words[fill_words]`` of banks
                  ``bank ..``, ``plane``, ``row``, ``id``, ``last``, ``error``.
 ``ExtResponse``  ``id``, ``error`` (:class:`ExtErrorCode`), ``resident``, ``slot``.
+``FillDone``     HB's report (a strobe) of how a fill ended (``result``).
+``HBCommit``     HB's commit strobe (``valid``, ``slot``) for the tag unit.
 ``KVAccess`` / ``KVResponse`` / ``KVMove``  HB's KV-region port and its
                  boundary-move report.
 
@@ -52,11 +55,11 @@ from ..golden import bitfusion as gbf
 from ..golden import vocab as gv
 from ..golden.bitslice import acc_width
 
-__all__ = ["PEMode", "BitFusionMode", "FillBeatKind", "HBRegionKind", "ExtKindCode", "ExtErrorCode",
-           "bits", "struct", "slice_vector", "pe_beat", "pe_result", "int8_beat",
-           "bitfusion_beat", "hb_read", "hb_beat",
-           "fill_beat", "ext_command", "ext_beat", "ext_response", "kv_access",
-           "kv_response", "kv_move", "Vocab", "vocab"]
+__all__ = ["PEMode", "BitFusionMode", "FillBeatKind", "HBRegionKind", "FillResultCode", "ExtKindCode",
+           "ExtErrorCode", "bits", "struct", "slice_vector", "pe_beat", "pe_result", "int8_beat",
+           "bitfusion_beat", "hb_read", "hb_beat", "fill_beat", "fill_done", "hb_commit",
+           "ext_command", "ext_beat", "ext_response", "kv_access", "kv_response", "kv_move",
+           "Vocab", "vocab"]
 
 
 def bits(n: int) -> int:
@@ -90,6 +93,16 @@ class FillBeatKind(enum.Enum, shape=2):
 class HBRegionKind(enum.Enum, shape=1):
     EXPERT = int(gv.HBRegion.EXPERT)
     DENSE = int(gv.HBRegion.DENSE)
+
+
+class FillResultCode(enum.Enum, shape=3):
+    """How HB ended a fill (values of :class:`elmoe3d.golden.vocab.FillResult`)."""
+    COMMITTED = int(gv.FillResult.COMMITTED)
+    ABORTED = int(gv.FillResult.ABORTED)
+    MALFORMED = int(gv.FillResult.MALFORMED)
+    BUSY = int(gv.FillResult.BUSY)
+    COVERED = int(gv.FillResult.COVERED)
+    STRAY = int(gv.FillResult.STRAY)
 
 
 class ExtKindCode(enum.Enum, shape=1):
@@ -160,24 +173,32 @@ def bitfusion_beat(lanes: int) -> type:
 
 
 # -- HB ----------------------------------------------------------------------------------
+# (owned by the HB bank controller, hw/hb_bank.py; rules in golden/hb_map.py)
 
 def _offset_bits(slot_words: int, dense_words: int) -> int:
     return bits(max(slot_words, dense_words, 2))
 
 
 @lru_cache(maxsize=None)
-def hb_read(slots: int, slot_words: int, dense_words: int) -> type:
+def hb_read(slots: int, slot_words: int, dense_words: int, planes: int) -> type:
     """``HBRead``: ``count`` words (1 .. region size) from word ``offset`` of
-    ``region`` (an expert ``slot``, or the dense region)."""
+    ``region`` (an expert ``slot``, or the dense region), for one bank.
+    ``plane`` (an index of the ``planes`` planes) is copied into every beat's
+    ``SliceVector``: HB stores slice bits only and does not decode the
+    segment-interleaved slot layout, so a reader that wants per-beat plane
+    indices reads one ``(segment, plane)`` run per command (with ``k = 1`` a
+    whole slot is one plane)."""
     ob = _offset_bits(slot_words, dense_words)
     return struct("HBRead", {"region": HBRegionKind, "slot": unsigned(bits(slots)),
                              "offset": unsigned(ob),
-                             "count": unsigned((max(slot_words, dense_words)).bit_length())})
+                             "count": unsigned((max(slot_words, dense_words)).bit_length()),
+                             "plane": unsigned(bits(planes))})
 
 
 @lru_cache(maxsize=None)
 def hb_beat(slice_bits: int, lanes: int) -> type:
-    """``HBBeat``: one word to the paired PE."""
+    """``HBBeat``: one word to the paired PE. A refused read is one beat with
+    ``last`` and ``error`` (and zero ``sv``)."""
     return struct("HBBeat", {"sv": slice_vector(slice_bits, lanes), "last": unsigned(1),
                              "error": unsigned(1)})
 
@@ -186,8 +207,8 @@ def hb_beat(slice_bits: int, lanes: int) -> type:
 def fill_beat(sv_bits: int, fill_words: int, slots: int, slot_words: int, dense_words: int,
               banks: int) -> type:
     """``FillBeat``: ``fill_words`` words for banks ``bank .. bank+fill_words-1``
-    at word ``offset`` of ``region`` (DATA), or the end of a slot's fill
-    (COMMIT / ABORT)."""
+    at word ``offset`` of ``region`` (DATA), or the end of a fill (COMMIT /
+    ABORT; their ``region``/``slot`` name the fill they end)."""
     return struct("FillBeat", {"kind": FillBeatKind, "region": HBRegionKind,
                                "slot": unsigned(bits(slots)),
                                "offset": unsigned(_offset_bits(slot_words, dense_words)),
@@ -196,7 +217,26 @@ def fill_beat(sv_bits: int, fill_words: int, slots: int, slot_words: int, dense_
 
 
 @lru_cache(maxsize=None)
+def fill_done(slots: int) -> type:
+    """``FillDone``: a strobe (``valid`` for one cycle, no ``ready``) saying how
+    one fill ended (``result``, :class:`FillResultCode`), shown by HB in the
+    cycle the fill's COMMIT/ABORT takes effect."""
+    return struct("FillDone", {"valid": unsigned(1), "region": HBRegionKind,
+                               "slot": unsigned(bits(slots)), "result": FillResultCode})
+
+
+@lru_cache(maxsize=None)
+def hb_commit(slots: int) -> type:
+    """``HBCommit``: a strobe (``valid`` for one cycle) naming the slot whose
+    fill commits; ``slot_valid`` rises at the end of that cycle (the tag
+    unit's commit input: PENDING becomes RESIDENT on the same edge)."""
+    return struct("HBCommit", {"valid": unsigned(1), "slot": unsigned(bits(slots))})
+
+
+@lru_cache(maxsize=None)
 def kv_access(sv_bits: int, banks: int, words: int) -> type:
+    """``KVAccess``: one KV-region word of one bank (``addr`` is the bank word
+    address; the KV region is the top ``kv_words`` words)."""
     return struct("KVAccess", {"write": unsigned(1), "bank": unsigned(bits(banks)),
                                "addr": unsigned(bits(words)), "data": unsigned(sv_bits)})
 
@@ -209,9 +249,11 @@ def kv_response(sv_bits: int) -> type:
 @lru_cache(maxsize=None)
 def kv_move(words: int, slots: int) -> type:
     """``KVMove``: the report of a KV boundary move: the new KV size, the
-    slots it newly covers, and which of those were resident."""
+    slots it newly covers, which of those were resident, and ``error`` for a
+    refused move (a size beyond the KV limit; nothing changed)."""
     return struct("KVMove", {"kv_words": unsigned(words.bit_length()),
-                             "covered": unsigned(slots), "invalidated": unsigned(slots)})
+                             "covered": unsigned(slots), "invalidated": unsigned(slots),
+                             "error": unsigned(1)})
 
 
 # -- external memory ----------------------------------------------------------------------
@@ -258,9 +300,11 @@ class Vocab:
         self.SliceVector = slice_vector(s, L)
         self.PEBeat = pe_beat(s, L)
         self.PEResult = pe_result(cfg.max_len, L)
-        self.HBRead = hb_read(S, SW, D)
+        self.HBRead = hb_read(S, SW, D, cfg.planes)
         self.HBBeat = hb_beat(s, L)
         self.FillBeat = fill_beat(sv, fw, S, SW, D, B)
+        self.FillDone = fill_done(S)
+        self.HBCommit = hb_commit(S)
         self.KVAccess = kv_access(sv, B, cfg.hb_words)
         self.KVResponse = kv_response(sv)
         self.KVMove = kv_move(cfg.hb_words, S)
