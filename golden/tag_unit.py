@@ -97,9 +97,10 @@ One clock cycle
 ---------------
 The hardware takes ``disabled`` and the commit strobe as inputs while
 commands flow; :meth:`TagUnitModel.step` is one cycle of it in the order the
-RTL implements: the cycle's ``disabled`` mask first (newly disabled slots are
-freed), then its commit strobe, then the command that executes in that cycle
-(if any). Which cycle a command executes in is the RTL's documented timing.
+RTL implements: the command that executes in that cycle (if any, on the
+state at the start of the cycle), then the cycle's ``disabled`` mask (newly
+covered slots are freed), then its commit strobe. Which cycle a command
+executes in is the RTL's documented timing.
 
 Python interface for simulations
 --------------------------------
@@ -649,14 +650,15 @@ class TagUnitModel:
 
     def step(self, cmd: dict | None = None, *, commit: int | None = None,
              disabled: int | None = None) -> dict | None:
-        """One clock cycle of the hardware: the cycle's ``disabled`` mask (if
-        given), then its commit strobe (a slot index, if any), then the
-        command executing in the cycle (if any). Returns its response."""
+        """One clock cycle of the hardware: the command executing in the cycle
+        (if any), then the cycle's ``disabled`` mask (if given), then its
+        commit strobe (a slot index, if any). Returns the command's response."""
+        r = None if cmd is None else self.execute(cmd)
         if disabled is not None and disabled != self.disabled_mask():
             self.set_disabled(disabled)
         if commit is not None:
             self.commit(commit)
-        return None if cmd is None else self.execute(cmd)
+        return r
 
     # -- invariants (used by tests) --------------------------------------------
     def check_invariants(self):

@@ -20,45 +20,54 @@ HB's ``slot_valid[s]`` is 1 in cycle ``t``.
 One cycle, in order
 -------------------
 A command *executes* in one cycle ``t`` (its response is loaded into ``o`` at
-the edge ending ``t``, so it is first valid in ``t + 1``). What it sees and
-does, in the order of :meth:`elmoe3d.golden.tag_unit.TagUnitModel.step`:
+the edge ending ``t``, so it is first valid in ``t + 1``). It sees the slot
+registers as they are at the start of ``t``; at the edge that ends ``t`` take
+effect, in the order of :meth:`elmoe3d.golden.tag_unit.TagUnitModel.step`:
 
-1. ``disabled`` of cycle ``t``: a disabled slot is never a hit and never a
-   victim in ``t``, and a slot holding a tag is freed at the edge ending ``t``;
-2. the ``commit`` strobe of cycle ``t``: its slot, if PENDING and enabled,
-   counts as RESIDENT for the command of cycle ``t`` and is RESIDENT from
-   ``t + 1`` on - the same edge at which HB sets its valid bit;
-3. the command.
+1. the command;
+2. ``disabled`` of cycle ``t``: every slot it covers that holds a tag is freed;
+3. the ``commit`` strobe of cycle ``t``: its slot, if PENDING (after 1 and 2),
+   becomes RESIDENT - the same edge at which HB sets its valid bit.
 
-``resident`` and ``pending`` are the slot registers masked by ``disabled``
-(one gate), so a slot the KV region covers drops out in the very cycle HB's
-covered mask rises, and a commit shows in the cycle after its strobe, as
-HB's valid bit does.
+``resident`` and ``pending`` are the slot registers masked by the current
+``disabled`` (one gate): a slot the KV region covers drops out in the very
+cycle HB's covered mask rises (HB clears its valid bit at that edge), and a
+commit shows in the cycle after its strobe, as HB's valid bit does; so they
+equal HB's ``slot_valid`` in every cycle. A command in the cycle a slot
+becomes covered still sees the slot as the registers hold it (HB refuses any
+read or fill of a covered slot with an error, and the controller orders KV
+moves against LOOKUP_PIN and ALLOCATE anyway, since the same window exists
+one cycle earlier); in exchange no input reaches an execute decision, which
+is what lets the unit close timing.
 
 Latency and throughput
 ----------------------
 ``i.ready`` is a flip-flop (:class:`~elmoe3d.hw.streams.RegisterSlice` at the
 input) and ``o`` is a register: no combinational path from ``o.ready`` to
-``i.ready``. A command accepted in cycle ``a`` reaches the execute stage
-(``x_``) in ``a + 2``:
+``i.ready``, and no input reaches an execute decision. A command accepted in
+cycle ``a`` reaches the execute stage (``x_``) in ``a + 2``. Three classes:
 
-* LOOKUP, LOOKUP_PIN, TOUCH, DECAY, INVALIDATE, INVALIDATE_SLOT, PIN, UNPIN,
-  ABORT, RESET and bad opcodes execute at once: response valid
+* **single-cycle** - LOOKUP, TOUCH, DECAY, RESET, STATS and bad opcodes cannot
+  fail on slot state; they execute at once: response valid
   :attr:`TagUnit.LATENCY` = **3** cycles after the command transfer, **one
-  per cycle, back to back**, whatever the mix (no hazard: each reads the
-  slot registers its predecessor wrote at the previous edge).
-* ALLOCATE and INVALIDATE_MASK decide from registered summaries of the slot
-  state (the victim, "tag already held", "a masked slot is pinned"). They
-  execute in the first cycle, from their second cycle in ``x_`` on, in which
-  the slot state has been unchanged for :attr:`TagUnit.victim_settle` = ``P``
-  cycles and no commit strobe or ``disabled`` change arrives; while they
-  wait nothing executes (the state is frozen, apart from the two inputs).
-  *State changes* are: any executed command other than LOOKUP and STATS, a
-  commit strobe, a change of ``disabled``. Latency **4** cycles when the
-  state has been quiet; ``3 + P`` right behind a state-changing command.
-* STATS executes in the first cycle in which no statistics increment is in
-  flight (counters are updated one cycle after the event) and no commit or
-  ``disabled`` change arrives: latency 3, or 4 right behind a counted event.
+  per cycle, back to back** (each reads the slot registers its predecessor
+  wrote at the previous edge; no hazard). STATS waits while a statistics
+  increment is in flight (counters add one cycle after the event, slots
+  freed by ``disabled`` two): 4 cycles right behind a counted event.
+* **two-cycle** - LOOKUP_PIN, INVALIDATE, INVALIDATE_SLOT, PIN, UNPIN, ABORT can
+  fail on slot state (pin limit, pinned, not valid, not pending). In their
+  first cycle in ``x_`` the response and error are computed and registered;
+  they execute in a later cycle in which nothing changed the state since
+  (their second, unless a commit strobe or a ``disabled`` change arrived):
+  latency **4**, one per two cycles.
+* **settling** - ALLOCATE and INVALIDATE_MASK decide from registered
+  summaries of the slot state (the victim, "tag already held", "a masked
+  slot is pinned"). They execute in the first cycle, from their second cycle
+  in ``x_`` on, in which the slot state has been unchanged for
+  :attr:`TagUnit.victim_settle` = ``P`` cycles; while they wait nothing
+  executes. *State changes* are: any executed command other than LOOKUP and
+  STATS, a commit strobe, a change of ``disabled``. Latency **4** cycles when
+  the state has been quiet; ``3 + P`` right behind a state-changing command.
 
 With an always-ready consumer the unit sustains **one LOOKUP/TOUCH per
 cycle**; back-pressure on ``o`` stalls execution (and so the input) only
@@ -72,9 +81,9 @@ balanced argmin tree over the candidates with key ``{holds a tag, hot}`` (a
 free slot's key is 0, below every held slot's), a tie keeping the left
 (lower-index) operand. The victim depends only on slot state, so the tree
 runs every cycle, unconditionally: its leaves are registered and a register
-follows every :attr:`LEVELS_PER_STAGE` comparator levels, so the root
-reflects the state of ``P = 1 + ceil(log2(S) / 2)`` cycles ago (3 at
-S = 8 or 16, 4 at S = 32, 5 at S = 128). The settle rule above makes that the
+follows every comparator level (:attr:`LEVELS_PER_STAGE`), so the root
+reflects the state of ``P = 1 + ceil(log2(S))`` cycles ago (4 at S = 8, 5 at
+S = 16, 6 at S = 32, 8 at S = 128). The settle rule above makes that the
 *current* state whenever ALLOCATE uses it - the formal proof checks the
 chosen victim against a direct search of the current state.
 
@@ -83,8 +92,10 @@ Per-slot updates are local: every slot computes its own saturating
 enable from the registered tag match, its state bits and the one-hot
 decoded opcode and slot of the command. Freeing a slot clears only its
 "holds a tag" bit (its other fields are unobservable until the next
-ALLOCATE overwrites them). Statistics counters add their increments one
-cycle after the event (saturating).
+ALLOCATE overwrites them). Every response field is an OR of per-opcode terms
+gated by the registered one-hot opcode. Statistics counters add their
+increments one cycle after the event (slots freed by ``disabled``: two),
+saturating on the carry out.
 """
 
 from __future__ import annotations
@@ -146,9 +157,10 @@ class TagUnit(wiring.Component):
     ----------
     LATENCY : int
         3: cycles from a command transfer to its response for every
-        single-cycle operation.
+        single-cycle operation (two-cycle operations: ``LATENCY + 1``).
     victim_settle : int
-        ``P``: register stages of the victim search (leaves included).
+        ``P``: register stages of the victim search (leaves included),
+        ``1 + ceil(log2(S))``.
 
     Raises
     ------
@@ -158,7 +170,7 @@ class TagUnit(wiring.Component):
 
     LATENCY = 3
     #: comparator levels of the victim argmin tree between two registers
-    LEVELS_PER_STAGE = 2
+    LEVELS_PER_STAGE = 1
 
     def __init__(self, *, slots: int = 16, layer_bits: int = 6, expert_bits: int = 7,
                  hot_bits: int = 8, decay_shift: int = 2, plane_bits: int = 2,
@@ -213,17 +225,17 @@ class TagUnit(wiring.Component):
 
     # -- small per-slot functions (one place each) --------------------------------
     def _saturating_add(self, hot, amount):
-        hmax = (1 << self.hot_bits) - 1
+        # saturate on the carry out: one carry chain, no second comparison
         total = hot + amount
-        return Mux(total > hmax, hmax, total)[:self.hot_bits]
+        return Mux(total[self.hot_bits], (1 << self.hot_bits) - 1, total[:self.hot_bits])
 
     def _victim_candidate(self, held, res, pins, disabled):
         """A slot ALLOCATE may take: enabled, and FREE or unpinned RESIDENT."""
         return ~disabled & (~held | (res & (pins == 0)))
 
-    def _hit_state(self, res, commit):
-        """The state bits that make a held slot a hit (RESIDENT, or committing now)."""
-        return res | commit
+    def _hit_state(self, res):
+        """The state bit that makes a held slot a hit (RESIDENT)."""
+        return res
 
     def elaborate(self, platform):
         m = Module()
@@ -233,32 +245,26 @@ class TagUnit(wiring.Component):
         hot, pins = self.state_hot, self.state_pins
         dis = self.disabled
         pin_max = (1 << self.pin_bits) - 1
-        Op = TagOpcode
+        Op, Err = TagOpcode, TagErrorCode
 
         def any_of(vec):
-            return Cat(*vec).any()
+            return _or_tree(list(vec), 1)
 
         def pick(vec, values, width):
-            """OR of ``values[s]`` where the one-hot ``vec[s]`` is set."""
-            acc = Const(0, width)
-            for s in range(S):
-                acc = acc | Mux(vec[s], values[s], 0)
-            return acc[:width]
+            """OR of ``values[s]`` where the one-hot ``vec[s]`` is set (a balanced tree)."""
+            return _or_tree([Mux(vec[s], values[s], 0) for s in range(S)], width)
 
-        # ---- the cycle's inputs: disabled, commit ------------------------------
+        # ---- slot state as commands see it: the registers ------------------------
+        # A command in cycle t sees the registers at the start of t; ``disabled``
+        # and ``commit`` of cycle t act at the edge that ends t, after it.
         cm = [Signal(name=f"cm{s}") for s in range(S)]
-        held_e = [Signal(name=f"held_e{s}") for s in range(S)]      # holds a tag, enabled
-        res_e = [Signal(name=f"res_e{s}") for s in range(S)]        # RESIDENT for this cycle
-        pend_e = [Signal(name=f"pend_e{s}") for s in range(S)]      # PENDING for this cycle
-        commit_eff = [Signal(name=f"commit_eff{s}") for s in range(S)]
+        held_e = held                                               # holds a tag
+        res_e = [Signal(name=f"res_e{s}") for s in range(S)]        # RESIDENT
+        pend_e = [Signal(name=f"pend_e{s}") for s in range(S)]      # PENDING
         for s in range(S):
-            m.d.comb += [
-                cm[s].eq(self.commit.valid & (self.commit.slot == s)),
-                held_e[s].eq(held[s] & ~dis[s]),
-                res_e[s].eq(held_e[s] & self._hit_state(res[s], cm[s])),
-                pend_e[s].eq(held_e[s] & ~res[s] & ~cm[s]),
-                commit_eff[s].eq(held_e[s] & ~res[s] & cm[s]),
-            ]
+            m.d.comb += [cm[s].eq(self.commit.valid & (self.commit.slot == s)),
+                         res_e[s].eq(held[s] & self._hit_state(res[s])),
+                         pend_e[s].eq(held[s] & ~res[s])]
         m.d.comb += [self.resident.eq(Cat(held[s] & res[s] & ~dis[s] for s in range(S))),
                      self.pending.eq(Cat(held[s] & ~res[s] & ~dis[s] for s in range(S)))]
 
@@ -271,6 +277,7 @@ class TagUnit(wiring.Component):
         x_cmp = Signal(S)                        # tags[s] == x.tag (any state)
         x_sel = Signal(S)                        # one-hot of x.slot (0 when >= S)
         x_slot_bad = Signal()
+        x_stat_bad = Signal()                    # STATS index beyond the counters
         ops = [Op.LOOKUP, Op.TOUCH, Op.DECAY, Op.ALLOCATE, Op.INVALIDATE, Op.PIN, Op.UNPIN,
                Op.RESET, Op.STATS, Op.LOOKUP_PIN, Op.INVALIDATE_SLOT, Op.INVALIDATE_MASK,
                Op.ABORT]
@@ -280,7 +287,8 @@ class TagUnit(wiring.Component):
         m.d.comb += [load.eq(~x_valid | fire), c.o.ready.eq(load)]
         with m.If(load):
             m.d.sync += [x_valid.eq(c.o.valid), x.eq(cp), x_age.eq(0),
-                         x_slot_bad.eq(cp.slot >= S)]
+                         x_slot_bad.eq(cp.slot >= S),
+                         x_stat_bad.eq(cp.slot >= len(gtu.STAT_NAMES))]
             # the tag match, forwarding the tag an executing ALLOCATE writes now
             same_tag = x.tag == cp.tag
             m.d.sync += x_cmp.eq(Cat(Mux(alloc[s], same_tag, tags[s] == cp.tag)
@@ -325,16 +333,26 @@ class TagUnit(wiring.Component):
         v_evict = v_key[self.hot_bits]           # the victim holds a RESIDENT tag
         m.d.comb += self.x_victim.eq(v_idx)
 
-        # ---- settle rule for the registered decisions -----------------------------
+        # ---- when a command may execute ----------------------------------------------
+        # Three classes: LOOKUP, TOUCH, DECAY, RESET, STATS and bad opcodes cannot
+        # fail on slot state and execute at once ("fast"); the ops that can
+        # (LOOKUP_PIN, INVALIDATE, INVALIDATE_SLOT, PIN, UNPIN, ABORT: "two") take
+        # their response and error from registers filled in their first cycle
+        # here; ALLOCATE and INVALIDATE_MASK ("settle") also use the victim
+        # pipeline and wait until it has seen the current state.
+        I = x_is
+        two = I[Op.LOOKUP_PIN] | I[Op.INVALIDATE] | I[Op.INVALIDATE_SLOT] | I[Op.PIN] \
+            | I[Op.UNPIN] | I[Op.ABORT]
+        settle = I[Op.ALLOCATE] | I[Op.INVALIDATE_MASK]
         quiet = Signal(range(P + 1))
         dis_q = Signal(S)
         dis_change = Signal()
         m.d.sync += dis_q.eq(dis)
         m.d.comb += dis_change.eq(dis != dis_q)
-        change = (fire & ~x_is[Op.LOOKUP] & ~x_is[Op.STATS]) | self.commit.valid | dis_change
+        change = (fire & ~I[Op.LOOKUP] & ~I[Op.STATS]) | self.commit.valid | dis_change
         m.d.sync += quiet.eq(Mux(change, 0, Mux(quiet == P, P, quiet + 1)))
-        settled = Signal()
-        m.d.comb += settled.eq(x_age & (quiet == P) & ~self.commit.valid & ~dis_change)
+        settled, steady = Signal(), Signal()
+        m.d.comb += [settled.eq(x_age & (quiet == P)), steady.eq(x_age & (quiet != 0))]
 
         # registered summaries for ALLOCATE / INVALIDATE_MASK (valid once settled)
         a_res_q, a_pend_q, k_pinned_q = Signal(), Signal(), Signal()
@@ -348,16 +366,19 @@ class TagUnit(wiring.Component):
         # ---- statistics: increments registered, added one cycle later ------------
         names = gtu.STAT_NAMES
         inc = {n: Signal(range(S + 1) if n == "kv_frees" else 1, name=f"inc_{n}") for n in names}
-        inc_any = Signal()
+        inc_any = Signal()                       # a 1-bit increment is in flight
+        # slots freed by ``disabled`` are counted two cycles late: their mask is
+        # registered first (kv_q), then counted (inc_kv_frees), then added
+        kv_q = Signal(S)
+        kv1_any, kv2_any = Signal(), Signal()
         stats_quiet = Signal()
-        m.d.comb += stats_quiet.eq(~inc_any & ~self.commit.valid & ~dis_change)
+        m.d.comb += stats_quiet.eq(~inc_any & ~kv1_any & ~kv2_any)
 
-        # ---- execute -------------------------------------------------------------
         can_out = ~self.o.valid | self.o.ready
-        waits = Mux(x_is[Op.ALLOCATE] | x_is[Op.INVALIDATE_MASK], ~settled,
-                    x_is[Op.STATS] & ~stats_quiet)
+        waits = (settle & ~settled) | (two & ~steady) | (I[Op.STATS] & ~stats_quiet)
         m.d.comb += fire.eq(x_valid & can_out & ~waits)
 
+        # ---- per-slot terms of the x_ command ------------------------------------------
         hit_m = [Signal(name=f"hit_m{s}") for s in range(S)]        # x.tag held, per state
         held_m = [Signal(name=f"held_m{s}") for s in range(S)]
         pend_m = [Signal(name=f"pend_m{s}") for s in range(S)]
@@ -374,81 +395,106 @@ class TagUnit(wiring.Component):
         m_any, m_hit, m_pend = any_of(held_m), any_of(hit_m), any_of(pend_m)
         m_slot = pick(held_m, [Const(s, self.slot_bits) for s in range(S)], self.slot_bits)
         m_planes = pick(held_m, planes, self.plane_bits)
+        m_hot = pick(held_m, hot, self.hot_bits)
         lpin_full = any_of([hit_m[s] & pins_full[s] for s in range(S)])
         s_pins = pick(x_sel, pins, self.pin_bits)
+        s_hit = any_of([x_sel[s] & res_e[s] for s in range(S)])
+        s_pend = any_of([x_sel[s] & pend_e[s] for s in range(S)])
+        s_held = any_of(sel_h)
+        s_pinned = any_of([sel_h[s] & ~pins_zero[s] for s in range(S)])
+        s_full = any_of([x_sel[s] & pins_full[s] for s in range(S)])
+        s_zero = any_of([x_sel[s] & pins_zero[s] for s in range(S)])
+        m_pinned = any_of([held_m[s] & ~pins_zero[s] for s in range(S)])
+        slot_op = I[Op.PIN] | I[Op.UNPIN] | I[Op.ABORT] | I[Op.INVALIDATE_SLOT]
+        bad_op = ~Cat(*x_is.values()).any()
         stat_sel = Array(self.counters)[x.slot[:3]]
 
-        err = self.x_error
-        rsp = Signal(self.rsp_layout)
-        m.d.comb += rsp.op.eq(x.op)
-        with m.Switch(x.op):
-            with m.Case(Op.LOOKUP, Op.LOOKUP_PIN, Op.TOUCH):
-                with m.If(x_is[Op.LOOKUP_PIN] & lpin_full):
-                    m.d.comb += err.eq(TagErrorCode.PIN_LIMIT)
-                m.d.comb += [rsp.hit.eq(m_hit), rsp.pending.eq(m_pend), rsp.slot.eq(m_slot),
-                             rsp.planes.eq(m_planes),
-                             rsp.value.eq(Mux(x_is[Op.TOUCH], pick(held_m, hot_new, self.hot_bits),
-                                              pick(held_m, hot, self.hot_bits)))]
-            with m.Case(Op.DECAY, Op.RESET):
-                pass
-            with m.Case(Op.ALLOCATE):
-                with m.If(a_res_q):
-                    m.d.comb += err.eq(TagErrorCode.RESIDENT)
-                with m.Elif(a_pend_q):
-                    m.d.comb += err.eq(TagErrorCode.PENDING)
-                with m.Elif(~v_cand):
-                    m.d.comb += err.eq(TagErrorCode.NO_VICTIM)
-                m.d.comb += [rsp.slot.eq(v_idx), rsp.evicted.eq(v_evict),
-                             rsp.evicted_tag.eq(Mux(v_evict, Array(tags)[v_idx], 0))]
-            with m.Case(Op.INVALIDATE):
-                with m.If(any_of([held_m[s] & ~pins_zero[s] for s in range(S)])):
-                    m.d.comb += err.eq(TagErrorCode.PINNED)
-                m.d.comb += [rsp.hit.eq(m_hit), rsp.pending.eq(m_pend), rsp.slot.eq(m_slot),
-                             rsp.planes.eq(m_planes), rsp.evicted.eq(m_any),
-                             rsp.evicted_tag.eq(Mux(m_any, x.tag, 0))]
-            with m.Case(Op.INVALIDATE_SLOT):
-                with m.If(x_slot_bad):
-                    m.d.comb += err.eq(TagErrorCode.BAD_SLOT)
-                with m.Elif(any_of([sel_h[s] & ~pins_zero[s] for s in range(S)])):
-                    m.d.comb += err.eq(TagErrorCode.PINNED)
-                m.d.comb += [rsp.hit.eq(any_of([x_sel[s] & res_e[s] for s in range(S)])),
-                             rsp.pending.eq(any_of([x_sel[s] & pend_e[s] for s in range(S)])),
-                             rsp.slot.eq(x.slot), rsp.planes.eq(pick(sel_h, planes, self.plane_bits)),
-                             rsp.evicted.eq(any_of(sel_h)),
-                             rsp.evicted_tag.eq(pick(sel_h, tags, self.tag_bits))]
-            with m.Case(Op.INVALIDATE_MASK):
-                with m.If(k_pinned_q):
-                    m.d.comb += err.eq(TagErrorCode.PINNED)
-                m.d.comb += rsp.slot_mask.eq(x.slot_mask & Cat(*held_e))
-            with m.Case(Op.PIN, Op.UNPIN):
-                with m.If(x_slot_bad):
-                    m.d.comb += err.eq(TagErrorCode.BAD_SLOT)
-                with m.Elif(~any_of(sel_h)):
-                    m.d.comb += err.eq(TagErrorCode.NOT_VALID)
-                with m.Elif(x_is[Op.PIN] & any_of([x_sel[s] & pins_full[s] for s in range(S)])):
-                    m.d.comb += err.eq(TagErrorCode.PIN_LIMIT)
-                with m.Elif(x_is[Op.UNPIN] & any_of([x_sel[s] & pins_zero[s] for s in range(S)])):
-                    m.d.comb += err.eq(TagErrorCode.NOT_PINNED)
-                m.d.comb += [rsp.slot.eq(x.slot),
-                             rsp.value.eq(Mux(x_is[Op.PIN], s_pins + 1, s_pins - 1)[:self.pin_bits])]
-            with m.Case(Op.ABORT):
-                with m.If(x_slot_bad):
-                    m.d.comb += err.eq(TagErrorCode.BAD_SLOT)
-                with m.Elif(~any_of([x_sel[s] & pend_e[s] for s in range(S)])):
-                    m.d.comb += err.eq(TagErrorCode.NOT_PENDING)
-                m.d.comb += [rsp.slot.eq(x.slot), rsp.planes.eq(pick(x_sel, planes, self.plane_bits)),
-                             rsp.evicted.eq(1), rsp.evicted_tag.eq(pick(x_sel, tags, self.tag_bits))]
-            with m.Case(Op.STATS):
-                with m.If(x.slot >= len(names)):
-                    m.d.comb += err.eq(TagErrorCode.BAD_SLOT)
-                m.d.comb += [rsp.slot.eq(x.slot), rsp.value.eq(stat_sel)]
-            with m.Default():
-                m.d.comb += err.eq(TagErrorCode.BAD_OP)
+        # The response and its error code as AND-OR of the registered one-hot
+        # opcode: every field is an OR of per-opcode terms (no opcode decode on
+        # the path); an error zeroes the fields through one gate.
+        def field(*terms, width):
+            return _or_tree([Mux(cond, v, 0) for cond, v in terms], width)
 
-        with m.If(err == TagErrorCode.OK):
-            m.d.comb += self.x_rsp.eq(rsp)
-        with m.Else():
-            m.d.comb += [self.x_rsp.op.eq(x.op), self.x_rsp.error.eq(err)]
+        def errors(conds):
+            return (_or_tree([Mux(c, Const(e.value, 4), 0) for c, e in conds], 4),
+                    _or_tree([c for c, _ in conds], 1))
+
+        tb_, pb_, sb_, vb_ = self.tag_bits, self.plane_bits, self.slot_bits, self.value_bits
+        lk_like = I[Op.LOOKUP] | I[Op.LOOKUP_PIN] | I[Op.TOUCH] | I[Op.INVALIDATE]
+
+        # "two": computed every cycle, registered, issued in the second cycle
+        two_rsp = Signal(self.rsp_layout)
+        two_code, two_any = errors([
+            (I[Op.LOOKUP_PIN] & lpin_full, Err.PIN_LIMIT),
+            (I[Op.INVALIDATE] & m_pinned, Err.PINNED),
+            (slot_op & x_slot_bad, Err.BAD_SLOT),
+            (I[Op.INVALIDATE_SLOT] & ~x_slot_bad & s_pinned, Err.PINNED),
+            ((I[Op.PIN] | I[Op.UNPIN]) & ~x_slot_bad & ~s_held, Err.NOT_VALID),
+            (I[Op.PIN] & ~x_slot_bad & s_held & s_full, Err.PIN_LIMIT),
+            (I[Op.UNPIN] & ~x_slot_bad & s_held & s_zero, Err.NOT_PINNED),
+            (I[Op.ABORT] & ~x_slot_bad & ~s_pend, Err.NOT_PENDING),
+        ])
+        m.d.comb += [
+            two_rsp.hit.eq((lk_like & m_hit) | (I[Op.INVALIDATE_SLOT] & s_hit)),
+            two_rsp.pending.eq((lk_like & m_pend) | (I[Op.INVALIDATE_SLOT] & s_pend)),
+            two_rsp.slot.eq(field((lk_like, m_slot), (slot_op, x.slot), width=sb_)),
+            two_rsp.planes.eq(field((lk_like, m_planes),
+                                    (I[Op.INVALIDATE_SLOT], pick(sel_h, planes, pb_)),
+                                    (I[Op.ABORT], pick(x_sel, planes, pb_)), width=pb_)),
+            two_rsp.evicted.eq((I[Op.INVALIDATE] & m_any) | (I[Op.INVALIDATE_SLOT] & s_held)
+                               | I[Op.ABORT]),
+            two_rsp.evicted_tag.eq(field((I[Op.INVALIDATE] & m_any, x.tag),
+                                         (I[Op.INVALIDATE_SLOT], pick(sel_h, tags, tb_)),
+                                         (I[Op.ABORT], pick(x_sel, tags, tb_)), width=tb_)),
+            two_rsp.value.eq(field((I[Op.LOOKUP_PIN], m_hot),
+                                   (I[Op.PIN], (s_pins + 1)[:self.pin_bits]),
+                                   (I[Op.UNPIN], (s_pins - 1)[:self.pin_bits]), width=vb_)),
+        ]
+        two_rsp_q = Signal(self.rsp_layout)
+        two_code_q, two_any_q = Signal(4), Signal()
+        m.d.sync += [two_rsp_q.eq(two_rsp), two_code_q.eq(two_code), two_any_q.eq(two_any)]
+
+        # the other classes: from registers and shallow terms, in the cycle they
+        # execute. Every field is one flat OR of terms whose conditions carry the
+        # registered "no error" of their opcode (LOOKUP and TOUCH cannot fail),
+        # so an error needs no zeroing stage after the OR.
+        one_code, one_any = errors([
+            (I[Op.ALLOCATE] & a_res_q, Err.RESIDENT),
+            (I[Op.ALLOCATE] & ~a_res_q & a_pend_q, Err.PENDING),
+            (I[Op.ALLOCATE] & ~a_res_q & ~a_pend_q & ~v_cand, Err.NO_VICTIM),
+            (I[Op.INVALIDATE_MASK] & k_pinned_q, Err.PINNED),
+            (I[Op.STATS] & x_stat_bad, Err.BAD_SLOT),
+            (bad_op, Err.BAD_OP),
+        ])
+        fast_lk = I[Op.LOOKUP] | I[Op.TOUCH]
+        g_alloc = I[Op.ALLOCATE] & ~a_res_q & ~a_pend_q & v_cand
+        g_mask = I[Op.INVALIDATE_MASK] & ~k_pinned_q
+        g_stats = I[Op.STATS] & ~x_stat_bad
+        g_two = two & ~two_any_q
+        lk_m = [Signal(name=f"lk_m{s}") for s in range(S)]          # fast_lk & held_m
+        for s in range(S):
+            m.d.comb += lk_m[s].eq(fast_lk & held_m[s])
+        q = two_rsp_q
+        r = self.x_rsp
+        m.d.comb += [
+            r.op.eq(x.op),
+            r.error.eq(Mux(two, two_code_q, one_code)),
+            r.hit.eq(any_of([lk_m[s] & res[s] for s in range(S)]) | (g_two & q.hit)),
+            r.pending.eq(any_of([lk_m[s] & ~res[s] for s in range(S)]) | (g_two & q.pending)),
+            r.slot.eq(pick(lk_m, [Const(s, sb_) for s in range(S)], sb_)
+                      | field((g_alloc, v_idx), (g_stats, x.slot), (g_two, q.slot), width=sb_)),
+            r.planes.eq(pick(lk_m, planes, pb_) | Mux(g_two, q.planes, 0)),
+            r.evicted.eq((g_alloc & v_evict) | (g_two & q.evicted)),
+            r.evicted_tag.eq(field((g_alloc & v_evict, Array(tags)[v_idx]),
+                                   (g_two, q.evicted_tag), width=tb_)),
+            # the opcode choice folded into each slot's term, before the OR over slots
+            r.value.eq(pick(lk_m, [Mux(I[Op.TOUCH], hot_new[s], hot[s]) for s in range(S)],
+                            self.hot_bits)
+                       | field((g_stats, stat_sel), (g_two, q.value), width=vb_)),
+            r.slot_mask.eq(Mux(g_mask, x.slot_mask & Cat(*held), 0)),
+        ]
+        err_any = Signal(name="x_err_any")
+        m.d.comb += [err_any.eq(Mux(two, two_any_q, one_any)), self.x_error.eq(r.error)]
         with m.If(fire):
             m.d.sync += [self.o.valid.eq(1), self.o.payload.eq(self.x_rsp)]
         with m.Elif(self.o.ready):
@@ -460,13 +506,17 @@ class TagUnit(wiring.Component):
         alloc_go = go(Op.ALLOCATE) & ~a_res_q & ~a_pend_q & v_cand
         mask_go = go(Op.INVALIDATE_MASK) & ~k_pinned_q
         reset_go = go(Op.RESET)
+        commit_eff = [Signal(name=f"commit_eff{s}") for s in range(S)]
         for s in range(S):
-            free = ((held[s] & dis[s]) | reset_go
-                    | (go(Op.INVALIDATE) & held_m[s] & pins_zero[s])
-                    | (go(Op.INVALIDATE_SLOT) & sel_h[s] & pins_zero[s])
-                    | (go(Op.ABORT) & x_sel[s] & pend_e[s])
-                    | (mask_go & x.slot_mask[s]))
+            free_cmd = (reset_go
+                        | (go(Op.INVALIDATE) & held_m[s] & pins_zero[s])
+                        | (go(Op.INVALIDATE_SLOT) & sel_h[s] & pins_zero[s])
+                        | (go(Op.ABORT) & x_sel[s] & pend_e[s])
+                        | (mask_go & x.slot_mask[s]))
             m.d.comb += alloc[s].eq(alloc_go & (v_idx == s))
+            # after the command: the cycle's disabled frees, then its commit strobe
+            m.d.comb += commit_eff[s].eq(cm[s] & ~dis[s]
+                                         & ((held[s] & ~res[s] & ~free_cmd) | alloc[s]))
             with m.If(go(Op.TOUCH) & held_m[s]):
                 m.d.sync += hot[s].eq(hot_new[s])
             with m.If(go(Op.DECAY)):
@@ -480,30 +530,48 @@ class TagUnit(wiring.Component):
             with m.If(commit_eff[s]):
                 m.d.sync += res[s].eq(1)
             with m.If(alloc[s]):
-                m.d.sync += [held[s].eq(1), res[s].eq(0), tags[s].eq(x.tag),
+                m.d.sync += [held[s].eq(1), res[s].eq(commit_eff[s]), tags[s].eq(x.tag),
                              planes[s].eq(x.planes), hot[s].eq(x.amount), pins[s].eq(1)]
-            with m.If(free):
+            with m.If(free_cmd | dis[s]):
                 m.d.sync += held[s].eq(0)
 
         # ---- statistics -------------------------------------------------------------
-        lk = fire & (x_is[Op.LOOKUP] | (x_is[Op.LOOKUP_PIN] & ~lpin_full))
-        kv = Cat(held[s] & dis[s] for s in range(S))
+        lk = fire & (x_is[Op.LOOKUP] | (x_is[Op.LOOKUP_PIN] & ~two_any_q))
+        kv = Cat((held[s] | alloc[s]) & dis[s] for s in range(S))
         new = {"lookups": lk, "hits": lk & m_hit, "pending": lk & m_pend,
                "allocations": alloc_go, "evictions": alloc_go & v_evict,
                "commits": any_of(commit_eff),
-               "aborts": go(Op.ABORT) & any_of([x_sel[s] & pend_e[s] for s in range(S)]),
-               "kv_frees": _popcount(kv)}
+               "aborts": go(Op.ABORT) & ~two_any_q,
+               "kv_frees": _popcount(kv_q)}
         smax = (1 << self.stat_bits) - 1
         with m.If(reset_go):
             m.d.sync += [cnt.eq(0) for cnt in self.counters]
-            m.d.sync += [inc[n].eq(0) for n in names] + [inc_any.eq(0)]
+            m.d.sync += [inc[n].eq(0) for n in names] + [inc_any.eq(0), kv_q.eq(0),
+                                                         kv1_any.eq(0), kv2_any.eq(0)]
         with m.Else():
             for k, n in enumerate(names):
                 cnt = self.counters[k]
-                total = cnt + inc[n]
-                m.d.sync += [cnt.eq(Mux(total > smax, smax, total)), inc[n].eq(new[n])]
-            m.d.sync += inc_any.eq(Cat(new[n] != 0 for n in names).any())
+                iw = inc[n].shape().width
+                total = Signal(max(self.stat_bits, iw) + 1, name=f"stat_sum_{n}")
+                m.d.comb += total.eq(cnt + inc[n])
+                # saturate on the carry out when the increment is no wider than the counter
+                over = total[self.stat_bits] if iw <= self.stat_bits else total > smax
+                m.d.sync += [cnt.eq(Mux(over, smax, total[:self.stat_bits])), inc[n].eq(new[n])]
+            m.d.sync += [inc_any.eq(Cat(new[n] for n in names if n != "kv_frees").any()),
+                         kv_q.eq(kv), kv1_any.eq(kv.any()), kv2_any.eq(kv1_any)]
         return m
+
+
+def _or_tree(terms: list, width: int):
+    """OR of ``terms`` as a balanced tree, ``width`` bits wide (the synthesis
+    flow does not rebalance a long chain of ORs)."""
+    if not terms:
+        return Const(0, width)
+    terms = [t for t in terms]
+    while len(terms) > 1:
+        terms = [terms[j] | terms[j + 1] if j + 1 < len(terms) else terms[j]
+                 for j in range(0, len(terms), 2)]
+    return terms[0][:width]
 
 
 def _popcount(v):

@@ -5,9 +5,9 @@ Checking rule (the contract of :mod:`elmoe3d.hw.tag_unit`, not a replay of
 its choices): a command *executes* in the cycle before its response first
 becomes valid. The scoreboard keeps the golden model
 (:class:`elmoe3d.golden.tag_unit.TagUnitModel`) in step with the hardware
-cycle by cycle: for every cycle ``t`` it applies ``disabled`` of ``t``, then
-the commit strobe of ``t``, then the command that executed in ``t`` (if any;
-:meth:`~elmoe3d.golden.tag_unit.TagUnitModel.step`), compares that command's
+cycle by cycle: for every cycle ``t`` it applies the command that executed in
+``t`` (if any), then ``disabled`` of ``t``, then the commit strobe of ``t``
+(:meth:`~elmoe3d.golden.tag_unit.TagUnitModel.step`), compares that command's
 response with the golden one field for field, and compares the ``resident``
 and ``pending`` outputs with the golden slot states every cycle. Every
 response must come at least ``TagUnit.LATENCY`` cycles after its command.
@@ -88,6 +88,8 @@ LEGAL_ERRORS = {
     "BAD_OP": ["BAD_OP"],
 }
 SLOW_OPS = ("ALLOCATE", "INVALIDATE_MASK", "STATS")
+#: the ops that take their response from registers filled in a first cycle
+TWO_CYCLE_OPS = ("LOOKUP_PIN", "INVALIDATE", "INVALIDATE_SLOT", "PIN", "UNPIN", "ABORT")
 EVENTS = ("none", "commit", "disabled", "both")
 TRANSITIONS = (["FREE>PENDING:ALLOCATE", "RESIDENT>PENDING:ALLOCATE", "PENDING>RESIDENT:commit"]
                + [f"PENDING>FREE:{c}" for c in ("ABORT", "INVALIDATE", "INVALIDATE_SLOT",
@@ -119,7 +121,7 @@ class Coverage:
         errors = sorted({e for v in legal.values() for e in v}, key=lambda e: TagError[e])
         pairs = [f"{o}/{e}" for o in ops for e in legal[o]]
         waits = ["ALLOCATE/1", "ALLOCATE/>1", "INVALIDATE_MASK/1", "INVALIDATE_MASK/>1",
-                 "STATS/0", "STATS/1"]
+                 "STATS/0", "STATS/1", "TWO/1", "TWO/>1"]
 
         def build(f, decos):
             for d in reversed(decos):
@@ -301,9 +303,9 @@ class TagTB:
             pos = "first" if exp["slot"] == 0 else "last" if exp["slot"] == self.S - 1 else "middle"
             victim = f"{'evict' if pre_held else 'free'}/{pos}"
         wait = None
-        if name in SLOW_OPS:
+        if name in SLOW_OPS or name in TWO_CYCLE_OPS:
             w = exec_cycle - entry
-            wait = f"{name}/{w if w <= 1 else '>1'}"
+            wait = f"{'TWO' if name in TWO_CYCLE_OPS else name}/{w if w <= 1 else '>1'}"
         self.cov.exec({"op": name, "error": err, "lookup": lookup, "event": event,
                        "victim": victim, "wait": wait})
         want = self.rsp.pack(exp)
@@ -313,7 +315,7 @@ class TagTB:
         self.latencies[(name, lat)] += 1
         self.checked += 1
         if self.log is not None:
-            self.log.append((cmd, exp, lat, self.rsp.unpack(raw)))
+            self.log.append((cmd, exp, lat, self.rsp.unpack(raw), exec_cycle))
         if self.on_response is not None:
             self.on_response(cmd, exp)
         if lat < self.latency:
@@ -420,9 +422,8 @@ class TagTB:
             if commit_now is not None:
                 self.events_driven["commit"] += 1
             await ReadOnly()
-            # the previous cycle, on the golden side: its events, then its command
+            # the previous cycle, on the golden side: its command, then its events
             p_commit, p_dis = prev
-            self._golden_events(p_commit, p_dis)
             ov = bool(o_valid.value)
             raw = o_payload.value.to_unsigned() if ov else None
             if ov and (not o_prev_valid or o_prev_taken):
@@ -438,6 +439,7 @@ class TagTB:
                 self._golden_command(cmd, raw, accept, cyc - 1, event, entry)
                 last_exec = cyc - 1
                 stall_cycles = 0
+            self._golden_events(p_commit, p_dis)
             # input transfer
             if cur is not None:
                 if i_ready.value:
@@ -727,8 +729,8 @@ async def kv_disabled_slots(dut):
 async def commit_same_edge(dut):
     """A commit strobe in cycle t: ``resident`` of that slot is 0 in t and 1
     from t + 1 on (the edge at which HB sets its valid bit); a LOOKUP that
-    executes in t already sees the slot committed (step order: disabled,
-    commit, command), as the golden model in the scoreboard requires."""
+    executes in t still sees the slot PENDING (step order: command,
+    disabled, commit), as the golden model in the scoreboard requires."""
     tb = TagTB(dut)
     tb.resident_trace = []
     await tb.start()
@@ -975,7 +977,7 @@ async def zipf_trace(dut):
     tb.read_stats()
     await tb.run()
     wall = time.monotonic() - t0
-    rtl_stats = {STAT_NAMES[c["slot"]]: got["value"] for c, _, _, got in tb.log
+    rtl_stats = {STAT_NAMES[c["slot"]]: got["value"] for c, _, _, got, _ in tb.log
                  if c["op"] == TagOp.STATS}
     golden = tb.model.stats()
     assert rtl_stats == golden, (rtl_stats, golden)      # equal to the scoreboard's golden
@@ -1017,13 +1019,8 @@ async def latency_and_throughput(dut):
         for t in tags:
             tb.issue(TagOp.LOOKUP, tag=t)
     for t in tags:
-        for op in (TagOp.TOUCH, TagOp.LOOKUP, TagOp.LOOKUP_PIN, TagOp.DECAY):
+        for op in (TagOp.TOUCH, TagOp.LOOKUP, TagOp.TOUCH, TagOp.DECAY, 13):
             tb.issue(op, tag=t, amount=3)
-        tb.issue(TagOp.PIN, slot=tb.rand.randrange(S))
-        tb.issue(TagOp.UNPIN, slot=tb.rand.randrange(S))
-        tb.issue(TagOp.INVALIDATE, tag=tags[tb.rand.randrange(len(tags))])
-        tb.issue(TagOp.ABORT, slot=tb.rand.randrange(S))
-        tb.issue(TagOp.INVALIDATE_SLOT, slot=tb.rand.randrange(S))
     await tb.run()
     single = collections.Counter()
     for (name, la), n in tb.latencies.items():
@@ -1031,6 +1028,29 @@ async def latency_and_throughput(dut):
     assert tb.in_stalls == 0, f"command stream stalled {tb.in_stalls} cycles"
     assert set(single) == {L}, dict(single)
     n_single = sum(single.values())
+    # 2. the two-cycle operations: L + 1 each alone, one per two cycles back to back
+    def two_cycle_ops(t, alone=False):
+        for op, kw in ((TagOp.LOOKUP_PIN, {"tag": t}), (TagOp.PIN, {"slot": tb.rand.randrange(S)}),
+                       (TagOp.UNPIN, {"slot": tb.rand.randrange(S)}),
+                       (TagOp.INVALIDATE, {"tag": tags[tb.rand.randrange(len(tags))]}),
+                       (TagOp.ABORT, {"slot": tb.rand.randrange(S)}),
+                       (TagOp.INVALIDATE_SLOT, {"slot": tb.rand.randrange(S)})):
+            tb.issue(op, **kw)
+            if alone:
+                tb.barrier()
+    tb.log = []
+    for t in tags[:4]:
+        two_cycle_ops(t, alone=True)
+    await tb.run()
+    two = collections.Counter(e[2] for e in tb.log)
+    assert set(two) == {L + 1}, dict(two)
+    tb.log = []
+    for t in tags:
+        two_cycle_ops(t)
+    await tb.run()
+    n_two = len(tb.log)
+    spacing = collections.Counter(b[4] - a[4] for a, b in zip(tb.log, tb.log[1:]))
+    assert set(spacing) == {2}, dict(spacing)
     # 2. the waiting operations, on a quiet state and right behind a change
     tb.issue(TagOp.RESET)
     _fill_resident(tb, tags[:S])
@@ -1057,13 +1077,14 @@ async def latency_and_throughput(dut):
             ("STATS", "quiet"): L, ("STATS", "behind"): L + 1}
     assert got == want, (got, want)
     dut._log.info("latency_and_throughput: %d single-cycle commands, 0 input stalls, latency %d; "
-                  "waiting ops %s (victim_settle P = %d)", n_single, L, got, P)
+                  "%d two-cycle commands, latency %d; waiting ops %s (victim_settle P = %d)",
+                  n_single, L, n_two, L + 1, got, P)
     out = knob("throughput_out", "")
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps({
             "params": tb.p, "commands": n_single, "stalls": 0, "latency_cycles": [L],
-            "victim_settle": P,
+            "two_cycle_latency": L + 1, "victim_settle": P,
             "waiting_op_latency": {f"{k[0]}/{k[1]}": v for k, v in got.items()}}, indent=2))
     tb.save_coverage("latency_and_throughput", 0)
 

@@ -202,16 +202,21 @@ def test_golden_kv_and_victim_order():
 
 
 def test_golden_step_order():
-    """One cycle = disabled, then commit, then the command: a LOOKUP in the
-    cycle of the commit strobe is a hit; a commit of a slot disabled in
-    the same cycle is ignored; ABORT after a same-cycle commit is
-    NOT_PENDING."""
+    """One cycle = the command (on the state at the start of the cycle),
+    then disabled, then commit: a LOOKUP in the cycle of the commit strobe
+    still sees PENDING; an ABORT in that cycle wins (the strobe is ignored);
+    an ALLOCATE and the commit of its victim in one cycle make it RESIDENT;
+    a commit of a slot covered in the same cycle is ignored."""
     m = _model()
     m.execute({"op": TagOp.ALLOCATE, "tag": 5})
-    assert m.step({"op": TagOp.LOOKUP, "tag": 5}, commit=0)["hit"] == 1
+    assert m.step({"op": TagOp.LOOKUP, "tag": 5}, commit=0)["pending"] == 1
+    assert m.resident(0)
     m.execute({"op": TagOp.ALLOCATE, "tag": 6})
-    assert m.step({"op": TagOp.ABORT, "slot": 1}, commit=1)["error"] == TagError.NOT_PENDING
-    m.execute({"op": TagOp.ALLOCATE, "tag": 7})
+    assert m.step({"op": TagOp.ABORT, "slot": 1}, commit=1)["error"] == TagError.OK
+    assert not m.valid[1]
+    assert m.step({"op": TagOp.ALLOCATE, "tag": 7}, commit=1)["slot"] == 1
+    assert m.resident(1)
+    m.execute({"op": TagOp.ALLOCATE, "tag": 8})
     assert m.step(None, commit=2, disabled=0b0100) is None
     assert m.stats()["commits"] == 2 and m.stats()["kv_frees"] == 1 and not m.valid[2]
 
