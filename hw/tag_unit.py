@@ -52,8 +52,9 @@ cycle ``a`` reaches the execute stage (``x_``) in ``a + 2``. Three classes:
   :attr:`TagUnit.LATENCY` = **3** cycles after the command transfer, **one
   per cycle, back to back** (each reads the slot registers its predecessor
   wrote at the previous edge; no hazard). STATS waits while a statistics
-  increment is in flight (counters add one cycle after the event, slots
-  freed by ``disabled`` two): 4 cycles right behind a counted event.
+  increment may be in flight (counters add one cycle after the event;
+  commits and slots freed by ``disabled`` two): 4 cycles right behind a
+  counted command, up to 5 behind a commit strobe or a KV move.
 * **two-cycle** - LOOKUP_PIN, INVALIDATE, INVALIDATE_SLOT, PIN, UNPIN, ABORT can
   fail on slot state (pin limit, pinned, not valid, not pending). In their
   first cycle in ``x_`` the response and error are computed and registered;
@@ -93,9 +94,12 @@ enable from the registered tag match, its state bits and the one-hot
 decoded opcode and slot of the command. Freeing a slot clears only its
 "holds a tag" bit (its other fields are unobservable until the next
 ALLOCATE overwrites them). Every response field is an OR of per-opcode terms
-gated by the registered one-hot opcode. Statistics counters add their
-increments one cycle after the event (slots freed by ``disabled``: two),
-saturating on the carry out.
+gated by the registered one-hot opcode; the timing class of the command
+(single-cycle / two-cycle / settling) and the "state quiet for P cycles"
+test are flip-flops, so ``fire`` (the command executes) is two LUT levels
+from registers and ``o.ready``. Statistics counters add their increments one
+cycle after the event (effective commit strobes and slots freed by
+``disabled``: two), saturating on the carry out.
 """
 
 from __future__ import annotations
@@ -282,6 +286,10 @@ class TagUnit(wiring.Component):
                Op.RESET, Op.STATS, Op.LOOKUP_PIN, Op.INVALIDATE_SLOT, Op.INVALIDATE_MASK,
                Op.ABORT]
         x_is = {op: Signal(name=f"x_is_{op.name.lower()}") for op in ops}
+        # the timing class of the x_ command, registered with the opcode (see below)
+        two_ops = (Op.LOOKUP_PIN, Op.INVALIDATE, Op.INVALIDATE_SLOT, Op.PIN, Op.UNPIN, Op.ABORT)
+        settle_ops = (Op.ALLOCATE, Op.INVALIDATE_MASK)
+        x_two, x_settle = Signal(), Signal()
         load = Signal()
         alloc = [Signal(name=f"alloc{s}") for s in range(S)]        # ALLOCATE writes slot s
         m.d.comb += [load.eq(~x_valid | fire), c.o.ready.eq(load)]
@@ -295,6 +303,8 @@ class TagUnit(wiring.Component):
                                      for s in range(S)))
             m.d.sync += x_sel.eq(Cat(cp.slot == s for s in range(S)))
             m.d.sync += [x_is[op].eq(cp.op == op) for op in ops]
+            m.d.sync += [x_two.eq(Cat(cp.op == op for op in two_ops).any()),
+                         x_settle.eq(Cat(cp.op == op for op in settle_ops).any())]
         with m.Elif(x_valid):
             m.d.sync += x_age.eq(1)
 
@@ -341,18 +351,20 @@ class TagUnit(wiring.Component):
         # here; ALLOCATE and INVALIDATE_MASK ("settle") also use the victim
         # pipeline and wait until it has seen the current state.
         I = x_is
-        two = I[Op.LOOKUP_PIN] | I[Op.INVALIDATE] | I[Op.INVALIDATE_SLOT] | I[Op.PIN] \
-            | I[Op.UNPIN] | I[Op.ABORT]
-        settle = I[Op.ALLOCATE] | I[Op.INVALIDATE_MASK]
+        two, settle = x_two, x_settle
         quiet = Signal(range(P + 1))
+        # ``quiet == P`` and ``quiet != 0`` as flip-flops of their own, so that
+        # ``fire`` is a shallow function of registers and ``o.ready``
+        quiet_full, quiet_nz = Signal(), Signal()
         dis_q = Signal(S)
         dis_change = Signal()
         m.d.sync += dis_q.eq(dis)
         m.d.comb += dis_change.eq(dis != dis_q)
         change = (fire & ~I[Op.LOOKUP] & ~I[Op.STATS]) | self.commit.valid | dis_change
-        m.d.sync += quiet.eq(Mux(change, 0, Mux(quiet == P, P, quiet + 1)))
+        m.d.sync += [quiet.eq(Mux(change, 0, Mux(quiet == P, P, quiet + 1))),
+                     quiet_full.eq(~change & (quiet >= P - 1)), quiet_nz.eq(~change)]
         settled, steady = Signal(), Signal()
-        m.d.comb += [settled.eq(x_age & (quiet == P)), steady.eq(x_age & (quiet != 0))]
+        m.d.comb += [settled.eq(x_age & quiet_full), steady.eq(x_age & quiet_nz)]
 
         # registered summaries for ALLOCATE / INVALIDATE_MASK (valid once settled)
         a_res_q, a_pend_q, k_pinned_q = Signal(), Signal(), Signal()
@@ -366,13 +378,20 @@ class TagUnit(wiring.Component):
         # ---- statistics: increments registered, added one cycle later ------------
         names = gtu.STAT_NAMES
         inc = {n: Signal(range(S + 1) if n == "kv_frees" else 1, name=f"inc_{n}") for n in names}
-        inc_any = Signal()                       # a 1-bit increment is in flight
+        inc_any = Signal()                       # a 1-bit increment may be in flight
+        inc_any_cm = Signal()                    # a commit strobe was valid last cycle
+        m.d.sync += inc_any_cm.eq(self.commit.valid)
         # slots freed by ``disabled`` are counted two cycles late: their mask is
         # registered first (kv_q), then counted (inc_kv_frees), then added
         kv_q = Signal(S)
         kv1_any, kv2_any = Signal(), Signal()
+        # commits are counted the same way: the effective strobe registered
+        # (ce_q), then counted, then added; ``inc_any`` also covers every commit
+        # strobe (effective or not) of the previous cycle and cm2 the one before
+        ce_q = Signal(S)
+        cm2 = Signal()
         stats_quiet = Signal()
-        m.d.comb += stats_quiet.eq(~inc_any & ~kv1_any & ~kv2_any)
+        m.d.comb += stats_quiet.eq(~inc_any & ~kv1_any & ~kv2_any & ~cm2)
 
         can_out = ~self.o.valid | self.o.ready
         waits = (settle & ~settled) | (two & ~steady) | (I[Op.STATS] & ~stats_quiet)
@@ -536,13 +555,17 @@ class TagUnit(wiring.Component):
                 m.d.sync += held[s].eq(0)
 
         # ---- statistics -------------------------------------------------------------
-        lk = fire & (x_is[Op.LOOKUP] | (x_is[Op.LOOKUP_PIN] & ~two_any_q))
+        lk_c = x_is[Op.LOOKUP] | (x_is[Op.LOOKUP_PIN] & ~two_any_q)
+        alloc_c = x_is[Op.ALLOCATE] & ~a_res_q & ~a_pend_q & v_cand
+        abort_c = x_is[Op.ABORT] & ~two_any_q
+        lk = fire & lk_c
         kv = Cat((held[s] | alloc[s]) & dis[s] for s in range(S))
         new = {"lookups": lk, "hits": lk & m_hit, "pending": lk & m_pend,
                "allocations": alloc_go, "evictions": alloc_go & v_evict,
-               "commits": any_of(commit_eff),
-               "aborts": go(Op.ABORT) & ~two_any_q,
+               "commits": any_of(ce_q),
+               "aborts": fire & abort_c,
                "kv_frees": _popcount(kv_q)}
+        m.d.sync += [ce_q.eq(Cat(commit_eff)), cm2.eq(inc_any_cm)]
         smax = (1 << self.stat_bits) - 1
         with m.If(reset_go):
             m.d.sync += [cnt.eq(0) for cnt in self.counters]
@@ -557,7 +580,10 @@ class TagUnit(wiring.Component):
                 # saturate on the carry out when the increment is no wider than the counter
                 over = total[self.stat_bits] if iw <= self.stat_bits else total > smax
                 m.d.sync += [cnt.eq(Mux(over, smax, total[:self.stat_bits])), inc[n].eq(new[n])]
-            m.d.sync += [inc_any.eq(Cat(new[n] for n in names if n != "kv_frees").any()),
+            # a superset of the 1-bit increments loaded now (kept shallow: one
+            # AND with ``fire``); it only makes STATS wait
+            m.d.sync += [inc_any.eq((fire & (lk_c | alloc_c | abort_c)) | self.commit.valid
+                                    | ce_q.any()),
                          kv_q.eq(kv), kv1_any.eq(kv.any()), kv2_any.eq(kv1_any)]
         return m
 
