@@ -38,6 +38,14 @@ Types
 ``HBCommit``     HB's commit strobe (``valid``, ``slot``) for the tag unit.
 ``KVAccess`` / ``KVResponse`` / ``KVMove``  HB's KV-region port and its
                  boundary-move report.
+``TagCommand``   tag-unit command: ``op`` (:class:`TagOpcode`), ``tag``, ``slot``
+                 (also the STATS index), ``amount``, ``planes`` (a count),
+                 ``slot_mask``.
+``TagResponse``  ``op``, ``error`` (:class:`TagErrorCode`), ``hit``, ``pending``,
+                 ``slot``, ``planes``, ``evicted``, ``evicted_tag``, ``value``,
+                 ``slot_mask``.
+``SlotStrobe``   (a ``wiring.Signature``, not a payload) ``valid`` + ``slot``: HB's
+                 commit strobe into the tag unit (no back-pressure).
 
 Block-specific payloads (the tag unit's commands, the datapath's token
 batches, the controller's trace events) live in this module too, in the
@@ -49,16 +57,19 @@ from __future__ import annotations
 from functools import lru_cache
 
 from amaranth.hdl import signed, unsigned
-from amaranth.lib import data, enum
+from amaranth.lib import data, enum, wiring
+from amaranth.lib.wiring import Out
 
 from ..golden import bitfusion as gbf
 from ..golden import vocab as gv
+from ..golden import tag_unit as gtu
 from ..golden.bitslice import acc_width
 
 __all__ = ["PEMode", "BitFusionMode", "FillBeatKind", "HBRegionKind", "FillResultCode", "ExtKindCode",
-           "ExtErrorCode", "bits", "struct", "slice_vector", "pe_beat", "pe_result", "int8_beat",
-           "bitfusion_beat", "hb_read", "hb_beat", "fill_beat", "fill_done", "hb_commit",
-           "ext_command", "ext_beat", "ext_response", "kv_access", "kv_response", "kv_move",
+           "ExtErrorCode", "TagOpcode", "TagErrorCode", "bits", "struct", "slice_vector",
+           "pe_beat", "pe_result", "int8_beat", "bitfusion_beat", "hb_read", "hb_beat",
+           "fill_beat", "fill_done", "hb_commit", "ext_command", "ext_beat", "ext_response",
+           "kv_access", "kv_response", "kv_move", "tag_command", "tag_response", "slot_strobe",
            "Vocab", "vocab"]
 
 
@@ -282,6 +293,71 @@ def ext_response(slots: int, id_bits: int) -> type:
                                   "resident": unsigned(1), "slot": unsigned(bits(slots))})
 
 
+# -- tag unit --------------------------------------------------------------------------
+
+class TagOpcode(enum.Enum, shape=gtu.OP_BITS):
+    """Tag-unit opcode; values equal :class:`elmoe3d.golden.tag_unit.TagOp`."""
+    LOOKUP = int(gtu.TagOp.LOOKUP)
+    TOUCH = int(gtu.TagOp.TOUCH)
+    DECAY = int(gtu.TagOp.DECAY)
+    ALLOCATE = int(gtu.TagOp.ALLOCATE)
+    INVALIDATE = int(gtu.TagOp.INVALIDATE)
+    PIN = int(gtu.TagOp.PIN)
+    UNPIN = int(gtu.TagOp.UNPIN)
+    RESET = int(gtu.TagOp.RESET)
+    STATS = int(gtu.TagOp.STATS)
+    LOOKUP_PIN = int(gtu.TagOp.LOOKUP_PIN)
+    INVALIDATE_SLOT = int(gtu.TagOp.INVALIDATE_SLOT)
+    INVALIDATE_MASK = int(gtu.TagOp.INVALIDATE_MASK)
+    ABORT = int(gtu.TagOp.ABORT)
+
+
+class TagErrorCode(enum.Enum, shape=gtu.ERROR_BITS):
+    """Response error code; values equal :class:`elmoe3d.golden.tag_unit.TagError`."""
+    OK = int(gtu.TagError.OK)
+    BAD_OP = int(gtu.TagError.BAD_OP)
+    BAD_SLOT = int(gtu.TagError.BAD_SLOT)
+    RESIDENT = int(gtu.TagError.RESIDENT)
+    NO_VICTIM = int(gtu.TagError.NO_VICTIM)
+    NOT_VALID = int(gtu.TagError.NOT_VALID)
+    NOT_PINNED = int(gtu.TagError.NOT_PINNED)
+    PIN_LIMIT = int(gtu.TagError.PIN_LIMIT)
+    PINNED = int(gtu.TagError.PINNED)
+    NOT_PENDING = int(gtu.TagError.NOT_PENDING)
+    PENDING = int(gtu.TagError.PENDING)
+
+
+@lru_cache(maxsize=None)
+def tag_command(slots: int, tag_bits: int, hot_bits: int, plane_bits: int) -> type:
+    """``TagCommand``: ``op``, ``tag`` (``{layer, expert}``), ``slot`` (PIN, UNPIN,
+    ABORT, INVALIDATE_SLOT; the counter index of STATS), ``amount`` (TOUCH
+    increment, ALLOCATE initial hotness), ``planes`` (ALLOCATE: planes HB
+    will hold, a count), ``slot_mask`` (INVALIDATE_MASK)."""
+    return struct("TagCommand", {"op": TagOpcode, "tag": unsigned(tag_bits),
+                                 "slot": unsigned(gtu.slot_bits(slots)),
+                                 "amount": unsigned(hot_bits), "planes": unsigned(plane_bits),
+                                 "slot_mask": unsigned(slots)})
+
+
+@lru_cache(maxsize=None)
+def tag_response(slots: int, tag_bits: int, plane_bits: int, value_bits: int) -> type:
+    """``TagResponse``: see :data:`elmoe3d.golden.tag_unit.RESPONSE_FIELDS`."""
+    return struct("TagResponse", {"op": TagOpcode, "error": TagErrorCode,
+                                  "hit": unsigned(1), "pending": unsigned(1),
+                                  "slot": unsigned(gtu.slot_bits(slots)),
+                                  "planes": unsigned(plane_bits), "evicted": unsigned(1),
+                                  "evicted_tag": unsigned(tag_bits),
+                                  "value": unsigned(value_bits), "slot_mask": unsigned(slots)})
+
+
+@lru_cache(maxsize=None)
+def slot_strobe(slots: int) -> wiring.Signature:
+    """``SlotStrobe``: ``valid`` and ``slot`` (a slot index), driven by the
+    producer, no ``ready``: an event the consumer must take in the cycle it
+    is valid (HB's commit strobe into the tag unit)."""
+    return wiring.Signature({"valid": Out(1), "slot": Out(unsigned(bits(slots)))})
+
+
 # -- one Config, every type ---------------------------------------------------------------
 
 #: Width of the command id carried by ExtCommand / ExtBeat / ExtResponse.
@@ -311,6 +387,11 @@ class Vocab:
         self.ExtCommand = ext_command(cfg.axi_addr_bits, cfg.planes, S, D, CMD_ID_BITS)
         self.ExtBeat = ext_beat(sv, fw, cfg.planes, cfg.expert_rows, B, CMD_ID_BITS)
         self.ExtResponse = ext_response(S, CMD_ID_BITS)
+        tp = gtu.params_from_config(cfg)
+        self.TagCommand = tag_command(S, cfg.tag_bits, cfg.hot_bits, tp["plane_bits"])
+        self.TagResponse = tag_response(S, cfg.tag_bits, tp["plane_bits"],
+                                        gtu.value_bits(cfg.hot_bits, cfg.stat_bits, cfg.pin_bits))
+        self.SlotStrobe = slot_strobe(S)
 
 
 @lru_cache(maxsize=64)
