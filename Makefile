@@ -32,7 +32,7 @@ demo: $(STAMP)
 	$(BIN)/elmoe3d build
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(JOBS) --dist loadgroup
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadgroup --durations=30
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -n $(JOBS) -m slow

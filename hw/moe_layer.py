@@ -76,7 +76,8 @@ from amaranth.lib.wiring import In, Out
 from ..golden import bitslice as gbs
 from ..golden import moe_layer as gm
 from .common import check_int
-from .pe import BitSlicePE, PEMode, _plane_bits
+from .pe import BitSlicePE, PEMode
+from .vocab import bits as _plane_bits
 
 __all__ = ["MoELayer", "RouterPost", "ReqKind", "Proj", "token_layout", "request_layout",
            "weight_layout", "output_layout", "config_layout", "requant"]
@@ -449,8 +450,8 @@ class MoELayer(wiring.Component):
             m.d.comb += [
                 pe.i.valid.eq(self.w.valid & fire),
                 pe.i.payload.act.eq(act),
-                pe.i.payload.slices.eq(self.w.payload.slices[p]),
-                pe.i.payload.plane.eq(self.w.payload.plane),
+                pe.i.payload.sv.slices.eq(self.w.payload.slices[p]),
+                pe.i.payload.sv.plane.eq(self.w.payload.plane),
                 pe.i.payload.mode.eq(Mux(proj == Proj.ROUTER, PEMode.FULL, mode_reg)),
                 pe.i.payload.keep.eq(keep),
                 pe.i.payload.last.eq(closing),
