@@ -118,7 +118,7 @@ import numpy as np
 
 from ..config import check_int
 from . import layout as gl
-from .tag_unit import TagUnitModel
+from .tag_unit import SlotState, TagUnitModel, params_from_config
 from .vocab import ExtError
 
 __all__ = ["EventKind", "Phase", "Mode", "ModeReason", "LookupResult", "AllocResult",
@@ -328,99 +328,55 @@ def compare(expected, got, context: int = 3) -> str | None:
 
 
 class TagPolicy(TagUnitModel):
-    """The golden tag-unit policy (:class:`~elmoe3d.golden.tag_unit.TagUnitModel`)
-    with the integration contract of ``docs/architecture.md`` §4: a slot is
-    FREE, PENDING (allocated, fill not committed; pinned by its ALLOCATE) or
-    RESIDENT; ``disabled`` slots (covered by the KV region) are never a hit
-    and never a victim and are freed when they become disabled.
+    """The golden tag-unit policy, :class:`~elmoe3d.golden.tag_unit.TagUnitModel`
+    itself (FREE / PENDING / RESIDENT, ALLOCATE pins its PENDING victim, the
+    ``disabled`` mask, HB's commit), built from a Config, with the controller's
+    view of a lookup as a :class:`LookupResult`.
 
-    Every policy decision (victim choice, hotness, decay, pins, statistics)
-    is the base model's; this class only adds the PENDING and disabled
-    states on top of it. When the extended golden tag unit (LOOKUP_PIN,
-    ALLOCATE-pins-PENDING, ``disabled``, ``commit``) lands, this class
-    becomes a thin alias of it.
+    Every decision (victim, hotness, decay, pins, which slots a KV move
+    frees) is the base model's: a change of the tag-unit policy changes the
+    golden control sequence with it. The methods below only translate.
     """
 
     def __init__(self, cfg, *, mutant=None):
-        super().__init__(slots=cfg.tag_slots, layer_bits=cfg.layer_bits,
-                         expert_bits=cfg.expert_bits, hot_bits=cfg.hot_bits,
-                         decay_shift=cfg.decay_shift, plane_bits=cfg.plane_bits,
-                         stat_bits=cfg.stat_bits, pin_bits=cfg.pin_bits, mutant=mutant)
-        self.pending = [0] * self.slots
-        self.disabled = [0] * self.slots
-
-    def reset(self):
-        super().reset()
-        self.pending = [0] * self.slots
-        self.disabled = [0] * self.slots
-
-    def resident(self, s: int) -> bool:
-        return bool(self.valid[s] and not self.pending[s] and not self.disabled[s])
+        super().__init__(**params_from_config(cfg), mutant=mutant)
 
     def probe(self, tag: int) -> tuple[LookupResult, int]:
-        """Result and slot of a tag without side effects."""
-        s = self._where.get(tag)
-        if s is None:
-            return LookupResult.MISS, 0
-        return (LookupResult.PENDING if self.pending[s] else LookupResult.HIT), s
+        """Result and slot of a tag without side effects (a PENDING slot is
+        not a hit; its slot is reported, as the tag unit's LOOKUP does)."""
+        state, s = self.state_of(tag)
+        return _LOOKUP_OF[state], (0 if s is None else s)
 
     def lookup_pin(self, tag: int) -> tuple[LookupResult, int]:
-        """LOOKUP_PIN: a hit (resident) is pinned; a pending slot is reported,
-        not pinned. Counts lookups/hits like LOOKUP."""
-        self._check_tag(tag)
-        self._count("lookups")
-        r, s = self.probe(tag)
-        if r == LookupResult.HIT:
-            self._count("hits")
-            self.pin(s)
-        return r, s
-
-    def choose_victim(self):
-        best = None
-        for s in range(self.slots):
-            if self.disabled[s]:
-                continue
-            if not self.valid[s]:
-                return s
-            if self.pins[s]:
-                continue
-            if best is None or self.hot[s] < self.hot[best] or \
-                    (self.mutant == "tie" and self.hot[s] == self.hot[best]):
-                best = s
-        return best
+        """LOOKUP_PIN: a hit is pinned; a PENDING or missing tag is reported,
+        not pinned."""
+        r = self.probe(tag)
+        self.lookup(tag, pin=True)
+        return r
 
     def allocate_pin(self, tag: int, planes: int, hot: int):
-        """ALLOCATE: ``(ok, victim, evicted_tag)``; the victim is PENDING and pinned."""
-        ok, v, ev = self.allocate(tag, planes, hot)
-        if ok:
-            self.pending[v] = 1
-            self.pins[v] = 1
-        return ok, v, ev
+        """The hardware ALLOCATE: ``(ok, victim, evicted_tag)``; the victim is
+        PENDING and pinned."""
+        return self.allocate(tag, planes, hot, pending=True)
 
     def commit(self, s: int):
-        if not (self.valid[s] and self.pending[s]):
+        """HB's commit strobe; the controller only commits PENDING slots."""
+        if not super().commit(s):
             raise AssertionError(f"commit of slot {s}, which is not pending")
-        self.pending[s] = 0
-
-    def free_slot(self, s: int):
-        """Drop slot ``s`` (an aborted fill or a covered slot), pins included."""
-        if self.valid[s]:
-            self._free(s)
-        self.pending[s] = 0
+        return True
 
     def set_disabled(self, mask: int) -> list:
-        """New covered mask; returns ``[(slot, tag)]`` of the valid slots it
-        newly covers (they are freed)."""
-        dropped = []
+        """New covered mask; returns ``[(slot, tag)]`` of the slots it frees.
+        The controller moves the KV boundary only between passes, so no slot
+        it covers may be pinned."""
         for s in range(self.slots):
-            d = (mask >> s) & 1
-            if d and not self.disabled[s] and self.valid[s]:
-                if self.pins[s]:
-                    raise AssertionError(f"KV move covers pinned slot {s}")
-                dropped.append((s, self.tags[s]))
-                self.free_slot(s)
-            self.disabled[s] = d
-        return dropped
+            if (mask >> s) & 1 and not self.disabled[s] and self.pins[s]:
+                raise AssertionError(f"KV move covers pinned slot {s}")
+        return super().set_disabled(mask)
+
+
+_LOOKUP_OF = {SlotState.FREE: LookupResult.MISS, SlotState.PENDING: LookupResult.PENDING,
+              SlotState.RESIDENT: LookupResult.HIT}
 
 
 # ---------------------------------------------------------------------------------------
@@ -722,7 +678,7 @@ class EsdController:
                 self._emit(EventKind.FILL_END, **ev, code=FillEnd.COMMIT)
         for e, slot in pinned:
             if slot in aborted:
-                self.tags.free_slot(slot)
+                self.tags.abort(slot)
                 self._emit(EventKind.INVALIDATE, **base, expert=e, slot=slot,
                            code=InvalidateReason.ABORT)
             else:

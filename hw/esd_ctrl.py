@@ -52,7 +52,7 @@ from ..golden import layout as gl
 from . import vocab as hv
 from .streams import RegisterSlice
 
-__all__ = ["HostOp", "EsdCtrl", "host_command", "host_response", "esd_ports", "TAG_OP",
+__all__ = ["HostOp", "TagOp", "EsdCtrl", "host_command", "host_response", "esd_ports",
            "BLOCK_SPECS"]
 
 #: Host command opcodes (``HostCommand.op``).
@@ -64,9 +64,9 @@ class HostOp:
     COUNTER = 4
 
 
-#: Tag-unit opcodes the controller issues (the tag unit's ``TagOp`` encoding).
-TAG_OP = dict(LOOKUP=0, TOUCH=1, DECAY=2, ALLOCATE=3, UNPIN=6, LOOKUP_PIN=9, ABORT=12)
-TAG_NO_VICTIM = 4                      # TagError.NO_VICTIM
+#: Tag-unit opcodes the controller issues (LOOKUP, LOOKUP_PIN, TOUCH, ALLOCATE,
+#: UNPIN, ABORT, DECAY): :class:`elmoe3d.hw.vocab.TagOpcode`.
+TagOp = hv.TagOpcode
 
 VALUE_BITS = 32
 
@@ -94,23 +94,12 @@ def host_response(draft_len_max: int, stat_bits: int) -> type:
 def esd_ports(cfg: Config) -> dict:
     """The payload types of every controller port for ``cfg``."""
     S, E = cfg.tag_slots, cfg.experts
-    tb = cfg.tag_bits
     v = hv.vocab(cfg)
-    sb = max(3, (S - 1).bit_length())                      # the tag unit's slot field
-    vb = max(cfg.hot_bits, cfg.stat_bits, cfg.pin_bits)
-    pb = cfg.plane_bits
-    tag_cmd = getattr(v, "TagCommand", None) or hv.struct("TagCommand", {
-        "op": unsigned(4), "tag": unsigned(tb), "slot": unsigned(sb),
-        "amount": unsigned(cfg.hot_bits), "planes": unsigned(pb), "slot_mask": unsigned(S)})
-    tag_rsp = getattr(v, "TagResponse", None) or hv.struct("TagResponse", {
-        "op": unsigned(4), "error": unsigned(4), "hit": unsigned(1), "pending": unsigned(1),
-        "slot": unsigned(sb), "planes": unsigned(pb), "evicted": unsigned(1),
-        "evicted_tag": unsigned(tb), "value": unsigned(vb), "slot_mask": unsigned(S)})
     tok_bits = (gesd.MAX_BATCH * (cfg.draft_len_max + 1)).bit_length()
     return dict(
         HostCommand=host_command(cfg.layer_bits, cfg.draft_len_max),
         HostResponse=host_response(cfg.draft_len_max, cfg.stat_bits),
-        TraceEvent=v.TraceEvent, TagCommand=tag_cmd, TagResponse=tag_rsp,
+        TraceEvent=v.TraceEvent, TagCommand=v.TagCommand, TagResponse=v.TagResponse,
         ExtCommand=v.ExtCommand, ExtResponse=v.ExtResponse,
         FillDone=hv.struct("FillDone", {"slot": unsigned(_bits(S)), "ok": unsigned(1)}),
         KVRequest=hv.struct("KVRequest", {"kv_words": unsigned(cfg.hb_words.bit_length())}),
@@ -418,12 +407,12 @@ class EsdCtrl(wiring.Component):
 
             # DRAFT eligibility: LOOKUP every expert of the layer
             with m.State("PROBE"):
-                with m.If(tag(TAG_OP["LOOKUP"], tag=Cat(probe_e, cmd.layer))):
+                with m.If(tag(TagOp.LOOKUP, tag=Cat(probe_e, cmd.layer))):
                     m.next = "PROBE_RSP"
             with m.State("PROBE_RSP"):
                 m.d.comb += tag_i.ready.eq(1)
                 with m.If(tag_i.valid):
-                    hit = tag_i.payload.hit & (tag_i.payload.error == 0)
+                    hit = tag_i.payload.hit & (tag_i.payload.error == hv.TagErrorCode.OK)
                     m.d.sync += [mask.eq(mask | (hit << probe)), probe.eq(probe + 1),
                                  bump("draft_lookups")]
                     m.next = "PROBE_NEXT"
@@ -462,7 +451,7 @@ class EsdCtrl(wiring.Component):
                         m.d.sync += [nent.eq(nent + 1), e_exp(nent).eq(ann_i.payload.expert)]
                         m.next = "LOOKUP_PIN"
             with m.State("LOOKUP_PIN"):
-                with m.If(tag(TAG_OP["LOOKUP_PIN"], tag=tag_of)):
+                with m.If(tag(TagOp.LOOKUP_PIN, tag=tag_of)):
                     m.next = "LOOKUP_RSP"
             with m.State("LOOKUP_RSP"):
                 m.d.comb += tag_i.ready.eq(1)
@@ -470,7 +459,7 @@ class EsdCtrl(wiring.Component):
                     m.d.sync += trsp.eq(tag_i.payload)
                     m.next = "EV_LOOKUP"
             with m.State("EV_LOOKUP"):
-                hit = trsp.hit & (trsp.error == 0)
+                hit = trsp.hit & (trsp.error == hv.TagErrorCode.OK)
                 code = Mux(hit, gesd.LookupResult.HIT,
                            Mux(trsp.pending, gesd.LookupResult.PENDING, gesd.LookupResult.MISS))
                 with m.If(emit(EK.LOOKUP, **P_, expert=ann.expert, code=code,
@@ -507,7 +496,7 @@ class EsdCtrl(wiring.Component):
                     m.next = "EXT_SPLIT"
             with m.State("TOUCH"):
                 amt = Mux(ann.count > hot_max, hot_max, ann.count)
-                with m.If(tag(TAG_OP["TOUCH"], tag=tag_of, amount=amt)):
+                with m.If(tag(TagOp.TOUCH, tag=tag_of, amount=amt)):
                     m.next = "TOUCH_RSP"
             with m.State("TOUCH_RSP"):
                 m.d.comb += tag_i.ready.eq(1)
@@ -536,7 +525,7 @@ class EsdCtrl(wiring.Component):
             # miss: ALLOCATE a victim
             with m.State("ALLOCATE"):
                 amt = Mux(ann.count > hot_max, hot_max, ann.count)
-                with m.If(tag(TAG_OP["ALLOCATE"], tag=tag_of, planes=khb, amount=amt)):
+                with m.If(tag(TagOp.ALLOCATE, tag=tag_of, planes=khb, amount=amt)):
                     m.next = "ALLOCATE_RSP"
             with m.State("ALLOCATE_RSP"):
                 m.d.comb += tag_i.ready.eq(1)
@@ -545,7 +534,7 @@ class EsdCtrl(wiring.Component):
                     m.next = "EV_ALLOCATE"
             with m.State("EV_ALLOCATE"):
                 amt = Mux(ann.count > hot_max, hot_max, ann.count)
-                ok = trsp.error == 0
+                ok = trsp.error == hv.TagErrorCode.OK
                 code = Mux(ok, Mux(trsp.evicted, gesd.AllocResult.EVICT, gesd.AllocResult.FREE),
                            gesd.AllocResult.NO_VICTIM)
                 with m.If(emit(EK.ALLOCATE, **P_, expert=ann.expert, code=code,
@@ -649,7 +638,7 @@ class EsdCtrl(wiring.Component):
                         m.d.sync += [bump("aborts"), step_err.eq(1)]
                         m.next = "ABORT"
             with m.State("ABORT"):
-                with m.If(tag(TAG_OP["ABORT"], slot=x_slot)):
+                with m.If(tag(TagOp.ABORT, slot=x_slot)):
                     m.next = "ABORT_RSP"
             with m.State("ABORT_RSP"):
                 m.d.comb += tag_i.ready.eq(1)
@@ -661,7 +650,7 @@ class EsdCtrl(wiring.Component):
                     m.d.sync += idx.eq(idx + 1)
                     m.next = "END_LOAD"
             with m.State("UNPIN"):
-                with m.If(tag(TAG_OP["UNPIN"], slot=x_slot)):
+                with m.If(tag(TagOp.UNPIN, slot=x_slot)):
                     m.next = "UNPIN_RSP"
             with m.State("UNPIN_RSP"):
                 m.d.comb += tag_i.ready.eq(1)
@@ -710,7 +699,7 @@ class EsdCtrl(wiring.Component):
                 with m.Else():
                     m.next = "RESPOND"
             with m.State("DECAY"):
-                with m.If(tag(TAG_OP["DECAY"])):
+                with m.If(tag(TagOp.DECAY)):
                     m.next = "DECAY_RSP"
             with m.State("DECAY_RSP"):
                 m.d.comb += tag_i.ready.eq(1)

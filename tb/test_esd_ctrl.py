@@ -7,8 +7,9 @@ prepared by the pytest wrapper (``$ELMOE_ESD_CASE``, a pickle). Around the
 controller the testbench models the blocks it drives, each by its golden
 model or contract:
 
-* tag unit: :class:`elmoe3d.golden.esd.TagPolicy` (LOOKUP, LOOKUP_PIN, TOUCH,
-  ALLOCATE with PENDING + pin, UNPIN, ABORT, DECAY) with 1..4 cycles latency;
+* tag unit: its golden model (:class:`elmoe3d.golden.tag_unit.TagUnitModel`,
+  ``execute``: every response field) with 1..4 cycles latency; the controller
+  may only issue LOOKUP, LOOKUP_PIN, TOUCH, ALLOCATE, UNPIN, ABORT, DECAY;
 * stream engine: one ``ExtResponse`` per ``ExtCommand`` after a random delay
   (the fault plan's ordinals answer with an error);
 * HB: the fill of a slot ends (``fill_done``, and the tag unit's commit)
@@ -40,7 +41,7 @@ from cocotb.triggers import ReadOnly, RisingEdge
 from elmoe3d.config import Config
 from elmoe3d.golden import esd as gesd
 from elmoe3d.golden import layout as gl
-from elmoe3d.hw.esd_ctrl import COUNTERS, HostOp, esd_ports
+from elmoe3d.hw.esd_ctrl import COUNTERS, HostOp, TagOp, esd_ports
 from elmoe3d.tb.common import pack, params, rng, start_clock_and_reset, unpack
 
 
@@ -102,6 +103,8 @@ def _case():
         return pickle.load(f)
 
 
+_TAG_OPS = {getattr(TagOp, n).value for n in ("LOOKUP", "LOOKUP_PIN", "TOUCH", "ALLOCATE",
+                                               "UNPIN", "ABORT", "DECAY")}
 _STALL_NAMES = {"host_cmd", "trace", "tag_cmd", "ext_cmd", "dp_source", "dp_announce"}
 
 
@@ -233,31 +236,9 @@ async def run_case(dut, case, cfg, t, r, idle):
 
     # ---- tag unit -----------------------------------------------------------------
     def on_tag(c):
-        out = blank("TagResponse")
-        out["op"] = c["op"]
-        op = c["op"]
-        if op in (0, 9):                              # LOOKUP, LOOKUP_PIN
-            res, s_ = tags.lookup_pin(c["tag"]) if op == 9 else tags.probe(c["tag"])
-            out.update(hit=int(res == gesd.LookupResult.HIT),
-                       pending=int(res == gesd.LookupResult.PENDING),
-                       slot=s_ if res != gesd.LookupResult.MISS else 0)
-        elif op == 1:                                 # TOUCH
-            out.update(hit=int(tags.touch(c["tag"], c["amount"])))
-        elif op == 3:                                 # ALLOCATE
-            ok, v, ev = tags.allocate_pin(c["tag"], c["planes"], c["amount"])
-            if ok:
-                out.update(slot=v, evicted=int(ev is not None), evicted_tag=ev or 0)
-            else:
-                out["error"] = 4
-        elif op == 6:
-            tags.unpin(c["slot"])
-        elif op == 12:                                # ABORT
-            tags.free_slot(c["slot"])
-        elif op == 2:
-            tags.decay()
-        else:
-            problems.append(f"unexpected tag op {op}")
-        tag_rsp.put(out, later(r.randint(1, 4)))
+        if c["op"] not in _TAG_OPS:
+            problems.append(f"unexpected tag op {c['op']}")
+        tag_rsp.put(tags.execute(c), later(r.randint(1, 4)))
 
     # ---- stream engine and HB fills -------------------------------------------------
     def on_ext(c):
