@@ -214,14 +214,23 @@ async def replay(dut):
 async def run_case(dut, case, cfg, t, r, idle):
     clk = dut.clk
     cyc = [0]
-    tags = gesd.TagPolicy(cfg)
+    joined = hasattr(dut, "commit__valid")       # EsdTagJoin: the real tag unit inside
+    tags = None if joined else gesd.TagPolicy(cfg)
+    S = cfg.tag_slots
+    hb_valid = [0] * S                           # the HB model's slot_valid bits (joined)
+    commits = collections.deque()                # fills ended, HB commits one per cycle
+    hb_drive = {"commit": None, "disabled": None}
+    if joined:
+        dut.commit__valid.value = 0
+        dut.commit__slot.value = 0
+        dut.disabled.value = 0
     faults = dict(case.get("faults") or {})
     ext_seen = [0]
     problems = []
     responses, events = [], []
 
     host = Src(dut, "host_cmd", t["HostCommand"], r, idle)
-    tag_rsp = Src(dut, "tag_rsp", t["TagResponse"], r, idle)
+    tag_rsp = None if joined else Src(dut, "tag_rsp", t["TagResponse"], r, idle)
     ext_rsp = Src(dut, "ext_rsp", t["ExtResponse"], r, idle)
     fill_done = Src(dut, "fill_done", t["FillDone"], r, idle)
     kv_move = Src(dut, "kv_move", t["KVMove"], r, idle)
@@ -250,6 +259,10 @@ async def run_case(dut, case, cfg, t, r, idle):
                          slot=c["slot"]), later(d))
         if c["fill"]:
             slot, ok = c["slot"], not err
+            if joined:
+                hb_valid[slot] = 0                   # HB: a fill into the slot began
+                ends.append((later(d + r.randint(0, 6)), slot, ok))
+                return
 
             def fire(slot=slot, ok=ok):
                 if ok:
@@ -257,14 +270,45 @@ async def run_case(dut, case, cfg, t, r, idle):
                 return dict(slot=slot, ok=int(ok))
             fill_done.put(fire, later(d + r.randint(0, 6)))
 
+    ends = []                                    # (cycle, slot, ok) of fills to end (joined)
+
+    def hb_cycle():
+        """Joined: fills whose time came queue up; HB commits one per cycle (the
+        strobe into the tag unit) and reports FillDone from the cycle after."""
+        due = [x for x in ends if x[0] <= cyc[0]]
+        for x in due:
+            ends.remove(x)
+            commits.append(x[1:])
+        hb_drive["commit"] = None
+        while commits:
+            slot, ok = commits.popleft()
+            fill_done.put(dict(slot=slot, ok=int(ok)), later(1 + r.randint(0, 3)))
+            if ok:
+                hb_valid[slot] = 1
+                hb_drive["commit"] = slot
+                break
+
     kv_state = [0]
 
     def on_kv(c):
         words = c["kv_words"]
         mask = gl.slot_covered_mask(cfg, words)
         newly = mask & ~kv_state[0]
-        inv = sum(1 << s_ for s_ in range(cfg.tag_slots) if (newly >> s_) & 1 and tags.valid[s_])
-        tags.set_disabled(mask)
+        if joined:
+            # between passes: HB's valid bits are the tag unit's RESIDENT slots
+            res, pend = dut.resident.value.to_unsigned(), dut.pending.value.to_unsigned()
+            mine = sum(v << s_ for s_, v in enumerate(hb_valid))
+            if res != mine or pend:
+                problems.append(f"cycle {cyc[0]}: tag unit resident {res:#x} pending "
+                                f"{pend:#x}, HB valid {mine:#x} at a KV move")
+            inv = newly & mine
+            for s_ in range(S):
+                if (mask >> s_) & 1:
+                    hb_valid[s_] = 0
+            hb_drive["disabled"] = mask
+        else:
+            inv = sum(1 << s_ for s_ in range(S) if (newly >> s_) & 1 and tags.valid[s_])
+            tags.set_disabled(mask)
         kv_state[0] = mask
         kv_move.put(dict(kv_words=words, covered=newly, invalidated=inv), later(r.randint(1, 8)))
 
@@ -318,7 +362,11 @@ async def run_case(dut, case, cfg, t, r, idle):
              Snk(dut, "kv_req", t["KVRequest"], r, idle, on_kv),
              Snk(dut, "dp_step", t["StepInfo"], r, idle, on_step),
              Snk(dut, "dp_source", t["SourceInfo"], r, idle, on_source)]
-    sources = [host, tag_rsp, ext_rsp, fill_done, kv_move, announce, dp_done]
+    sources = [host, ext_rsp, fill_done, kv_move, announce, dp_done]
+    if joined:
+        sinks = [x for x in sinks if x.name != "tag_cmd"]
+    else:
+        sources.append(tag_rsp)
 
     # ---- the host -------------------------------------------------------------------
     expected = []
@@ -353,6 +401,14 @@ async def run_case(dut, case, cfg, t, r, idle):
     while cyc[0] < limit and not problems:
         await RisingEdge(clk)
         cyc[0] += 1
+        if joined:
+            hb_cycle()
+            c_ = hb_drive["commit"]
+            dut.commit__valid.value = c_ is not None
+            dut.commit__slot.value = c_ or 0
+            if hb_drive["disabled"] is not None:
+                dut.disabled.value = hb_drive["disabled"]
+                hb_drive["disabled"] = None
         for x in sources:
             x.drive(cyc[0])
         for x in sinks:
@@ -367,6 +423,11 @@ async def run_case(dut, case, cfg, t, r, idle):
             if idle_after > 50:
                 break
     assert not problems, problems[:5]
+    if joined:
+        res, pend = dut.resident.value.to_unsigned(), dut.pending.value.to_unsigned()
+        mine = sum(v << s_ for s_, v in enumerate(hb_valid))
+        assert res == mine and not pend, (f"end: tag unit resident {res:#x} pending {pend:#x}, "
+                                          f"HB valid {mine:#x}")
     for i, (want, got) in enumerate(zip(expected, responses)):
         for k, v in want.items():
             assert got[k] == v, (f"response {i} ({case['script'][i]}): {k} {got[k]} != {v}; "

@@ -25,6 +25,16 @@ def _factory(**fields):
     return EsdCtrl(Config(**fields))
 
 
+def _join_factory(**fields):
+    from elmoe3d.tb.esd_join import EsdTagJoin
+    return EsdTagJoin(Config(**fields))
+
+
+#: (factory, block, top) of the controller alone and joined with the real tag unit
+ALONE = (_factory, "esd_ctrl", "elmoe3d_esd_ctrl")
+JOINED = (_join_factory, "esd_tag_join", "elmoe3d_esd_tag_join")
+
+
 def _case(cfg, batch, steps, seed, faults=None, tokens=400, mutant=None, **kw):
     R = gesd.synthetic_trace(np.random.default_rng(seed), requests=batch, tokens=tokens,
                              layers=cfg.layers, experts=cfg.experts)
@@ -34,17 +44,24 @@ def _case(cfg, batch, steps, seed, faults=None, tokens=400, mutant=None, **kw):
                      faults={int(k): int(v) for k, v in (faults or {}).items()})
 
 
-def _run(tmp_path, cfg, batch, steps, seed=1, faults=None, simulator="verilator", env=None,
-         **kw):
-    run, case = _case(cfg, batch, steps, seed, faults, **kw)
+def _simulate(tmp_path, cfg, cases, *, dut=ALONE, simulator="verilator", seed=1, env=None):
+    """One simulation of ``cases`` (a dict, or a list run one after the other
+    with a reset between): the testbench's result(s)."""
     f = tmp_path / "case.pkl"
-    f.write_bytes(pickle.dumps(case))
+    f.write_bytes(pickle.dumps(cases if isinstance(cases, dict) else dict(cases=cases)))
     out = tmp_path / "out.json"
     e = {"ELMOE_ESD_CASE": str(f), "ELMOE_ESD_OUT": str(out)}
     e.update(env or {})
-    simulate(_factory, block="esd_ctrl", params=cfg.to_dict(), top="elmoe3d_esd_ctrl",
-             simulator=simulator, test_module=TB, env=e, seed=seed)
-    return run, json.loads(out.read_text())
+    factory, block, top = dut
+    simulate(factory, block=block, params=cfg.to_dict(), top=top, simulator=simulator,
+             test_module=TB, env=e, seed=seed)
+    return json.loads(out.read_text())
+
+
+def _run(tmp_path, cfg, batch, steps, seed=1, faults=None, simulator="verilator", env=None,
+         dut=ALONE, **kw):
+    run, case = _case(cfg, batch, steps, seed, faults, **kw)
+    return run, _simulate(tmp_path, cfg, case, dut=dut, simulator=simulator, seed=seed, env=env)
 
 
 def _tiny_kv():
@@ -96,15 +113,10 @@ def _report(tmp_path, measured_dir, traces, steps):
     runs = dec.report_runs(steps=steps, traces=traces)
     cases = [dict(script=r["run"].script, events=r["run"].events, counters=r["counters"],
                   faults={}, name=f"{r['trace']} B{r['batch']} {r['mode']}") for r in runs]
-    f = tmp_path / "cases.pkl"
-    f.write_bytes(pickle.dumps(dict(cases=cases)))
-    out = tmp_path / "out.json"
-    simulate(_factory, block="esd_ctrl", params=runs[0]["cfg"].to_dict(),
-             top="elmoe3d_esd_ctrl", test_module=TB,
-             env={"ELMOE_ESD_CASE": str(f), "ELMOE_ESD_OUT": str(out)}, seed=1)
+    res = _simulate(tmp_path, runs[0]["cfg"], cases)
     outs = [dict(trace=r["trace"], batch=r["batch"], mode=r["mode"], steps=steps,
                  rtl=o["counters"], cycles=o["cycles"], events=o["events"])
-            for r, o in zip(runs, json.loads(out.read_text()))]
+            for r, o in zip(runs, res)]
     path = measured_dir / "esd_ctrl_report.json"
     old = json.loads(path.read_text())["runs"] if path.is_file() else []
     keep = [o for o in old if o["trace"] not in traces]
@@ -146,3 +158,107 @@ def test_esd_ctrl_2000_steps(tmp_path, batch):
     cfg = preset("default").replace(kv_words_per_token=8)
     run, out = _run(tmp_path, cfg, batch, 2000, seed=batch)
     assert run.counters["decode_steps"] >= 2000
+
+
+# ---------------------------------------------------------------------------------------
+# the controller joined with the real tag unit (tb/esd_join.py; issue 13 item 4(a))
+# HB, stream engine and datapath are modelled; HB's commit strobe and covered
+# mask drive the tag unit, whose resident/pending outputs must equal HB's
+# valid bits at every KV move and at the end.
+
+def _faults(every, n=10 ** 6):
+    """LPDDR errors (SLVERR, DECERR, PROTOCOL in turn) on every ``every``-th read."""
+    return {i: [ExtError.SLVERR, ExtError.DECERR, ExtError.PROTOCOL][i % 3]
+            for i in range(3, n, every)}
+
+
+FAULTS = _faults(37)
+
+
+@pytest.mark.parametrize("simulator", sim_params())
+def test_esd_tag_join_tiny(tmp_path, simulator):
+    """tiny, batch 4, KV pressure (SD and back-off AR rounds, moves that
+    invalidate slots) and LPDDR faults (ABORTs in the real tag unit): the
+    trace equals the golden sequence, every response and counter too."""
+    run, out = _run(tmp_path, TINY_KV, 4, 60 if simulator == "verilator" else 20, seed=3,
+                    faults=FAULTS, simulator=simulator, dut=JOINED, **KV_PRESSURE)
+    c = run.counters
+    assert out["events"] == len(run.events)
+    assert c["rounds_ar"] and c["rounds_sd"] and c["kv_invalidations"] and c["aborts"]
+
+
+def _join_cases(cfg, steps, batches=(1, 4, 16), tokens=400):
+    """Synthetic Zipf + reuse decodes with random acceptance; Elastic-SD asked
+    for every round (the batch threshold would keep batch 1 and 16 in AR; the
+    KV back-off still applies) and LPDDR faults every 997th read."""
+    runs, cases = [], []
+    for b in batches:
+        run, case = _case(cfg, b, steps, seed=100 + b, tokens=tokens, faults=_faults(997),
+                          force=gesd.Mode.SD)
+        case["name"] = f"B{b}"
+        runs.append(run)
+        cases.append(case)
+    return runs, cases
+
+
+DEFAULT_JOIN = preset("default").replace(kv_words_per_token=2)
+
+
+def test_esd_tag_join_default(tmp_path, measured_dir):
+    """`default` geometry, synthetic Zipf + reuse routing, random acceptance,
+    batch 1, 4 and 16 (one simulation, reset between): event for event."""
+    import time
+    runs, cases = _join_cases(DEFAULT_JOIN, 30)
+    t0 = time.time()
+    outs = _simulate(tmp_path, DEFAULT_JOIN, cases, dut=JOINED)
+    _record_join(measured_dir, "default", runs, outs, time.time() - t0)
+    assert [o["events"] for o in outs] == [len(r.events) for r in runs]
+    for r in runs:
+        c = r.counters
+        assert c["rounds_sd"] and c["accepted_tokens"] and c["evictions"] and c["aborts"], c
+
+
+def test_esd_tag_join_catches_wrong_policy(tmp_path):
+    """The golden sequence of a mutated tag-unit policy (victim ties to the
+    highest index) differs from the real one, and the joined testbench fails
+    on it: the real tag unit's decisions are compared."""
+    from elmoe3d.sim.harness import SimulationFailed
+    good, _ = _case(TINY_KV, 4, 30, 3, faults=FAULTS, **KV_PRESSURE)
+    bad, case = _case(TINY_KV, 4, 30, 3, faults=FAULTS, mutant="tie", **KV_PRESSURE)
+    assert gesd.compare(good.events, bad.events) is not None
+    with pytest.raises(SimulationFailed):
+        _simulate(tmp_path, TINY_KV, case, dut=JOINED, seed=3)
+
+
+def _record_join(measured_dir, name, runs, outs, wall):
+    """Measured figures of joined runs -> ``build/measured/esd_tag_join.json``
+    (one entry per case name, replaced when run again)."""
+    import fcntl
+    path = measured_dir / "esd_tag_join.json"
+    lock = open(measured_dir / ".esd_tag_join.lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)              # the slow runs may end together
+    old = json.loads(path.read_text())["runs"] if path.is_file() else []
+    new = [dict(test=name, case=o["name"], steps=r.counters["decode_steps"],
+                events=o["events"], cycles=o["cycles"], rounds_sd=r.counters["rounds_sd"],
+                rounds_ar=r.counters["rounds_ar"], evictions=r.counters["evictions"],
+                aborts=r.counters["aborts"], kv_invalidations=r.counters["kv_invalidations"],
+                wall_s=round(wall, 1))
+           for r, o in zip(runs, outs)]
+    keep = [x for x in old if (x["test"], x["case"]) not in {(y["test"], y["case"]) for y in new}]
+    path.write_text(json.dumps({"source": "tests/test_esd_ctrl.py -k join (Verilator)",
+                                "runs": keep + new}, indent=1))
+    lock.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 4, 16])
+def test_esd_tag_join_2000_steps(tmp_path, measured_dir, batch):
+    """2,000 decode steps at `default`, batch 1, 4, 16, through the real tag
+    unit: event for event (writes build/measured/esd_tag_join.json)."""
+    import time
+    runs, cases = _join_cases(DEFAULT_JOIN, 2000, batches=(batch,))
+    t0 = time.time()
+    outs = _simulate(tmp_path, DEFAULT_JOIN, cases, dut=JOINED, seed=batch)
+    _record_join(measured_dir, "2000_steps", runs, outs, time.time() - t0)
+    assert runs[0].counters["decode_steps"] >= 2000
+    assert outs[0]["events"] == len(runs[0].events)
