@@ -1,5 +1,6 @@
-"""cocotb testbench of the Elastic-SD controller (``elmoe3d_esd_ctrl``) alone:
-its trace stream against the golden control sequence, event for event.
+"""cocotb testbench of the Elastic-SD controller (``elmoe3d_esd_ctrl``, alone or
+joined with the real tag unit as ``elmoe3d_esd_tag_join``): its trace stream
+against the golden control sequence, event for event.
 
 The host script (commands, the rankings each layer step routes, the
 responses) and the golden events come from :func:`elmoe3d.golden.esd.run_trace`,
@@ -19,6 +20,14 @@ model or contract:
 * datapath: the golden routing of the step's rankings with the mask the
   controller sends (:class:`~elmoe3d.golden.esd.RankingRouter`), announced
   per pass in announce order, the pass done after a random delay.
+
+Joined with the real tag unit (``tb/esd_join.EsdTagJoin``, detected by its
+``commit`` port) the tag-unit model is gone: the HB model keeps its own
+``slot_valid`` bits (cleared when a fill into the slot begins or the KV
+region covers it, set at its commit), strobes ``commit`` into the tag unit
+one fill per cycle before reporting ``fill_done``, drives ``disabled`` with
+the covered mask, and at every KV move (between passes) and at the end the
+tag unit's ``resident`` must equal those bits and ``pending`` be 0.
 
 Every stream has random idle cycles and back-pressure (``$ELMOE_ESD_IDLE``,
 default 0.2); one coroutine drives and samples every port each cycle (about
@@ -198,6 +207,10 @@ async def replay(dut):
     t = {k: data.Layout.cast(v) for k, v in esd_ports(cfg).items()}
     r = rng()
     idle = float(os.environ.get("ELMOE_ESD_IDLE", "0.2"))
+    if hasattr(dut, "commit__valid"):              # joined: HB's inputs defined from time 0
+        dut.commit__valid.value = 0
+        dut.commit__slot.value = 0
+        dut.disabled.value = 0
     await start_clock_and_reset(dut)
     outs = []
     for case in cases:
@@ -355,17 +368,16 @@ async def run_case(dut, case, cfg, t, r, idle):
         passes[0][0] -= 1
         pass_check()
 
+    # (joined: tag_cmd / tag_rsp are inner wires; a write would stick on Icarus)
     sinks = [Snk(dut, "host_rsp", t["HostResponse"], r, idle, responses.append),
              Snk(dut, "trace", t["TraceEvent"], r, idle, events.append),
-             Snk(dut, "tag_cmd", t["TagCommand"], r, idle, on_tag),
+             *([] if joined else [Snk(dut, "tag_cmd", t["TagCommand"], r, idle, on_tag)]),
              Snk(dut, "ext_cmd", t["ExtCommand"], r, idle, on_ext),
              Snk(dut, "kv_req", t["KVRequest"], r, idle, on_kv),
              Snk(dut, "dp_step", t["StepInfo"], r, idle, on_step),
              Snk(dut, "dp_source", t["SourceInfo"], r, idle, on_source)]
     sources = [host, ext_rsp, fill_done, kv_move, announce, dp_done]
-    if joined:
-        sinks = [x for x in sinks if x.name != "tag_cmd"]
-    else:
+    if not joined:
         sources.append(tag_rsp)
 
     # ---- the host -------------------------------------------------------------------
