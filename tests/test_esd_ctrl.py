@@ -207,11 +207,10 @@ DEFAULT_JOIN = preset("default").replace(kv_words_per_token=2)
 def test_esd_tag_join_default(tmp_path, measured_dir):
     """`default` geometry, synthetic Zipf + reuse routing, random acceptance,
     batch 1, 4 and 16 (one simulation, reset between): event for event."""
-    import time
     runs, cases = _join_cases(DEFAULT_JOIN, 30)
-    t0 = time.time()
+    t0 = _cpu()
     outs = _simulate(tmp_path, DEFAULT_JOIN, cases, dut=JOINED)
-    _record_join(measured_dir, "default", runs, outs, time.time() - t0)
+    _record_join(measured_dir, "default", runs, outs, _cpu() - t0)
     assert [o["events"] for o in outs] == [len(r.events) for r in runs]
     for r in runs:
         c = r.counters
@@ -230,9 +229,18 @@ def test_esd_tag_join_catches_wrong_policy(tmp_path):
         _simulate(tmp_path, TINY_KV, case, dut=JOINED, seed=3)
 
 
-def _record_join(measured_dir, name, runs, outs, wall):
+def _cpu():
+    """CPU seconds of the finished child processes (the simulator)."""
+    import resource
+    u = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return u.ru_utime + u.ru_stime
+
+
+def _record_join(measured_dir, name, runs, outs, cpu):
     """Measured figures of joined runs -> ``build/measured/esd_tag_join.json``
-    (one entry per case name, replaced when run again)."""
+    (one entry per case name, replaced when run again); ``sim_cpu_s`` is the
+    simulation's CPU time (Verilator + the Python testbench; with a fresh
+    build it includes the build), shared by the cases of one simulation."""
     import fcntl
     path = measured_dir / "esd_tag_join.json"
     lock = open(measured_dir / ".esd_tag_join.lock", "w")
@@ -242,7 +250,7 @@ def _record_join(measured_dir, name, runs, outs, wall):
                 events=o["events"], cycles=o["cycles"], rounds_sd=r.counters["rounds_sd"],
                 rounds_ar=r.counters["rounds_ar"], evictions=r.counters["evictions"],
                 aborts=r.counters["aborts"], kv_invalidations=r.counters["kv_invalidations"],
-                wall_s=round(wall, 1))
+                sim_cpu_s=round(cpu, 1))
            for r, o in zip(runs, outs)]
     keep = [x for x in old if (x["test"], x["case"]) not in {(y["test"], y["case"]) for y in new}]
     path.write_text(json.dumps({"source": "tests/test_esd_ctrl.py -k join (Verilator)",
@@ -255,10 +263,9 @@ def _record_join(measured_dir, name, runs, outs, wall):
 def test_esd_tag_join_2000_steps(tmp_path, measured_dir, batch):
     """2,000 decode steps at `default`, batch 1, 4, 16, through the real tag
     unit: event for event (writes build/measured/esd_tag_join.json)."""
-    import time
     runs, cases = _join_cases(DEFAULT_JOIN, 2000, batches=(batch,))
-    t0 = time.time()
+    t0 = _cpu()
     outs = _simulate(tmp_path, DEFAULT_JOIN, cases, dut=JOINED, seed=batch)
-    _record_join(measured_dir, "2000_steps", runs, outs, time.time() - t0)
+    _record_join(measured_dir, "2000_steps", runs, outs, _cpu() - t0)
     assert runs[0].counters["decode_steps"] >= 2000
     assert outs[0]["events"] == len(runs[0].events)
