@@ -305,6 +305,8 @@ async def run_case(dut, case, cfg, t, r, idle):
 
     def on_kv(c):
         words = c["kv_words"]
+        if words > gl.kv_limit(cfg):                 # HB would refuse it (KVMove.error)
+            problems.append(f"KV request of {words} words beyond the limit {gl.kv_limit(cfg)}")
         mask = gl.slot_covered_mask(cfg, words)
         newly = mask & ~kv_state[0]
         if joined:
@@ -323,7 +325,8 @@ async def run_case(dut, case, cfg, t, r, idle):
             inv = sum(1 << s_ for s_ in range(S) if (newly >> s_) & 1 and tags.valid[s_])
             tags.set_disabled(mask)
         kv_state[0] = mask
-        kv_move.put(dict(kv_words=words, covered=newly, invalidated=inv), later(r.randint(1, 8)))
+        kv_move.put(dict(kv_words=words, covered=newly, invalidated=inv, error=0),
+                    later(r.randint(1, 8)))
 
     # ---- datapath -------------------------------------------------------------------
     steps = [e for e in case["script"] if e["op"] == "STEP" and "refused" not in e]
