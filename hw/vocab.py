@@ -47,6 +47,10 @@ Types
 ``SlotStrobe``   (a ``wiring.Signature``, not a payload) ``valid`` + ``slot``: HB's
                  commit strobe into the tag unit (no back-pressure).
 
+``TraceEvent``    one control event of the Elastic-SD controller (``kind``,
+                 ``phase``, ``step``, ``layer``, ``pass_no``, ``expert``, ``slot``,
+                 ``tag``, ``code``, ``value``; ``golden/esd.py`` defines them).
+
 Block-specific payloads (the tag unit's commands, the datapath's token
 batches, the controller's trace events) live in this module too, in the
 section of their block.
@@ -61,6 +65,7 @@ from amaranth.lib import data, enum, wiring
 from amaranth.lib.wiring import Out
 
 from ..golden import bitfusion as gbf
+from ..golden import esd as gesd
 from ..golden import vocab as gv
 from ..golden import tag_unit as gtu
 from ..golden.bitslice import acc_width
@@ -70,7 +75,7 @@ __all__ = ["PEMode", "BitFusionMode", "FillBeatKind", "HBRegionKind", "FillResul
            "pe_beat", "pe_result", "int8_beat", "bitfusion_beat", "hb_read", "hb_beat",
            "fill_beat", "fill_done", "hb_commit", "ext_command", "ext_beat", "ext_response",
            "kv_access", "kv_response", "kv_move", "tag_command", "tag_response", "slot_strobe",
-           "Vocab", "vocab"]
+           "TraceEventKind", "TracePhase", "trace_event", "Vocab", "vocab"]
 
 
 def bits(n: int) -> int:
@@ -293,6 +298,70 @@ def ext_response(slots: int, id_bits: int) -> type:
                                   "resident": unsigned(1), "slot": unsigned(bits(slots))})
 
 
+# -- Elastic-SD controller: trace events -------------------------------------------------
+
+class TraceEventKind(enum.Enum, shape=5):
+    """Kind of a control event (values of :class:`elmoe3d.golden.esd.EventKind`)."""
+    MODE = int(gesd.EventKind.MODE)
+    PASS = int(gesd.EventKind.PASS)
+    ELIGIBLE = int(gesd.EventKind.ELIGIBLE)
+    LOOKUP = int(gesd.EventKind.LOOKUP)
+    ALLOCATE = int(gesd.EventKind.ALLOCATE)
+    FILL_START = int(gesd.EventKind.FILL_START)
+    SOURCE = int(gesd.EventKind.SOURCE)
+    TOUCH = int(gesd.EventKind.TOUCH)
+    EXT_ERROR = int(gesd.EventKind.EXT_ERROR)
+    FILL_END = int(gesd.EventKind.FILL_END)
+    UNPIN = int(gesd.EventKind.UNPIN)
+    INVALIDATE = int(gesd.EventKind.INVALIDATE)
+    LAYER_DONE = int(gesd.EventKind.LAYER_DONE)
+    DECAY = int(gesd.EventKind.DECAY)
+    ACCEPT = int(gesd.EventKind.ACCEPT)
+    ROLLBACK = int(gesd.EventKind.ROLLBACK)
+    DRAFT_LEN = int(gesd.EventKind.DRAFT_LEN)
+    KV_MOVE = int(gesd.EventKind.KV_MOVE)
+
+
+class TracePhase(enum.Enum, shape=2):
+    """Decode phase of an event (values of :class:`elmoe3d.golden.esd.Phase`)."""
+    IDLE = int(gesd.Phase.IDLE)
+    AR = int(gesd.Phase.AR)
+    DRAFT = int(gesd.Phase.DRAFT)
+    VERIFY = int(gesd.Phase.VERIFY)
+
+
+#: Width of a TraceEvent's pass index (passes of one layer step).
+TRACE_PASS_BITS = 8
+#: Width of a TraceEvent's small result code (the golden enums fit 4 bits).
+TRACE_CODE_BITS = 4
+
+
+def trace_value_bits(slots: int, experts: int, hb_words: int, planes: int) -> int:
+    """Width of ``TraceEvent.value``: a count (32 bits), an eligible-expert
+    mask (``E``), a KV size in words, or two plane masks (``2 n``)."""
+    return max(32, experts, hb_words.bit_length(), 2 * planes, slots)
+
+
+@lru_cache(maxsize=None)
+def trace_event(layer_bits: int, expert_bits: int, slots: int, draft_len_max: int,
+                experts: int, hb_words: int, planes: int) -> type:
+    """``TraceEvent``: one control event of the Elastic-SD controller
+    (``golden/esd.py`` says what every kind carries; unused fields are 0).
+
+    Fields: ``kind``, ``phase``, ``step`` (draft step), ``layer``, ``pass_no``
+    (pass of the layer step), ``expert``, ``slot``, ``tag`` (an evicted tag,
+    the mode reason, or the usable slots after a KV move), ``code`` (a small
+    result code), ``value`` (a count, a mask or a size)."""
+    tag_bits = layer_bits + expert_bits
+    return struct("TraceEvent", {
+        "kind": TraceEventKind, "phase": TracePhase,
+        "step": unsigned(max(1, draft_len_max.bit_length())),
+        "layer": unsigned(layer_bits), "pass_no": unsigned(TRACE_PASS_BITS),
+        "expert": unsigned(expert_bits), "slot": unsigned(bits(slots)),
+        "tag": unsigned(max(tag_bits, bits(slots + 1))), "code": unsigned(TRACE_CODE_BITS),
+        "value": unsigned(trace_value_bits(slots, experts, hb_words, planes))})
+
+
 # -- tag unit --------------------------------------------------------------------------
 
 class TagOpcode(enum.Enum, shape=gtu.OP_BITS):
@@ -387,6 +456,8 @@ class Vocab:
         self.ExtCommand = ext_command(cfg.axi_addr_bits, cfg.planes, S, D, CMD_ID_BITS)
         self.ExtBeat = ext_beat(sv, fw, cfg.planes, cfg.expert_rows, B, CMD_ID_BITS)
         self.ExtResponse = ext_response(S, CMD_ID_BITS)
+        self.TraceEvent = trace_event(cfg.layer_bits, cfg.expert_bits, S, cfg.draft_len_max,
+                                      cfg.experts, cfg.hb_words, cfg.planes)
         tp = gtu.params_from_config(cfg)
         self.TagCommand = tag_command(S, cfg.tag_bits, cfg.hot_bits, tp["plane_bits"])
         self.TagResponse = tag_response(S, cfg.tag_bits, tp["plane_bits"],

@@ -1,0 +1,320 @@
+"""``elmoe3d decode``: greedy decoding of the in-project MoE language model
+with its MoE layers on the tile (golden model, or the RTL with ``--rtl``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from ._common import writable_file
+
+NAME = "decode"
+HELP = "decode text with the MoE LM, its MoE layers on the tile (AR or Elastic-SD)"
+
+
+def register(p):
+    p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
+                   help="prompt text (repeatable: one request each)")
+    p.add_argument("--prompt-file", metavar="FILE",
+                   help="prompts, one per line (one request each)")
+    p.add_argument("--tokens", type=int, default=16, metavar="N",
+                   help="bytes to generate per request (default 16)")
+    p.add_argument("--mode", choices=("ar", "sd", "auto"), default="auto",
+                   help="ar: plain decoding; sd: Elastic-SD; auto: the controller's batch "
+                        "threshold decides (default)")
+    p.add_argument("--batch", type=int, default=None, metavar="B",
+                   help="requests decoded together (default: the number of prompts, at least 1; "
+                        "missing prompts are taken from the held-out set)")
+    p.add_argument("--rtl", action="store_true",
+                   help="run the MoE layers on the RTL tile in Verilator (default: golden model)")
+    p.add_argument("--json", metavar="FILE", help="write tokens, match and counters as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--picture", metavar="FILE",
+                   help="write a WaveDrom SVG of one Elastic-SD round of this decode "
+                        "(the round with the longest draft)")
+    p.add_argument("--perplexity", type=int, default=None, metavar="W",
+                   help="instead of decoding: perplexity of the float, INT8 and integer-MoE "
+                        "model on the first W held-out windows (64 = all)")
+
+
+def _prompts(args):
+    from ..sim.lm.evidence import heldout_prompts
+    texts = list(args.prompt)
+    if args.prompt_file:
+        from pathlib import Path
+        p = Path(args.prompt_file)
+        if not p.is_file():
+            raise FileNotFoundError(f"Prompt file {args.prompt_file!r} does not exist")
+        texts += [line for line in p.read_text(errors="replace").splitlines() if line.strip()]
+    batch = args.batch if args.batch is not None else max(1, len(texts))
+    from ..golden.esd import MAX_BATCH
+    if not 1 <= batch <= MAX_BATCH:
+        raise ValueError(f"--batch must be in 1..{MAX_BATCH}, not {batch}")
+    if len(texts) > batch:
+        raise ValueError(f"{len(texts)} prompts given for --batch {batch}")
+    prompts = []
+    for t in texts:
+        b = t.encode("utf-8")
+        if not b:
+            raise ValueError("An empty prompt cannot be decoded")
+        if len(b) > 96:
+            raise ValueError(f"Prompt of {len(b)} bytes is longer than 96 (the LM's context "
+                             f"is 128 bytes)")
+        prompts.append(list(b))
+    held = heldout_prompts()
+    i = 200
+    while len(prompts) < batch:
+        prompts.append([int(x) for x in held[i][:48]])
+        i += 1
+    return prompts
+
+
+def _perplexity(args) -> int:
+    from ..golden import lm as glm
+    from ..golden import lm_int as li
+    from ..report import text_table
+    from ..sim.lm.evidence import heldout_windows
+    if not 1 <= args.perplexity <= 64:
+        raise ValueError(f"--perplexity must be in 1..64 windows, not {args.perplexity}")
+    out = writable_file(args.json) if args.json else None
+    w, meta = glm.load_weights()
+    im = li.IntMoE.from_model(w, meta)
+    W = heldout_windows(args.perplexity)
+    res = {name: li.perplexity(m, W) for name, m in (
+        ("float", glm.MoEModel(w, meta, "float")), ("int8", glm.MoEModel(w, meta, "full")),
+        ("integer_moe", li.IntMoEModel(w, meta, im)))}
+    print(f"perplexity on {len(W)} held-out windows ({W[:, 1:].size} bytes); integer-MoE "
+          f"activation scales calibrated on {li.CALIB_PROMPTS} held-out prompts")
+    print(text_table(["model", "perplexity", "bits/byte"],
+                     [[k, f"{v['ppl']:.4f}", f"{v['bits_per_byte']:.4f}"]
+                      for k, v in res.items()]))
+    if out:
+        out.write_text(json.dumps(res, indent=1))
+        print(f"wrote {out}")
+    return 0
+
+
+def _picture(res, batch, path):
+    from ..golden import esd
+    sd = [r for r in res.rounds if r[0] == 1]
+    if not sd:
+        raise ValueError("--picture needs an Elastic-SD round (use --mode sd)")
+    # the round with the most drafted-from-HB experts (a warm cache), then the longest draft
+    starts = [i for i, e in enumerate(res.events)
+              if e.kind == esd.EventKind.MODE and e.code == esd.Mode.SD] + [len(res.events)]
+    hits = [sum(1 for e in res.events[a:b] if e.kind == esd.EventKind.LOOKUP
+                and e.phase == esd.Phase.DRAFT) for a, b in zip(starts, starts[1:])]
+    i = max(range(len(sd)), key=lambda j: (hits[j], sd[j][1], -j))
+    k = sd[i][1]
+    wd = esd.round_wavedrom(res.events, i, title=f"Elastic-SD round {i} of this decode "
+                            f"(batch {batch}, K = {k})")
+    import wavedrom
+    wavedrom.render(json.dumps(wd)).saveas(str(path))
+    print(f"wrote {path}")
+
+
+def _bar(done, total, t0, stream=sys.stderr):
+    w = 30
+    f = min(1.0, done / total)
+    stream.write(f"\r[{'#' * int(w * f):<{w}}] {min(done, total)}/{total} tokens "
+                 f"{time.monotonic() - t0:5.1f}s")
+    stream.flush()
+
+
+def run(args) -> int:
+    import numpy as np
+
+    from ..config import preset
+    from ..golden import lm as glm
+    from ..golden import lm_int as li
+    from ..report import text_table
+
+    if args.perplexity is not None:
+        return _perplexity(args)
+    if args.tokens < 1 or args.tokens > 24:
+        raise ValueError(f"--tokens must be in 1..24 (the LM's context is 128 bytes), "
+                         f"not {args.tokens}")
+    out = writable_file(args.json) if args.json else None
+    prompts = _prompts(args)
+    if args.rtl:
+        raise ValueError("--rtl: the RTL tile (elmoe3d_tile) is not built on this branch yet; "
+                         "run without --rtl for the golden tile")
+    weights, meta = glm.load_weights()
+    cfg = preset("lm")
+    t0 = time.monotonic()
+    intmoe = li.IntMoE.from_model(weights, meta, cfg=cfg)
+    progress = None if args.quiet else (lambda d, n: _bar(d, n, t0))
+    res = li.decode(weights, meta, intmoe, [np.array(p) for p in prompts], args.tokens,
+                    mode=args.mode, cfg=cfg, progress=progress)
+    if progress:
+        sys.stderr.write("\n")
+    secs = time.monotonic() - t0
+    for b, (p, toks) in enumerate(zip(prompts, res.tokens)):
+        text = bytes(p).decode("utf-8", "replace") + "\033[1m" * sys.stdout.isatty() + \
+            bytes(toks).decode("utf-8", "replace") + "\033[0m" * sys.stdout.isatty()
+        print(f"--- request {b}:\n{text}")
+    modes = [r[0] for r in res.rounds]
+    sd = [r for r in res.rounds if r[0] == 1]
+    c = res.counters
+    n_out = c["tokens_out"]
+    print(f"rounds: {len(modes)} ({len(sd)} Elastic-SD, {len(modes) - len(sd)} AR); "
+          f"tokens through the tile: {n_out}; "
+          f"mean accepted length {(c['accepted_tokens'] + c['rounds_sd'] * len(prompts)) / max(1, c['rounds_sd'] * len(prompts)):.2f}"
+          if sd else f"rounds: {len(modes)} AR; tokens through the tile: {n_out}")
+    look = c["hb_hits"] + c["hb_misses"] + c["hb_pending"]
+    rows = [[k, v] for k, v in c.items() if v]
+    rows.append(["hb_hit_rate", round(c["hb_hits"] / look, 4) if look else 0.0])
+    print(text_table(["tile counter (golden)", "value"], rows))
+    print("simulated cycles per token: n/a (golden model; --rtl measures them)")
+    print("RTL tokens equal golden tokens: n/a (golden model only)")
+    print(f"decode took {secs:.1f} s")
+    if args.picture:
+        _picture(res, len(prompts), writable_file(args.picture))
+    if out:
+        out.write_text(json.dumps({
+            "mode": args.mode, "batch": len(prompts), "tokens": args.tokens,
+            "prompts": [bytes(p).decode("utf-8", "replace") for p in prompts],
+            "tokens_golden": res.tokens, "tokens_rtl": None, "match": None,
+            "text_golden": [bytes(t).decode("utf-8", "replace") for t in res.tokens],
+            "rounds": [{"mode": ["AR", "SD"][m], "draft_len": k, "accepted": a}
+                       for m, k, a in res.rounds],
+            "counters": c, "seconds": round(secs, 2)}, indent=1))
+        print(f"wrote {out}")
+    return 0
+
+
+# -- report: Elastic-SD vs AR from the control sequence --------------------------------------
+
+BATCHES = (1, 4, 16)
+REPORT_HEAD = ["trace", "batch", "mode", "HB hit rate", "mean accepted len", "HB MB", "LPDDR MB",
+               "HB share", "LPDDR KB / token", "cycles / token (RTL)"]
+
+
+def report_traces(quick=False):
+    """``[(name, cfg, rankings)]``: the synthetic Zipf trace on the ``default``
+    tile and the LM's own routing trace (top-2, completed by popularity) on
+    the ``lm`` tile."""
+    import numpy as np
+
+    from ..config import preset
+    from ..golden import esd
+    from ..sim.perf.traces import load_trace
+    from ..golden.lm import DATA_DIR
+    cfg = preset("default")
+    n = 300 if quick else 1200
+    syn = esd.synthetic_trace(np.random.default_rng(2026), requests=16, tokens=n,
+                              layers=cfg.layers, experts=cfg.experts)
+    lm_cfg = preset("lm")
+    tr = load_trace(DATA_DIR / "routing_trace.npz")
+    S = tr.streams(16)                                       # (16, T, L, k)
+    lm_r = esd.complete_rankings(S, tr.num_experts)
+    return [("zipf-1.1 (default)", cfg, syn), ("moe_lm routing (lm)", lm_cfg, lm_r)]
+
+
+
+
+def report_runs(quick=False, steps=None, traces=None):
+    """Golden runs per trace, batch and mode: a list of dicts with the
+    counters (``traces``: names to keep; ``steps`` default 400, quick 60)."""
+    from ..golden import esd
+    steps = steps or (60 if quick else 400)
+    out = []
+    for name, cfg, R in report_traces(quick):
+        if traces and name not in traces:
+            continue
+        for B in BATCHES:
+            for mode in ("AR", "SD"):
+                run = esd.run_trace(cfg, R, batch=B, steps=steps, seed=B, check=False,
+                                    kv_mid_round=False, force=esd.Mode[mode])
+                out.append(dict(trace=name, batch=B, mode=mode, steps=steps,
+                                counters=run.counters, run=run, cfg=cfg))
+    return out
+
+
+#: Where the controller RTL's report runs are written (tests/test_esd_ctrl.py).
+RTL_REPORT = "esd_ctrl_report.json"
+
+
+def _figures(c, B):
+    look = c["hb_hits"] + c["hb_misses"] + c["hb_pending"]
+    acc = ((c["accepted_tokens"] + c["rounds_sd"] * B) / (c["rounds_sd"] * B)
+           if c["rounds_sd"] else 1.0)
+    tot = c["hb_bytes"] + c["lpddr_bytes"]
+    return [round(c["hb_hits"] / look, 4) if look else 0.0, round(acc, 3),
+            round(c["hb_bytes"] / 1e6, 3), round(c["lpddr_bytes"] / 1e6, 3),
+            round(c["hb_bytes"] / tot, 3) if tot else 0,
+            round(c["lpddr_bytes"] / 1e3 / max(1, c["tokens_out"]), 2)]
+
+
+def report_rows(runs):
+    return [[r["trace"], r["batch"], r["mode"], *_figures(r["counters"], r["batch"]),
+             "tile not built"] for r in runs]
+
+
+RTL_HEAD = ["trace", "batch", "mode", "steps", "HB hit rate RTL", "golden",
+            "mean accepted len RTL", "golden", "HB MB RTL", "LPDDR MB RTL", "HB share",
+            "RTL = golden"]
+
+
+def rtl_rows(path):
+    """Rows for the controller RTL's report runs in ``path`` (JSON written by
+    ``tests/test_esd_ctrl.py``) beside the golden runs recomputed here."""
+    import json as _json
+    from pathlib import Path
+    p = Path(path)
+    if not p.is_file():
+        return None
+    d = _json.loads(p.read_text())
+    rows, golden = [], {}
+    for r in d["runs"]:
+        key = (r["steps"], r["trace"])
+        if key not in golden:
+            golden[key] = report_runs(steps=r["steps"], traces=[r["trace"]])
+        g = next(x for x in golden[key] if x["batch"] == r["batch"] and x["mode"] == r["mode"])
+        fr, fg = _figures(r["rtl"], r["batch"]), _figures(g["counters"], r["batch"])
+        same = all(r["rtl"][k] == g["counters"][k] for k in r["rtl"] if k in g["counters"])
+        rows.append([r["trace"], r["batch"], r["mode"], r["steps"], fr[0], fg[0], fr[1], fg[1],
+                     fr[2], fr[3], fr[4], "yes" if same else "NO"])
+    return rows
+
+
+def build_section(ctx):
+    import json as _json
+
+    from ..golden import esd
+    from ..report import Section, md_table, text_table
+    ctx.progress("Elastic-SD control sequence (golden)")
+    runs = report_runs(ctx.quick)
+    rows = report_rows(runs)
+    pic = next(r for r in runs if r["mode"] == "SD" and r["batch"] == 4)["run"]
+    rounds = [i for i, (m, k) in enumerate(pic.rounds) if m == 1]
+    ks = [pic.rounds[i][1] for i in rounds]
+    pick = max(range(len(ks)), key=lambda i: (ks[i], -i)) if ks else 0
+    wd = esd.round_wavedrom(pic.events, pick, title=f"Elastic-SD round {pick} (batch 4, "
+                            f"K = {ks[pick] if ks else 0}, golden control sequence)")
+    svg = ctx.outdir / "esd_round.svg"
+    (ctx.outdir / "esd_round.json").write_text(_json.dumps(wd, indent=1))
+    try:
+        import wavedrom
+        wavedrom.render(_json.dumps(wd)).saveas(str(svg))
+        pic_md = f"\n\n![one Elastic-SD round]({svg.name})"
+    except ImportError:
+        pic_md = "\n\n(`wavedrom` is not installed: the round picture is esd_round.json)"
+    md = ("Golden Elastic-SD control sequence (`golden/esd.py`) replaying routing traces with "
+          "random acceptance (each drafted token accepted with p = 0.7 until the first "
+          "rejection); AR and SD forced per row (the host's ROUND force field). Bytes are "
+          "expert weight bytes. Cycles per token need the tile (`elmoe3d_tile`, not built "
+          "yet): the controller alone runs against modelled memories.\n\n" + md_table(REPORT_HEAD, rows) + pic_md)
+    rrows = rtl_rows(ctx.outdir / "measured" / RTL_REPORT)
+    if rrows:
+        md += ("\n\nThe controller RTL (`elmoe3d_esd_ctrl`, Verilator, the blocks it drives "
+               "modelled by their golden contracts) replaying the same traces, its counters "
+               "read over the host port (`pytest tests/test_esd_ctrl.py -k report` writes "
+               f"`build/measured/{RTL_REPORT}`):\n\n" + md_table(RTL_HEAD, rrows))
+    else:
+        md += (f"\n\nNo controller RTL runs (`build/measured/{RTL_REPORT}`; "
+               "`pytest tests/test_esd_ctrl.py -k report` writes it).")
+    data = {"rows": [dict(zip(REPORT_HEAD, r)) for r in rows], "rtl_rows": rrows,
+            "counters": [{k: r[k] for k in ("trace", "batch", "mode", "counters")} for r in runs]}
+    return Section("Elastic-SD control sequence", md, data, text_table(REPORT_HEAD, rows))

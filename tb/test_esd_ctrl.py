@@ -1,0 +1,468 @@
+"""cocotb testbench of the Elastic-SD controller (``elmoe3d_esd_ctrl``, alone or
+joined with the real tag unit as ``elmoe3d_esd_tag_join``): its trace stream
+against the golden control sequence, event for event.
+
+The host script (commands, the rankings each layer step routes, the
+responses) and the golden events come from :func:`elmoe3d.golden.esd.run_trace`,
+prepared by the pytest wrapper (``$ELMOE_ESD_CASE``, a pickle). Around the
+controller the testbench models the blocks it drives, each by its golden
+model or contract:
+
+* tag unit: its golden model (:class:`elmoe3d.golden.tag_unit.TagUnitModel`,
+  ``execute``: every response field) with 1..4 cycles latency; the controller
+  may only issue LOOKUP, LOOKUP_PIN, TOUCH, ALLOCATE, UNPIN, ABORT, DECAY;
+* stream engine: one ``ExtResponse`` per ``ExtCommand`` after a random delay
+  (the fault plan's ordinals answer with an error);
+* HB: the fill of a slot ends (``fill_done``, and the tag unit's commit)
+  after its read's response; KV moves computed with
+  :func:`elmoe3d.golden.layout.slot_covered_mask`, the tag unit's disabled
+  mask updated;
+* datapath: the golden routing of the step's rankings with the mask the
+  controller sends (:class:`~elmoe3d.golden.esd.RankingRouter`), announced
+  per pass in announce order, the pass done after a random delay.
+
+Joined with the real tag unit (``tb/esd_join.EsdTagJoin``, detected by its
+``commit`` port) the tag-unit model is gone: the HB model keeps its own
+``slot_valid`` bits (cleared when a fill into the slot begins or the KV
+region covers it, set at its commit), strobes ``commit`` into the tag unit
+one fill per cycle before reporting ``fill_done``, drives ``disabled`` with
+the covered mask, and at every KV move (between passes) and at the end the
+tag unit's ``resident`` must equal those bits and ``pending`` be 0.
+
+Every stream has random idle cycles and back-pressure (``$ELMOE_ESD_IDLE``,
+default 0.2); one coroutine drives and samples every port each cycle (about
+twice as fast as one coroutine per port). At the end the trace
+(in canonical order) must equal the golden events, every host response the
+golden's, and the controller's counters the golden counters.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import pickle
+
+import cocotb
+from amaranth.lib import data
+from cocotb.triggers import ReadOnly, RisingEdge
+
+from elmoe3d.config import Config
+from elmoe3d.golden import esd as gesd
+from elmoe3d.golden import layout as gl
+from elmoe3d.hw.esd_ctrl import COUNTERS, HostOp, TagOp, esd_ports
+from elmoe3d.tb.common import pack, params, rng, start_clock_and_reset, unpack
+
+
+# -- functional coverage (cocotb-coverage, written by tb/coverage.py) ----------------------
+from cocotb_coverage.coverage import CoverCross, CoverPoint  # noqa: E402
+
+EK, PH = gesd.EventKind, gesd.Phase
+_PHASES = [int(PH.AR), int(PH.DRAFT), int(PH.VERIFY)]
+
+
+@CoverPoint("esd_ctrl.event.kind", xf=lambda e: e["kind"], bins=[int(k) for k in EK])
+@CoverPoint("esd_ctrl.lookup.code", xf=lambda e: e["code"] if e["kind"] == EK.LOOKUP else None,
+            bins=[int(gesd.LookupResult.MISS), int(gesd.LookupResult.HIT)])
+@CoverPoint("esd_ctrl.lookup.phase", xf=lambda e: e["phase"] if e["kind"] == EK.LOOKUP else None,
+            bins=_PHASES)
+@CoverCross("esd_ctrl.lookup.phaseXcode", items=["esd_ctrl.lookup.phase", "esd_ctrl.lookup.code"],
+            ign_bins=[(int(PH.DRAFT), int(gesd.LookupResult.MISS))])
+@CoverPoint("esd_ctrl.allocate.code",
+            xf=lambda e: e["code"] if e["kind"] == EK.ALLOCATE else None,
+            bins=[int(x) for x in gesd.AllocResult])
+@CoverPoint("esd_ctrl.source.code", xf=lambda e: e["code"] if e["kind"] == EK.SOURCE else None,
+            bins=[int(x) for x in gesd.Source])
+@CoverPoint("esd_ctrl.source.phase", xf=lambda e: e["phase"] if e["kind"] == EK.SOURCE else None,
+            bins=_PHASES)
+@CoverCross("esd_ctrl.source.phaseXcode", items=["esd_ctrl.source.phase", "esd_ctrl.source.code"],
+            ign_bins=[(int(PH.DRAFT), int(gesd.Source.SPLIT)),
+                      (int(PH.DRAFT), int(gesd.Source.LPDDR)),
+                      (int(PH.AR), int(gesd.Source.HB)), (int(PH.VERIFY), int(gesd.Source.HB))])
+@CoverPoint("esd_ctrl.fill_end.code",
+            xf=lambda e: e["code"] if e["kind"] == EK.FILL_END else None,
+            bins=[int(x) for x in gesd.FillEnd])
+@CoverPoint("esd_ctrl.invalidate.code",
+            xf=lambda e: e["code"] if e["kind"] == EK.INVALIDATE else None,
+            bins=[int(x) for x in gesd.InvalidateReason])
+@CoverPoint("esd_ctrl.mode.reason", xf=lambda e: e["tag"] if e["kind"] == EK.MODE else None,
+            bins=[int(x) for x in gesd.ModeReason])
+@CoverPoint("esd_ctrl.ext_error.code",
+            xf=lambda e: e["value"] if e["kind"] == EK.EXT_ERROR else None,
+            bins=[1, 2, 3])
+def _cover_event(e):
+    pass
+
+
+@CoverPoint("esd_ctrl.host.op", xf=lambda op, err: op, bins=list(range(5)))
+@CoverPoint("esd_ctrl.host.error", xf=lambda op, err: err, bins=[int(x) for x in gesd.HostError
+                                                                 if x != gesd.HostError.BAD_ROUTE])
+def _cover_response(op, err):
+    pass
+
+
+@CoverPoint("esd_ctrl.stream.stall", xf=lambda name: name,
+            bins=["host_cmd", "trace", "tag_cmd", "ext_cmd", "dp_source", "dp_announce"])
+def _cover_stall(name):
+    pass
+
+
+def _case():
+    with open(os.environ["ELMOE_ESD_CASE"], "rb") as f:
+        return pickle.load(f)
+
+
+_TAG_OPS = {getattr(TagOp, n).value for n in ("LOOKUP", "LOOKUP_PIN", "TOUCH", "ALLOCATE",
+                                               "UNPIN", "ABORT", "DECAY")}
+_STALL_NAMES = {"host_cmd", "trace", "tag_cmd", "ext_cmd", "dp_source", "dp_announce"}
+
+
+class Src:
+    """Drives one DUT input stream from a queue (random idle cycles)."""
+
+    def __init__(self, dut, prefix, layout, r, idle):
+        self.valid = getattr(dut, f"{prefix}__valid")
+        self.ready = getattr(dut, f"{prefix}__ready")
+        self.payload = getattr(dut, f"{prefix}__payload")
+        self.layout, self.r, self.idle = layout, r, idle
+        self.name = prefix
+        self.queue = collections.deque()
+        self.later = collections.deque()            # (due cycle, item or callable)
+        self.item = None
+        self.fired = False
+        self.valid.value = 0
+
+    def put(self, item, due=0):
+        if self.later and self.later[-1][0] > due:
+            due = self.later[-1][0]                 # keep the order of one source
+        self.later.append((due, item))
+
+    def drive(self, cycle):
+        while self.later and self.later[0][0] <= cycle:
+            it = self.later.popleft()[1]
+            self.queue.append(it() if callable(it) else it)
+        if self.fired:
+            self.item = None
+        if self.item is None and self.queue and not (self.idle and self.r.random() < self.idle):
+            self.item = self.queue.popleft()
+            self.payload.value = pack(self.layout, self.item)
+        self.valid.value = self.item is not None
+
+    def sample(self):
+        self.fired = self.item is not None and bool(self.ready.value)
+        if self.item is not None and not self.fired and self.name in _STALL_NAMES:
+            _cover_stall(self.name)
+
+    def busy(self):
+        return self.item is not None or self.queue or self.later
+
+
+class Snk:
+    """Takes one DUT output stream with random back-pressure; calls
+    ``fn(payload)`` per transfer and checks the stream rules."""
+
+    def __init__(self, dut, prefix, layout, r, bp, fn):
+        self.valid = getattr(dut, f"{prefix}__valid")
+        self.ready = getattr(dut, f"{prefix}__ready")
+        self.payload = getattr(dut, f"{prefix}__payload")
+        self.layout, self.r, self.bp, self.fn = layout, r, bp, fn
+        self.name = prefix
+        self.rdy = False
+        self.held = None
+        self.violations = 0
+        self.ready.value = 0
+
+    def drive(self, cycle):
+        self.rdy = not (self.bp and self.r.random() < self.bp)
+        self.ready.value = self.rdy
+
+    def sample(self):
+        if not self.valid.value:
+            if self.held is not None:
+                self.violations += 1
+            self.held = None
+            return
+        v = self.payload.value
+        if not v.is_resolvable:
+            raise AssertionError(f"{self.name}: payload {v} has X/Z bits while valid")
+        raw = v.to_unsigned()
+        if self.held is not None and raw != self.held:
+            self.violations += 1
+        if not self.rdy and self.name in _STALL_NAMES:
+            _cover_stall(self.name)
+        if self.rdy:
+            self.held = None
+            self.fn(unpack(self.layout, raw))
+        else:
+            self.held = raw
+
+
+@cocotb.test()
+async def replay(dut):
+    """Every case of ``$ELMOE_ESD_CASE`` (one, or a list under ``cases``), the
+    controller reset between cases; ``$ELMOE_ESD_OUT`` gets one result each."""
+    loaded = _case()
+    cases = loaded["cases"] if "cases" in loaded else [loaded]
+    cfg = Config(**params())
+    t = {k: data.Layout.cast(v) for k, v in esd_ports(cfg).items()}
+    r = rng()
+    idle = float(os.environ.get("ELMOE_ESD_IDLE", "0.2"))
+    if hasattr(dut, "commit__valid"):              # joined: HB's inputs defined from time 0
+        dut.commit__valid.value = 0
+        dut.commit__slot.value = 0
+        dut.disabled.value = 0
+    await start_clock_and_reset(dut)
+    outs = []
+    for case in cases:
+        await RisingEdge(dut.clk)                  # leave the ReadOnly phase of the last case
+        dut.rst.value = 1
+        for _ in range(3):
+            await RisingEdge(dut.clk)
+        dut.rst.value = 0
+        outs.append(await run_case(dut, case, cfg, t, r, idle))
+        with open(os.environ["ELMOE_ESD_OUT"], "w") as f:
+            json.dump(outs if "cases" in loaded else outs[0], f)
+
+
+async def run_case(dut, case, cfg, t, r, idle):
+    clk = dut.clk
+    cyc = [0]
+    joined = hasattr(dut, "commit__valid")       # EsdTagJoin: the real tag unit inside
+    tags = None if joined else gesd.TagPolicy(cfg)
+    S = cfg.tag_slots
+    hb_valid = [0] * S                           # the HB model's slot_valid bits (joined)
+    commits = collections.deque()                # fills ended, HB commits one per cycle
+    hb_drive = {"commit": None, "disabled": None}
+    if joined:
+        dut.commit__valid.value = 0
+        dut.commit__slot.value = 0
+        dut.disabled.value = 0
+    faults = dict(case.get("faults") or {})
+    ext_seen = [0]
+    problems = []
+    responses, events = [], []
+
+    host = Src(dut, "host_cmd", t["HostCommand"], r, idle)
+    tag_rsp = None if joined else Src(dut, "tag_rsp", t["TagResponse"], r, idle)
+    ext_rsp = Src(dut, "ext_rsp", t["ExtResponse"], r, idle)
+    fill_done = Src(dut, "fill_done", t["FillDone"], r, idle)
+    kv_move = Src(dut, "kv_move", t["KVMove"], r, idle)
+    announce = Src(dut, "dp_announce", t["Announce"], r, idle)
+    dp_done = Src(dut, "dp_done", t["PassDone"], r, idle)
+
+    def blank(layout):
+        return {name: 0 for name, _ in t[layout]}
+
+    def later(d):
+        return cyc[0] + d
+
+    # ---- tag unit -----------------------------------------------------------------
+    def on_tag(c):
+        if c["op"] not in _TAG_OPS:
+            problems.append(f"unexpected tag op {c['op']}")
+        tag_rsp.put(tags.execute(c), later(r.randint(1, 4)))
+
+    # ---- stream engine and HB fills -------------------------------------------------
+    def on_ext(c):
+        i = ext_seen[0]
+        ext_seen[0] += 1
+        err = int(faults.get(i, 0))
+        d = r.randint(2, 25)
+        ext_rsp.put(dict(id=c["id"], error=err, resident=int(bool(c["fill"]) and not err),
+                         slot=c["slot"]), later(d))
+        if c["fill"]:
+            slot, ok = c["slot"], not err
+            if joined:
+                hb_valid[slot] = 0                   # HB: a fill into the slot began
+                ends.append((later(d + r.randint(0, 6)), slot, ok))
+                return
+
+            def fire(slot=slot, ok=ok):
+                if ok:
+                    tags.commit(slot)
+                return dict(slot=slot, ok=int(ok))
+            fill_done.put(fire, later(d + r.randint(0, 6)))
+
+    ends = []                                    # (cycle, slot, ok) of fills to end (joined)
+
+    def hb_cycle():
+        """Joined: fills whose time came queue up; HB commits one per cycle (the
+        strobe into the tag unit) and reports FillDone from the cycle after."""
+        due = [x for x in ends if x[0] <= cyc[0]]
+        for x in due:
+            ends.remove(x)
+            commits.append(x[1:])
+        hb_drive["commit"] = None
+        while commits:
+            slot, ok = commits.popleft()
+            fill_done.put(dict(slot=slot, ok=int(ok)), later(1 + r.randint(0, 3)))
+            if ok:
+                hb_valid[slot] = 1
+                hb_drive["commit"] = slot
+                break
+
+    kv_state = [0]
+
+    def on_kv(c):
+        words = c["kv_words"]
+        if words > gl.kv_limit(cfg):                 # HB would refuse it (KVMove.error)
+            problems.append(f"KV request of {words} words beyond the limit {gl.kv_limit(cfg)}")
+        mask = gl.slot_covered_mask(cfg, words)
+        newly = mask & ~kv_state[0]
+        if joined:
+            # between passes: HB's valid bits are the tag unit's RESIDENT slots
+            res, pend = dut.resident.value.to_unsigned(), dut.pending.value.to_unsigned()
+            mine = sum(v << s_ for s_, v in enumerate(hb_valid))
+            if res != mine or pend:
+                problems.append(f"cycle {cyc[0]}: tag unit resident {res:#x} pending "
+                                f"{pend:#x}, HB valid {mine:#x} at a KV move")
+            inv = newly & mine
+            for s_ in range(S):
+                if (mask >> s_) & 1:
+                    hb_valid[s_] = 0
+            hb_drive["disabled"] = mask
+        else:
+            inv = sum(1 << s_ for s_ in range(S) if (newly >> s_) & 1 and tags.valid[s_])
+            tags.set_disabled(mask)
+        kv_state[0] = mask
+        kv_move.put(dict(kv_words=words, covered=newly, invalidated=inv, error=0),
+                    later(r.randint(1, 8)))
+
+    # ---- datapath -------------------------------------------------------------------
+    steps = [e for e in case["script"] if e["op"] == "STEP" and "refused" not in e]
+    step_i = [0]
+    passes = collections.deque()             # experts still to be sourced, per pass
+
+    def on_step(c):
+        if step_i[0] >= len(steps):
+            problems.append("dp_step beyond the script")
+            return
+        e = steps[step_i[0]]
+        step_i[0] += 1
+        ph = gesd.Phase(c["phase"])
+        sel = gesd.RankingRouter(e["rankings"], cfg.top_k)(
+            c["mask"] if ph == gesd.Phase.DRAFT else None)
+        if c["tokens"] != len(sel):
+            problems.append(f"step tokens {c['tokens']} != {len(sel)}")
+        T = cfg.batch_tokens
+        for p in range(0, len(sel), T):
+            counts = {}
+            for s_ in sel[p:p + T]:
+                for x in s_:
+                    counts[x] = counts.get(x, 0) + 1
+            order = gesd.announce_order(counts)
+            passes.append([len(order)])
+            if not order:
+                announce.put(dict(expert=0, count=0, none=1, last=1))
+            for i, x in enumerate(order):
+                announce.put(dict(expert=x, count=counts[x], none=0,
+                                  last=int(i == len(order) - 1)))
+        pass_check()
+
+    def pass_check():
+        while passes and passes[0][0] == 0:
+            passes.popleft()
+            dp_done.put(dict(error=0), later(r.randint(1, 30)))
+
+    def on_source(c):
+        if not passes:
+            problems.append("a source answer outside a pass")
+            return
+        passes[0][0] -= 1
+        pass_check()
+
+    # (joined: tag_cmd / tag_rsp are inner wires; a write would stick on Icarus)
+    sinks = [Snk(dut, "host_rsp", t["HostResponse"], r, idle, responses.append),
+             Snk(dut, "trace", t["TraceEvent"], r, idle, events.append),
+             *([] if joined else [Snk(dut, "tag_cmd", t["TagCommand"], r, idle, on_tag)]),
+             Snk(dut, "ext_cmd", t["ExtCommand"], r, idle, on_ext),
+             Snk(dut, "kv_req", t["KVRequest"], r, idle, on_kv),
+             Snk(dut, "dp_step", t["StepInfo"], r, idle, on_step),
+             Snk(dut, "dp_source", t["SourceInfo"], r, idle, on_source)]
+    sources = [host, ext_rsp, fill_done, kv_move, announce, dp_done]
+    if not joined:
+        sources.append(tag_rsp)
+
+    # ---- the host -------------------------------------------------------------------
+    expected = []
+    for e in case["script"]:
+        op = e["op"]
+        if "refused" in e:                          # a command the controller must refuse
+            code = getattr(HostOp, op)
+            host.put(dict(op=code, phase=e.get("phase", 0), step=e.get("step", 0),
+                          layer=e.get("layer", 0),
+                          value=e.get("value", 0) | e.get("force", 0) << 8 if op == "ROUND"
+                          else e.get("value", 0)))
+            expected.append(dict(op=code, error=e["refused"]))
+        elif op == "ROUND":
+            host.put(dict(op=HostOp.ROUND, phase=0, step=0, layer=0,
+                          value=e["value"] | e.get("force", 0) << 8))
+            expected.append(dict(op=HostOp.ROUND, error=0, mode=e["mode"], k=e["k"]))
+        elif op == "STEP":
+            host.put(dict(op=HostOp.STEP, phase=e["phase"], step=e["step"], layer=e["layer"],
+                          value=0))
+            expected.append(dict(op=HostOp.STEP, error=0, value=e["error"]))
+        elif op == "ACCEPT":
+            host.put(dict(op=HostOp.ACCEPT, phase=0, step=0, layer=0, value=e["value"]))
+            expected.append(dict(op=HostOp.ACCEPT, error=0))
+        elif op == "CONTEXT":
+            host.put(dict(op=HostOp.CONTEXT, phase=0, step=0, layer=0, value=e["value"]))
+            expected.append(dict(op=HostOp.CONTEXT, error=e.get("error", 0)))
+    for i in range(len(COUNTERS)):
+        host.put(dict(op=HostOp.COUNTER, phase=0, step=0, layer=0, value=i))
+    total = len(expected) + len(COUNTERS)
+    limit = int(os.environ.get("ELMOE_ESD_MAX_CYCLES", "50000000"))
+    idle_after = 0
+    while cyc[0] < limit and not problems:
+        await RisingEdge(clk)
+        cyc[0] += 1
+        if joined:
+            hb_cycle()
+            c_ = hb_drive["commit"]
+            dut.commit__valid.value = c_ is not None
+            dut.commit__slot.value = c_ or 0
+            if hb_drive["disabled"] is not None:
+                dut.disabled.value = hb_drive["disabled"]
+                hb_drive["disabled"] = None
+        for x in sources:
+            x.drive(cyc[0])
+        for x in sinks:
+            x.drive(cyc[0])
+        await ReadOnly()
+        for x in sources:
+            x.sample()
+        for x in sinks:
+            x.sample()
+        if len(responses) >= total:
+            idle_after += 1
+            if idle_after > 50:
+                break
+    assert not problems, problems[:5]
+    if joined:
+        res, pend = dut.resident.value.to_unsigned(), dut.pending.value.to_unsigned()
+        mine = sum(v << s_ for s_, v in enumerate(hb_valid))
+        assert res == mine and not pend, (f"end: tag unit resident {res:#x} pending {pend:#x}, "
+                                          f"HB valid {mine:#x}")
+    for i, (want, got) in enumerate(zip(expected, responses)):
+        for k, v in want.items():
+            assert got[k] == v, (f"response {i} ({case['script'][i]}): {k} {got[k]} != {v}; "
+                                 f"got {got}")
+    assert len(responses) == total, f"{len(responses)} of {total} responses by cycle {cyc[0]}"
+    counters = {name: responses[len(expected) + i]["value"] for i, name in enumerate(COUNTERS)}
+    for p in events:
+        _cover_event(p)
+    for rr in responses:
+        _cover_response(rr["op"], rr["error"])
+    from elmoe3d.tb.coverage import write_coverage
+    write_coverage("esd_ctrl", run=f"{case.get('name') or 'replay'} seed {cocotb.RANDOM_SEED}",
+                   transactions=len(events) + len(responses))
+    evs = [gesd.Event.from_dict(p) for p in events]
+    msg = gesd.compare(case["events"], evs)
+    viol = sum(x.violations for x in sinks)
+    assert viol == 0, f"{viol} stream-rule violations on the outputs"
+    assert msg is None, msg
+    for k, v in case["counters"].items():
+        if k in counters:
+            assert counters[k] == v, f"counter {k}: RTL {counters[k]} != golden {v}"
+    return dict(cycles=cyc[0], counters=counters, events=len(evs), rule_violations=viol,
+                name=case.get("name"))

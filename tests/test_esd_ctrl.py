@@ -1,0 +1,271 @@
+"""pytest entry points: the Elastic-SD controller RTL in cocotb, its trace
+event for event against the golden control sequence (blocks modelled by
+their golden models; see ``tb/test_esd_ctrl.py``)."""
+
+import json
+import pickle
+
+import numpy as np
+import pytest
+
+from elmoe3d.config import Config, preset
+from elmoe3d.golden import esd as gesd
+from elmoe3d.golden.vocab import ExtError
+from elmoe3d.hw.esd_ctrl import EsdCtrl
+from elmoe3d.sim.harness import simulate
+
+from conftest import sim_params
+
+pytestmark = pytest.mark.esd
+
+TB = "elmoe3d.tb.test_esd_ctrl"
+
+
+def _factory(**fields):
+    return EsdCtrl(Config(**fields))
+
+
+def _join_factory(**fields):
+    from elmoe3d.tb.esd_join import EsdTagJoin
+    return EsdTagJoin(Config(**fields))
+
+
+#: (factory, block, top) of the controller alone and joined with the real tag unit
+ALONE = (_factory, "esd_ctrl", "elmoe3d_esd_ctrl")
+JOINED = (_join_factory, "esd_tag_join", "elmoe3d_esd_tag_join")
+
+
+def _case(cfg, batch, steps, seed, faults=None, tokens=400, mutant=None, **kw):
+    R = gesd.synthetic_trace(np.random.default_rng(seed), requests=batch, tokens=tokens,
+                             layers=cfg.layers, experts=cfg.experts)
+    run = gesd.run_trace(cfg, R, batch=batch, steps=steps, seed=seed, faults=faults,
+                         check=False, mutant=mutant, **kw)
+    return run, dict(script=run.script, events=run.events, counters=run.counters,
+                     faults={int(k): int(v) for k, v in (faults or {}).items()})
+
+
+def _simulate(tmp_path, cfg, cases, *, dut=ALONE, simulator="verilator", seed=1, env=None):
+    """One simulation of ``cases`` (a dict, or a list run one after the other
+    with a reset between): the testbench's result(s)."""
+    f = tmp_path / "case.pkl"
+    f.write_bytes(pickle.dumps(cases if isinstance(cases, dict) else dict(cases=cases)))
+    out = tmp_path / "out.json"
+    e = {"ELMOE_ESD_CASE": str(f), "ELMOE_ESD_OUT": str(out)}
+    e.update(env or {})
+    factory, block, top = dut
+    simulate(factory, block=block, params=cfg.to_dict(), top=top, simulator=simulator,
+             test_module=TB, env=e, seed=seed)
+    return json.loads(out.read_text())
+
+
+def _run(tmp_path, cfg, batch, steps, seed=1, faults=None, simulator="verilator", env=None,
+         dut=ALONE, **kw):
+    run, case = _case(cfg, batch, steps, seed, faults, **kw)
+    return run, _simulate(tmp_path, cfg, case, dut=dut, simulator=simulator, seed=seed, env=env)
+
+
+def _tiny_kv():
+    cfg = preset("tiny")
+    free_top = cfg.hb_words - cfg.dense_words - cfg.tag_slots * cfg.slot_words
+    return cfg.replace(kv_words_per_token=max(1, (free_top + 6 * cfg.slot_words) // 400),
+                       min_free_slots=4)
+
+
+TINY_KV = _tiny_kv()
+KV_PRESSURE = dict(prompt=(60, 120), length=(30, 120))
+
+
+@pytest.mark.parametrize("simulator", sim_params())
+def test_esd_ctrl_tiny(tmp_path, simulator):
+    """tiny geometry, batch 4: Elastic-SD and AR rounds (KV back-off), KV
+    moves both ways that invalidate slots, moves in the middle of drafting
+    and verification: the trace equals the golden sequence, every response
+    and counter too."""
+    run, out = _run(tmp_path, TINY_KV, 4, 50 if simulator == "verilator" else 20,
+                    simulator=simulator, **KV_PRESSURE)
+    c = run.counters
+    assert out["events"] == len(run.events)
+    assert c["rounds_ar"] and c["rounds_sd"] and c["kv_invalidations"]
+
+
+def test_esd_ctrl_refuses_bad_commands(tmp_path):
+    """Every host error a host can cause (BAD_BATCH, BAD_PHASE, BAD_ORDER,
+    BAD_ACCEPT, KV_RANGE) sprinkled through a decode: the RTL answers each
+    with the golden's code and nothing else changes (the trace and counters
+    still equal the golden's)."""
+    run, out = _run(tmp_path, TINY_KV, 4, 20, seed=11, bad=0.3, **KV_PRESSURE)
+    codes = {e["refused"] for e in run.script if "refused" in e}
+    assert codes >= {1, 2, 3, 4, 5}, codes
+
+
+def test_esd_ctrl_catches_wrong_golden(tmp_path):
+    """A golden sequence from a mutated policy (VERIFY touches too) makes the
+    same testbench fail: the comparison can fail."""
+    from elmoe3d.sim.harness import SimulationFailed
+    with pytest.raises(SimulationFailed):
+        _run(tmp_path, TINY_KV, 4, 12, mutant="touch_verify")
+
+
+def _report(tmp_path, measured_dir, traces, steps):
+    """The report's runs (AR and SD forced by the host, batch 1, 4, 16) on the
+    RTL, one simulation per geometry; writes ``build/measured/esd_ctrl_report.json``."""
+    from elmoe3d.commands import decode as dec
+    runs = dec.report_runs(steps=steps, traces=traces)
+    cases = [dict(script=r["run"].script, events=r["run"].events, counters=r["counters"],
+                  faults={}, name=f"{r['trace']} B{r['batch']} {r['mode']}") for r in runs]
+    res = _simulate(tmp_path, runs[0]["cfg"], cases)
+    outs = [dict(trace=r["trace"], batch=r["batch"], mode=r["mode"], steps=steps,
+                 rtl=o["counters"], cycles=o["cycles"], events=o["events"])
+            for r, o in zip(runs, res)]
+    path = measured_dir / "esd_ctrl_report.json"
+    old = json.loads(path.read_text())["runs"] if path.is_file() else []
+    keep = [o for o in old if o["trace"] not in traces]
+    path.write_text(json.dumps({"source": "tests/test_esd_ctrl.py (Verilator)",
+                                "runs": keep + outs}, indent=1))
+    return runs, outs
+
+
+def test_esd_ctrl_report(tmp_path, measured_dir):
+    """`default` geometry, the synthetic Zipf trace, batch 1, 4 and 16 in AR
+    and in Elastic-SD: trace, responses and counters equal the golden's."""
+    from elmoe3d.commands.decode import report_traces
+    name = report_traces(quick=True)[0][0]
+    runs, outs = _report(tmp_path, measured_dir, [name], 24)
+    assert len(outs) == 6 and all(o["events"] > 0 for o in outs)
+
+
+def test_esd_ctrl_faults(tmp_path):
+    faults = {i: [ExtError.SLVERR, ExtError.DECERR, ExtError.PROTOCOL][i % 3]
+              for i in range(3, 600, 37)}
+    run, out = _run(tmp_path, TINY_KV, 4, 40, seed=5, faults=faults, **KV_PRESSURE)
+    assert run.counters["aborts"] > 0 and out["counters"]["aborts"] == run.counters["aborts"]
+    # batch 1 (AR below the threshold, reason BATCH) with faults too
+    run, out = _run(tmp_path, TINY_KV, 1, 30, seed=6, faults=faults)
+    assert run.counters["ext_errors"] > 0
+
+
+@pytest.mark.slow
+def test_esd_ctrl_report_lm(tmp_path, measured_dir):
+    """The LM's own routing trace on the `lm` geometry, batch 1, 4, 16, AR and SD."""
+    from elmoe3d.commands.decode import report_traces
+    name = report_traces(quick=True)[1][0]
+    _report(tmp_path, measured_dir, [name], 60)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 4, 16])
+def test_esd_ctrl_2000_steps(tmp_path, batch):
+    cfg = preset("default").replace(kv_words_per_token=8)
+    run, out = _run(tmp_path, cfg, batch, 2000, seed=batch)
+    assert run.counters["decode_steps"] >= 2000
+
+
+# ---------------------------------------------------------------------------------------
+# the controller joined with the real tag unit (tb/esd_join.py; issue 13 item 4(a))
+# HB, stream engine and datapath are modelled; HB's commit strobe and covered
+# mask drive the tag unit, whose resident/pending outputs must equal HB's
+# valid bits at every KV move and at the end.
+
+def _faults(every, n=10 ** 6):
+    """LPDDR errors (SLVERR, DECERR, PROTOCOL in turn) on every ``every``-th read."""
+    return {i: [ExtError.SLVERR, ExtError.DECERR, ExtError.PROTOCOL][i % 3]
+            for i in range(3, n, every)}
+
+
+FAULTS = _faults(37)
+
+
+@pytest.mark.parametrize("simulator", sim_params())
+def test_esd_tag_join_tiny(tmp_path, simulator):
+    """tiny, batch 4, KV pressure (SD and back-off AR rounds, moves that
+    invalidate slots) and LPDDR faults (ABORTs in the real tag unit): the
+    trace equals the golden sequence, every response and counter too."""
+    run, out = _run(tmp_path, TINY_KV, 4, 60 if simulator == "verilator" else 20, seed=3,
+                    faults=FAULTS, simulator=simulator, dut=JOINED, **KV_PRESSURE)
+    c = run.counters
+    assert out["events"] == len(run.events)
+    assert c["rounds_ar"] and c["rounds_sd"] and c["kv_invalidations"] and c["aborts"]
+
+
+def _join_cases(cfg, steps, batches=(1, 4, 16), tokens=400):
+    """Synthetic Zipf + reuse decodes with random acceptance; Elastic-SD asked
+    for every round (the batch threshold would keep batch 1 and 16 in AR; the
+    KV back-off still applies) and LPDDR faults every 997th read."""
+    runs, cases = [], []
+    for b in batches:
+        run, case = _case(cfg, b, steps, seed=100 + b, tokens=tokens, faults=_faults(997),
+                          force=gesd.Mode.SD)
+        case["name"] = f"B{b}"
+        runs.append(run)
+        cases.append(case)
+    return runs, cases
+
+
+DEFAULT_JOIN = preset("default").replace(kv_words_per_token=2)
+
+
+def test_esd_tag_join_default(tmp_path, measured_dir):
+    """`default` geometry, synthetic Zipf + reuse routing, random acceptance,
+    batch 1, 4 and 16 (one simulation, reset between): event for event."""
+    runs, cases = _join_cases(DEFAULT_JOIN, 30)
+    t0 = _cpu()
+    outs = _simulate(tmp_path, DEFAULT_JOIN, cases, dut=JOINED)
+    _record_join(measured_dir, "default", runs, outs, _cpu() - t0)
+    assert [o["events"] for o in outs] == [len(r.events) for r in runs]
+    for r in runs:
+        c = r.counters
+        assert c["rounds_sd"] and c["accepted_tokens"] and c["evictions"] and c["aborts"], c
+
+
+def test_esd_tag_join_catches_wrong_policy(tmp_path):
+    """The golden sequence of a mutated tag-unit policy (victim ties to the
+    highest index) differs from the real one, and the joined testbench fails
+    on it: the real tag unit's decisions are compared."""
+    from elmoe3d.sim.harness import SimulationFailed
+    good, _ = _case(TINY_KV, 4, 30, 3, faults=FAULTS, **KV_PRESSURE)
+    bad, case = _case(TINY_KV, 4, 30, 3, faults=FAULTS, mutant="tie", **KV_PRESSURE)
+    assert gesd.compare(good.events, bad.events) is not None
+    with pytest.raises(SimulationFailed):
+        _simulate(tmp_path, TINY_KV, case, dut=JOINED, seed=3)
+
+
+def _cpu():
+    """CPU seconds of the finished child processes (the simulator)."""
+    import resource
+    u = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return u.ru_utime + u.ru_stime
+
+
+def _record_join(measured_dir, name, runs, outs, cpu):
+    """Measured figures of joined runs -> ``build/measured/esd_tag_join.json``
+    (one entry per case name, replaced when run again); ``sim_cpu_s`` is the
+    simulation's CPU time (Verilator + the Python testbench; with a fresh
+    build it includes the build), shared by the cases of one simulation."""
+    import fcntl
+    path = measured_dir / "esd_tag_join.json"
+    lock = open(measured_dir / ".esd_tag_join.lock", "w")
+    fcntl.flock(lock, fcntl.LOCK_EX)              # the slow runs may end together
+    old = json.loads(path.read_text())["runs"] if path.is_file() else []
+    new = [dict(test=name, case=o["name"], steps=r.counters["decode_steps"],
+                events=o["events"], cycles=o["cycles"], rounds_sd=r.counters["rounds_sd"],
+                rounds_ar=r.counters["rounds_ar"], evictions=r.counters["evictions"],
+                aborts=r.counters["aborts"], kv_invalidations=r.counters["kv_invalidations"],
+                sim_cpu_s=round(cpu, 1))
+           for r, o in zip(runs, outs)]
+    keep = [x for x in old if (x["test"], x["case"]) not in {(y["test"], y["case"]) for y in new}]
+    path.write_text(json.dumps({"source": "tests/test_esd_ctrl.py -k join (Verilator)",
+                                "runs": keep + new}, indent=1))
+    lock.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("batch", [1, 4, 16])
+def test_esd_tag_join_2000_steps(tmp_path, measured_dir, batch):
+    """2,000 decode steps at `default`, batch 1, 4, 16, through the real tag
+    unit: event for event (writes build/measured/esd_tag_join.json)."""
+    runs, cases = _join_cases(DEFAULT_JOIN, 2000, batches=(batch,))
+    t0 = _cpu()
+    outs = _simulate(tmp_path, DEFAULT_JOIN, cases, dut=JOINED, seed=batch)
+    _record_join(measured_dir, "2000_steps", runs, outs, _cpu() - t0)
+    assert runs[0].counters["decode_steps"] >= 2000
+    assert outs[0]["events"] == len(runs[0].events)

@@ -1,0 +1,116 @@
+"""The integer-MoE mode of the golden LM and the greedy decode through the
+golden tile: AR and Elastic-SD give the same tokens, equal to a plain greedy
+decode of the integer-MoE model that does not go through the controller."""
+
+import numpy as np
+import pytest
+
+from elmoe3d.golden import esd as gesd
+from elmoe3d.golden import lm as glm
+from elmoe3d.golden import lm_int as li
+from elmoe3d.golden import moe_layer as gml
+from elmoe3d.sim.lm import evidence as ev
+
+pytestmark = [pytest.mark.esd, pytest.mark.lm]
+
+
+@pytest.fixture(scope="module")
+def lm():
+    w, meta = glm.load_weights()
+    P = ev.heldout_prompts()
+    im = li.IntMoE.from_model(w, meta, P[:16])
+    return w, meta, im, P
+
+
+def test_ragged_forward_equals_model_forward(lm):
+    """The host's ragged forward (own KV cache per request) is the LM's
+    forward when the requests have equal lengths."""
+    w, meta, _, P = lm
+    m = glm.MoEModel(w, meta, "float")
+    toks = P[200:203, :20]
+    ref, _ = m.forward(toks)
+    caches = [m.new_cache(1, 32) for _ in range(3)]
+    got = li.ragged_forward(m, list(toks), caches, lambda l, x: m.moe(l, x)[0])
+    for b in range(3):
+        np.testing.assert_allclose(got[b], ref[b], rtol=1e-4, atol=1e-4)
+    assert all(c.length == 20 for c in caches)
+
+
+def test_integer_layer_tracks_float(lm):
+    """Each quantised layer on real FFN inputs stays close to its float
+    reference (relative RMS error), and uses the LM's INT8 weights."""
+    w, meta, im, P = lm
+    xs = li.calibration_inputs(w, meta, P[100:104])
+    for l, L in enumerate(im.layers):
+        q, _ = glm.quantize(w[f"l{l}.w_gate"])
+        assert (L.wg == q).all()
+        x = xs[l][:64]
+        xq = im.quant(l, x)
+        y, _ = im.compute(l, xq, gml.Precision.FULL)
+        yf = np.stack([gml.float_forward(L, xx * L.scales["x"]) for xx in xq])
+        err = np.sqrt(np.mean((y * L.scales["y"] - yf) ** 2)) / np.sqrt(np.mean(yf ** 2))
+        assert err < 0.15, (l, err)
+
+
+def test_integer_moe_perplexity_close_to_float(lm):
+    w, meta, im, _ = lm
+    W = ev.heldout_windows(4)
+    f = li.perplexity(glm.MoEModel(w, meta, "float"), W)["ppl"]
+    q = li.perplexity(li.IntMoEModel(w, meta, im), W)["ppl"]
+    assert abs(q - f) / f < 0.02, (f, q)
+
+
+def test_decode_ar_sd_equal_golden_greedy(lm):
+    """Greedy decode through the golden tile in AR and in SD gives the same
+    tokens, and they equal the integer-MoE model's own greedy decode."""
+    w, meta, im, P = lm
+    prompts = [P[210][:24], P[211][:24]]
+    ref, _, _ = li.IntMoEModel(w, meta, im).generate(np.stack(prompts), 10)
+    ar = li.decode(w, meta, im, prompts, 10, mode="ar")
+    sd = li.decode(w, meta, im, prompts, 10, mode="sd")
+    want = [list(map(int, r[24:])) for r in ref]
+    assert ar.tokens == want and sd.tokens == want
+    assert all(r[0] == gesd.Mode.AR for r in ar.rounds)
+    assert all(r[0] == gesd.Mode.SD for r in sd.rounds)
+    assert sd.counters["accepted_tokens"] > 0
+    # the SD run drafted from resident experts only
+    draft_src = [e for e in sd.events if e.kind == gesd.EventKind.SOURCE
+                 and e.phase == gesd.Phase.DRAFT]
+    assert draft_src and all(e.code == gesd.Source.HB for e in draft_src)
+
+
+def test_decode_bad_mode(lm):
+    w, meta, im, P = lm
+    with pytest.raises(ValueError, match="Decode mode"):
+        li.decode(w, meta, im, [P[0][:4]], 2, mode="fast")
+
+
+def test_decode_command(tmp_path, capsys):
+    """`elmoe3d decode` (golden tile): text, counters, JSON; AR and SD agree."""
+    import json
+
+    from elmoe3d.cli import main
+    outs = {}
+    for mode in ("ar", "sd"):
+        f = tmp_path / f"{mode}.json"
+        assert main(["decode", "--prompt", "def main(", "--tokens", "6", "--mode", mode,
+                     "--json", str(f), "--quiet"]) == 0
+        d = json.loads(f.read_text())
+        assert len(d["tokens_golden"][0]) == 6 and d["counters"]["tokens_out"] >= 5
+        assert d["tokens_rtl"] is None and d["match"] is None
+        outs[mode] = d
+    assert outs["ar"]["tokens_golden"] == outs["sd"]["tokens_golden"]
+    assert all(r["mode"] == "SD" for r in outs["sd"]["rounds"])
+    assert "def main(" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--tokens", "0"], "--tokens"), (["--batch", "17"], "--batch"),
+    (["--prompt", ""], "empty prompt"), (["--rtl"], "--rtl"),
+    (["--prompt-file", "/nonexistent/x"], "does not exist"),
+    (["--prompt", "a", "--prompt", "b", "--batch", "1"], "2 prompts")])
+def test_decode_command_errors(argv, msg, capsys):
+    from elmoe3d.cli import main
+    assert main(["decode", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("elmoe3d: error:") and msg in err and err.count("\n") == 1
