@@ -52,8 +52,8 @@ planes the job needs.
 Weight traffic contract (:func:`pass_traffic`), per pass:
 
 * HB (every bank alike, words per bank): the router (all ``n`` planes) and
-  the pass constants (the bank's output-requantisation records, the softmax
-  record, a ``1/B`` share of the SiLU table) once; per job its
+  the pass constants (the bank's output-requantisation records and the
+  softmax record; bank 0 also the SiLU table) once; per job its
   requantisation records once and, for a shared job or an HB-sourced job,
   its HB planes once (the whole slot / the whole dense expert);
 * LPDDR (``ExtBeat`` beats of ``fill_words`` words): per job with LPDDR
@@ -81,7 +81,7 @@ from . import moe_layer as gm
 __all__ = ["Role", "Source", "LPDDR", "Job", "PassPlan", "Traffic", "BatchResult",
            "precision_of", "job_precision", "pass_slices", "route_pass", "plan_pass",
            "batched_forward", "pass_traffic", "lut_share", "record_words",
-           "expert_record_range", "analytic_pass_cycles"]
+           "expert_record_range", "analytic_pass_cycles", "with_sources"]
 
 
 class Role(enum.IntEnum):
@@ -260,6 +260,22 @@ def plan_pass(layer, xs, roles, masks, sources=None, first: int = 0) -> PassPlan
     return PassPlan(first, list(roles), logits, sel, gates, jobs)
 
 
+def with_sources(layer, plan: PassPlan, sources) -> PassPlan:
+    """``plan`` with the routed jobs' sources set from ``sources`` (a dict
+    expert -> :class:`Source`; missing means LPDDR) and the planes per port
+    recomputed."""
+    import dataclasses
+    jobs = []
+    for j in plan.jobs:
+        if j.shared:
+            jobs.append(j)
+            continue
+        src = sources.get(j.expert, LPDDR)
+        hb, ext = _planes(layer, j.precision, src, False)
+        jobs.append(dataclasses.replace(j, source=src, hb_planes=hb, ext_planes=ext))
+    return dataclasses.replace(plan, jobs=jobs)
+
+
 def batched_forward(layer, xs, roles, masks=None, *, batch_tokens: int,
                     sources=None) -> BatchResult:
     """The batched layer on a step of tokens (see the module doc).
@@ -311,9 +327,9 @@ def batched_forward(layer, xs, roles, masks=None, *, batch_tokens: int,
 
 def lut_share(cfg, bank: int) -> range:
     """SiLU-table records (0..63, 4 entries each) that bank ``bank`` supplies:
-    the table is in every bank and each bank reads ``ceil(64 / B)`` of it."""
-    q = -(-64 // cfg.pes)
-    return range(min(64, bank * q), min(64, (bank + 1) * q))
+    the table is in every bank; bank 0 supplies all of it (the pass
+    constants are read while the router computes, off the critical path)."""
+    return range(0, 64) if bank == 0 else range(0)
 
 
 def record_words(cfg, first: int, count: int) -> tuple[int, int, int]:
@@ -354,9 +370,8 @@ def pass_traffic(cfg, plan: PassPlan) -> Traffic:
     for b in range(B):
         words = d.router_words
         out_first, out_n = idx["out"], cfg.hidden // B
-        words += record_words(cfg, out_first, out_n + 1)[1]          # out records + softmax
-        share = lut_share(cfg, b)
-        words += record_words(cfg, idx["lut"] + share.start, len(share))[1]
+        # out records, softmax record and (bank 0) the SiLU table: one contiguous read
+        words += record_words(cfg, out_first, out_n + 1 + len(lut_share(cfg, b)))[1]
         hb[b] = words
     items.append(("router", None, d.router_words))
     ext_beats = 0

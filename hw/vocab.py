@@ -37,6 +37,18 @@ Types
 Block-specific payloads (the tag unit's commands, the datapath's token
 batches, the controller's trace events) live in this module too, in the
 section of their block.
+
+Batched MoE datapath (``hw/moe/``, ``docs/blocks/moe_layer.md``):
+
+``MoEToken``     one token of a step: ``x[H]`` INT8, ``role`` (:class:`TokenRole`),
+                 ``mask[E]`` (allowed experts, DRAFT), ``layer``, ``last`` (ends the step).
+``ExpertNeed``   the datapath announces an expert of a pass: ``layer``, ``expert``,
+                 ``tokens`` (how many tokens of the pass use it), ``precision``.
+``ExpertSource`` the controller's decision for it: ``hb`` (planes ``0..k-1`` from
+                 HB ``slot``; split if the precision needs all planes) or LPDDR.
+``MoEOutput``    ``y[H]`` INT8 of one token, ``error``, ``last``.
+``PassStats``    per-pass counters: ``cycles``, ``hb_words``, ``ext_beats``,
+                 ``mac_beats``, ``experts``, ``expert_tokens``, ``tokens``, ``error``.
 """
 
 from __future__ import annotations
@@ -48,11 +60,13 @@ from amaranth.lib import data, enum
 
 from ..golden import vocab as gv
 from ..golden.bitslice import acc_width
+from ..golden.moe_batched import Role as _Role
 
 __all__ = ["PEMode", "FillBeatKind", "HBRegionKind", "ExtKindCode", "ExtErrorCode",
            "bits", "struct", "slice_vector", "pe_beat", "pe_result", "hb_read", "hb_beat",
            "fill_beat", "ext_command", "ext_beat", "ext_response", "kv_access",
-           "kv_response", "kv_move", "Vocab", "vocab"]
+           "kv_response", "kv_move", "TokenRole", "moe_token", "expert_need", "expert_source",
+           "moe_output", "pass_stats", "Vocab", "vocab"]
 
 
 def bits(n: int) -> int:
@@ -208,6 +222,59 @@ def ext_response(slots: int, id_bits: int) -> type:
                                   "resident": unsigned(1), "slot": unsigned(bits(slots))})
 
 
+# -- batched MoE datapath -----------------------------------------------------------------
+
+class TokenRole(enum.Enum, shape=2):
+    """Precision role of a token (values of :class:`elmoe3d.golden.moe_batched.Role`)."""
+    FULL = int(_Role.FULL)
+    DRAFT = int(_Role.DRAFT)
+    VERIFY = int(_Role.VERIFY)
+
+
+@lru_cache(maxsize=None)
+def moe_token(hidden: int, experts: int, layer_bits: int) -> type:
+    """``MoEToken``: ``x[H]`` INT8 (element 0 lowest), ``role``, ``mask[E]``,
+    ``layer``, ``last`` (the last token of a step)."""
+    return struct("MoEToken", {"x": data.ArrayLayout(signed(8), hidden), "role": TokenRole,
+                               "mask": unsigned(experts), "layer": unsigned(layer_bits),
+                               "last": unsigned(1)})
+
+
+@lru_cache(maxsize=None)
+def expert_need(layer_bits: int, expert_bits: int, tokens: int) -> type:
+    """``ExpertNeed``: ``{layer, expert}``, ``tokens`` (1 .. T) of the pass
+    routed to it, ``precision`` (DRAFT: planes ``0..k-1``; FULL/VERIFY: all)."""
+    return struct("ExpertNeed", {"layer": unsigned(layer_bits), "expert": unsigned(expert_bits),
+                                 "tokens": unsigned(tokens.bit_length()),
+                                 "precision": TokenRole})
+
+
+@lru_cache(maxsize=None)
+def expert_source(slots: int) -> type:
+    """``ExpertSource``: ``hb`` = 1: planes ``0..k-1`` from HB ``slot``, the
+    others (if needed) from LPDDR; ``hb`` = 0: every needed plane from LPDDR."""
+    return struct("ExpertSource", {"hb": unsigned(1), "slot": unsigned(bits(slots))})
+
+
+@lru_cache(maxsize=None)
+def moe_output(hidden: int) -> type:
+    """``MoEOutput``: ``y[H]`` INT8, ``error`` (the pass lost data), ``last``."""
+    return struct("MoEOutput", {"y": data.ArrayLayout(signed(8), hidden), "error": unsigned(1),
+                                "last": unsigned(1)})
+
+
+@lru_cache(maxsize=None)
+def pass_stats(stat_bits: int, tokens: int, experts: int) -> type:
+    """``PassStats``: counters of one pass (see ``docs/blocks/moe_layer.md``)."""
+    return struct("PassStats", {"cycles": unsigned(stat_bits), "hb_words": unsigned(stat_bits),
+                                "ext_beats": unsigned(stat_bits),
+                                "mac_beats": unsigned(stat_bits),
+                                "experts": unsigned(experts.bit_length()),
+                                "expert_tokens": unsigned((tokens * experts).bit_length()),
+                                "tokens": unsigned(tokens.bit_length()),
+                                "error": unsigned(1)})
+
+
 # -- one Config, every type ---------------------------------------------------------------
 
 #: Width of the command id carried by ExtCommand / ExtBeat / ExtResponse.
@@ -235,6 +302,12 @@ class Vocab:
         self.ExtCommand = ext_command(cfg.axi_addr_bits, cfg.planes, S, D, CMD_ID_BITS)
         self.ExtBeat = ext_beat(sv, fw, cfg.planes, cfg.expert_rows, B, CMD_ID_BITS)
         self.ExtResponse = ext_response(S, CMD_ID_BITS)
+        T, E = cfg.batch_tokens, cfg.experts
+        self.MoEToken = moe_token(cfg.hidden, E, cfg.layer_bits)
+        self.ExpertNeed = expert_need(cfg.layer_bits, cfg.expert_bits, T)
+        self.ExpertSource = expert_source(S)
+        self.MoEOutput = moe_output(cfg.hidden)
+        self.PassStats = pass_stats(cfg.stat_bits, T, E + cfg.shared_experts)
 
 
 @lru_cache(maxsize=64)

@@ -170,8 +170,9 @@ def test_traffic_contract_at_default():
         assert tr.ext_beats == J * ext_planes * rows * B // cfg.fill_words
         rec = gb.record_words(cfg, 0, 112)[1]
         assert rec == 56
-        # out+softmax: records 1792..1808 = 9 words; LUT share 1809..1824 straddles: 9 words
-        assert tr.hb_words[0] == 32 + 9 + 9 + J * (rec + hb_planes * rows)
+        # bank 0: out + softmax + SiLU table, records 1792..1872 = 41 words; others 9
+        assert tr.hb_words[1] == 32 + 9 + J * (rec + hb_planes * rows)
+        assert tr.hb_words[0] == 32 + 41 + J * (rec + hb_planes * rows)
         planes = 1 if role is R.DRAFT else n
         pairs = sum(len(j.tokens) for j in plan.jobs)
         assert pairs == 16 * cfg.top_k
@@ -186,8 +187,7 @@ def test_record_words_alignment():
     assert gb.record_words(cfg, 3, 1) == (1, 1, 1)
     tiny = preset("tiny")                         # 16-bit words: 2 words per record
     assert gb.record_words(tiny, 5, 2) == (10, 4, 0)
-    assert [list(gb.lut_share(cfg, b)) for b in range(4)] == [
-        list(range(0, 16)), list(range(16, 32)), list(range(32, 48)), list(range(48, 64))]
+    assert [list(gb.lut_share(cfg, b)) for b in range(4)] == [list(range(64)), [], [], []]
 
 
 @pytest.mark.parametrize("name,over", [("tiny", {}), ("tiny", {"shared_experts": 1, "hb_words": 8192}),
