@@ -33,7 +33,8 @@ The pass plan (:func:`plan_pass`) — what the datapath announces and streams
 Elastic-SD controller):
 
 1. the shared experts ``E .. E+S-1`` (every token of the pass), from the HB
-   dense region, all ``n`` planes; they are not announced;
+   dense region: the planes their precision needs (``0 .. k-1`` when every
+   token of the pass is DRAFT, else all ``n``); they are not announced;
 2. every routed expert that at least one token of the pass selected, once,
    in order of **decreasing token count, ties to the lower index** (heavy
    experts first: while the PEs work through an expert with many tokens the
@@ -55,7 +56,7 @@ Weight traffic contract (:func:`pass_traffic`), per pass:
   the pass constants (the bank's output-requantisation records and the
   softmax record; bank 0 also the SiLU table) once; per job its
   requantisation records once and, for a shared job or an HB-sourced job,
-  its HB planes once (the whole slot / the whole dense expert);
+  its HB planes once (the whole slot; the dense expert's needed planes);
 * LPDDR (``ExtBeat`` beats of ``fill_words`` words): per job with LPDDR
   planes, exactly those planes once, in the order of
   :func:`elmoe3d.golden.layout.weight_beats` (bank fastest);
@@ -221,7 +222,7 @@ def _planes(layer, precision: Role, source: Source | None, shared: bool):
     k = layer.draft_keep
     need = tuple(range(k)) if precision is Role.DRAFT else tuple(range(n))
     if shared:
-        return tuple(range(n)), ()               # the dense region holds all planes
+        return need, ()                          # the dense region holds all planes
     if source is not None and source.hb:
         return tuple(p for p in need if p < k), tuple(p for p in need if p >= k)
     return (), need

@@ -148,6 +148,7 @@ class MoETB:
         self.cycle = 0
         self.log = collections.defaultdict(list)         # stall events by kind
         self.transfers = 0
+        self.fired_count = collections.Counter()
 
     # -- host --------------------------------------------------------------------------------
     def add_step(self, layer, xs, roles, masks, facts=None):
@@ -262,6 +263,22 @@ class MoETB:
             getattr(d, f"{name}__ready").value = 0
         await start_clock_and_reset(d)
         cocotb.start_soon(self._run())
+        if knob("moe_trace", False):
+            cocotb.start_soon(self._trace())
+
+    async def _trace(self):
+        """Debug: the issue stage's job and buffer positions whenever they change."""
+        d = self.dut
+        last = None
+        self.trace = []
+        while True:
+            await RisingEdge(d.clk)
+            await ReadOnly()
+            cur = tuple(int(getattr(d.issue, n).value) for n in
+                        ("pi", "j", "hb_free", "ext_free", "hbn", "extn", "issue_state"))
+            if cur[:4] != (last or (None,) * 7)[:4]:
+                self.trace.append((self.cycle,) + cur)
+            last = cur
 
     def _chance(self, p):
         return p > 0 and self.rand.random() < p
@@ -333,6 +350,7 @@ class MoETB:
                 if s.item is not None and s.ready.value:
                     s.fired = True
                     self.transfers += 1
+                    self.fired_count[s.name] += 1
             for i, (name, valid, payload, _, layout) in enumerate(outs):
                 if not valid.value:
                     if pend[i] is not None:
@@ -380,6 +398,14 @@ class MoETB:
                 last_progress, done = self.cycle, prog
             if self.cycle - last_progress > limit:
                 self.dut._log.error("state at timeout: %s", self.debug_state())
+                for row in getattr(self, "trace", [])[-60:]:
+                    self.dut._log.error("trace %s", row)
+                for b in range(self.B):
+                    self.dut._log.error("bank %d commands %s", b, [(c, x["region"], x["slot"],
+                                        x["offset"], x["count"]) for c, x in self.hb_cmds[b][-40:]])
+                self.dut._log.error("decisions %s", [(n["expert"], n["tokens"], n["precision"],
+                                    s_.hb, s_.slot) for (_, n), (s_, _f) in
+                                    zip(self.needs[-20:], self.decisions[-20:])])
                 raise AssertionError(
                     f"timeout at cycle {self.cycle}: {len(self.outputs)} of {self.n_tokens()} "
                     f"outputs, {len(self.stats)} of {self._passes()} passes, {len(self.needs)} "
@@ -405,16 +431,44 @@ class MoETB:
                      "ext_writer.planes", "ext_writer.p0", "ext_writer.proj", "ext_writer.grp",
                      "hb_buffer.wp__0", "hb_buffer.wp__1", "ext_buffer.wp__0", "ext_buffer.wp__1",
                      "issue.s1_valid", "issue.s2_valid", "pe_array.o__valid",
-                     "vector_unit.i__ready"):
+                     "vector_unit.i__ready", "issue.fifo.inner_level", "issue.fifo.r_rdy",
+                     "pe_array.tags.inner_level", "pe_array.tags.r_rdy", "pe_array.out.skid_valid",
+                     "ext_buffer.wp__2", "ext_buffer.wp__3", "hb_reader.rp0.raw.inner_level",
+                     "hb_reader.rp0.pq.inner_level", "hb_reader.rp1.pq.inner_level",
+                     "vector_unit.ser", "vector_unit.ends", "output.out_done",
+                     "hb_reader.out_loaded", "hb_reader.lut_loaded", "softmax.ready",
+                     "hb_reader.const_busy", "hb_reader.loaded0", "hb_reader.loaded1",
+                     "vector_unit.gates_ready", "vector_unit.softmax_idle",
+                     "vector_unit.topk_idle", "issue.sel_done", "issue.no_routed__1"):
             h = self.dut
             try:
                 for part in path.split("."):
                     h = getattr(h, part)
-                out[path] = int(h.value)
+                out[path] = hex(int(h.value))
             except Exception:
                 out[path] = "?"
         out["queues"] = {"tok": len(self.tok_q), "src": len(self.src_q), "ext": len(self.ext_q),
                          "hb": [len(q) for q in self.hb_q]}
+        for b in range(self.B):
+            served = self.fired_count[f"hb{b}"]
+            tot, rows = 0, []
+            for cyc, c in self.hb_cmds[b]:
+                n = 1 if (c["region"] == 0 and c["slot"] not in self.slots) else c["count"]
+                rows.append((cyc, c["region"], c["slot"], c["offset"], c["count"], tot))
+                tot += n
+            out[f"hb{b}_served"] = served
+            out[f"hb{b}_last_cmds"] = rows[-6:]
+        for path in ("hb_reader.recvd0", "hb_reader.recvd1", "hb_reader.dq0.inner_level",
+                     "hb_reader.dq0.r_rdy", "hb_reader.rp0.cmdq.inner_level",
+                     "hb_reader.rp0.unpack_state", "hb_reader.rp0.ri", "hb_reader.rp0.cur",
+                     "hb_reader.rp0.have"):
+            h = self.dut
+            try:
+                for part in path.split("."):
+                    h = getattr(h, part)
+                out[path] = hex(int(h.value))
+            except Exception:
+                out[path] = "?"
         return out
 
     def _passes(self):
@@ -519,7 +573,9 @@ class MoETB:
                 need |= {(1, None, d.params_base(layer) + w0 + w) for w in range(nw)}
                 if job.shared:
                     base = d.shared_base(layer, job.expert - cfg.experts)
-                    need |= {(1, None, base + w) for w in range(cfg.planes * cfg.expert_rows)}
+                    need |= {(1, None, base + gl.interleaved_offset(seg, q, c, cfg.planes))
+                             for seg in gl.segments(cfg) for q in job.hb_planes
+                             for c in range(seg.chunks)}
                 else:
                     src = srcs.get(job.expert, (gb.LPDDR, None))[0]
                     if src.hb:

@@ -149,7 +149,8 @@ def test_plane_split_per_source(s, k):
     assert P(layer, R.FULL, hb, False) == (tuple(range(k)), tuple(range(k, n)))
     assert P(layer, R.FULL, gb.LPDDR, False) == ((), tuple(range(n)))
     assert P(layer, R.DRAFT, gb.LPDDR, False) == ((), tuple(range(k)))
-    assert P(layer, R.DRAFT, None, True) == (tuple(range(n)), ())                   # shared
+    assert P(layer, R.DRAFT, None, True) == (tuple(range(k)), ())                   # shared
+    assert P(layer, R.FULL, None, True) == (tuple(range(n)), ())
 
 
 def test_traffic_contract_at_default():

@@ -2,10 +2,10 @@
 golden batched layer (random batches, faults, split == FULL, throughput).
 
 Parameter sets (one simulator build each, shared by all tests of the set):
-``tiny`` (T=4, 2 PEs x 4 lanes, s=4), ``shared`` (tiny with a shared
-expert), ``s2`` (tiny with 2-bit slices: 4 planes, 2 in HB) and ``default``
-(T=16, 4 PEs x 16 lanes). ``pytest -m slow`` runs the full count: at least
-500 tokens per role per set.
+``tiny`` (T=4, 2 PEs x 4 lanes, s=4, k=2 of 8 experts), ``shared-s2`` (tiny
+with a shared expert, 2-bit slices: 4 planes, 2 in HB, and k=3) and
+``default`` (T=16, 4 PEs x 16 lanes). ``pytest -m slow`` runs the full
+count: at least 500 tokens per role per set.
 """
 
 import json
@@ -24,12 +24,11 @@ BLOCK = get_block("moe_layer")
 
 SETS = {
     "tiny": preset("tiny"),
-    "shared": preset("tiny").replace(shared_experts=1, hb_words=8192, top_k=3),
-    "s2": preset("tiny").replace(slice_bits=2, hb_words=8192),
+    "shared-s2": preset("tiny").replace(shared_experts=1, slice_bits=2, top_k=3, hb_words=16384),
     "default": preset("default"),
 }
 #: tokens per role per random test in the default run, per set
-TOKENS = {"tiny": 16, "shared": 12, "s2": 12, "default": 6}
+TOKENS = {"tiny": 16, "shared-s2": 12, "default": 6}
 #: slow: two random tests x this many tokens per role >= 500 per role per set
 SLOW_TOKENS = 250
 
@@ -40,7 +39,7 @@ def _run(name, testcase, env=None, simulator="verilator", **kw):
                     testcase=testcase, env=env or {}, **kw)
 
 
-@pytest.mark.parametrize("name", ["tiny", "shared", "s2", "default"])
+@pytest.mark.parametrize("name", ["tiny", "shared-s2", "default"])
 def test_moe_random(name):
     """Random batches, a saturation-heavy layer, faults and split == FULL."""
     _run(name, "random_batches,stress_batches,faults,split_equals_full",
@@ -51,8 +50,8 @@ def test_moe_random(name):
 def test_moe_icarus_and_verilator(simulator):
     """The shared-expert set on every simulator (few tokens on Icarus)."""
     if simulator == "verilator":
-        pytest.skip("covered by test_moe_random[shared]")
-    _run("shared", "random_batches", {"ELMOE_MOE_TOKENS": "3"}, simulator=simulator)
+        pytest.skip("covered by test_moe_random[shared-s2]")
+    _run("shared-s2", "random_batches", {"ELMOE_MOE_TOKENS": "3"}, simulator=simulator)
 
 
 def test_moe_throughput_default(measured_dir):

@@ -106,6 +106,33 @@ def test_lowest_set():
     sim.run()
 
 
+@pytest.mark.parametrize("s,k", [(4, 1), (2, 1), (2, 2), (2, 3), (1, 4)])
+def test_split_partial_sums_add_to_full(s, k):
+    """The equivalence the split job relies on, on the golden PE
+    (``bitslice.pe_dot``, the PE's arithmetic beat by beat): a FULL dot
+    product over planes 0..n-1 (0..k-1 from HB, k..n-1 from LPDDR) equals
+    the MSB-mode partial sum over 0..k-1 plus the LSB-mode partial sum over
+    k..n-1, and the FULL weights' dot product."""
+    from elmoe3d.golden import bitslice as gbs
+    rng = np.random.default_rng(s * 10 + k)
+    n = 8 // s
+    for _ in range(200):
+        C = int(rng.integers(1, 5))
+        L = 4
+        w = rng.integers(-128, 128, (C, L))
+        a = rng.integers(-128, 128, (C, L))
+        w[0, 0], a[0, 0] = -128, -128
+        planes = gbs.split(w, s) & ((1 << s) - 1)
+        planes[0] = gbs.split(w, s)[0]
+        def beats(qs):
+            return ([a[c] for q in qs for c in range(C)], [planes[q][c] for q in qs for c in range(C)],
+                    [q for q in qs for c in range(C)])
+        full = gbs.pe_dot(*beats(range(n)), s, gbs.Mode.FULL, None)
+        msb = gbs.pe_dot(*beats(range(k)), s, gbs.Mode.MSB, k)
+        lsb = gbs.pe_dot(*beats(range(k, n)), s, gbs.Mode.LSB, k)
+        assert full == msb + lsb == int(np.sum(a * w))
+
+
 def _g(name="tiny", **over):
     return geom(preset(name).replace(**over))
 

@@ -30,7 +30,7 @@ from ...golden import moe_layer as gm
 from ...golden.bitslice import acc_width
 
 __all__ = ["Geom", "geom", "pow2ceil", "mul_pipe", "requant_pipe", "delay", "lowest_set",
-           "MUL_BITS"]
+           "zext", "MUL_BITS"]
 
 MUL_BITS = gm.MULT_BITS
 
@@ -74,6 +74,14 @@ class Geom:
         return gl.dense_layout(self.cfg)
 
 
+def pe_result_width(cfg: Config) -> int:
+    """Width of the PE's result for this Config (``PEResult.value``)."""
+    import inspect
+    if len(inspect.signature(acc_width).parameters) > 1:
+        return acc_width(cfg.max_len, cfg.lanes)
+    return acc_width(cfg.max_len)
+
+
 def geom(cfg: Config, *, hb_depth: int | None = None, ext_depth: int | None = None) -> Geom:
     """The :class:`Geom` of a Config. Buffer depths default to
     ``hb = pow2ceil(max(router_words, k * expert_rows, 2 * n * chunks))`` (a
@@ -96,8 +104,17 @@ def geom(cfg: Config, *, hb_depth: int | None = None, ext_depth: int | None = No
     S = cfg.shared_experts
     accw = ((S + 1) * gm.GATE_ONE * 128).bit_length() + 1
     return Geom(cfg, cfg.slice_bits, n, k, L, B, H, I, E, cfg.top_k, S, cfg.batch_tokens,
-                acc_width(cfg.max_len), cfg.slice_vector_bits, cfg.fill_words, cfg.expert_rows,
+                pe_result_width(cfg), cfg.slice_vector_bits, cfg.fill_words, cfg.expert_rows,
                 router_words, H // L, I // L, E // B, I // B, H // B, hb, ext, accw, S + E)
+
+
+def zext(v, width: int):
+    """``v`` cut or zero-extended to exactly ``width`` bits (for address
+    fields in a ``Cat``: a slice never widens a narrower value)."""
+    v = v.as_value() if hasattr(v, "as_value") else v
+    if len(v) >= width:
+        return v[:width]
+    return Cat(v, Const(0, width - len(v)))
 
 
 def delay(m: Module, sig, stages: int, name: str):

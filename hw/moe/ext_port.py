@@ -24,7 +24,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..vocab import CMD_ID_BITS, TokenRole, bits, ext_beat
-from .common import pow2ceil
+from .common import pow2ceil, zext
 from .payloads import job_entry, job_source
 
 __all__ = ["ExtWriter"]
@@ -68,7 +68,7 @@ class ExtWriter(wiring.Component):
         groups = B // fw
         pe = Signal()
         j = Signal(range(g.jobs + 1))
-        m.d.comb += self.rd_addr.eq(Cat(j[:self.jb], pe))
+        m.d.comb += self.rd_addr.eq(Cat(zext(j, self.jb), pe))
         decided = Array(self.decided)
         total = Array(self.total)
         # walk: projection (0 GATE, 1 UP, 2 DOWN), group, plane, chunk, bank group

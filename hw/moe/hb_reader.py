@@ -11,10 +11,12 @@ Per pass (buffer ``par``, layer ``l``), in this order, each command to all
    (bank 0: also the SiLU table, contiguous after them) -> record path;
 3. per job, as soon as its decision is in: its records (``per_expert``
    records of expert ``j``; routed ``j = e``, shared ``j = E + s``) ->
-   record path; then its HB planes -> weight buffer: a shared expert from
-   the dense region (all ``n`` planes), an HB-sourced expert from its slot
-   (``k`` planes, offset 0, the whole slot: the slot's planes are
-   segment-interleaved, so this is the consumption order).
+   record path; then its HB planes -> weight buffer: an HB-sourced expert
+   from its slot (``k`` planes, offset 0, the whole slot: the slot's planes
+   are segment-interleaved, so this is the consumption order); a shared
+   expert from the dense region, all ``n`` planes in one read, or — when
+   every token of the pass is DRAFT — planes ``0 .. k-1`` of each segment,
+   one read per segment (the issue stage never skips a word it was sent).
 
 Errors end streams cleanly: an ``HBBeat`` with ``error`` (HB refuses a read
 of a slot that is not resident) or a ``last`` before the command's count
@@ -35,8 +37,8 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ...golden import moe_batched as gb
-from ..vocab import HBRegionKind, bits, hb_beat, hb_read
-from .common import pow2ceil
+from ..vocab import HBRegionKind, TokenRole, bits, hb_beat, hb_read
+from .common import pow2ceil, zext
 from .payloads import job_entry, job_source, seg_params
 
 __all__ = ["HBReader", "RecordPath", "rec_cmd"]
@@ -150,9 +152,9 @@ class RecordPath(wiring.Component):
         emit = Signal()
         pp = seg_params()(pq.w_data)
         m.d.comb += [pq.w_en.eq(emit)]
-        m.d.comb += [self.out_addr.eq(Cat(ri[:bits(Gd)], cur.par)), self.out_data.eq(rec[:22]),
+        m.d.comb += [self.out_addr.eq(Cat(zext(ri, bits(Gd)), cur.par)), self.out_data.eq(rec[:22]),
                      self.sm_par.eq(cur.par), self.sm_mult.eq(mult), self.sm_shift.eq(shift),
-                     self.lut_addr.eq(Cat((ri - Gd - 1)[:6], cur.par)), self.lut_data.eq(rec),
+                     self.lut_addr.eq(Cat(zext(ri - Gd - 1, 6), cur.par)), self.lut_data.eq(rec),
                      self.const_par.eq(cur.par)]
         with m.If(cur.const):
             m.d.comb += take.eq(1)
@@ -294,15 +296,29 @@ class HBReader(wiring.Component):
         src = Signal(job_source(g))
         acc = Signal(B)
         kind = Signal(range(4))            # 0 ROUTER, 1 CONST, 2 REC, 3 WEIGHTS
+        # per-segment reads of a DRAFT-only shared expert
+        sproj = Signal(range(3))
+        sgrp = Signal(range(max(g.g_in, g.g_down) + 1))
+        srow = Signal(range(g.rows + 1))
+        schunks = Mux(sproj == 2, g.c_down, g.c_in)
+        sgroups = Mux(sproj == 2, g.g_down, g.g_in)
+        s_last = (sproj == 2) & (sgrp == sgroups - 1)
+        seg_reads = Signal()
         active = Signal()
         jx = Signal(range(E + S + 1))
         m.d.comb += jx.eq(Mux(ent.shared, E + ent.expert, ent.expert))
-        m.d.comb += self.rd_addr.eq(Cat(j[:jb], ph))
+        m.d.comb += self.rd_addr.eq(Cat(zext(j, jb), ph))
         decided = Array(self.decided)
         total = Array(self.total)
         fire = Signal(B)
+        # The command payloads are computed from registers that hold still
+        # while a command is active and are registered themselves: a command
+        # is offered from its second active cycle.
+        armed = Signal()
+        m.d.sync += armed.eq(active & ~(active & (acc | fire).all()))
         for b in range(B):
-            c = self.HBRead(self.hb_cmd[b].payload)
+            c = Signal(self.HBRead, name=f"cmd{b}")
+            m.d.sync += self.hb_cmd[b].payload.eq(c)
             w0, words, skip, nrec = const_cmd[b]
             dent = dest_l(dq[b].w_data)
             rc = rec_cmd(g)(rps[b].cmd.payload)
@@ -322,10 +338,13 @@ class HBReader(wiring.Component):
                                  c.count.eq(rec_wn[jx]), dent.rec.eq(1), dent.count.eq(rec_wn[jx]),
                                  rc.const.eq(0), rc.skip.eq(rec_skip[jx]), rc.nrec.eq(per)]
                 with m.Case(3):
-                    with m.If(ent.shared):
+                    sbase = shared_base[layer * max(S, 1) + ent.expert] if S else 0
+                    with m.If(ent.shared & seg_reads):
                         m.d.comb += [c.region.eq(HBRegionKind.DENSE),
-                                     c.offset.eq(shared_base[layer * max(S, 1) + ent.expert]
-                                                 if S else 0),
+                                     c.offset.eq(sbase + srow * n),
+                                     c.count.eq(k * schunks), dent.count.eq(k * schunks)]
+                    with m.Elif(ent.shared):
+                        m.d.comb += [c.region.eq(HBRegionKind.DENSE), c.offset.eq(sbase),
                                      c.count.eq(n * g.rows), dent.count.eq(n * g.rows)]
                     with m.Else():
                         m.d.comb += [c.region.eq(HBRegionKind.EXPERT), c.slot.eq(src.slot),
@@ -333,7 +352,7 @@ class HBReader(wiring.Component):
                                      dent.count.eq(k * g.rows)]
             m.d.comb += [dent.par.eq(ph), rc.par.eq(ph)]
             room = dq[b].w_rdy & (~need_rc | rps[b].cmd.ready)
-            m.d.comb += self.hb_cmd[b].valid.eq(active & ~acc[b] & room)
+            m.d.comb += self.hb_cmd[b].valid.eq(active & armed & ~acc[b] & room)
             hs = self.hb_cmd[b].valid & self.hb_cmd[b].ready
             m.d.comb += [fire[b].eq(hs), dq[b].w_en.eq(hs), rps[b].cmd.valid.eq(hs & need_rc)]
         done_all = (acc | fire) == (1 << B) - 1
@@ -372,7 +391,8 @@ class HBReader(wiring.Component):
                     m.next = "IDLE"
             with m.State("JOB_READ"):
                 m.d.sync += [ent.eq(self.rd_entry), src.eq(self.rd_src), kind.eq(2),
-                             active.eq(1)]
+                             active.eq(1), sproj.eq(0), sgrp.eq(0), srow.eq(0),
+                             seg_reads.eq(self.rd_entry.precision == TokenRole.DRAFT)]
                 m.next = "REC"
             with m.State("REC"):
                 with m.If(active & done_all):
@@ -384,8 +404,13 @@ class HBReader(wiring.Component):
                         m.next = "JOB_WAIT"
             with m.State("WEIGHTS"):
                 with m.If(active & done_all):
-                    m.d.sync += j.eq(j + 1)
-                    m.next = "JOB_WAIT"
+                    with m.If(ent.shared & seg_reads & ~s_last):
+                        m.d.sync += [active.eq(1), srow.eq(srow + schunks), sgrp.eq(sgrp + 1)]
+                        with m.If(sgrp == sgroups - 1):
+                            m.d.sync += [sgrp.eq(0), sproj.eq(sproj + 1)]
+                    with m.Else():
+                        m.d.sync += j.eq(j + 1)
+                        m.next = "JOB_WAIT"
 
         # ---- return-word demux per bank ---------------------------------------------------
         beats = [[], []]

@@ -13,17 +13,32 @@ Order of a pass (buffer ``par``)
    (GATE groups, UP groups, DOWN groups), per token of the job: the
    token's planes (``k`` for a DRAFT token, ``n`` otherwise), each plane's
    chunks. Plane ``q`` comes from the HB buffer when ``q`` is below the
-   job's HB plane count (``n`` for a shared job, ``k`` for an HB-sourced one,
-   0 for an LPDDR one), else from the LPDDR buffer; the segment is freed in
-   both buffers after its last token.
+   job's HB plane count (a shared job: the planes its precision needs; an
+   HB-sourced one: ``k``; an LPDDR one: 0), else from the LPDDR buffer; the
+   segment is freed in both buffers after its last token. Every word a port
+   delivers is read by at least one token (a job needs all ``n`` planes only
+   if one of its tokens does), so freeing a segment never skips a word that
+   has not arrived.
 3. One END beat (a dot product of zeros) whose tag tells the vector unit
    that the pass is complete; the pass summary goes to the output stage and
    the token buffer is released.
 
 PE modes: the router FULL; a DRAFT token DRAFT (the PE adds the LSB
-augmentation on plane ``k-1``); a FULL/VERIFY token of a split job MSB on
-its HB planes and LSB on its LPDDR planes — the PE's partial modes, whose
-sum is FULL exactly (:mod:`elmoe3d.golden.bitslice`); otherwise FULL.
+augmentation on plane ``k-1``); a FULL or VERIFY token FULL.
+
+Split verification
+------------------
+A FULL/VERIFY token of a split job reads planes ``0 .. k-1`` of each
+segment from the HB buffer and planes ``k .. n-1`` from the LPDDR buffer,
+which the two ports fill concurrently, and the PE accumulates them as one
+FULL dot product. That *is* the sum of the two partial sums: the PE adds
+``(slice field * activation) << field_shift(plane)`` per plane whatever the
+mode, so its FULL result over planes ``0 .. n-1`` equals its MSB-mode result
+over ``0 .. k-1`` plus its LSB-mode result over ``k .. n-1``, exactly
+(``golden.bitslice.pe_dot``; ``tests/test_moe_units.py`` proves it on the
+golden PE and ``split_equals_full`` on the RTL). One dot product instead of
+two partial ones keeps one result per segment row for the vector unit and
+keeps each dot product in one mode, as the PE's beat rule requires.
 
 Hazards: a DOWN beat of the ``j``-th token of a job needs that token's
 ``h`` (written by the vector unit after its last UP result). UP results
@@ -34,9 +49,9 @@ pass's routing before its DOWN segments (it is the last job of tokens that
 selected no routed expert).
 
 Pipeline: I0 decides a beat and presents the memory addresses, I1 has the
-memory outputs (registered as they are), I2 forms the beat into a
-four-entry FIFO; a beat launches only with FIFO room for every beat in
-flight, so nothing stalls between I0 and the FIFO.
+memory outputs (registered as they are), I2 forms the beat into a FIFO; a
+beat launches only while at most three beats are in I1, I2 and the FIFO,
+so nothing stalls between I0 and the FIFO.
 """
 
 from __future__ import annotations
@@ -47,12 +62,17 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ..vocab import PEMode, TokenRole, bits
-from .common import lowest_set, pow2ceil
+from .common import lowest_set, pow2ceil, zext
 from .payloads import Kind, array_beat, job_entry, job_source, pass_summary
 
 __all__ = ["Issue"]
 
-FIFO_DEPTH = 4
+#: Beats in flight after I0 (I1, I2 and the FIFO) at most.
+CREDITS = 4
+#: The FIFO is deeper than the credits: a buffered FIFO refuses a write
+#: while its inner memory is full even if its output register is empty, so
+#: its ``level`` alone does not guarantee ``w_rdy``.
+FIFO_DEPTH = 8
 
 
 class Issue(wiring.Component):
@@ -129,7 +149,7 @@ class Issue(wiring.Component):
         j = Signal(range(g.jobs + 1))
         ent = Signal(job_entry(g))
         src = Signal(job_source(g))
-        m.d.comb += self.rd_addr.eq(Cat(j[:self.jb], pi))
+        m.d.comb += self.rd_addr.eq(Cat(zext(j, self.jb), pi))
         decided = Array(self.decided)
         total = Array(self.total)
         no_routed = Mux(pi, self.no_routed[1], self.no_routed[0])
@@ -146,10 +166,8 @@ class Issue(wiring.Component):
         rem = Signal(T)                       # tokens of this segment not yet started
         slot = Signal(range(T + 1))
         slack = Signal(range(T + 1))
-        tp = Signal(range(n + 1))            # planes of the current token
         hbn = Signal(range(n + 1))           # job planes in the HB buffer
         extn = Signal(range(n + 1))          # job planes in the LPDDR buffer
-        split = Signal()
         hb_seg = Signal.like(self.hb_pos)
         ext_seg = Signal.like(self.ext_pos)
         hb_p = Signal.like(self.hb_pos)
@@ -158,8 +176,18 @@ class Issue(wiring.Component):
         m.d.comb += [self.hb_free.eq(hb_seg), self.ext_free.eq(ext_seg),
                      self.hb_pos.eq(hb_p), self.ext_pos.eq(ext_p)]
 
-        chunks = Mux(in_router | (proj != Kind.DOWN), g.c_in, g.c_down)
-        ngroups = Mux(in_router, g.g_router, Mux(proj == Kind.DOWN, g.g_down, g.g_in))
+        # Everything the launch decision looks at is a register (or one compare
+        # of registers): the "last" compares use registered limits, the next
+        # token of a segment is looked up a cycle ahead, the credit is a
+        # counter and the h-ready condition is registered for the current,
+        # the next and the first token slot. After any token or segment
+        # transition those lookahead registers settle for a cycle: a beat that
+        # would end the new token at once (a one-beat token) waits one cycle,
+        # and the first beat after an UP -> DOWN change waits one cycle (so
+        # that every UP dot product of the job is counted in `up_inflight`).
+        cl = Signal.like(c)                  # chunks - 1 of the current phase
+        gl_ = Signal.like(grp)               # groups - 1 of the current phase
+        tpl = Signal(range(n))               # planes - 1 of the current token
         from_hb = in_router | (q < hbn)
         hb_ok = Const(1)
         ext_ok = Const(1)
@@ -168,38 +196,49 @@ class Issue(wiring.Component):
             ext_ok = ext_ok & (ext_p != self.ext_wp[b])
         avail = Mux(from_hb, hb_ok, ext_ok)
         s1_valid, s2_valid = Signal(), Signal()
-        credit = fifo.level + s1_valid + s2_valid < FIFO_DEPTH
+        inflight = Signal(range(CREDITS + 2))
+        credit = inflight < CREDITS
         is_down = ~in_router & (proj == Kind.DOWN)
-        h_ok = ~is_down | (up_inflight <= slack)
+        h_ok = Signal()
+        settle = Signal()
+        bubble = Signal()
         wait_sel = is_down & ent.shared & (ent.expert == S - 1) & ~self.sel_done.bit_select(pi, 1) \
             if S else Const(0)
-        launch = Signal()
-        m.d.comb += launch.eq(running & avail & credit & h_ok & ~wait_sel)
-
-        last_c = c == chunks - 1
-        last_q = q == tp - 1
+        last_c = c == cl
+        last_q = q == tpl
         tok_end = last_c & last_q
-        last_g = grp == ngroups - 1
-        nxt_any, nxt_t = lowest_set(m, rem, "nxt")
-        seg_first_any, seg_first_t = lowest_set(m, ent.tok_mask, "first")
-        role_t = roles[t]
-        role_n = roles[nxt_t]
-        role_f = roles[seg_first_t]
+        last_g = grp == gl_
+        launch = Signal()
+        m.d.comb += launch.eq(running & avail & credit & (~is_down | h_ok) & ~wait_sel
+                              & ~(settle & tok_end) & ~bubble)
+        m.d.sync += inflight.eq(inflight + (launch | end_req) - (fifo.r_en & fifo.r_rdy))
 
-        def planes_of(role):
-            return Mux(in_router, n, Mux(role == TokenRole.DRAFT, k, n))
+        # next token of the segment, one cycle ahead; the first one of the job
+        nxt_any_c, nxt_t_c = lowest_set(m, rem, "nxt")
+        nxt_any, nxt_t, nxt_draft = Signal(), Signal.like(t), Signal()
+        m.d.sync += [nxt_any.eq(nxt_any_c), nxt_t.eq(nxt_t_c),
+                     nxt_draft.eq(roles[nxt_t_c] == TokenRole.DRAFT)]
+        f_any_c, f_t_c = lowest_set(m, ent.tok_mask, "first")
+        f_t, f_draft = Signal.like(t), Signal()
+        cur_draft = Signal()
+        # h-ready for the current, the next and the first slot (up_inflight only
+        # falls during DOWN, so last cycle's count is a safe bound)
+        h_cur = up_inflight <= slack
+        h_nxt = up_inflight < slack
+        h_first = up_inflight < ent.count
+
+        def planes_l(draft):
+            return Mux(in_router, n - 1, Mux(draft, k - 1, n - 1))
 
         # beat contents (registered into I1)
         mode = Signal(PEMode)
-        m.d.comb += mode.eq(Mux(in_router, PEMode.FULL,
-                                Mux(role_t == TokenRole.DRAFT, PEMode.DRAFT,
-                                    Mux(split, Mux(q < k, PEMode.MSB, PEMode.LSB), PEMode.FULL))))
+        m.d.comb += mode.eq(Mux(~in_router & cur_draft, PEMode.DRAFT, PEMode.FULL))
         D = array_beat(g)
         s1 = Signal(D)
         s1_ext, s1_h = Signal(), Signal()
         dsc = s1.desc
-        m.d.comb += [self.x_addr.eq(Cat(c[:self.cbx], t[:self.tb], pi)),
-                     self.h_addr.eq(Cat(c[:bits(g.c_down)], t[:self.tb]))]
+        m.d.comb += [self.x_addr.eq(Cat(zext(c, self.cbx), zext(t, self.tb), pi)),
+                     self.h_addr.eq(Cat(zext(c, bits(g.c_down)), zext(t, self.tb)))]
         m.d.sync += s1_valid.eq(launch | end_req)
         with m.If(launch):
             m.d.sync += [s1.mode.eq(mode), s1.keep.eq(k), s1.last.eq(tok_end),
@@ -214,7 +253,8 @@ class Issue(wiring.Component):
             m.d.sync += [s1.sv[b].plane.eq(q) for b in range(B)]
             m.d.sync += mac.eq(mac + 1)
         with m.Elif(end_req):
-            m.d.sync += [s1.mode.eq(PEMode.FULL), s1.keep.eq(k), s1.last.eq(1), s1_ext.eq(0),
+            # a one-beat MSB dot product of zeros (a legal beat sequence)
+            m.d.sync += [s1.mode.eq(PEMode.MSB), s1.keep.eq(1), s1.last.eq(1), s1_ext.eq(0),
                          s1_h.eq(0), dsc.kind.eq(Kind.ROUTER), dsc.end.eq(1), dsc.par.eq(pi),
                          dsc.seg_last.eq(0)]
             m.d.sync += [s1.sv[b].plane.eq(0) for b in range(B)]
@@ -247,10 +287,24 @@ class Issue(wiring.Component):
                 m.d.sync += ext_p.eq(ext_p + 1)
         up_inc = launch & tok_end & ~in_router & (proj == Kind.UP)
         m.d.sync += up_inflight.eq(up_inflight + up_inc - self.up_done)
+        # segment lengths in each buffer, and the next segment starts
+        hb_len = Signal.like(hb_seg)
+        ext_len = Signal.like(ext_seg)
+        hb_nxt = Signal.like(hb_seg)
+        ext_nxt = Signal.like(ext_seg)
+        m.d.sync += [hb_nxt.eq(hb_seg + hb_len), ext_nxt.eq(ext_seg + ext_len)]
+        m.d.sync += [settle.eq(0), bubble.eq(0), h_ok.eq(h_cur)]
 
-        def start_token(tt, role, sl):
-            m.d.sync += [t.eq(tt), q.eq(0), c.eq(0), tp.eq(planes_of(role)), slot.eq(sl),
-                         slack.eq(Mux(in_router, 0, ent.count - 1 - sl))]
+        def start_token(tt, draft, sl, h):
+            m.d.sync += [t.eq(tt), q.eq(0), c.eq(0), tpl.eq(planes_l(draft)), cur_draft.eq(draft),
+                         slot.eq(sl), slack.eq(Mux(in_router, 0, ent.count - 1 - sl)),
+                         settle.eq(1), h_ok.eq(h)]
+
+        def set_phase(kind):
+            ch = g.c_down if kind == Kind.DOWN else g.c_in
+            gr = g.g_down if kind == Kind.DOWN else g.g_in
+            m.d.sync += [proj.eq(kind), cl.eq(ch - 1), gl_.eq(gr - 1),
+                         hb_len.eq(hbn * ch), ext_len.eq(extn * ch)]
 
         with m.If(launch):
             m.d.sync += c.eq(c + 1)
@@ -260,7 +314,7 @@ class Issue(wiring.Component):
                 with m.If(last_c & last_q):
                     m.d.sync += [q.eq(0), grp.eq(grp + 1)]
                     with m.If(last_g):                        # token done
-                        m.d.sync += [grp.eq(0), hb_p.eq(hb_seg)]
+                        m.d.sync += [grp.eq(0), hb_p.eq(hb_seg), settle.eq(1)]
                         with m.If(t == count - 1):
                             m.d.sync += [running.eq(0), in_router.eq(0),
                                          hb_seg.eq(hb_seg + g.router_words)]
@@ -268,23 +322,22 @@ class Issue(wiring.Component):
                             m.d.sync += t.eq(t + 1)
             with m.Elif(tok_end):
                 with m.If(nxt_any):                           # next token of the segment
-                    start_token(nxt_t, role_n, slot + 1)
+                    start_token(nxt_t, nxt_draft, slot + 1, h_nxt)
                     m.d.sync += [rem.eq(rem & ~(Const(1, T) << nxt_t)), hb_p.eq(hb_seg),
                                  ext_p.eq(ext_seg)]
                 with m.Else():                                # segment done
-                    nh = hb_seg + hbn * chunks
-                    ne = ext_seg + extn * chunks
-                    m.d.sync += [hb_seg.eq(nh), ext_seg.eq(ne), hb_p.eq(nh), ext_p.eq(ne),
-                                 grp.eq(grp + 1)]
-                    start_token(seg_first_t, role_f, 0)
-                    m.d.sync += rem.eq(ent.tok_mask & ~(Const(1, T) << seg_first_t))
+                    m.d.sync += [hb_seg.eq(hb_nxt), ext_seg.eq(ext_nxt), hb_p.eq(hb_nxt),
+                                 ext_p.eq(ext_nxt), grp.eq(grp + 1)]
+                    start_token(f_t, f_draft, 0, h_first)
+                    m.d.sync += rem.eq(ent.tok_mask & ~(Const(1, T) << f_t))
                     with m.If(last_g):
                         m.d.sync += grp.eq(0)
                         with m.Switch(proj):
                             with m.Case(Kind.GATE):
-                                m.d.sync += proj.eq(Kind.UP)
+                                set_phase(Kind.UP)
                             with m.Case(Kind.UP):
-                                m.d.sync += proj.eq(Kind.DOWN)
+                                set_phase(Kind.DOWN)
+                                m.d.sync += bubble.eq(1)
                             with m.Case(Kind.DOWN):
                                 m.d.sync += [running.eq(0), j.eq(j + 1)]
 
@@ -299,7 +352,9 @@ class Issue(wiring.Component):
                                  step_last.eq(self.step_last.bit_select(pi, 1)),
                                  start.eq(self.cycle), mac.eq(0), j.eq(0),
                                  in_router.eq(1), running.eq(1), grp.eq(0), q.eq(0), c.eq(0),
-                                 t.eq(0), tp.eq(n), hb_p.eq(hb_seg), slack.eq(0)]
+                                 t.eq(0), tpl.eq(n - 1), cl.eq(g.c_in - 1),
+                                 gl_.eq(g.g_router - 1), hb_p.eq(hb_seg), slack.eq(0),
+                                 cur_draft.eq(0), settle.eq(1)]
                     m.next = "ROUTER"
             with m.State("ROUTER"):
                 with m.If(~running):
@@ -313,15 +368,17 @@ class Issue(wiring.Component):
             with m.State("JOB_READ"):
                 e, s_ = self.rd_entry, self.rd_src
                 need = Mux(e.precision == TokenRole.DRAFT, k, n)
-                nh = Mux(e.shared, n, Mux(s_.hb, k, 0))
+                nh = Mux(e.shared, need, Mux(s_.hb, k, 0))
                 m.d.sync += [ent.eq(self.rd_entry), src.eq(self.rd_src), hbn.eq(nh),
-                             extn.eq(Mux(e.shared, 0, need - nh)),
-                             split.eq(~e.shared & s_.hb & (e.precision != TokenRole.DRAFT)),
-                             proj.eq(Kind.GATE), grp.eq(0)]
+                             extn.eq(Mux(e.shared, 0, need - nh)), grp.eq(0)]
+                m.next = "JOB_FIRST"
+            with m.State("JOB_FIRST"):
+                set_phase(Kind.GATE)
+                m.d.sync += [f_t.eq(f_t_c), f_draft.eq(roles[f_t_c] == TokenRole.DRAFT)]
                 m.next = "JOB_START"
             with m.State("JOB_START"):
-                start_token(seg_first_t, role_f, 0)
-                m.d.sync += [rem.eq(ent.tok_mask & ~(Const(1, T) << seg_first_t)),
+                start_token(f_t, f_draft, 0, h_first)
+                m.d.sync += [rem.eq(ent.tok_mask & ~(Const(1, T) << f_t)),
                              hb_p.eq(hb_seg), ext_p.eq(ext_seg), running.eq(1)]
                 m.next = "JOB_WAIT"
             with m.State("END"):

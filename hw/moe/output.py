@@ -22,6 +22,7 @@ from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ..vocab import bits, moe_output, pass_stats
+from .common import zext
 from .payloads import pass_summary
 
 __all__ = ["OutputStage"]
@@ -64,7 +65,7 @@ class OutputStage(wiring.Component):
                                                 depth=2)
         m.d.comb += [sq.w_data.eq(self.summary.payload), sq.w_en.eq(self.summary.valid),
                      self.summary.ready.eq(sq.w_rdy)]
-        dq = m.submodules.dq = SyncFIFOBuffered(width=1, depth=4)
+        dq = m.submodules.dq = SyncFIFOBuffered(width=1, depth=8)   # >= passes in flight + 2
         m.d.comb += [dq.w_data.eq(self.done_error), dq.w_en.eq(self.done)]
         cur = Signal(pass_summary(g))
         err = Signal()
@@ -73,7 +74,7 @@ class OutputStage(wiring.Component):
         rd_valid = Signal()
         rd_c = Signal.like(c)
         y = Signal(8 * g.H)
-        m.d.comb += self.y_addr.eq(Cat(c[:self.cb], t[:self.tb]))
+        m.d.comb += self.y_addr.eq(Cat(zext(c, self.cb), zext(t, self.tb)))
         with m.If(rd_valid):
             m.d.sync += y.word_select(rd_c, 8 * L).eq(self.y_data)
         m.d.sync += [rd_valid.eq(0), rd_c.eq(c)]

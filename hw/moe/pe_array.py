@@ -53,8 +53,12 @@ class PEArray(wiring.Component):
         pes = [BitSlicePE(lanes=g.L, slice_bits=g.s, max_len=g.cfg.max_len) for _ in range(B)]
         for b, pe in enumerate(pes):
             m.submodules[f"pe{b}"] = pe
+        # every dot product between its last beat and its result has a tag
+        # (a pipelined PE holds up to `depth` results); a full tag queue only
+        # holds the input back
+        depth = max(TAG_DEPTH, getattr(pes[0], "depth", 0) + 4)
         tags = m.submodules.tags = SyncFIFOBuffered(width=data.Layout.cast(desc(g)).size,
-                                                    depth=TAG_DEPTH)
+                                                    depth=depth)
         out = m.submodules.out = RegisterSlice(array_result(g))
         wiring.connect(m, out.o, wiring.flipped(self.o))
 

@@ -33,8 +33,8 @@ reader, the LPDDR writer and the issue stage.
 
 Timing: routing results (``sel``) are collected into a ``T x E`` selection
 matrix per buffer as they come; after a pass's last token: two cycles of
-column popcounts, then one announcement per two to three cycles (plus the
-controller's ``ready``).
+column popcounts, then one announcement per four cycles (plus the
+controller's ``ready``) and two cycles per empty token-count level.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..vocab import TokenRole, bits, expert_need, expert_source
-from .common import lowest_set, pow2ceil
+from .common import lowest_set, pow2ceil, zext
 from .payloads import job_entry, job_source, topk_result
 
 __all__ = ["ExpertScheduler", "READERS"]
@@ -156,13 +156,15 @@ class ExpertScheduler(wiring.Component):
         m.d.comb += self.source.ready.eq(decided[ps] < S + announced)
         with m.If(self.source.valid & self.source.ready):
             m.d.sync += decided[ps].eq(decided[ps] + 1)
-            m.d.comb += [sw.addr.eq(Cat(decided[ps][:jb], ps)), sw.data.eq(self.source.payload),
+            m.d.comb += [sw.addr.eq(Cat(zext(decided[ps], jb), ps)), sw.data.eq(self.source.payload),
                          sw.en.eq(1)]
 
         prec_all = Mux(is_v.any(), TokenRole.VERIFY, Mux((~is_d & pmask).any(), TokenRole.FULL,
                                                             TokenRole.DRAFT))
+        # ORDER takes two cycles per step: the candidates of the current level
+        # are registered, then the lowest one is picked (a compare per expert
+        # and a priority tree in one cycle would be too deep for 125 MHz)
         cand = Signal(E)
-        m.d.comb += cand.eq(Cat(*[(cnt[e] == level) & ~done_e[e] for e in range(E)]))
         c_any, c_idx = lowest_set(m, cand, "cand")
         colsel = Array(col)
         cntsel = Array(cnt)
@@ -196,11 +198,11 @@ class ExpertScheduler(wiring.Component):
             if S:
                 with m.State("SHARED"):
                     ent = job_entry(g)(jw.data)
-                    m.d.comb += [jw.addr.eq(Cat(sidx[:jb], ps)), jw.en.eq(1),
+                    m.d.comb += [jw.addr.eq(Cat(zext(sidx, jb), ps)), jw.en.eq(1),
                                  ent.shared.eq(1), ent.expert.eq(sidx), ent.tok_mask.eq(pmask),
                                  ent.first_mask.eq(Mux(sidx == 0, pmask, 0)), ent.last_mask.eq(0),
                                  ent.count.eq(count), ent.precision.eq(prec_all),
-                                 sw.addr.eq(Cat(sidx[:jb], ps)), sw.en.eq(1),
+                                 sw.addr.eq(Cat(zext(sidx, jb), ps)), sw.en.eq(1),
                                  job_source(g)(sw.data).hb.eq(1)]
                     m.d.sync += [sidx.eq(sidx + 1), decided[ps].eq(decided[ps] + 1)]
                     with m.If(sidx == S - 1):
@@ -232,27 +234,33 @@ class ExpertScheduler(wiring.Component):
                 m.d.sync += [level.eq(count), self.sel_done.bit_select(ps, 1).eq(1)]
                 m.next = "ORDER"
             with m.State("ORDER"):
+                m.d.sync += cand.eq(Cat(*[(cnt[e] == level) & ~done_e[e] for e in range(E)]))
+                m.next = "PICK"
+            with m.State("PICK"):
                 with m.If(c_any):
-                    m.d.sync += [pick.eq(c_idx), done_e.bit_select(c_idx, 1).eq(1),
-                                 self.need.valid.eq(1),
-                                 self.need.payload.layer.eq(layer),
-                                 self.need.payload.expert.eq(c_idx),
-                                 self.need.payload.tokens.eq(level),
-                                 self.need.payload.precision.eq(
-                                     Mux(anyv.bit_select(c_idx, 1), TokenRole.VERIFY,
-                                         Mux(anyf.bit_select(c_idx, 1), TokenRole.FULL,
-                                             TokenRole.DRAFT)))]
-                    m.next = "ANNOUNCE"
+                    m.d.sync += [pick.eq(c_idx), done_e.bit_select(c_idx, 1).eq(1)]
+                    m.next = "OFFER"
                 with m.Elif(level <= 1):
                     m.d.sync += [total[ps].eq(S + announced),
                                  self.total_valid.bit_select(ps, 1).eq(1)]
                     m.next = "WAIT_DEC"
                 with m.Else():
                     m.d.sync += level.eq(level - 1)
+                    m.next = "ORDER"
+            with m.State("OFFER"):
+                m.d.sync += [self.need.valid.eq(1),
+                             self.need.payload.layer.eq(layer),
+                             self.need.payload.expert.eq(pick),
+                             self.need.payload.tokens.eq(level),
+                             self.need.payload.precision.eq(
+                                 Mux(anyv.bit_select(pick, 1), TokenRole.VERIFY,
+                                     Mux(anyf.bit_select(pick, 1), TokenRole.FULL,
+                                         TokenRole.DRAFT)))]
+                m.next = "ANNOUNCE"
             with m.State("ANNOUNCE"):
                 with m.If(self.need.ready):
                     ent = job_entry(g)(jw.data)
-                    m.d.comb += [jw.addr.eq(Cat((S + announced)[:jb], ps)), jw.en.eq(1),
+                    m.d.comb += [jw.addr.eq(Cat(zext(S + announced, jb), ps)), jw.en.eq(1),
                                  ent.shared.eq(0), ent.expert.eq(pick), ent.tok_mask.eq(ncol),
                                  ent.first_mask.eq(ncol & ~seen), ent.last_mask.eq(last_of),
                                  ent.count.eq(self.need.payload.tokens),

@@ -18,6 +18,7 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..vocab import TokenRole, bits, moe_token
+from .common import zext
 
 __all__ = ["TokenStore"]
 
@@ -72,7 +73,7 @@ class TokenStore(wiring.Component):
         x = Signal(8 * g.H)
         cur_layer = Signal.like(self.layer[0])
         lat = Signal.like(self.tok.payload)
-        m.d.comb += [wp.addr.eq(Cat(c[:self.cb], t[:self.tb], pw)),
+        m.d.comb += [wp.addr.eq(Cat(zext(c, self.cb), zext(t, self.tb), pw)),
                      wp.data.eq(x.word_select(c, 8 * L))]
         with m.If(self.release):
             m.d.sync += self.valid.bit_select(self.release_par, 1).eq(0)

@@ -46,7 +46,7 @@ from amaranth.lib.wiring import In, Out
 
 from ...golden import moe_layer as gm
 from ..vocab import bits
-from .common import delay, mul_pipe, requant_pipe
+from .common import delay, mul_pipe, requant_pipe, zext
 from .payloads import Kind, array_result, logit, seg_params
 from .softmax import gate_row
 
@@ -227,9 +227,9 @@ class VectorUnit(wiring.Component):
         code = Signal(8)
         m.d.comb += code.eq(q1.as_unsigned() ^ 0x80)
         m.d.comb += [lut_r.addr.eq(Cat(code[2:8], c7["p7"])),
-                     silu_r.addr.eq(Cat(c7["w7"][:bits(g.I)], c7["t7"][:tb]))]
+                     silu_r.addr.eq(Cat(zext(c7["w7"], bits(g.I)), zext(c7["t7"], tb)))]
         for b in range(B):
-            m.d.comb += out_r[b].addr.eq(Cat(c7["g7"][:bits(g.g_down)], c7["p7"]))
+            m.d.comb += out_r[b].addr.eq(Cat(zext(c7["g7"], bits(g.g_down)), c7["p7"]))
 
         # ---- A8 -------------------------------------------------------------------------
         c8 = {k8: carry(v, 1, k8 + "_8") for k8, v in c7.items()}
@@ -238,7 +238,7 @@ class VectorUnit(wiring.Component):
         m2_8, s2_8, gate8 = carry(m27, 1, "m2_8"), carry(s27, 1, "s2_8"), carry(gate7, 1, "gate8")
         silu_new = Signal(signed(8))
         m.d.comb += silu_new.eq(lut_r.data.word_select(code8[:2], 8))
-        m.d.comb += [silu_w.addr.eq(Cat(c8["w7"][:bits(g.I)], c8["t7"][:tb])),
+        m.d.comb += [silu_w.addr.eq(Cat(zext(c8["w7"], bits(g.I)), zext(c8["t7"], tb))),
                      silu_w.data.eq(silu_new),
                      silu_w.en.eq(c8["v7"] & (c8["k7"] == Kind.GATE) & ~c8["e7"])]
         bop = Signal(signed(14))
@@ -254,13 +254,13 @@ class VectorUnit(wiring.Component):
         out_11 = carry(out_9, 2, "out_11")
         # acc read issued at A10
         c10 = {k0: carry(v, 2, k0 + "_10") for k0, v in c8.items()}
-        m.d.comb += acc_r.addr.eq(Cat(c10["w7"][:bits(g.H)], c10["t7"][:tb]))
+        m.d.comb += acc_r.addr.eq(Cat(zext(c10["w7"], bits(g.H)), zext(c10["t7"], tb)))
 
         # ---- A11: combine ------------------------------------------------------------------
         is_down11 = c11["v7"] & (c11["k7"] == Kind.DOWN) & ~c11["e7"]
         acc_new = Signal(signed(g.accw))
         m.d.comb += acc_new.eq(Mux(c11["f7"], 0, acc_r.data) + prod)
-        m.d.comb += [acc_w.addr.eq(Cat(c11["w7"][:bits(g.H)], c11["t7"][:tb])),
+        m.d.comb += [acc_w.addr.eq(Cat(zext(c11["w7"], bits(g.H)), zext(c11["t7"], tb))),
                      acc_w.data.eq(acc_new), acc_w.en.eq(is_down11 & ~c11["l7"])]
         v2 = Signal(signed(max(g.accw, len(prod))))
         m2, s2 = Signal(16), Signal(6)
@@ -280,12 +280,10 @@ class VectorUnit(wiring.Component):
         lane_bits = bits(L)
         lane_en = (Const(1, L) << row19[:lane_bits]) if L > 1 else Const(1, 1)
         word = Cat(*[q2.as_unsigned()] * L)
-        m.d.comb += [h_w.addr.eq(Cat((row19 >> lane_bits)[:bits(g.c_down)] if L > 1
-                                     else row19[:bits(g.c_down)], tok19[:tb])),
+        m.d.comb += [h_w.addr.eq(Cat(zext(row19 >> lane_bits, bits(g.c_down)), zext(tok19, tb))),
                      h_w.data.eq(word),
                      h_w.en.eq(Mux(v19 & (c19["k7"] == Kind.UP), lane_en, 0)),
-                     y_w.addr.eq(Cat((row19 >> lane_bits)[:bits(g.c_in)] if L > 1
-                                     else row19[:bits(g.c_in)], tok19[:tb])),
+                     y_w.addr.eq(Cat(zext(row19 >> lane_bits, bits(g.c_in)), zext(tok19, tb))),
                      y_w.data.eq(word),
                      y_w.en.eq(Mux(v19 & (c19["k7"] == Kind.DOWN) & c19["l7"], lane_en, 0))]
         m.d.comb += [self.up_done.eq(v19 & (c19["k7"] == Kind.UP) & (c19["b7"] == B - 1)),
