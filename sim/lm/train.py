@@ -6,7 +6,8 @@ RoPE, a softmax router with top-k selection and renormalised gates, SwiGLU
 experts, a Switch-style load-balancing loss, embedding tied to the output
 head. The corpus is the Python standard library's own source files (code,
 like the paper's HumanEval workload), split into train and validation by
-file. Fixed seeds; ``torch.set_num_threads(2)``.
+file. Fixed seeds (``--seed``, default 1234: the committed model); one torch
+thread by default.
 
 This script needs PyTorch (the optional ``train`` extra); nothing else in the
 project does. The committed weights ``data/moe_lm.npz`` (float16) and their
@@ -241,7 +242,8 @@ def _windows(data: np.ndarray, rng: np.random.Generator, n: int, seq: int) -> np
     return np.stack([data[s:s + seq + 1] for s in starts]).astype(np.int64)
 
 
-def train(out: Path, steps: int | None = None, log=print, threads: int = 1) -> dict:
+def train(out: Path, steps: int | None = None, log=print, threads: int = 1,
+          seed: int | None = None, heldout: bool = True) -> dict:
     log = _flush(log)
     import torch
     import torch.nn.functional as F
@@ -255,6 +257,8 @@ def train(out: Path, steps: int | None = None, log=print, threads: int = 1) -> d
     hp = dict(TRAIN)
     if steps is not None:
         hp["steps"] = steps
+    if seed is not None:
+        hp["seed"] = int(seed)
     torch.manual_seed(hp["seed"])
     rng = np.random.default_rng(hp["seed"])
     tr_b, va_b, val_files = load_corpus()
@@ -328,7 +332,11 @@ def train(out: Path, steps: int | None = None, log=print, threads: int = 1) -> d
                 train_bytes=int(len(tr)), val_bytes=int(len(va)),
                 val_files=[r for r, _ in val_files], val_loss=val_loss,
                 val_ppl=math.exp(val_loss), train_wall_s=wall, torch=torch.__version__,
-                reproduce="python -m elmoe3d.sim.lm.train --out sim/lm/data")
+                threads=threads,
+                reproduce="python -m elmoe3d.sim.lm.train --out sim/lm/data" if
+                hp["seed"] == TRAIN["seed"] else
+                f"python -m elmoe3d.sim.lm.train --out sim/lm/data/seeds/seed{hp['seed']} "
+                f"--seed {hp['seed']} --no-heldout")
     out.mkdir(parents=True, exist_ok=True)
     npz = out / "moe_lm.npz"
     np.savez_compressed(npz, meta=np.array(json.dumps(meta)), **w16)
@@ -339,7 +347,8 @@ def train(out: Path, steps: int | None = None, log=print, threads: int = 1) -> d
     (out / "train_curve.json").write_text(json.dumps(curve))
     _plot_curve(curve, out / "train_curve.png")
     log(f"wrote {npz} ({npz.stat().st_size} bytes, sha256 {digest}) in {wall:.0f}s of training")
-    write_heldout(meta, out)
+    if heldout:
+        write_heldout(meta, out)
     return meta
 
 
@@ -375,6 +384,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "data")
     ap.add_argument("--steps", type=int, default=None, help=f"default {TRAIN['steps']}")
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1, max 2)")
+    ap.add_argument("--seed", type=int, default=None,
+                    help=f"training seed (default {TRAIN['seed']}, the committed model)")
+    ap.add_argument("--no-heldout", action="store_true",
+                    help="do not (re)write the held-out prompt/window files into --out "
+                         "(they depend only on the corpus split, not on the seed)")
     ap.add_argument("--heldout-only", action="store_true",
                     help="only re-cut the held-out prompts/windows (no torch needed)")
     args = ap.parse_args(argv)
@@ -387,7 +401,9 @@ def main(argv=None) -> int:
         raise SystemExit(f"--steps must be >= 1, not {args.steps}")
     if args.threads not in (1, 2):
         raise SystemExit(f"--threads must be 1 or 2, not {args.threads}")
-    train(args.out, args.steps, threads=args.threads)
+    if args.seed is not None and args.seed < 0:
+        raise SystemExit(f"--seed must be >= 0, not {args.seed}")
+    train(args.out, args.steps, threads=args.threads, seed=args.seed, heldout=not args.no_heldout)
     return 0
 
 

@@ -12,6 +12,11 @@ Derived quantities
   ``build/measured/throughput-pe-default-verilator.json`` (written by
   ``tests/test_pe.py``) when it exists, otherwise the fallback constants
   below are used and the report says so.
+* Units: decimal GB (``1 GB = 1e9`` bytes) everywhere, like the paper's
+  "8 GB" HB and "64 GB" LPDDR.
+* One LPDDR efficiency for every system: the stream engine's measured
+  AXI efficiency (``ext_efficiency``) scales every LPDDR access of every
+  system (xPU, PIM/NMP, the HB systems) alike, never one system only.
 * Energy: memory ``pJ/bit`` from the config; a MAC costs
   ``(mac8 + add8) * tech_scale`` per INT8 MAC (Horowitz 45 nm scaled to the
   paper's 7 nm by an assumed factor), on-chip SRAM staging ``sram_pj_per_bit``
@@ -71,7 +76,8 @@ class Hardware:
 
     @property
     def hb_bytes(self) -> float:
-        return self.hb_gb * 2**30
+        """HB capacity in bytes (decimal GB)."""
+        return self.hb_gb * 1e9
 
     @property
     def planes(self) -> int:
@@ -90,9 +96,21 @@ class Hardware:
                 * self.rtl["moe_draft_efficiency"])
 
     @property
+    def lpddr_eff(self) -> float:
+        """The one LPDDR efficiency applied to every system's LPDDR traffic."""
+        return self.rtl["ext_efficiency"]
+
+    @property
     def ext_bw(self) -> float:
-        """External weight bandwidth in bytes/s: LPDDR, capped by the stream link."""
-        return min(self.lpddr_bw_gbs, self.stream_link_gbs) * 1e9 * self.rtl["ext_efficiency"]
+        """External weight bandwidth of the HB chip in bytes/s: LPDDR, capped by
+        the stream link, times the LPDDR efficiency."""
+        return min(self.lpddr_bw_gbs, self.stream_link_gbs) * 1e9 * self.lpddr_eff
+
+    @property
+    def lpddr_bw(self) -> float:
+        """LPDDR bandwidth of an xPU reading its own LPDDR (no stream link), bytes/s,
+        times the same LPDDR efficiency."""
+        return self.lpddr_bw_gbs * 1e9 * self.lpddr_eff
 
     @property
     def hb_bw(self) -> float:
@@ -131,7 +149,8 @@ def rtl_figures(measured_dir: Path | None = None) -> dict:
                                                                       (test_hb_bank)
     ext_efficiency       AXI beats per cycle, misses with fill,       ext_bandwidth.json          1.0
                          100-cycle memory latency                     (test_ext_stream)
-    tag_check            tag-unit RTL STATS == golden on a Zipf trace tag_unit-zipf-S32-200k.json (none)
+    tag_check            tag-unit RTL STATS == golden on a Zipf trace tag_unit-zipf-S32-*.json   (none)
+                                                                  (test_tag_unit; the largest)
     ==================== ============================================ =========================== ========
 
     The compute rates are scaled by ``pe_efficiency * moe_*_efficiency``, HB
@@ -182,13 +201,24 @@ def rtl_figures(measured_dir: Path | None = None) -> dict:
             src["ext"] = "ext_bandwidth.json"
     except (TypeError, KeyError, ZeroDivisionError):
         pass
-    f = _read(d, "tag_unit-zipf-S32-200k.json")
-    try:
-        out["tag_check"] = dict(commands=f["commands"], rtl_equals_golden=f["rtl_stats"] == f["golden_stats"],
-                                rtl_stats=f["rtl_stats"])
-        src["tag"] = "tag_unit-zipf-S32-200k.json"
-    except (TypeError, KeyError):
-        pass
+    # the tag-unit tests write tag_unit-zipf-S32-100k.json (default) and -1M.json (slow)
+    best = None
+    for path in sorted(d.glob("tag_unit-zipf-S32-*.json")) if d.is_dir() else []:
+        f = _read(d, path.name)
+        try:
+            n = int(f["commands"])
+            if best is None or n > best[0]:
+                best = (n, path.name, f)
+        except (TypeError, KeyError, ValueError):
+            continue
+    if best is not None:
+        n, name, f = best
+        try:
+            out["tag_check"] = dict(commands=n, rtl_equals_golden=f["rtl_stats"] == f["golden_stats"],
+                                    rtl_stats=f["rtl_stats"], file=name)
+            src["tag"] = name
+        except (TypeError, KeyError):
+            pass
     out["sources"] = src
     used = [k for k, v in src.items() if v != "fallback"]
     missing = [k for k, v in src.items() if v == "fallback"]

@@ -168,7 +168,7 @@ def _from_dict(name, d) -> ModelShape:
             tie_embeddings=bool(d.get("tie_embeddings", False)), attention=dict(d["attention"]),
             locality=dict(d.get("locality", {})), paper_eval=bool(d.get("paper_eval", False)),
             weight_bytes=d.get("weight_bytes", 1),
-            meta={k: d[k] for k in ("assumed", "note") if k in d})
+            meta={k: d[k] for k in ("assumed", "note", "locality_source") if k in d})
     except KeyError as e:
         raise ValueError(f"Model {name!r} in models.json lacks field {e.args[0]!r}") from None
 

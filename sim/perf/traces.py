@@ -424,3 +424,144 @@ def generate(layers: int, num_experts: int, top_k: int, *, requests: int, steps:
             "params": dict(zipf=zipf, early_zipf=early_zipf, early_layers=early_layers,
                            request_spread=request_spread, reuse=reuse)}
     return Trace(experts, request, position, E, model, None, meta)
+
+
+# -- shape checks and the explicit remapping -----------------------------------------
+
+def map_to_model(streams: np.ndarray, trace: Trace, model, remap: bool = False):
+    """``(streams over the model's layers, notes)`` for a trace replayed on ``model``.
+
+    Without ``remap`` the trace must have the model's shape: the same number
+    of decoder layers, routed experts per layer and top-k; anything else is
+    refused with one ``ValueError`` line (a 16-expert top-2 trace replayed on
+    a 128-expert top-8 model says nothing about that model).
+
+    With ``remap`` (``elmoe3d perf --trace-remap``) a trace of another shape
+    is mapped explicitly:
+
+    * layers: MoE layer ``j`` of the model replays the trace layer
+      ``tl[j * len(tl) // n_moe]`` (``tl`` = the trace's layers that route);
+    * experts: needs ``g = E / E_t`` and ``m = k / k_t`` to be integers with
+      ``m <= g``; trace expert ``e`` becomes the model experts
+      ``e*g .. e*g + m - 1`` (so each of the token's ``k_t`` picks becomes
+      ``m`` picks: top-``k`` preserved, popularity and reuse preserved at the
+      granularity of expert groups; with ``m < g`` only ``m/g`` of the model's
+      experts are ever used, which the notes say).
+    """
+    L, E, k = model.layers, model.experts, model.top_k
+    Lt, Et, kt = trace.layers, trace.num_experts, trace.top_k
+    notes = []
+    same = (Lt == L and Et == E and kt == k)
+    if same:
+        out = streams.copy()
+        out[:, :, list(model.dense_layers), :] = -1
+        return out, notes
+    if not remap:
+        raise ValueError(f"Trace shape ({Lt} layers, {Et} experts, top-{kt}) does not match "
+                         f"{model.name} ({L} layers, {E} experts, top-{k}); pass --trace-remap for "
+                         "the documented remapping")
+    if E % Et or k % kt or k // kt > E // Et:
+        raise ValueError(f"Trace with {Et} experts top-{kt} cannot be remapped onto {model.name} "
+                         f"({E} experts top-{k}): needs E/E_t and k/k_t integers with k/k_t <= E/E_t")
+    g, m = E // Et, k // kt
+    tl = [l for l in range(Lt) if (streams[:, :, l, :] >= 0).any()] or list(range(Lt))
+    moe = model.moe_layers
+    B, S = streams.shape[:2]
+    out = np.full((B, S, L, k), -1, np.int32)
+    for j, l in enumerate(moe):
+        src = streams[:, :, tl[j * len(tl) // len(moe)], :]                     # (B, S, kt)
+        ex = src[..., :, None] * g + np.arange(m)[None, None, None, :]          # (B, S, kt, m)
+        ex = np.where(src[..., None] >= 0, ex, -1)
+        out[:, :, l, :] = ex.reshape(B, S, kt * m)
+    notes.append(f"trace remapped (--trace-remap): {Lt} trace layers onto {len(moe)} MoE layers "
+                 f"proportionally; expert e -> {m} experts e*{g}..e*{g}+{m - 1}"
+                 + (f" (only {m}/{g} of the experts are reachable)" if m < g else ""))
+    return out, notes
+
+
+# -- locality statistics ---------------------------------------------------------------
+
+def reuse_distances(streams: np.ndarray, num_experts: int) -> np.ndarray:
+    """Every reuse distance (tokens since the same expert was last picked in
+    the same request and layer) of ``streams[B, S, L, k]``."""
+    B, S, L, k = streams.shape
+    oh = np.zeros((B, S, L, num_experts), bool)
+    b, s_, l, j = np.nonzero(streams >= 0)
+    oh[b, s_, l, streams[b, s_, l, j]] = True
+    seq, t = np.nonzero(oh.transpose(0, 2, 3, 1).reshape(-1, S))
+    same = seq[1:] == seq[:-1]
+    return (t[1:] - t[:-1])[same]
+
+
+def lru_hit_rate(streams: np.ndarray, capacity: int) -> float:
+    """Per-request, per-layer LRU hit rate with ``capacity`` experts of a
+    layer cached (batch 1 decode: each request alone; a textbook LRU over the
+    picks in order, token by token)."""
+    from .cache import BatchCache
+    B, S, L, k = streams.shape
+    E = int(streams.max()) + 1 if streams.size else 1
+    hits = n = 0
+    for b in range(B):
+        for l in range(L):
+            seq = streams[b, :, l].reshape(-1)
+            seq = seq[seq >= 0].astype(np.int64)
+            if not seq.size:
+                continue
+            h, _ = BatchCache(E, capacity, "lru").replay(np.arange(seq.size + 1), seq)
+            hits += int(h.sum())
+            n += seq.size
+    return hits / n if n else 0.0
+
+
+def trace_stats(streams: np.ndarray, num_experts: int, fractions=(0.1, 0.25, 0.4, 0.5),
+                warmup: int = 0) -> dict:
+    """Locality statistics of ``streams[B, S, L, k]`` (MoE layers only):
+    median / mean reuse distance, the fraction of a token's picks also picked
+    by the previous token, the most popular expert's share per layer, per-request
+    LRU hit rates with a fraction of each layer's experts cached, and the
+    distinct experts per layer of one decode step of all ``B`` requests."""
+    B, S, L, k = streams.shape
+    moe = [l for l in range(L) if (streams[:, :, l] >= 0).any()]
+    st = streams[:, :, moe]
+    E = num_experts
+    d = reuse_distances(st, E)
+    oh = np.zeros((B, S, len(moe), E), bool)
+    b, s_, l, j = np.nonzero(st >= 0)
+    oh[b, s_, l, st[b, s_, l, j]] = True
+    reuse = float((oh[:, 1:] & oh[:, :-1]).sum(-1).mean() / k)
+    pop = oh.sum((0, 1)).astype(np.float64)
+    top_share = float((pop.max(-1) / np.maximum(pop.sum(-1), 1)).mean())
+    out = dict(requests=int(B), steps=int(S), moe_layers=len(moe), experts=E, top_k=k,
+               median_reuse_distance=float(np.median(d)) if d.size else None,
+               mean_reuse_distance=float(d.mean()) if d.size else None,
+               reuse_prev_token=reuse, reuse_uniform=k / E, top_expert_share=top_share,
+               working_set_all_requests=float(oh.any(0).sum(-1).mean()) / E)
+    for f in fractions:
+        out[f"lru_hit_{int(round(f * 100))}pct"] = lru_hit_rate(st, max(1, int(round(f * E))))
+    return out
+
+
+def calibrate_locality(num_experts: int, top_k: int, *, lru_target: float, lru_fraction: float,
+                       median_distance: float, layers: int = 3, requests: int = 8, steps: int = 80,
+                       grid=None, seed: int = 0) -> dict:
+    """Search the generator's ``zipf``, ``request_spread`` and ``reuse`` for
+    the trace whose per-request LRU hit rate at ``lru_fraction`` residency and
+    median reuse distance come closest to published measurements (squared
+    error, the hit rate weighted 10x per unit). Returns the best parameters
+    and the statistics they give."""
+    grid = grid or dict(zipf=(0.6, 0.9, 1.2, 1.5), request_spread=(1.0, 1.5, 2.0, 2.5),
+                        reuse=(0.3, 0.45, 0.6, 0.75))
+    best = None
+    for z in grid["zipf"]:
+        for sp in grid["request_spread"]:
+            for ru in grid["reuse"]:
+                t = generate(layers, num_experts, top_k, requests=requests, steps=steps, zipf=z,
+                             early_zipf=z, early_layers=0, request_spread=sp, reuse=ru, seed=seed)
+                s = t.streams(requests)
+                hit = lru_hit_rate(s, max(1, int(round(lru_fraction * num_experts))))
+                med = float(np.median(reuse_distances(s, num_experts)))
+                loss = (10 * (hit - lru_target)) ** 2 + (med - median_distance) ** 2
+                if best is None or loss < best[0]:
+                    best = (loss, dict(zipf=z, request_spread=sp, reuse=ru),
+                            dict(lru_hit=hit, median_reuse_distance=med))
+    return dict(params=best[1], stats=best[2], loss=best[0])

@@ -1,0 +1,55 @@
+"""``elmoe3d fpga --board icebreaker|ulx3s-85f``: a self-testing bitstream.
+
+The design runs ROM-held golden vectors through a block on the fabric and
+shows the verdict on two LEDs and one UART line (:mod:`elmoe3d.sim.selftest`);
+pins from ``constraints/boards.json``; built with amaranth-boards and the
+YoWASP tools (:mod:`elmoe3d.sim.boards`). Prints the routed timing summary.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ._common import add_config_args, config_from_args, writable_file
+
+NAME = "fpga"
+HELP = "build a self-testing bitstream for a board (iCEBreaker .bin, ULX3S-85F .bit) and print its timing"
+
+
+def register(p):
+    from ..sim.boards import BOARDS
+    p.add_argument("--board", required=True, choices=BOARDS, help="target board")
+    p.add_argument("--block", default=None,
+                   help="block under test (default: the board's entry in constraints/boards.json)")
+    p.add_argument("--dots", type=int, default=8, help="golden dot products in the ROM (default 8)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="build folder (default: build/fpga/<board>)")
+    p.add_argument("--json", metavar="FILE", help="write the build summary as JSON")
+    add_config_args(p)
+    p.set_defaults(preset=None)
+
+
+def run(args) -> int:
+    from ..sim.boards import build_board, load_boards
+    if args.dots < 1:
+        raise ValueError(f"--dots must be >= 1, not {args.dots}")
+    board = load_boards()[args.board]
+    if args.preset is None:
+        args.preset = board["preset"]
+    cfg = config_from_args(args)
+    out = Path(args.out or f"build/fpga/{args.board}")
+    js = writable_file(args.json) if args.json else None
+    r = build_board(args.board, out, block=args.block, cfg=cfg, dots=args.dots)
+    print(f"{r['board']} ({r['device']}): self-test of {r['block']} "
+          f"({sum(r['vectors'].values())} input beats, {sum(r['expected'].values())} results)")
+    print(f"bitstream: {r['bitstream']} ({r['bytes']} bytes)")
+    for clk, t in r["timing"]["clocks"].items():
+        print(f"timing: clock {clk}: Fmax {t['fmax_mhz']:.2f} MHz vs {t['target_mhz']:.2f} MHz "
+              f"-> {'PASS' if t['pass'] else 'FAIL'}")
+    for res, (used, avail) in sorted(r["timing"]["utilization"].items()):
+        if used:
+            print(f"  {res:>16s}: {used}/{avail}")
+    if js:
+        js.write_text(json.dumps(r, indent=2))
+    return 0

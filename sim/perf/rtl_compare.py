@@ -1,0 +1,257 @@
+"""Model vs RTL: the tile's hit/miss, byte and cycle counters for the same trace.
+
+The RTL tile (the Elastic-SD controller joined with the tag unit, HB banks,
+stream engine and MoE datapath) writes what it counted while running a
+routing trace to ``build/measured/tile_counters.json``. This module replays
+the same trace through the system model's ELMoE-3D cache driver (the
+tag-unit policy, :class:`~elmoe3d.sim.perf.cache.TagCache`) with the tile's
+geometry and the host's accept decisions, and reports the agreement counter
+by counter. When the file does not exist it says so (the tile does not exist
+yet); nothing is assumed in its place.
+
+File schema (``format: "elmoe3d-tile-counters"``, ``version: 1``)
+---------------------------------------------------------------
+::
+
+    {"format": "elmoe3d-tile-counters", "version": 1,
+     "source": "which test wrote it (block, simulator, seed)",
+     "runs": [{
+        "trace":    {"path": "…/trace.npz", "sha256": "<hex of the file>",
+                     "model": str, "layers": L, "experts": E, "top_k": k},
+        "batch":    B,                      # requests decoded in lock step
+        "mode":     "AR" | "SD",
+        "draft_len": K,                     # SD only
+        "steps":    S,                      # decode steps per request replayed (AR), or
+                                            # the trace positions covered (SD)
+        "accepted": [[a_0, ..., a_{B-1}], ...],   # SD: accepted drafts per request and
+                                            # iteration, as the host decided (in order)
+        "geometry": {"slots": n, "expert_bytes": 3*H*I, "planes": n_planes,
+                     "resident_planes": k, "hot_bits": 8, "decay_shift": 2},
+        "driver":   {"touch_scale": 8, "alloc_hot": 32, "decay_period": 8},   # AR settings
+        "rates":    {"hb_bytes_per_cycle": x, "lpddr_bytes_per_cycle": y,
+                     "macs_per_cycle": z},  # the tile's peak rates, for the cycle model
+        "counters": {"hb_hits": int, "hb_misses": int, "hb_pending": int,
+                     "hb_bytes": int, "lpddr_bytes": int, "fills": int,
+                     "evictions": int, "accepted_tokens": int,
+                     "draft_cycles": int, "verify_cycles": int, "ar_cycles": int}
+     }, ...]}
+
+Counter meanings (per run, from reset): ``hb_hits`` / ``hb_misses`` -
+verification (SD) or decode (AR) expert lookups that hit / missed the tag
+unit; ``hb_pending`` - lookups that found their slot still being filled;
+``hb_bytes`` / ``lpddr_bytes`` - weight bytes read from HB / LPDDR;
+``fills`` - slots committed by an HB fill; ``evictions`` - valid slots
+replaced; ``accepted_tokens`` - drafts accepted in total; ``*_cycles`` -
+clock cycles spent in each phase. Cache counters are compared exactly (the
+policy is deterministic given the trace and the accept decisions); bytes and
+cycles as relative errors (the model's cycles are its roofline
+``max(bytes / rate, MACs / rate)`` per phase).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from .cache import TagCache
+from .hardware import REPO_ROOT
+from .traces import load_trace
+
+__all__ = ["TILE_COUNTERS", "COUNTERS", "load_tile_counters", "model_counters", "compare",
+           "report_lines"]
+
+TILE_COUNTERS = REPO_ROOT / "build" / "measured" / "tile_counters.json"
+FORMAT, VERSION = "elmoe3d-tile-counters", 1
+COUNTERS = ("hb_hits", "hb_misses", "hb_pending", "hb_bytes", "lpddr_bytes", "fills", "evictions",
+            "accepted_tokens", "draft_cycles", "verify_cycles", "ar_cycles")
+EXACT = ("hb_hits", "hb_misses", "hb_pending", "fills", "evictions", "accepted_tokens")
+
+
+def _fail(path, why):
+    raise ValueError(f"Malformed tile-counter file {str(path)!r}: {why}")
+
+
+def load_tile_counters(path=None) -> dict | None:
+    """The parsed file, or ``None`` when it does not exist. ``ValueError``
+    (one line) when it exists but is malformed."""
+    path = Path(path) if path else TILE_COUNTERS
+    if not path.is_file():
+        return None
+    try:
+        d = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        _fail(path, e)
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        _fail(path, f"'format' must be {FORMAT!r}")
+    if int(d.get("version", 0)) != VERSION:
+        _fail(path, f"version {d.get('version')!r} is not {VERSION}")
+    runs = d.get("runs")
+    if not isinstance(runs, list) or not runs:
+        _fail(path, "'runs' must be a non-empty list")
+    for i, r in enumerate(runs):
+        for k in ("trace", "batch", "mode", "geometry", "counters"):
+            if k not in r:
+                _fail(path, f"run {i} lacks {k!r}")
+        if r["mode"] not in ("AR", "SD"):
+            _fail(path, f"run {i} mode must be AR or SD, not {r['mode']!r}")
+        miss = [c for c in COUNTERS if c not in r["counters"]]
+        if miss:
+            _fail(path, f"run {i} counters lack {', '.join(miss)}")
+    d["path"] = str(path)
+    return d
+
+
+def _trace_for(run, base: Path):
+    t = run["trace"]
+    p = Path(t["path"])
+    if not p.is_absolute():
+        p = (base / p) if (base / p).exists() else REPO_ROOT / p
+    if not p.is_file():
+        raise ValueError(f"Tile-counter trace {str(p)!r} does not exist")
+    if t.get("sha256") and hashlib.sha256(p.read_bytes()).hexdigest() != t["sha256"]:
+        raise ValueError(f"Tile-counter trace {str(p)!r} does not match its sha256 "
+                         f"(the counters were measured on another trace)")
+    tr = load_trace(p)
+    for k, v in (("layers", tr.layers), ("experts", tr.num_experts), ("top_k", tr.top_k)):
+        if k in t and int(t[k]) != v:
+            raise ValueError(f"Tile-counter trace {str(p)!r}: {k} {v} != {t[k]} in the file")
+    return tr
+
+
+def model_counters(run: dict, base: Path | None = None) -> dict:
+    """The model's counters for one run: the same trace, geometry and accept
+    decisions through the ELMoE-3D driver (AR: LOOKUP / PIN / TOUCH /
+    ALLOCATE per layer, DECAY every ``decay_period`` steps; SD: draft TOUCHes
+    of resident picks, verification of the union of ``B*(K+1)`` tokens per
+    layer, DECAY per iteration)."""
+    tr = _trace_for(run, base or REPO_ROOT)
+    B = int(run["batch"])
+    g = run["geometry"]
+    S = tr.streams(B, run.get("steps"))                       # (B, T, L, k)
+    moe = [l for l in range(tr.layers) if (S[:, :, l] >= 0).any()]
+    ex = S[:, :, moe].astype(np.int64)
+    nL, NE = len(moe), tr.num_experts
+    tc = TagCache(int(g["slots"]), nL, NE, int(g.get("hot_bits", 8)), int(g.get("decay_shift", 2)))
+    E = float(g["expert_bytes"])
+    planes, keep = int(g.get("planes", 2)), int(g.get("resident_planes", 1))
+    rates = run.get("rates") or {}
+    hbr = float(rates.get("hb_bytes_per_cycle", 0) or 0)
+    lpr = float(rates.get("lpddr_bytes_per_cycle", 0) or 0)
+    c = dict.fromkeys(COUNTERS, 0)
+
+    def cycles(hb, lp):
+        return max(hb / hbr if hbr else 0.0, lp / lpr if lpr else 0.0)
+
+    if run["mode"] == "AR":
+        d = run.get("driver") or {}
+        scale, alloc, period = int(d.get("touch_scale", 8)), int(d.get("alloc_hot", 32)), \
+            int(d.get("decay_period", 8))
+        ev0 = tc.evictions
+        for s in range(ex.shape[1]):
+            hb = lp = 0.0
+            for li in range(nL):
+                x = ex[:, s, li].reshape(-1)
+                ids, cnt = np.unique(x[x >= 0], return_counts=True)
+                amount = cnt * scale
+                hit, filled = tc.access_layer(li, ids, planes=planes, hots=np.maximum(amount, alloc),
+                                              touch=amount)
+                tc.release()
+                nh = int(hit.sum())
+                c["hb_hits"] += nh
+                c["hb_misses"] += ids.size - nh
+                c["fills"] += int(filled.sum())
+                hb += nh * E
+                lp += (ids.size - nh) * E
+            if (s + 1) % period == 0:
+                tc.decay()
+            c["hb_bytes"] += hb
+            c["lpddr_bytes"] += lp
+            c["ar_cycles"] += cycles(hb, lp)
+        c["evictions"] = tc.evictions - ev0
+        return c
+    K = int(run.get("draft_len", 4))
+    msb = E * keep / planes
+    pos = np.zeros(B, np.int64)
+    ev0 = tc.evictions
+    for a in run.get("accepted", []):
+        a = np.asarray(a, np.int64)
+        if a.shape != (B,) or (a < 0).any() or (a > K).any():
+            raise ValueError(f"Tile-counter run: accepted decisions must be {B} integers in 0..{K}")
+        if pos.max() + K + 1 > ex.shape[1]:
+            raise ValueError("Tile-counter run: more accept decisions than the trace has tokens")
+        win = ex[np.arange(B)[:, None], pos[:, None] + np.arange(K + 1)[None, :]]     # (B, K+1, nL, k)
+        R = tc.resident_mask()
+        d = win[:, :K]
+        ok = d >= 0
+        res = ok & R[np.arange(nL)[None, None, :, None], np.maximum(d, 0)]
+        flat = np.arange(nL)[None, None, :, None] * NE + d
+        tcnt = np.bincount(flat[res], minlength=nL * NE)
+        for li in range(nL):
+            ids = np.flatnonzero(tcnt[li * NE:(li + 1) * NE])
+            tc.touch_layer(li, ids, tcnt[li * NE + ids])
+        dhb = float(res.sum()) * msb            # the draft's expert reads (resident picks)
+        c["hb_bytes"] += dhb
+        c["draft_cycles"] += cycles(dhb, 0.0)
+        hb = lp = 0.0
+        for li in range(nL):
+            x = win[:, :, li].reshape(-1)
+            ids, cnt = np.unique(x[x >= 0], return_counts=True)
+            hit, filled = tc.access_layer(li, ids, planes=keep, hots=cnt)
+            tc.release()
+            nh = int(hit.sum())
+            c["hb_hits"] += nh
+            c["hb_misses"] += ids.size - nh
+            c["fills"] += int(filled.sum())
+            hb += nh * msb
+            lp += nh * (E - msb) + (ids.size - nh) * E
+        tc.decay()
+        c["hb_bytes"] += hb
+        c["lpddr_bytes"] += lp
+        c["verify_cycles"] += cycles(hb, lp)
+        c["accepted_tokens"] += int(a.sum())
+        pos += a + 1
+    c["evictions"] = tc.evictions - ev0
+    return c
+
+
+def compare(path=None) -> dict:
+    """``{"available": False, "message"}`` when there is no tile-counter file,
+    else per run the RTL and model counters and their agreement."""
+    d = load_tile_counters(path)
+    if d is None:
+        p = Path(path) if path else TILE_COUNTERS
+        return dict(available=False, path=str(p),
+                    message=f"model vs RTL: no tile counters ({p} does not exist; the tile that "
+                            "writes it is not built yet), so no agreement is reported")
+    base = Path(d["path"]).parent
+    runs = []
+    for i, r in enumerate(d["runs"]):
+        m = model_counters(r, base)
+        rows = []
+        for k in COUNTERS:
+            rtl, mod = float(r["counters"][k]), float(m[k])
+            exact = k in EXACT
+            rel = None if rtl == mod == 0 else abs(mod - rtl) / max(abs(rtl), 1e-12)
+            rows.append(dict(counter=k, rtl=rtl, model=mod, rel_error=rel,
+                             agree=(rtl == mod) if exact else (rel is None or rel <= 0.05)))
+        runs.append(dict(run=i, mode=r["mode"], batch=r["batch"], trace=r["trace"].get("path"),
+                         rows=rows, all_agree=all(x["agree"] for x in rows)))
+    return dict(available=True, path=d["path"], source=d.get("source"), runs=runs,
+                all_agree=all(r["all_agree"] for r in runs))
+
+
+def report_lines(cmp: dict) -> list[str]:
+    if not cmp["available"]:
+        return [cmp["message"]]
+    out = [f"model vs RTL tile counters ({cmp['path']}; {cmp.get('source') or 'source not given'}): "
+           + ("all agree" if cmp["all_agree"] else "DISAGREE")]
+    for r in cmp["runs"]:
+        out.append(f"  run {r['run']} ({r['mode']}, batch {r['batch']}, {r['trace']}):")
+        for x in r["rows"]:
+            e = "-" if x["rel_error"] is None else f"{x['rel_error']:.2%}"
+            out.append(f"    {x['counter']:16s} RTL {x['rtl']:>14.0f}  model {x['model']:>14.0f}  "
+                       f"rel. error {e:>8s}  {'ok' if x['agree'] else 'MISMATCH'}")
+    return out
