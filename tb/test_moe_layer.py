@@ -347,11 +347,15 @@ class MoETB:
                     rset[i] = r
             await ReadOnly()
             for s in ins:
+                if not s.ready.value.is_resolvable:
+                    raise AssertionError(f"{s.name}.ready is {s.ready.value} at cycle {cyc}")
                 if s.item is not None and s.ready.value:
                     s.fired = True
                     self.transfers += 1
                     self.fired_count[s.name] += 1
             for i, (name, valid, payload, _, layout) in enumerate(outs):
+                if not valid.value.is_resolvable:
+                    raise AssertionError(f"{name}.valid is {valid.value} at cycle {cyc}")
                 if not valid.value:
                     if pend[i] is not None:
                         self.errors.append(f"{name}: valid dropped before ready at cycle {cyc}")

@@ -33,10 +33,16 @@ TOKENS = {"tiny": 16, "shared-s2": 12, "default": 6}
 SLOW_TOKENS = 250
 
 
+#: The C++ of this design takes minutes to compile at Verilator's -Os and
+#: the testbench (Python, every port every cycle) dominates the run time,
+#: so the builds are -O0; Icarus gets ``always_comb`` (see the harness).
+BUILD = {"extra_build_args": ["-CFLAGS", "-O0"], "icarus_always_comb": True}
+
+
 def _run(name, testcase, env=None, simulator="verilator", **kw):
     return simulate(BLOCK.factory, block=BLOCK.name, params=BLOCK.params(SETS[name]),
                     top=BLOCK.top, simulator=simulator, test_module="elmoe3d.tb.test_moe_layer",
-                    testcase=testcase, env=env or {}, **kw)
+                    testcase=testcase, env=env or {}, **BUILD, **kw)
 
 
 @pytest.mark.parametrize("name", ["tiny", "shared-s2", "default"])

@@ -88,7 +88,7 @@ class OutputStage(wiring.Component):
                      st.experts.eq(cur.experts), st.expert_tokens.eq(cur.expert_tokens),
                      st.tokens.eq(cur.count), st.error.eq(err)]
         cycles = Signal.like(self.cycle)
-        with m.FSM(name="output"):
+        with m.FSM(name="output") as fsm:
             with m.State("WAIT"):
                 with m.If(sq.r_rdy & dq.r_rdy):
                     m.d.comb += [sq.r_en.eq(1), dq.r_en.eq(1)]
@@ -104,7 +104,6 @@ class OutputStage(wiring.Component):
             with m.State("LAST_WORD"):
                 m.next = "SEND"
             with m.State("SEND"):
-                m.d.comb += self.o.valid.eq(1)
                 with m.If(self.o.ready):
                     m.d.sync += [t.eq(t + 1), c.eq(0)]
                     with m.If(t == cur.count - 1):
@@ -112,7 +111,11 @@ class OutputStage(wiring.Component):
                     with m.Else():
                         m.next = "READ"
             with m.State("STATS"):
-                m.d.comb += [self.stats.valid.eq(1), st.cycles.eq(cycles - cur.start)]
+                m.d.comb += st.cycles.eq(cycles - cur.start)
                 with m.If(self.stats.ready):
                     m.next = "WAIT"
+        # valid as expressions of the state register, outside the FSM's
+        # processes (Icarus 11 leaves an `always @*` that reads only registers
+        # unevaluated after reset, so a valid set inside a state read X)
+        m.d.comb += [self.o.valid.eq(fsm.ongoing("SEND")), self.stats.valid.eq(fsm.ongoing("STATS"))]
         return m

@@ -86,9 +86,8 @@ class TokenStore(wiring.Component):
                          self.step_last.bit_select(pw, 1).eq(step_last),
                          pw.eq(~pw), t.eq(0)]
 
-        with m.FSM(name="tokens"):
+        with m.FSM(name="tokens") as fsm:
             with m.State("IDLE"):
-                m.d.comb += self.tok.ready.eq(~self.valid.bit_select(pw, 1))
                 with m.If(self.tok.valid & self.tok.ready):
                     m.d.sync += lat.eq(self.tok.payload)
                     m.next = "CHECK"
@@ -118,4 +117,6 @@ class TokenStore(wiring.Component):
                     with m.Else():
                         m.d.sync += t.eq(t + 1)
                     m.next = "IDLE"
+        # an expression of registers outside the FSM (Icarus: see output.py)
+        m.d.comb += self.tok.ready.eq(fsm.ongoing("IDLE") & ~self.valid.bit_select(pw, 1))
         return m
