@@ -351,8 +351,10 @@ class Config:
 
     @property
     def acc_bits(self) -> int:
-        """PE accumulator width for :attr:`max_len` (no valid dot product overflows)."""
-        return (128 * 128 * self.max_len).bit_length() + 1
+        """PE accumulator width: ``golden.bitslice.acc_width(max_len, lanes)``
+        (no dot product a PE accepts can overflow it)."""
+        from .golden.bitslice import acc_width
+        return acc_width(self.max_len, self.lanes)
 
     def replace(self, **changes) -> "Config":
         """A copy with some fields changed (validated again)."""

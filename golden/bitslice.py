@@ -45,7 +45,8 @@ import numpy as np
 __all__ = [
     "Mode", "WEIGHT_BITS", "n_planes", "check_slice_bits", "split", "combine",
     "truncate", "reconstruct", "effective_weights", "plane_range", "check_mode",
-    "dot", "field", "field_shift", "pe_dot", "acc_width", "max_abs_product",
+    "dot", "field", "field_shift", "pe_dot", "acc_width", "max_abs_product", "max_chunks",
+    "SeqError", "check_beats", "pe_result", "mac_result",
 ]
 
 WEIGHT_BITS = 8
@@ -236,11 +237,155 @@ def max_abs_product() -> int:
     return 128 * 128
 
 
-def acc_width(max_len: int) -> int:
-    """Signed accumulator width that holds any dot product of up to
-    ``max_len`` elements in any mode (and any partial sum on the way)."""
-    if isinstance(max_len, bool) or not isinstance(max_len, int):
-        raise TypeError(f"Maximum dot-product length must be an integer, not {max_len!r}")
-    if max_len < 1:
-        raise ValueError(f"Maximum dot-product length must be >= 1, not {max_len!r}")
-    return (max_abs_product() * max_len).bit_length() + 1
+def max_chunks(max_len: int, lanes: int = 1) -> int:
+    """Chunks (beats per plane) a dot product may have: ``ceil(max_len / L)``.
+
+    This is the *real* length limit of a PE: a dot product of ``C`` chunks
+    carries ``C * L`` elements, which is more than ``max_len`` when ``L``
+    does not divide it (``L = 4, max_len = 7``: 2 chunks, 8 elements)."""
+    _check_len(max_len, lanes)
+    return -(-max_len // lanes)
+
+
+def _check_len(max_len, lanes):
+    for name, v in (("Maximum dot-product length", max_len), ("Lane count", lanes)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name} must be an integer, not {v!r}")
+        if v < 1:
+            raise ValueError(f"{name} must be >= 1, not {v!r}")
+
+
+def acc_width(max_len: int, lanes: int = 1) -> int:
+    """Signed accumulator width that holds every dot product a PE with ``L =
+    lanes`` accepts (``max_chunks(max_len, L) * L`` elements), in any mode,
+    and every partial sum on the way.
+
+    The largest magnitude is ``128 * 128`` per element (``(-128) * (-128)``:
+    every mode's effective weight is in ``-128 .. 127``), so ``N``
+    elements need ``bit_length(16384 * N) + 1`` bits. This is the one formula
+    behind ``PEResult.value``, ``Config.acc_bits`` and every PE's
+    accumulator."""
+    elements = max_chunks(max_len, lanes) * lanes
+    return (max_abs_product() * elements).bit_length() + 1
+
+
+# --- the dot-product rule: which beat sequences are one dot product ----------------
+
+class SeqError(enum.IntEnum):
+    """Why a beat sequence is not one dot product (the first rule it breaks).
+
+    The PE reports any of them as ``error = 1`` on the one result that the
+    sequence (up to and including its ``last`` beat) produces; the next
+    sequence starts clean."""
+    OK = 0
+    BAD_KEEP = 1        # DRAFT/MSB/LSB with keep outside 1 .. n-1
+    MODE_CHANGE = 2     # a beat's mode (or, in a partial mode, keep) differs from the first beat's
+    BAD_START = 3       # the first beat is not on the mode's first plane
+    PLANE_ORDER = 4     # a plane change to anything but the mode's next plane (skipped,
+    #                     repeated, backwards, or past the last plane)
+    CHUNK_MISMATCH = 5  # a plane with a different number of chunks than the first plane
+    MISSING_PLANE = 6   # `last` before the mode's last plane
+    TOO_LONG = 7        # a plane with more than max_chunks(max_len, L) chunks
+
+
+def check_beats(s: int, beats, *, max_len: int, lanes: int) -> SeqError:
+    """The rule a PE enforces, on the metadata of one beat sequence.
+
+    ``beats`` is a sequence of ``(plane, mode, keep)`` of the beats up to and
+    including the one with ``last``. It is one dot product (``SeqError.OK``)
+    exactly when it is the beats of one weight row in consumption order
+    (``golden.layout.weight_beats``): for each plane of
+    ``plane_range(s, mode, keep)``, increasing, all ``C`` chunks of the row,
+    with the same ``C`` for every plane and ``1 <= C <= max_chunks(max_len,
+    L)``; ``mode`` is the same on every beat, and so is ``keep`` unless the
+    mode is FULL (which ignores it). Otherwise the first rule broken, in beat
+    order, is returned. The accumulator (:func:`acc_width`) is sized for the
+    longest accepted sequence, so an accepted dot product cannot overflow.
+    """
+    check_slice_bits(s)
+    limit = max_chunks(max_len, lanes)
+    beats = [(int(p), int(m), int(k)) for p, m, k in beats]
+    if not beats:
+        raise ValueError("A dot product has at least one beat")
+    _, mode0, keep0 = beats[0]
+    try:
+        mode, keep = check_mode(s, mode0, keep0)
+    except ValueError:
+        return SeqError.BAD_KEEP
+    planes = plane_range(s, mode, keep)
+    cur, count, chunks = None, 0, None
+    for plane, m, k in beats:
+        if m != mode0 or (mode is not Mode.FULL and k != keep0):
+            return SeqError.MODE_CHANGE
+        if cur is None:
+            if plane != planes.start:
+                return SeqError.BAD_START
+            cur, count = plane, 1
+        elif plane == cur:
+            count += 1
+        elif plane == cur + 1 and plane < planes.stop:
+            if chunks is None:
+                chunks = count
+            elif count != chunks:
+                return SeqError.CHUNK_MISMATCH
+            cur, count = plane, 1
+        else:
+            return SeqError.PLANE_ORDER
+        if count > limit:
+            return SeqError.TOO_LONG
+        if chunks is not None and count > chunks:
+            return SeqError.CHUNK_MISMATCH
+    if cur != planes.stop - 1:
+        return SeqError.MISSING_PLANE
+    if chunks is not None and count != chunks:
+        return SeqError.CHUNK_MISMATCH
+    return SeqError.OK
+
+
+def pe_result(s: int, beats, *, max_len: int, lanes: int, augment: bool = True):
+    """The result a PE gives for one beat sequence: ``(value, error, reason)``.
+
+    ``beats``: ``(act[L], slices[L], plane, mode, keep)`` per beat (``slices``
+    as stored: the signed MSB slice as its ``s``-bit two's complement).
+    ``value`` is ``None`` when ``error``. Otherwise it is the specification,
+    :func:`dot` of the row: the activations of the first plane's chunks
+    against the weights the given planes spell (planes outside the mode's
+    range are zero, so MSB and DRAFT see ``truncate(w)``, LSB sees the low
+    bits), in the beat's mode; ``augment=False`` (the plain bit-slice
+    baseline) computes DRAFT as MSB truncation. The activations of chunk
+    ``c`` must be the same on every plane (the caller's duty: the PE cannot
+    check them).
+    """
+    n = n_planes(s)
+    meta = [(b[2], b[3], b[4]) for b in beats]
+    reason = check_beats(s, meta, max_len=max_len, lanes=lanes)
+    if reason is not SeqError.OK:
+        return None, 1, reason
+    mode, keep = check_mode(s, beats[0][3], beats[0][4])
+    pr = plane_range(s, mode, keep)
+    chunks = len(beats) // len(pr)
+    planes = np.zeros((n, chunks * lanes), dtype=np.int64)
+    acts = []
+    for i, (a, sl, p, _, _) in enumerate(beats):
+        c = i % chunks
+        v = np.asarray(sl, dtype=np.int64) & ((1 << s) - 1)
+        if p == 0:
+            v = np.where(v >= 1 << (s - 1), v - (1 << s), v)
+        planes[p, c * lanes:(c + 1) * lanes] = v
+        if p == pr.start:
+            acts.append(np.asarray(a, dtype=np.int64))
+    w = combine(planes, s)
+    if not augment and mode is Mode.DRAFT:
+        mode = Mode.MSB
+    return int(dot(np.concatenate(acts), w, s, mode, keep)), 0, SeqError.OK
+
+
+def mac_result(beats, *, max_len: int, lanes: int):
+    """The INT8 MAC baseline's result for one beat sequence (``(act[L],
+    weight[L])`` per beat): ``(sum(a * w), 0, OK)``, or ``(None, 1,
+    TOO_LONG)`` beyond ``max_chunks(max_len, L)`` beats."""
+    if len(beats) > max_chunks(max_len, lanes):
+        return None, 1, SeqError.TOO_LONG
+    a = np.concatenate([np.asarray(b[0], dtype=np.int64) for b in beats])
+    w = _as_int8_values(np.concatenate([np.asarray(b[1]) for b in beats]))
+    return int(np.sum(a * w)), 0, SeqError.OK

@@ -1,67 +1,119 @@
 """Golden expert-cache tag unit: the specification of the HB expert-cache
-policy, operation by operation.
+policy, operation by operation (*what* is chosen; :mod:`elmoe3d.hw.tag_unit`
+and ``docs/blocks/tag_unit.md`` state *when*).
 
 The tag unit maps an expert tag ``{layer, expert}`` to a *slot* (the
-expert-region index in the HB address map ``{slot, plane, row}``). Per slot
-it keeps ``valid``, ``tag``, ``planes`` (how many MSB slice planes of that
-expert are resident in HB), ``hot`` (a saturating hotness counter fed by
-draft routing and decayed by a shift) and ``pins`` (a count of users that
-are reading the slot; a pinned slot is never evicted).
+expert-region index of the HB address map). Every slot is in one of three
+states (``docs/architecture.md`` §4, "one definition of resident"):
+
+* **FREE** - holds no tag;
+* **PENDING** - allocated to a tag whose fill has not committed yet: not a
+  hit, never a victim, pinned once by its ALLOCATE;
+* **RESIDENT** - its fill committed in HB: a hit.
+
+Per slot it also keeps ``tag``, ``planes`` (how many MSB slice planes of the
+expert HB holds: a count), ``hot`` (a saturating hotness counter fed by draft
+routing and decayed by a shift) and ``pins`` (users reading or filling the
+slot; a pinned slot is never evicted). A ``disabled`` slot mask (the slots the
+KV region covers; an input of the hardware) overrides all of it: a disabled
+slot is never a hit and never a victim, and a slot that holds a tag is freed
+(tag dropped, pins cleared) when it becomes disabled. The KV region covers the
+highest slots first and victims are searched from slot 0 up, so the two never
+fight over the same end of the slot range.
 
 Because the resident set *is* the self-draft model (Elastic-SD drafts only
-with resident experts), this model is exact and the RTL
-(:mod:`elmoe3d.hw.tag_unit`) must equal it event for event. It is plain
-Python (no simulator imports), fast enough for million-command traces.
+with resident experts), this model is exact and the RTL must equal it event
+for event. It is plain Python (no simulator imports).
 
-Operations (values are the hardware opcode encoding, 4 bits)
-------------------------------------------------------------
-==========  ==================================================================
-LOOKUP      tag -> hit, slot, planes, hot (``value``). Counts ``lookups``/``hits``.
-TOUCH       tag, amount -> ``hot = min(hot + amount, 2**hot_bits - 1)``;
-            response like LOOKUP with the new hotness; ``hit = 0`` (no
-            change, no error) when the tag is not resident.
-DECAY       every slot: ``hot -= hot >> decay_shift``.
-ALLOCATE    tag, planes, amount -> victim = lowest-index free slot, else the
-            coldest unpinned valid slot (ties: lowest index). The victim
-            gets ``valid = 1, tag, planes, hot = amount, pins = 0``.
-            Response: ``slot`` = victim, ``evicted``/``evicted_tag`` when
-            the victim held a valid tag. Counts ``allocations`` and, when a
-            tag was evicted, ``evictions``.
-INVALIDATE  tag -> the slot becomes free (``hit`` says whether it was resident;
-            response carries its slot and planes).
-PIN         slot -> pins += 1 (response ``value`` = new pin count).
-UNPIN       slot -> pins -= 1 (response ``value`` = new pin count).
-RESET       every slot free, hotness and pins 0, statistics 0.
-STATS       ``slot`` field selects a counter (0 lookups, 1 hits,
-            2 allocations, 3 evictions) -> ``value``.
-==========  ==================================================================
+Operations (values are the 4-bit hardware opcodes)
+--------------------------------------------------
+A slot *holds* a tag when it is PENDING or RESIDENT (and, necessarily,
+enabled).
+
+===============  ===============================================================
+LOOKUP (0)       tag -> ``hit`` (RESIDENT) or ``pending`` (PENDING), ``slot``,
+                 ``planes``, ``value`` = hotness; all 0 when no slot holds the
+                 tag. Counts ``lookups`` and ``hits`` or ``pending``.
+LOOKUP_PIN (9)   LOOKUP that also pins a hit (``pins += 1``, ``PIN_LIMIT`` at
+                 the limit); a pending or missing tag is reported, not pinned.
+TOUCH (1)        tag, amount -> ``hot = min(hot + amount, 2**hot_bits - 1)`` of
+                 the slot holding the tag (RESIDENT or PENDING); response as
+                 LOOKUP with the new hotness; all 0 (no change) when no slot
+                 holds it.
+DECAY (2)        every slot ``hot -= hot >> decay_shift``.
+ALLOCATE (3)     tag, planes, amount -> victim = the lowest-index FREE enabled
+                 slot, else the coldest unpinned RESIDENT enabled slot (ties to
+                 the lowest index). The victim becomes PENDING with ``tag``,
+                 ``planes``, ``hot = amount`` and ``pins = 1`` - one atomic
+                 step, so no second ALLOCATE can take it while its fill is in
+                 flight. Response ``slot`` = victim, ``evicted`` /
+                 ``evicted_tag`` when it held a RESIDENT tag. Counts
+                 ``allocations`` and ``evictions``.
+commit (input)   HB's commit strobe (slot): a PENDING enabled slot becomes
+                 RESIDENT (its pin stays: the controller UNPINs when done).
+                 Counts ``commits``. A strobe naming any other slot is ignored.
+ABORT (12)       slot -> a PENDING slot (its fill failed) is freed, pins
+                 included. Response ``slot``, ``planes``, ``evicted`` = 1,
+                 ``evicted_tag``. Counts ``aborts``.
+INVALIDATE (4)   tag -> the slot holding it is freed. Response ``hit`` /
+                 ``pending`` (its state before), ``slot``, ``planes``,
+                 ``evicted`` = 1, ``evicted_tag`` = tag; all 0 when not held.
+INVALIDATE_SLOT  slot -> that slot is freed (10). Response as INVALIDATE
+                 (``slot`` echoed; the rest 0 when it was FREE).
+INVALIDATE_MASK  slot_mask -> every slot of the mask is freed (11); response
+                 ``slot_mask`` = the slots that held a tag.
+PIN (5)          slot -> ``pins += 1`` (response ``value`` = new pin count).
+UNPIN (6)        slot -> ``pins -= 1`` (response ``value`` = new pin count).
+RESET (7)        every slot FREE, hotness and pins 0, statistics 0 (the
+                 disabled mask is an input and stays).
+STATS (8)        ``slot`` field = counter index (:data:`STAT_NAMES`) -> ``value``.
+===============  ===============================================================
 
 Bad commands answer with a :class:`TagError` and change nothing (statistics
-included). Every field of an error response except ``op`` and ``error`` is 0:
+included); every field of an error response except ``op`` and ``error`` is 0.
+Checked in this order per operation:
 
-* ``BAD_OP``: unknown opcode (9..15);
-* ``BAD_SLOT``: PIN/UNPIN of a slot ``>= S``, STATS index ``> 3``;
-* ``RESIDENT``: ALLOCATE of a tag that is already resident;
-* ``NO_VICTIM``: ALLOCATE when every slot is valid and pinned;
-* ``NOT_VALID``: PIN or UNPIN of a free slot (a pinned free slot would be
-  the first victim, breaking "a pinned slot is never a victim");
-* ``NOT_PINNED``: UNPIN of a slot whose pin count is 0;
-* ``PIN_LIMIT``: PIN of a slot whose pin count is ``2**pin_bits - 1``;
-* ``PINNED``: INVALIDATE of a pinned slot.
+* ``BAD_OP``: opcode 13..15;
+* ``BAD_SLOT``: PIN / UNPIN / ABORT / INVALIDATE_SLOT of a slot ``>= S``;
+  STATS index ``>= len(STAT_NAMES)``;
+* ``RESIDENT`` / ``PENDING``: ALLOCATE of a tag that a slot holds RESIDENT /
+  PENDING;
+* ``NO_VICTIM``: ALLOCATE when no enabled slot is FREE or unpinned RESIDENT;
+* ``NOT_VALID``: PIN or UNPIN of a slot that holds no tag;
+* ``NOT_PENDING``: ABORT of a slot that is not PENDING;
+* ``PIN_LIMIT``: PIN (or LOOKUP_PIN of a hit) at ``2**pin_bits - 1`` pins;
+* ``NOT_PINNED``: UNPIN at 0 pins;
+* ``PINNED``: INVALIDATE / INVALIDATE_SLOT of a pinned slot, INVALIDATE_MASK
+  with a pinned slot in the mask (nothing is freed).
 
-These rules keep three invariants the formal proof checks on the RTL: no two
-valid slots hold the same tag, ``pins > 0`` implies ``valid``, and a free
-slot has ``hot = 0``.
+Invariants (checked by :meth:`TagUnitModel.check_invariants` and, on the
+RTL, by the formal proof): no two slots hold the same tag; a slot with pins
+or hotness holds a tag; a PENDING slot is pinned unless the controller
+unpinned it; a disabled slot holds nothing.
 
-Statistics counters are ``stat_bits`` wide and *saturate* at
-``2**stat_bits - 1`` (they never wrap).
+Statistics counters are ``stat_bits`` wide and *saturate* (never wrap).
 
-Response fields (one response per command, in order)
-----------------------------------------------------
-``op, error, hit, slot, planes, evicted, evicted_tag, value``; fields an
-operation does not define are 0. :meth:`TagUnitModel.execute` produces this
-dict from a command dict ``{op, tag, slot, amount, planes}`` (missing keys
-are 0), exactly what the testbench compares with the RTL.
+One clock cycle
+---------------
+The hardware takes ``disabled`` and the commit strobe as inputs while
+commands flow; :meth:`TagUnitModel.step` is one cycle of it in the order the
+RTL implements: the command that executes in that cycle (if any, on the
+state at the start of the cycle), then the cycle's ``disabled`` mask (newly
+covered slots are freed), then its commit strobe. Which cycle a command
+executes in is the RTL's documented timing.
+
+Python interface for simulations
+--------------------------------
+The methods :meth:`~TagUnitModel.lookup`, :meth:`~TagUnitModel.touch`,
+:meth:`~TagUnitModel.decay`, :meth:`~TagUnitModel.allocate`,
+:meth:`~TagUnitModel.invalidate`, :meth:`~TagUnitModel.pin`,
+:meth:`~TagUnitModel.unpin`, :meth:`~TagUnitModel.choose_victim`,
+:meth:`~TagUnitModel.stats`, :meth:`~TagUnitModel.hit_rate` keep their
+earlier signatures. ``allocate(tag, planes, hot)`` is the *pure-cache* form
+used by the system model: it is ALLOCATE, commit and UNPIN in one call (the
+victim is RESIDENT and unpinned on return, ``commits`` counts it);
+``allocate(..., pending=True)`` is the hardware ALLOCATE (PENDING, pinned
+once), to be ended with :meth:`commit` or :meth:`abort`.
 """
 
 from __future__ import annotations
@@ -71,12 +123,13 @@ import math
 
 from ..config import check_int
 
-__all__ = ["TagOp", "TagError", "TagUnitModel", "STAT_NAMES", "RESPONSE_FIELDS",
-           "COMMAND_FIELDS", "slot_bits", "check_params"]
+__all__ = ["TagOp", "TagError", "SlotState", "TagUnitModel", "STAT_NAMES",
+           "RESPONSE_FIELDS", "COMMAND_FIELDS", "OP_BITS", "ERROR_BITS", "slot_bits",
+           "value_bits", "check_params", "params_from_config"]
 
 
 class TagOp(enum.IntEnum):
-    """Tag-unit opcode (the 4-bit hardware encoding); 9..15 are invalid."""
+    """Tag-unit opcode (the 4-bit hardware encoding); 13..15 are invalid."""
     LOOKUP = 0
     TOUCH = 1
     DECAY = 2
@@ -86,6 +139,10 @@ class TagOp(enum.IntEnum):
     UNPIN = 6
     RESET = 7
     STATS = 8
+    LOOKUP_PIN = 9
+    INVALIDATE_SLOT = 10
+    INVALIDATE_MASK = 11
+    ABORT = 12
 
 
 class TagError(enum.IntEnum):
@@ -99,12 +156,24 @@ class TagError(enum.IntEnum):
     NOT_PINNED = 6
     PIN_LIMIT = 7
     PINNED = 8
+    NOT_PENDING = 9
+    PENDING = 10
 
 
-#: STATS counter order (the index in the command's ``slot`` field).
-STAT_NAMES = ("lookups", "hits", "allocations", "evictions")
-COMMAND_FIELDS = ("op", "tag", "slot", "amount", "planes")
-RESPONSE_FIELDS = ("op", "error", "hit", "slot", "planes", "evicted", "evicted_tag", "value")
+class SlotState(enum.IntEnum):
+    """State of one slot (``docs/architecture.md`` §4)."""
+    FREE = 0
+    PENDING = 1
+    RESIDENT = 2
+
+
+#: STATS counter order (the index in the command's ``slot`` field). The first
+#: four keep the indices they had before PENDING existed.
+STAT_NAMES = ("lookups", "hits", "allocations", "evictions", "pending", "commits", "aborts",
+              "kv_frees")
+COMMAND_FIELDS = ("op", "tag", "slot", "amount", "planes", "slot_mask")
+RESPONSE_FIELDS = ("op", "error", "hit", "pending", "slot", "planes", "evicted", "evicted_tag",
+                   "value", "slot_mask")
 
 OP_BITS = 4
 ERROR_BITS = 4
@@ -126,8 +195,13 @@ def check_params(slots, layer_bits, expert_bits, hot_bits, decay_shift, plane_bi
 
 def slot_bits(slots: int) -> int:
     """Width of the command/response ``slot`` field: enough for ``slots - 1``
-    and for the STATS index 0..3 (so at least 2 bits)."""
-    return max(2, math.ceil(math.log2(slots)))
+    and for every STATS index (``len(STAT_NAMES) - 1``)."""
+    return max((len(STAT_NAMES) - 1).bit_length(), math.ceil(math.log2(slots)))
+
+
+def value_bits(hot_bits: int, stat_bits: int, pin_bits: int) -> int:
+    """Width of the response ``value`` field (hotness, pin count or counter)."""
+    return max(hot_bits, stat_bits, pin_bits)
 
 
 class TagUnitModel:
@@ -144,19 +218,26 @@ class TagUnitModel:
     decay_shift : int
         ``d`` in ``hot -= hot >> d`` (0 clears, ``>= hot_bits`` is a no-op).
     plane_bits : int
-        Width of the resident-planes field.
+        Width of the resident-planes field (a count).
     stat_bits : int
         Width of the saturating statistics counters.
     pin_bits : int
         Width of each slot's pin counter.
     mutant : str, optional
         Testbench self-check only: ``"tie"`` breaks victim ties at the
-        *highest* index, ``"decay"`` decays by ``d + 1``. Never use otherwise.
+        *highest* index, ``"decay"`` decays by ``d + 1``, ``"pending_hit"``
+        reports PENDING slots as hits. Never use otherwise.
 
     Members
     -------
-    valid, tags, planes, hot, pins : list of int
-        Per-slot state, index = slot (read-only for callers).
+    valid : list of int
+        1 where the slot holds a tag (PENDING or RESIDENT).
+    pending : list of int
+        1 where the slot is PENDING.
+    disabled : list of int
+        The current disabled mask (KV-covered slots), one entry per slot.
+    tags, planes, hot, pins : list of int
+        Per-slot state, index = slot (read-only for callers; 0 when FREE).
     counters : dict
         The statistics (see :meth:`stats`).
 
@@ -171,7 +252,7 @@ class TagUnitModel:
                  stat_bits: int = 32, pin_bits: int = 3, *, mutant: str | None = None):
         check_params(slots, layer_bits, expert_bits, hot_bits, decay_shift, plane_bits,
                      stat_bits, pin_bits)
-        if mutant not in (None, "tie", "decay"):
+        if mutant not in (None, "tie", "decay", "pending_hit"):
             raise ValueError(f"Unknown mutant {mutant!r}")
         self.slots = slots
         self.layer_bits = layer_bits
@@ -187,7 +268,13 @@ class TagUnitModel:
         self.pin_max = (1 << pin_bits) - 1
         self.slot_bits = slot_bits(slots)
         self.mutant = mutant
+        self.disabled = [0] * slots
         self.reset()
+
+    @classmethod
+    def from_config(cls, cfg, **kw) -> "TagUnitModel":
+        """The model with every parameter taken from a :class:`~elmoe3d.config.Config`."""
+        return cls(**params_from_config(cfg), **kw)
 
     # -- parameters as a dict (what the RTL factory takes) --------------------
     def params(self) -> dict:
@@ -211,38 +298,83 @@ class TagUnitModel:
         if not 0 <= tag < (1 << self.tag_bits):
             raise ValueError(f"Tag {tag!r} does not fit in {self.tag_bits} bits")
 
+    def _check_slot(self, slot):
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"Slot {slot!r} is outside 0..{self.slots - 1}")
+
+    # -- state views ---------------------------------------------------------------
+    def slot_state(self, s: int) -> SlotState:
+        """FREE, PENDING or RESIDENT."""
+        if not self.valid[s]:
+            return SlotState.FREE
+        return SlotState.PENDING if self.pending[s] else SlotState.RESIDENT
+
+    def resident(self, s: int) -> bool:
+        """Slot ``s`` is RESIDENT (its fill committed; enabled by construction)."""
+        return bool(self.valid[s] and not self.pending[s])
+
+    def resident_mask(self) -> int:
+        """Bit ``s`` set where slot ``s`` is RESIDENT (the RTL's ``resident`` output)."""
+        return sum(1 << s for s in range(self.slots) if self.valid[s] and not self.pending[s])
+
+    def pending_mask(self) -> int:
+        """Bit ``s`` set where slot ``s`` is PENDING (the RTL's ``pending`` output)."""
+        return sum(1 << s for s in range(self.slots) if self.pending[s])
+
+    def slot_of(self, tag: int) -> int | None:
+        """The slot holding ``tag`` (PENDING or RESIDENT), or ``None``."""
+        return self._where.get(tag)
+
+    def state_of(self, tag: int) -> tuple[SlotState, int | None]:
+        """``(state, slot)`` of the slot holding ``tag``; ``(FREE, None)``
+        when no slot holds it. No side effects."""
+        s = self._where.get(tag)
+        return (SlotState.FREE, None) if s is None else (self.slot_state(s), s)
+
     # -- operations -------------------------------------------------------------
     def reset(self):
-        """RESET: every slot free, hotness, pins and statistics 0."""
+        """RESET: every slot FREE, hotness, pins and statistics 0 (``disabled``
+        is an input and stays)."""
         S = self.slots
         self.valid = [0] * S
+        self.pending = [0] * S
         self.tags = [0] * S
         self.planes = [0] * S
         self.hot = [0] * S
         self.pins = [0] * S
-        self._where = {}                     # tag -> slot of the valid slots
+        self._where = {}                     # tag -> slot of the slots holding a tag
         self.counters = dict.fromkeys(STAT_NAMES, 0)
 
-    def _count(self, name):
-        if self.counters[name] < self.stat_max:
-            self.counters[name] += 1
+    def _count(self, name, n=1):
+        self.counters[name] = min(self.counters[name] + n, self.stat_max)
 
-    def slot_of(self, tag: int) -> int | None:
-        """The slot holding ``tag``, or ``None`` (no side effects)."""
-        return self._where.get(tag)
+    def _is_hit(self, s) -> bool:
+        return not self.pending[s] or self.mutant == "pending_hit"
 
-    def lookup(self, tag: int) -> tuple[bool, int, int]:
-        """LOOKUP: ``(hit, slot, planes)``; slot and planes are 0 on a miss."""
+    def lookup(self, tag: int, *, pin: bool = False) -> tuple[bool, int, int]:
+        """LOOKUP (``pin=True``: LOOKUP_PIN): ``(hit, slot, planes)``; slot and
+        planes are 0 unless the tag is RESIDENT (a PENDING tag is not a hit:
+        see :meth:`state_of`). ``ValueError`` (hardware: ``PIN_LIMIT``, nothing
+        counted) when a hit to pin is at the pin limit."""
         self._check_tag(tag)
-        self._count("lookups")
         s = self._where.get(tag)
+        hit = s is not None and self._is_hit(s)
+        if pin and hit and self.pins[s] >= self.pin_max:
+            raise ValueError(f"Slot {s} is already pinned {self.pin_max} times")
+        self._count("lookups")
         if s is None:
             return False, 0, 0
+        if not hit:
+            self._count("pending")
+            return False, 0, 0
         self._count("hits")
+        if pin:
+            self.pins[s] += 1
         return True, s, self.planes[s]
 
     def touch(self, tag: int, amount: int = 1) -> bool:
-        """TOUCH: saturating ``hot += amount``; False when ``tag`` is not resident."""
+        """TOUCH: saturating ``hot += amount`` of the slot holding ``tag``
+        (RESIDENT or PENDING); False when no slot holds it."""
         self._check_tag(tag)
         if not 0 <= amount <= self.hot_max:
             raise ValueError(f"Touch amount {amount!r} does not fit in {self.hot_bits} bits")
@@ -258,30 +390,41 @@ class TagUnitModel:
         self.hot = [h - (h >> d) for h in self.hot]
 
     def choose_victim(self) -> int | None:
-        """The slot ALLOCATE would take (lowest free, else coldest unpinned,
-        ties lowest index), or ``None`` when every slot is pinned."""
+        """The slot ALLOCATE would take: the lowest-index FREE enabled slot,
+        else the coldest unpinned RESIDENT enabled slot (ties: lowest index);
+        ``None`` when there is none (PENDING and disabled slots never are)."""
         best = None
         for s in range(self.slots):
+            if self.disabled[s]:
+                continue
             if not self.valid[s]:
                 return s
-            if self.pins[s]:
+            if self.pins[s] or self.pending[s]:
                 continue
             if best is None or self.hot[s] < self.hot[best] or \
                     (self.mutant == "tie" and self.hot[s] == self.hot[best]):
                 best = s
         return best
 
-    def allocate(self, tag: int, planes: int = 0, hot: int = 0):
+    def allocate(self, tag: int, planes: int = 0, hot: int = 0, *, pending: bool = False):
         """ALLOCATE: ``(ok, victim, evicted_tag)``; ``ok`` False (and nothing
-        changed) when every slot is pinned. ``ValueError`` when ``tag`` is
-        already resident (the hardware answers ``TagError.RESIDENT``)."""
+        changed) when there is no victim. ``ValueError`` when a slot already
+        holds ``tag`` (hardware: ``RESIDENT`` / ``PENDING``).
+
+        ``pending=True`` is the hardware ALLOCATE: the victim is PENDING and
+        pinned once until :meth:`commit` (then RESIDENT, still pinned) or
+        :meth:`abort`. ``pending=False`` (the default, for cache simulations)
+        is ALLOCATE, commit and UNPIN in one call: the victim is RESIDENT and
+        unpinned on return, and ``commits`` counts it.
+        """
         self._check_tag(tag)
         if not 0 <= planes < (1 << self.plane_bits):
             raise ValueError(f"Plane count {planes!r} does not fit in {self.plane_bits} bits")
         if not 0 <= hot <= self.hot_max:
             raise ValueError(f"Initial hotness {hot!r} does not fit in {self.hot_bits} bits")
         if tag in self._where:
-            raise ValueError(f"Tag {tag!r} is already resident in slot {self._where[tag]}")
+            s = self._where[tag]
+            raise ValueError(f"Tag {tag!r} is already {self.slot_state(s).name} in slot {s}")
         v = self.choose_victim()
         if v is None:
             return False, None, None
@@ -292,13 +435,39 @@ class TagUnitModel:
             self._count("evictions")
         self._count("allocations")
         self.valid[v], self.tags[v], self.planes[v] = 1, tag, planes
-        self.hot[v], self.pins[v] = hot, 0
+        self.hot[v] = hot
         self._where[tag] = v
+        if pending:
+            self.pending[v], self.pins[v] = 1, 1
+        else:
+            self.pending[v], self.pins[v] = 0, 0
+            self._count("commits")
         return True, v, evicted
 
+    def commit(self, slot: int) -> bool:
+        """HB's commit strobe: a PENDING slot becomes RESIDENT (pins unchanged).
+        Returns False (and changes nothing) for any other slot, as the
+        hardware ignores such a strobe."""
+        if not 0 <= slot < self.slots or not self.pending[slot]:
+            return False
+        self.pending[slot] = 0
+        self._count("commits")
+        return True
+
+    def abort(self, slot: int) -> int:
+        """ABORT: free a PENDING slot (its fill failed), pins included; returns
+        the tag it held. ``ValueError`` when the slot is not PENDING."""
+        self._check_slot(slot)
+        if not self.pending[slot]:
+            raise ValueError(f"Slot {slot} is {self.slot_state(slot).name}, not PENDING")
+        tag = self.tags[slot]
+        self._free(slot)
+        self._count("aborts")
+        return tag
+
     def invalidate(self, tag: int) -> bool:
-        """INVALIDATE: free the slot holding ``tag``; False when not resident.
-        ``ValueError`` when that slot is pinned (hardware: ``PINNED``)."""
+        """INVALIDATE: free the slot holding ``tag``; False when no slot holds
+        it. ``ValueError`` when that slot is pinned (hardware: ``PINNED``)."""
         self._check_tag(tag)
         s = self._where.get(tag)
         if s is None:
@@ -308,12 +477,57 @@ class TagUnitModel:
         self._free(s)
         return True
 
+    def invalidate_slot(self, slot: int) -> bool:
+        """INVALIDATE_SLOT: free ``slot``; False when it held nothing.
+        ``ValueError`` when it is pinned."""
+        self._check_slot(slot)
+        if not self.valid[slot]:
+            return False
+        if self.pins[slot]:
+            raise ValueError(f"Slot {slot} is pinned")
+        self._free(slot)
+        return True
+
+    def invalidate_mask(self, mask: int) -> int:
+        """INVALIDATE_MASK: free every slot of ``mask``; returns the mask of
+        those that held a tag. ``ValueError`` (nothing freed) when one of them
+        is pinned."""
+        if not 0 <= mask < (1 << self.slots):
+            raise ValueError(f"Slot mask {mask!r} does not fit in {self.slots} bits")
+        held = [s for s in range(self.slots) if (mask >> s) & 1 and self.valid[s]]
+        pinned = [s for s in held if self.pins[s]]
+        if pinned:
+            raise ValueError(f"Slots {pinned} of mask {mask:#x} are pinned")
+        for s in held:
+            self._free(s)
+        return sum(1 << s for s in held)
+
+    def set_disabled(self, mask: int) -> list[tuple[int, int]]:
+        """The ``disabled`` input takes the value ``mask``: every slot it
+        covers that holds a tag is freed (pins included; counted in
+        ``kv_frees``). Returns ``[(slot, tag)]`` of the freed slots."""
+        if not 0 <= mask < (1 << self.slots):
+            raise ValueError(f"Disabled mask {mask!r} does not fit in {self.slots} bits")
+        self.disabled = [(mask >> s) & 1 for s in range(self.slots)]
+        dropped = []
+        for s in range(self.slots):
+            if self.disabled[s] and self.valid[s]:
+                dropped.append((s, self.tags[s]))
+                self._free(s)
+        self._count("kv_frees", len(dropped))
+        return dropped
+
+    def disabled_mask(self) -> int:
+        return sum(d << s for s, d in enumerate(self.disabled))
+
     def _free(self, s):
-        del self._where[self.tags[s]]
-        self.valid[s] = self.tags[s] = self.planes[s] = self.hot[s] = self.pins[s] = 0
+        if self.valid[s]:
+            del self._where[self.tags[s]]
+        self.valid[s] = self.pending[s] = self.tags[s] = self.planes[s] = 0
+        self.hot[s] = self.pins[s] = 0
 
     def pin(self, slot: int) -> int:
-        """PIN: new pin count; ``ValueError`` for a free slot or at the limit."""
+        """PIN: new pin count; ``ValueError`` for a slot holding no tag or at the limit."""
         self._check_slot(slot)
         if not self.valid[slot]:
             raise ValueError(f"Slot {slot} is free and cannot be pinned")
@@ -332,12 +546,9 @@ class TagUnitModel:
         self.pins[slot] -= 1
         return self.pins[slot]
 
-    def _check_slot(self, slot):
-        if not 0 <= slot < self.slots:
-            raise ValueError(f"Slot {slot!r} is outside 0..{self.slots - 1}")
-
     def stats(self) -> dict:
-        """``dict(lookups, hits, allocations, evictions)``."""
+        """``dict`` of every counter in :data:`STAT_NAMES` (lookups, hits,
+        allocations, evictions, pending, commits, aborts, kv_frees)."""
         return dict(self.counters)
 
     def hit_rate(self) -> float:
@@ -345,14 +556,15 @@ class TagUnitModel:
 
     # -- the command/response form the testbench compares with ---------------
     def execute(self, cmd: dict) -> dict:
-        """Execute one command dict ``{op, tag, slot, amount, planes}`` and
-        return the response dict (fields :data:`RESPONSE_FIELDS`). Bad
-        commands return an error code and change nothing."""
+        """Execute one command dict (fields :data:`COMMAND_FIELDS`, missing
+        ones 0) and return the response dict (fields :data:`RESPONSE_FIELDS`).
+        Bad commands return an error code and change nothing."""
         op = int(cmd.get("op", 0))
         tag = int(cmd.get("tag", 0))
         slot = int(cmd.get("slot", 0))
         amount = int(cmd.get("amount", 0))
         planes = int(cmd.get("planes", 0))
+        mask = int(cmd.get("slot_mask", 0))
         r = dict.fromkeys(RESPONSE_FIELDS, 0)
         r["op"] = op
 
@@ -361,30 +573,50 @@ class TagUnitModel:
             out["op"], out["error"] = op, int(code)
             return out
 
-        if op == TagOp.LOOKUP:
-            hit, s, p = self.lookup(tag)
-            if hit:
-                r.update(hit=1, slot=s, planes=p, value=self.hot[s])
+        def held(s):                        # response fields of a slot holding a tag
+            return dict(hit=int(self._is_hit(s)), pending=int(not self._is_hit(s)), slot=s,
+                        planes=self.planes[s])
+
+        if op in (TagOp.LOOKUP, TagOp.LOOKUP_PIN):
+            s = self._where.get(tag)
+            if s is not None and self._is_hit(s) and op == TagOp.LOOKUP_PIN \
+                    and self.pins[s] >= self.pin_max:
+                return err(TagError.PIN_LIMIT)
+            self.lookup(tag, pin=op == TagOp.LOOKUP_PIN)
+            if s is not None:
+                r.update(held(s), value=self.hot[s])
         elif op == TagOp.TOUCH:
             if self.touch(tag, amount):
                 s = self._where[tag]
-                r.update(hit=1, slot=s, planes=self.planes[s], value=self.hot[s])
+                r.update(held(s), value=self.hot[s])
         elif op == TagOp.DECAY:
             self.decay()
         elif op == TagOp.ALLOCATE:
-            if tag in self._where:
-                return err(TagError.RESIDENT)
-            ok, v, ev = self.allocate(tag, planes, amount)
+            s = self._where.get(tag)
+            if s is not None:
+                return err(TagError.PENDING if self.pending[s] else TagError.RESIDENT)
+            ok, v, ev = self.allocate(tag, planes, amount, pending=True)
             if not ok:
                 return err(TagError.NO_VICTIM)
             r.update(slot=v, evicted=int(ev is not None), evicted_tag=ev or 0)
-        elif op == TagOp.INVALIDATE:
-            s = self._where.get(tag)
+        elif op in (TagOp.INVALIDATE, TagOp.INVALIDATE_SLOT):
+            if op == TagOp.INVALIDATE:
+                s = self._where.get(tag)
+            else:
+                if slot >= self.slots:
+                    return err(TagError.BAD_SLOT)
+                s = slot if self.valid[slot] else None
+                r["slot"] = slot
             if s is not None:
                 if self.pins[s]:
                     return err(TagError.PINNED)
-                r.update(hit=1, slot=s, planes=self.planes[s])
+                r.update(held(s), evicted=1, evicted_tag=self.tags[s])
                 self._free(s)
+        elif op == TagOp.INVALIDATE_MASK:
+            held_mask = [s for s in range(self.slots) if (mask >> s) & 1 and self.valid[s]]
+            if any(self.pins[s] for s in held_mask):
+                return err(TagError.PINNED)
+            r["slot_mask"] = self.invalidate_mask(mask)
         elif op in (TagOp.PIN, TagOp.UNPIN):
             if slot >= self.slots:
                 return err(TagError.BAD_SLOT)
@@ -399,6 +631,13 @@ class TagUnitModel:
                     return err(TagError.NOT_PINNED)
                 self.pins[slot] -= 1
             r.update(slot=slot, value=self.pins[slot])
+        elif op == TagOp.ABORT:
+            if slot >= self.slots:
+                return err(TagError.BAD_SLOT)
+            if not self.pending[slot]:
+                return err(TagError.NOT_PENDING)
+            r.update(slot=slot, planes=self.planes[slot], evicted=1)
+            r["evicted_tag"] = self.abort(slot)
         elif op == TagOp.RESET:
             self.reset()
         elif op == TagOp.STATS:
@@ -407,6 +646,18 @@ class TagUnitModel:
             r.update(slot=slot, value=self.counters[STAT_NAMES[slot]])
         else:
             return err(TagError.BAD_OP)
+        return r
+
+    def step(self, cmd: dict | None = None, *, commit: int | None = None,
+             disabled: int | None = None) -> dict | None:
+        """One clock cycle of the hardware: the command executing in the cycle
+        (if any), then the cycle's ``disabled`` mask (if given), then its
+        commit strobe (a slot index, if any). Returns the command's response."""
+        r = None if cmd is None else self.execute(cmd)
+        if disabled is not None and disabled != self.disabled_mask():
+            self.set_disabled(disabled)
+        if commit is not None:
+            self.commit(commit)
         return r
 
     # -- invariants (used by tests) --------------------------------------------
@@ -418,10 +669,22 @@ class TagUnitModel:
                 if self.tags[s] in seen:
                     raise AssertionError(f"tag {self.tags[s]} in slots {seen[self.tags[s]]} and {s}")
                 seen[self.tags[s]] = s
+                if self.disabled[s]:
+                    raise AssertionError(f"disabled slot {s} holds tag {self.tags[s]}")
             else:
-                if self.pins[s] or self.hot[s]:
-                    raise AssertionError(f"free slot {s} has pins/hotness")
+                if self.pins[s] or self.hot[s] or self.pending[s] or self.tags[s]:
+                    raise AssertionError(f"free slot {s} has pins/hotness/pending/tag")
             if not 0 <= self.hot[s] <= self.hot_max:
                 raise AssertionError(f"slot {s} hotness {self.hot[s]} out of range")
         if seen != self._where:
             raise AssertionError("tag index out of sync")
+
+
+def params_from_config(cfg) -> dict:
+    """The tag unit's parameters from a :class:`~elmoe3d.config.Config` (the
+    block registry, the golden model and the testbenches use this one
+    function). ``plane_bits`` holds a plane *count* ``0 .. n``."""
+    return dict(slots=cfg.tag_slots, layer_bits=cfg.layer_bits, expert_bits=cfg.expert_bits,
+                hot_bits=cfg.hot_bits, decay_shift=cfg.decay_shift,
+                plane_bits=max(1, cfg.planes.bit_length()), stat_bits=cfg.stat_bits,
+                pin_bits=cfg.pin_bits)

@@ -17,8 +17,8 @@ import enum
 from .bitslice import Mode as PEMode
 from .tag_unit import TagError, TagOp
 
-__all__ = ["PEMode", "TagOp", "TagError", "FillKind", "HBRegion", "ExtKind", "ExtError",
-           "AxiResp", "AXI_4K"]
+__all__ = ["PEMode", "TagOp", "TagError", "FillKind", "HBRegion", "FillResult", "ExtKind",
+           "ExtError", "AxiResp", "AXI_4K"]
 
 #: AXI4 bursts never cross a 4 KiB boundary.
 AXI_4K = 4096
@@ -35,6 +35,17 @@ class HBRegion(enum.IntEnum):
     """Which HB region a read or a fill addresses (``golden/layout.py``)."""
     EXPERT = 0    # an expert slot: {slot, word offset within the slot}
     DENSE = 1     # the dense region: word address within it
+
+
+class FillResult(enum.IntEnum):
+    """How HB ended one fill (``FillDone.result``; ``golden/hb_map.py`` states
+    the rules). Only COMMITTED makes the region resident."""
+    COMMITTED = 0  # every word written, COMMIT taken: the region is resident
+    ABORTED = 1    # the fill ended with ABORT: the region stays invalid
+    MALFORMED = 2  # a beat broke the fill rules (order, range, region, early COMMIT, kind)
+    BUSY = 3       # the slot was being read when the fill started: refused, nothing written
+    COVERED = 4    # the slot was covered, or being covered, by the KV region: refused
+    STRAY = 5      # COMMIT/ABORT with no fill open: ignored, nothing changed
 
 
 class ExtKind(enum.IntEnum):

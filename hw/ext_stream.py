@@ -1,163 +1,688 @@
-"""External-memory stream engine: an AXI4 read master that fetches expert
-slices from LPDDR in INCR bursts and splits every beat, as it arrives,
-between the PE stream and the HB fill stream.
+"""External-memory stream engine: an AXI4 read master that reads expert
+slices (and the dense image) from LPDDR in INCR bursts and routes every beat,
+as it arrives, to the PE stream, the HB fill stream, or both.
 
-The LPDDR layout of an expert, the burst cut and the golden split are
-specified in :mod:`elmoe3d.golden.hb_map` (:func:`~elmoe3d.golden.hb_map.bursts`,
-:func:`~elmoe3d.golden.hb_map.split_command`).
+*What* one command delivers — which bytes, in which order, to which stream,
+and what a failed command delivers instead — is the contract of
+:mod:`elmoe3d.golden.ext_stream`, on the layouts of :mod:`elmoe3d.golden.layout`.
+This module chooses *how*: the burst cut, the pipelining, the cycle a beat is
+accepted.
 
 How it works
 ------------
-The *address side* takes one command at a time and walks the planes the
-command reads (``planes`` for the PEs, plus the ``k`` MSB planes when
-``fill`` is set), issuing INCR bursts of at most ``max_burst`` beats that never
-cross a 4 KiB boundary, back to back, with up to ``max_outstanding`` bursts in
-flight. For every burst it queues a descriptor (plane, length, where the beats
-go); the command's last burst is marked as its end (an aborted command, or one
-that reads no plane, gets an explicit *end* descriptor instead).
+An expert image is a sequence of *runs*, one per ``(segment, plane)``
+(``lpddr_plane_runs``); a command reads the runs of the planes in its read
+mask. Two identical :class:`RunWalker` s walk them, one per side:
 
-The *data side* pops descriptors in order (one AXI ID, so data returns in
-issue order). Each beat goes to the PE stream when its plane is wanted by the
-PEs, to the HB fill stream when its plane is one of the ``k`` MSB planes of an
-expert being cached, or to both in the same cycle (``rready`` waits until
-every stream it goes to has room, so one read feeds both). When a command
-ends it sends the fill's COMMIT beat and the response one cycle later from a
-holding register, while the next command's PE beats keep flowing (a beat
-bound for the fill stream waits that one cycle: the fill stream has one write
-port and stays in order).
+* **Address side.** ``cmd`` → register slice → :class:`CommandCheck` (range
+  check against the LPDDR window, DENSE row offset) → :class:`RunWalker` →
+  :class:`BurstCutter` → register slice → the AR register. The cutter merges
+  contiguous runs and cuts them at every ``blk``-beat aligned boundary, where
+  ``blk`` is the largest power of two not above ``axi_max_burst`` nor 4 KiB:
+  so a burst never crosses 4 KiB and the planner needs no 4 KiB arithmetic.
+  It computes the next burst while the AR register holds the current one. A
+  burst is issued only while fewer than ``axi_outstanding`` are in flight
+  (counted from the cycle it enters the AR register until its last R beat);
+  each queues a descriptor (length, last of its command) for the data side.
+* **Data side** (:class:`BeatRouter`). ``m_axi_r*`` → register slice. Bursts
+  are framed by their ``ARLEN`` (a descriptor per burst and a registered
+  last-beat flag), never by ``RLAST``, which is only *checked*: a wrong
+  ``RLAST`` fails one command and cannot shift later data. The second walker
+  gives every beat its plane, row, banks and HB offset from registers set a
+  beat ahead. A beat is accepted when every stream it may write has room, so
+  one R beat feeds the PE and the fill stream in the same cycle.
 
-Errors. A beat with ``rresp`` SLVERR or DECERR marks the command failed: that
-beat and every later beat of the command are read from the bus and discarded,
-the address side issues no further bursts of it, the fill ends with an ABORT
-beat instead of COMMIT (so the HB slot stays invalid) and the response has
-``ok = 0, resident = 0``. Beats delivered before the error are not recalled:
-the PE stream of a failed command simply ends without its ``last`` beat.
+One AXI ID (0): R data returns in issue order, which is read order.
+
+Errors. A beat with ``RRESP`` SLVERR/DECERR, with EXOKAY, with an ``RID``
+other than 0 or with ``RLAST`` not on exactly the ``ARLEN``-th beat fails
+its command: its PE stream (if still open) gets one beat with ``last`` and
+``error``; that beat and the rest of the command are read and dropped; the
+address side issues no further burst of the command (at most the bursts
+already in flight, fewer than ``axi_outstanding``, plus the one the AR
+register holds); the fill ends with ABORT; the response carries the code. A
+command outside the LPDDR window (RANGE) issues nothing. The next command
+is unaffected; nothing needs a reset.
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import Const, Module, Mux, Signal, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..golden.hb_map import AXI_4K, ExpertLayout, axi_beat_words, hb_planes_for
-from .common import check_int
-from .hb_bank import FillBeatKind, _bits, fill_layout
+from ..config import Config
+from ..golden import layout as gl
+from ..golden.ext_stream import AXI_ID, row_bytes
+from ..golden.vocab import AXI_4K, AxiResp
+from . import vocab as hv
+from .streams import RegisterSlice
+from .vocab import ExtErrorCode, ExtKindCode, FillBeatKind, HBRegionKind, bits
 
-__all__ = ["ExtStream", "ExtHBPair", "ext_cmd_layout", "ext_rsp_layout", "pe_beat_layout",
-           "ext_params"]
-
-
-def ext_cmd_layout(addr_bits, planes, slots, id_bits):
-    """One command: expert base byte address, PE plane mask, cache flag,
-    destination slot, command id."""
-    return data.StructLayout({"addr": unsigned(addr_bits), "planes": unsigned(planes),
-                              "fill": unsigned(1), "slot": unsigned(_bits(slots)),
-                              "id": unsigned(id_bits)})
+__all__ = ["ExtStream", "CommandCheck", "RunWalker", "BurstCutter", "BeatRouter",
+           "ExtGeometry", "ext_params"]
 
 
-def ext_rsp_layout(slots, id_bits):
-    return data.StructLayout({"id": unsigned(id_bits), "ok": unsigned(1),
-                              "resident": unsigned(1), "slot": unsigned(_bits(slots))})
+def _log2(x: int) -> int:
+    return x.bit_length() - 1
 
 
-def pe_beat_layout(sv_bits, fill_words, planes, rows, banks, id_bits):
-    """One AXI beat for the PEs: ``fill_words`` slice vectors for banks
-    ``bank ..`` at ``{plane, row}``; ``last`` on the command's final PE beat."""
-    return data.StructLayout({
-        "data": data.ArrayLayout(unsigned(sv_bits), fill_words), "plane": unsigned(_bits(planes)),
-        "row": unsigned(_bits(rows)), "bank": unsigned(_bits(banks)), "id": unsigned(id_bits),
-        "last": unsigned(1)})
+class ExtGeometry:
+    """Everything the engine's components derive from a :class:`Config`
+    (sizes, constants and the internal payload layouts)."""
+
+    def __init__(self, cfg: Config):
+        if not isinstance(cfg, Config):
+            raise TypeError(f"The stream engine needs a Config, not {cfg!r}")
+        self.cfg = cfg
+        v = hv.vocab(cfg)
+        self.vocab = v
+        self.n, self.k, self.B, self.fw = cfg.planes, cfg.hb_planes_eff, cfg.pes, cfg.fill_words
+        self.sv = cfg.slice_vector_bits
+        self.bb = cfg.axi_beat_bits // 8                       # bytes per beat
+        self.lbb = _log2(self.bb)
+        self.addr_bits = cfg.axi_addr_bits
+        self.aw = self.addr_bits - self.lbb                    # beat-address width
+        self.id_bits = cfg.axi_id_bits
+        self.cmd_id_bits = hv.CMD_ID_BITS
+        H, I, L = cfg.hidden, cfg.ffn, cfg.lanes
+        segs = gl.segments(cfg)
+        self.nseg = len(segs)
+        self.n_gu = 2 * I // self.B                             # GATE + UP segments
+        self.ch_g, self.ch_d = H // L, I // L                   # chunks per segment
+        for i, s in enumerate(segs):                            # the walker's assumption
+            assert s.chunks == (self.ch_g if i < self.n_gu else self.ch_d)
+        bpr = self.B // self.fw                                 # beats per expert row
+        self.bpr = bpr
+        self.rb_g, self.rb_d = self.ch_g * bpr, self.ch_d * bpr  # beats per run
+        self.rows = cfg.expert_rows
+        self.S, self.SW, self.D = cfg.tag_slots, cfg.slot_words, cfg.dense_words
+        self.ob = max(bits(max(self.SW, self.D, 2)), 1)        # FillBeat.offset width
+        self.dense_beats = self.D * bpr
+        self.run_bits = max(self.rb_g, self.rb_d, self.dense_beats).bit_length() + 1
+        self.max_burst = cfg.axi_max_burst
+        lim = min(self.max_burst, AXI_4K // self.bb)
+        self.blk = 1 << _log2(lim)                              # burst block (power of two)
+        self.outstanding = cfg.axi_outstanding
+        self.seq_bits = (self.outstanding + 4).bit_length() + 1
+        lay = gl.lpddr_layout(cfg)
+        self.lpddr_base, self.lpddr_bytes = lay.base, lay.total_bytes
+        self.dense_base = lay.dense_base
+        self.row_bytes = row_bytes(cfg)
+        self.slot_bits = bits(self.S)
+        self.plane_bits = bits(self.n)
+        self.row_bits = bits(self.rows)
+        # -- internal payloads -----------------------------------------------------
+        self.walk_layout = data.StructLayout({
+            "kind": ExtKindCode, "null": 1, "base": unsigned(self.aw),
+            "mask": unsigned(self.n), "pe_mask": unsigned(self.n), "fill": 1,
+            "o0": unsigned(self.ob), "dbeats": unsigned(self.run_bits),
+            "pe_stream": 1, "fill_end": 1, "range_err": 1,
+            "id": unsigned(self.cmd_id_bits), "slot": unsigned(self.slot_bits),
+            "tag": unsigned(2)})
+        self.run_layout = data.StructLayout({
+            "addr": unsigned(self.aw), "beats": unsigned(self.run_bits),
+            "room": range(self.blk + 1), "last": 1, "contig": 1, "single": 1, "plane": unsigned(self.plane_bits),
+            "row0": unsigned(self.row_bits), "hb_off0": unsigned(self.ob), "to_pe": 1,
+            "to_fill": 1, "last_pe": 1, "region": HBRegionKind, "pe_stream": 1,
+            "fill_end": 1, "range_err": 1, "id": unsigned(self.cmd_id_bits),
+            "slot": unsigned(self.slot_bits), "tag": unsigned(2)})
+        self.burst_layout = data.StructLayout({
+            "addr": unsigned(self.aw), "len": unsigned(8), "last": 1, "end": 1})
+        self.desc_layout = data.StructLayout({"len": unsigned(8), "single": 1, "last": 1,
+                                              "end": 1})
+        # an R beat, with RID/RRESP already decoded at the register slice's input
+        self.r_layout = data.StructLayout({
+            "data": unsigned(cfg.axi_beat_bits), "last": 1, "bad_id": 1, "exokay": 1,
+            "slverr": 1, "decerr": 1})
+        #: output FIFO depth (pe, fill). The router's writes are registered
+        #: and so is its view of the room (``level < out_depth - 3`` a cycle
+        #: ago): two writes may be in flight when it decides the next.
+        self.out_depth = 8
+
+
+class CommandCheck(wiring.Component):
+    """Command stage: range check and the walk descriptor of one command.
+
+    ``i`` takes ``ExtCommand``; ``o`` gives the walk descriptor (registered).
+    A command is checked in two registered steps (three plus
+    ``bits(dense_words)`` when a dense row is not a power of two of bytes and
+    the row offset needs a division): about one command per 3 cycles.
+    """
+
+    def __init__(self, geo: ExtGeometry):
+        self.geo = geo
+        super().__init__({"i": In(stream.Signature(geo.vocab.ExtCommand)),
+                          "o": Out(stream.Signature(geo.walk_layout))})
+
+    def elaborate(self, platform):
+        m = Module()
+        g = self.geo
+        c = Signal(g.vocab.ExtCommand)
+        pow2 = g.row_bytes & (g.row_bytes - 1) == 0
+        lrb = _log2(g.row_bytes)
+        hi_lim = g.lpddr_base + g.lpddr_bytes - g.cfg.expert_bytes
+        dense_span = g.D * g.row_bytes
+        # step A results
+        e_ok = Signal()
+        d_in = Signal()                       # addr within the dense image
+        d_off = Signal(range(max(dense_span, 2)))
+        # step B / divider
+        o0 = Signal(range(max(g.D, 2)))
+        rem = Signal(range(max(dense_span, 2)))
+        dv = Signal(range(max(dense_span, 2) * 2))
+        steps = max(g.D, 2).bit_length()
+        cnt = Signal(range(steps + 1))
+        tag = Signal(2)
+        hbm = Const((1 << g.k) - 1, g.n)
+        o = self.o.payload
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
+        with m.FSM(name="check") as fsm:
+            with m.State("IDLE"):
+                with m.If(self.i.valid):
+                    p = self.i.payload
+                    m.d.sync += c.eq(p)
+                    m.d.sync += [
+                        e_ok.eq((p.addr[:g.lbb] == 0 if g.lbb else 1) & (p.addr >= g.lpddr_base)
+                                & (p.addr <= hi_lim) if hi_lim >= g.lpddr_base else 0),
+                        d_in.eq((p.addr >= g.dense_base) & (p.addr < g.dense_base + dense_span)),
+                        d_off.eq(p.addr - g.dense_base),
+                    ]
+                    m.next = "OFFSET"
+            with m.State("OFFSET"):
+                if pow2:
+                    m.d.sync += [o0.eq(d_off >> lrb), rem.eq(d_off[:lrb] if lrb else 0)]
+                    m.next = "JUDGE"
+                else:
+                    # restoring division by the (constant) row size
+                    m.d.sync += [rem.eq(d_off), o0.eq(0), dv.eq(g.row_bytes << (steps - 1)),
+                                 cnt.eq(steps)]
+                    m.next = "DIVIDE"
+            if not pow2:
+                with m.State("DIVIDE"):
+                    with m.If(cnt == 0):
+                        m.next = "JUDGE"
+                    with m.Else():
+                        ge = rem >= dv
+                        m.d.sync += [rem.eq(Mux(ge, rem - dv, rem)), o0.eq(Cat(ge, o0)),
+                                     dv.eq(dv >> 1), cnt.eq(cnt - 1)]
+            is_exp = c.kind == ExtKindCode.EXPERT
+            rng = Signal()
+            mask = Signal(g.n)
+            dbeats = Signal(g.run_bits)
+            with m.State("JUDGE"):
+                d_ok = d_in & (rem == 0) & (c.length != 0) & (o0 + c.length <= g.D)
+                m.d.sync += [rng.eq(Mux(is_exp, ~e_ok, ~d_ok)),
+                             mask.eq(Mux(is_exp, c.plane_mask | Mux(c.fill, hbm, 0), 0)),
+                             dbeats.eq(c.length * g.bpr)]
+                m.next = "EMIT"
+            with m.State("EMIT"):
+                with m.If(~self.o.valid | self.o.ready):
+                    m.d.sync += [
+                        o.kind.eq(c.kind), o.null.eq(rng | (is_exp & (mask == 0))),
+                        o.base.eq(c.addr[g.lbb:]), o.mask.eq(mask),
+                        o.pe_mask.eq(Mux(is_exp, c.plane_mask, 0)), o.fill.eq(c.fill & is_exp),
+                        o.o0.eq(o0), o.dbeats.eq(dbeats),
+                        o.pe_stream.eq(is_exp & (c.plane_mask != 0)),
+                        o.fill_end.eq(~is_exp | c.fill), o.range_err.eq(rng),
+                        o.id.eq(c.id), o.slot.eq(c.slot), o.tag.eq(tag),
+                        self.o.valid.eq(1), tag.eq(tag + 1)]
+                    m.next = "IDLE"
+        # outside the FSM's case statement (Icarus: see TOOLCHAIN.md)
+        m.d.comb += self.i.ready.eq(fsm.ongoing("IDLE"))
+        return m
+
+
+class RunWalker(wiring.Component):
+    """Walks the runs of one command at a time: for an EXPERT every
+    ``(segment, plane)`` of its read mask in address order (segment by
+    segment, planes increasing), for a DENSE one run, for a refused or empty
+    command one *null* run (``beats = 0``). Each run carries its LPDDR beat
+    address, length, the routing of its beats (plane, first row, HB offset,
+    PE/fill) and the command's identity. One run per cycle; the output is a
+    register. ``flush`` (with ``flush_tag``) drops every run of the command
+    with that tag, in the output register or still to come, in one cycle.
+    """
+
+    def __init__(self, geo: ExtGeometry):
+        self.geo = geo
+        super().__init__({"i": In(stream.Signature(geo.walk_layout)),
+                          "o": Out(stream.Signature(geo.run_layout)),
+                          "flush": In(1), "flush_tag": In(2)})
+
+    def elaborate(self, platform):
+        m = Module()
+        g = self.geo
+        n, k = g.n, g.k
+        c = Signal(g.walk_layout)
+        busy = Signal()
+        seg = Signal(range(max(g.nseg, 2)))
+        down = Signal()                       # a DOWN segment (I/L chunks)
+        last_seg = Signal()
+        row0 = Signal(range(max(g.rows, 2)))
+        seg_addr = Signal(g.aw)
+        hb_seg = Signal(g.ob)
+        q = Signal(g.plane_bits)
+        first_q = Signal(g.plane_bits)
+        top_q = Signal(g.plane_bits)
+        top_pe = Signal(g.plane_bits)
+        contig = Signal()
+
+        def lowest(mask):
+            out = Const(0, g.plane_bits)
+            for p in reversed(range(n)):
+                out = Mux(mask[p], p, out)
+            return out
+
+        def highest(mask):
+            out = Const(0, g.plane_bits)
+            for p in range(n):
+                out = Mux(mask[p], p, out)
+            return out
+
+        m.d.comb += self.i.ready.eq(~busy)
+        with m.If(self.i.valid & ~busy):
+            p = self.i.payload
+            m.d.sync += [busy.eq(1), c.eq(p), seg.eq(0), down.eq(0),
+                         last_seg.eq(g.nseg == 1), row0.eq(0), seg_addr.eq(p.base),
+                         hb_seg.eq(0), q.eq(lowest(p.mask)), first_q.eq(lowest(p.mask)),
+                         top_q.eq(highest(p.mask)), top_pe.eq(highest(p.pe_mask)),
+                         contig.eq(0)]
+
+        o = self.o.payload
+        flushing = self.flush & busy & (c.tag == self.flush_tag)
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
+        with m.If(self.flush & self.o.valid & (o.tag == self.flush_tag)):
+            m.d.sync += self.o.valid.eq(0)
+
+        nq = Signal(g.plane_bits)
+        nq_v = Const(0, g.plane_bits)
+        for p in reversed(range(n)):
+            nq_v = Mux(c.mask[p] & (q < p), p, nq_v)
+        m.d.comb += nq.eq(nq_v)
+        rb = Mux(down, g.rb_d, g.rb_g)
+        ch = Mux(down, g.ch_d, g.ch_g)
+        def table(step, width):
+            # `q * step` as a Mux chain, not an Array: an Array becomes a
+            # `case` in an `always @*` that Icarus never evaluates while `q`
+            # keeps its reset value (see TOOLCHAIN.md)
+            out = Const(0, width)
+            for p in range(1, n):
+                out = Mux(q == p, p * step, out)
+            return out
+        off = Mux(down, table(g.rb_d, g.aw), table(g.rb_g, g.aw))
+        hb_q = Mux(down, table(g.ch_d, g.ob), table(g.ch_g, g.ob))
+        single_g, single_d = int(g.rb_g == 1), int(g.rb_d == 1)
+        lb = _log2(g.blk)
+
+        def room(addr_lo):
+            # beats from an address to the next burst-block boundary (for the cutter)
+            return g.blk - addr_lo[:lb] if lb else 1
+
+        with m.If(busy & (~self.o.valid | self.o.ready) & ~flushing):
+            info = [o.id.eq(c.id), o.slot.eq(c.slot), o.tag.eq(c.tag),
+                    o.pe_stream.eq(c.pe_stream), o.fill_end.eq(c.fill_end),
+                    o.range_err.eq(c.range_err), self.o.valid.eq(1)]
+            m.d.sync += info
+            with m.If(c.null):
+                m.d.sync += [o.addr.eq(c.base), o.beats.eq(0), o.room.eq(0), o.last.eq(1),
+                             o.contig.eq(0),
+                             o.single.eq(0), o.plane.eq(0), o.row0.eq(0), o.hb_off0.eq(0),
+                             o.to_pe.eq(0), o.to_fill.eq(0), o.last_pe.eq(0),
+                             o.region.eq(Mux(c.kind == ExtKindCode.DENSE, HBRegionKind.DENSE,
+                                             HBRegionKind.EXPERT)),
+                             busy.eq(0)]
+            with m.Elif(c.kind == ExtKindCode.DENSE):
+                m.d.sync += [o.addr.eq(c.base), o.beats.eq(c.dbeats), o.room.eq(room(c.base)),
+                             o.last.eq(1),
+                             o.contig.eq(0), o.single.eq(c.dbeats == 1), o.plane.eq(0),
+                             o.row0.eq(0), o.hb_off0.eq(c.o0), o.to_pe.eq(0), o.to_fill.eq(1),
+                             o.last_pe.eq(0), o.region.eq(HBRegionKind.DENSE), busy.eq(0)]
+            with m.Else():
+                last_q = q == top_q
+                m.d.sync += [
+                    o.addr.eq(seg_addr + off), o.beats.eq(rb),
+                    o.room.eq(room((seg_addr[:lb] + off[:lb])[:lb]) if lb else 1),
+                    o.last.eq(last_seg & last_q), o.contig.eq(contig),
+                    o.single.eq(Mux(down, single_d, single_g)), o.plane.eq(q), o.row0.eq(row0),
+                    o.hb_off0.eq(hb_seg + hb_q),
+                    o.to_pe.eq(c.pe_mask.bit_select(q, 1)), o.to_fill.eq(c.fill & (q < k)),
+                    o.last_pe.eq(last_seg & (q == top_pe)), o.region.eq(HBRegionKind.EXPERT)]
+                with m.If(last_q):
+                    m.d.sync += [seg.eq(seg + 1), down.eq(down | (seg + 1 == g.n_gu)),
+                                 last_seg.eq(seg + 2 == g.nseg), row0.eq(row0 + ch),
+                                 seg_addr.eq(seg_addr + n * rb), hb_seg.eq(hb_seg + k * ch),
+                                 q.eq(first_q),
+                                 contig.eq((top_q == n - 1) & (first_q == 0))]
+                    with m.If(last_seg):
+                        m.d.sync += busy.eq(0)
+                with m.Else():
+                    m.d.sync += [q.eq(nq), contig.eq(nq == q + 1)]
+        with m.If(flushing):
+            m.d.sync += busy.eq(0)
+        return m
+
+
+class BurstCutter(wiring.Component):
+    """Runs in, AXI bursts out (registered). Contiguous runs are merged and
+    cut at every ``blk``-beat aligned boundary; a null run becomes an *end*
+    item (the command issues nothing more). The last burst of a command has
+    ``last``. One burst per cycle at most; a run piece per cycle."""
+
+    def __init__(self, geo: ExtGeometry):
+        self.geo = geo
+        super().__init__({"i": In(stream.Signature(geo.run_layout)),
+                          "o": Out(stream.Signature(geo.burst_layout)),
+                          "flush": In(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        g = self.geo
+        blk, lb = g.blk, _log2(g.blk)
+        cur_valid = Signal()
+        cur_addr = Signal(g.aw)
+        cur_left = Signal(g.run_bits)
+        cur_last = Signal()
+        cur_null = Signal()
+        cur_contig = Signal()
+        b_open = Signal()
+        b_addr = Signal(g.aw)
+        b_len = Signal(range(blk + 1))
+        b_full = Signal()
+        b_last = Signal()
+
+        # Registers a piece ahead: beats from cur_addr to the next block
+        # boundary (`to_blk`), whether the rest of the run fits in them
+        # (`fits`) and the next piece's length (`piece`).
+        to_blk = Signal(range(blk + 1))
+        reach = Signal(range(2 * blk + 1))    # to_blk + blk: what two pieces reach
+        fits = Signal()
+        piece = Signal(range(blk + 1))
+        run_done = fits
+
+        o = self.o.payload
+        can_out = Signal()
+        emit = Signal()          # the open burst is complete: send it
+        null_go = Signal()       # a null run: send an end item
+        piece_go = Signal()      # take the next piece of the current run
+        open_new = Signal()
+        consumed = Signal()
+        m.d.comb += [
+            can_out.eq(~self.o.valid | self.o.ready),
+            emit.eq(b_open & (b_full | (cur_valid & ~cur_null & ~cur_contig))),
+            null_go.eq(~emit & cur_valid & cur_null & can_out),
+            piece_go.eq(cur_valid & ~cur_null & (~emit | can_out)),
+            open_new.eq(emit | ~b_open),
+            consumed.eq((piece_go & run_done) | null_go),
+            self.i.ready.eq(~cur_valid | consumed),
+        ]
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
+        with m.If(emit & can_out):
+            m.d.sync += [o.addr.eq(b_addr), o.len.eq(b_len - 1), o.last.eq(b_last),
+                         o.end.eq(0), self.o.valid.eq(1), b_open.eq(0)]
+        with m.If(null_go):
+            m.d.sync += [o.addr.eq(cur_addr), o.len.eq(0), o.last.eq(1), o.end.eq(1),
+                         self.o.valid.eq(1)]
+        with m.If(piece_go):
+            m.d.sync += [b_open.eq(1), b_full.eq((piece == to_blk) | (cur_last & run_done)),
+                         b_last.eq(cur_last & run_done),
+                         b_addr.eq(Mux(open_new, cur_addr, b_addr)),
+                         b_len.eq(Mux(open_new, piece, b_len + piece)),
+                         cur_contig.eq(1)]
+            # A piece either ends the run (then the next run is loaded and these
+            # do not matter) or reaches the block boundary: so the next piece
+            # starts at the next block, whatever `piece` was -- no adder on it.
+            rest = cur_left - to_blk
+            nfits = cur_left <= reach          # = rest <= blk, without the subtraction
+            m.d.sync += [cur_left.eq(rest), to_blk.eq(blk), reach.eq(2 * blk), fits.eq(nfits),
+                         piece.eq(Mux(nfits, rest, blk))]
+            if lb:
+                m.d.sync += cur_addr.eq(Cat(Const(0, lb), cur_addr[lb:] + 1))
+            else:
+                m.d.sync += cur_addr.eq(cur_addr + 1)
+        with m.If(consumed):
+            m.d.sync += cur_valid.eq(0)
+        with m.If(self.i.valid & self.i.ready):
+            r = self.i.payload
+            m.d.sync += [cur_valid.eq(1), cur_addr.eq(r.addr), cur_left.eq(r.beats),
+                         cur_last.eq(r.last), cur_null.eq(r.beats == 0),
+                         cur_contig.eq(r.contig)]
+            m.d.sync += [to_blk.eq(r.room), reach.eq(r.room + blk), fits.eq(r.beats <= r.room),
+                         piece.eq(Mux(r.beats <= r.room, r.beats, r.room))]
+        with m.If(self.flush):
+            m.d.sync += [cur_valid.eq(0), b_open.eq(0), self.o.valid.eq(0)]
+        return m
+
+
+class BeatRouter(wiring.Component):
+    """Data side: frames R beats into bursts (descriptor + registered
+    last-beat flag), checks ``RID``/``RRESP``/``RLAST``, routes each beat by
+    its run (``runs``, from the data side's walker) to the PE and fill FIFOs,
+    ends each command (COMMIT/ABORT and the response, written a cycle later
+    from a holding register) and reports failures to the address side.
+
+    Ports ``pe_*``, ``fill_*``, ``rsp_*`` are FIFO write ports (``*_en``,
+    ``*_data``, ``*_rdy``)."""
+
+    def __init__(self, geo: ExtGeometry):
+        self.geo = geo
+        v = geo.vocab
+        super().__init__({
+            "r": In(stream.Signature(geo.r_layout)),
+            "desc": In(stream.Signature(geo.desc_layout)),
+            "runs": In(stream.Signature(geo.run_layout)),
+            "pe_data": Out(v.ExtBeat), "pe_en": Out(1), "pe_room": In(1),
+            "fill_data": Out(v.FillBeat), "fill_en": Out(1), "fill_room": In(1),
+            "rsp_data": Out(v.ExtResponse), "rsp_en": Out(1), "rsp_rdy": In(1),
+            "failed": Out(1), "seq": Out(geo.seq_bits), "burst_done": Out(1),
+            "drop": Out(1), "drop_tag": Out(2)})
+
+    def elaborate(self, platform):
+        m = Module()
+        g = self.geo
+        B, fw = g.B, g.fw
+        r, d = self.r.payload, self.desc.payload
+        # -- the current run, a beat ahead -----------------------------------------
+        cur = Signal(g.run_layout)
+        cur_valid = Signal()
+        rleft = Signal(g.run_bits)
+        run_end = Signal()
+        b0 = Signal(range(max(B, 2)))
+        bank_end = Signal()
+        row = Signal(g.row_bits)
+        hb_off = Signal(g.ob)
+        # -- burst framing ------------------------------------------------------------
+        bfirst = Signal(init=1)
+        bleft = Signal(8)
+        bzero = Signal()
+        beat_last = Signal()
+        m.d.comb += beat_last.eq(Mux(bfirst, d.single, bzero))
+        # -- command state ------------------------------------------------------------
+        failed = Signal()
+        fcode = Signal(ExtErrorCode)
+        pe_done = Signal()
+        seq = Signal(g.seq_bits)
+        pend = Signal()
+        pend_fill = Signal()
+        pend_region = Signal(HBRegionKind)
+        pend_slot = Signal(g.slot_bits)
+        pend_rsp = Signal(g.vocab.ExtResponse)
+        m.d.comb += [self.failed.eq(failed), self.seq.eq(seq)]
+
+        pe_open = cur.pe_stream & ~pe_done & ~failed
+        prot = r.bad_id | r.exokay | (r.last != beat_last)
+        code = Signal(ExtErrorCode)
+        m.d.comb += code.eq(Mux(prot, ExtErrorCode.PROTOCOL,
+                                Mux(r.slverr, ExtErrorCode.SLVERR,
+                                    Mux(r.decerr, ExtErrorCode.DECERR, ExtErrorCode.OK))))
+        bad = Signal()
+        m.d.comb += bad.eq((code != ExtErrorCode.OK) & ~failed)
+        ends_cmd = d.last & beat_last
+        need_fill = cur.to_fill & ~failed
+        take = Signal()
+        m.d.comb += take.eq(self.r.valid & self.desc.valid & ~d.end & cur_valid
+                            & (~pe_open | self.pe_room)
+                            & (~need_fill | (self.fill_room & ~(pend & pend_fill)))
+                            & (~d.last | ~pend))
+        end_step = Signal()
+        m.d.comb += end_step.eq(self.desc.valid & d.end & cur_valid & ~pend
+                                & (~pe_open | self.pe_room))
+        m.d.comb += [self.r.ready.eq(take), self.burst_done.eq(take & beat_last),
+                     self.desc.ready.eq((take & beat_last) | end_step)]
+
+        # The FIFO writes leave from registers (pe_en/pe_data, fill_en/fill_data):
+        # `*_room` already leaves space for the write in flight.
+        words = [r.data[i * g.sv:(i + 1) * g.sv] for i in range(fw)]
+        pe_w = Signal(g.vocab.ExtBeat)
+        marker = bad | end_step
+        m.d.comb += [pe_w.plane.eq(Mux(marker, 0, cur.plane)), pe_w.row.eq(Mux(marker, 0, row)),
+                     pe_w.bank.eq(Mux(marker, 0, b0)), pe_w.id.eq(cur.id),
+                     pe_w.last.eq(marker | (cur.last_pe & run_end)), pe_w.error.eq(marker)]
+        for i in range(fw):
+            m.d.comb += pe_w.words[i].eq(Mux(marker, 0, words[i]))
+        pe_en = Signal()
+        m.d.comb += pe_en.eq((take & ((cur.to_pe & ~failed & ~bad) | (bad & pe_open)))
+                             | (end_step & pe_open))
+        m.d.sync += [self.pe_en.eq(pe_en), self.pe_data.eq(pe_w)]
+        with m.If(pe_en & pe_w.last):
+            m.d.sync += pe_done.eq(1)
+
+        fl = Signal(g.vocab.FillBeat)
+        pend_out = Signal()
+        m.d.comb += pend_out.eq(pend & self.rsp_rdy & (~pend_fill | self.fill_room))
+        data_fill = take & cur.to_fill & ~failed & ~bad
+        end_fill = Signal()                   # the fill FIFO's write port: the end beat
+        m.d.comb += end_fill.eq(pend_out & pend_fill)
+        m.d.comb += [
+            fl.kind.eq(Mux(end_fill, Mux(pend_rsp.error == ExtErrorCode.OK, FillBeatKind.COMMIT,
+                                         FillBeatKind.ABORT), FillBeatKind.DATA)),
+            fl.region.eq(Mux(end_fill, pend_region, cur.region)),
+            fl.slot.eq(Mux(end_fill, pend_slot,
+                           Mux(cur.region == HBRegionKind.EXPERT, cur.slot, 0))),
+            fl.offset.eq(Mux(end_fill, 0, hb_off)), fl.bank.eq(Mux(end_fill, 0, b0)),
+            self.rsp_data.eq(pend_rsp), self.rsp_en.eq(pend_out)]
+        for i in range(fw):
+            m.d.comb += fl.words[i].eq(Mux(end_fill, 0, words[i]))
+        m.d.sync += [self.fill_en.eq(data_fill | end_fill), self.fill_data.eq(fl)]
+        with m.If(pend_out):
+            m.d.sync += pend.eq(0)
+
+        # -- per beat -----------------------------------------------------------------
+        with m.If(take):
+            with m.If(bad):
+                m.d.sync += [failed.eq(1), fcode.eq(code)]
+            # framing
+            blen = Mux(bfirst, d.len, bleft)
+            with m.If(beat_last):
+                m.d.sync += bfirst.eq(1)
+            with m.Else():
+                m.d.sync += [bfirst.eq(0), bleft.eq(blen - 1), bzero.eq(blen == 1)]
+            # position within the run
+            with m.If(bank_end):
+                m.d.sync += [b0.eq(0), bank_end.eq(B == fw), row.eq(row + 1),
+                             hb_off.eq(hb_off + 1)]
+            with m.Else():
+                m.d.sync += [b0.eq(b0 + fw), bank_end.eq(b0 == B - 2 * fw)]
+            m.d.sync += [rleft.eq(rleft - 1), run_end.eq(rleft == 1)]
+            with m.If(run_end):
+                m.d.sync += cur_valid.eq(0)
+        # After a command that ended early (abort, refused), its remaining runs
+        # in the register slice in front of `runs` are popped and dropped; the
+        # walker itself is flushed in the same cycle as the end (`drop`).
+        dropping = Signal()
+        dtag = Signal(2)
+        stale = self.runs.valid & (self.runs.payload.tag == dtag)
+        with m.If(dropping & ~stale):
+            m.d.sync += dropping.eq(0)
+        load = self.runs.valid & ~dropping & (~cur_valid | (take & run_end))
+        m.d.comb += self.runs.ready.eq(load | (dropping & stale))
+        with m.If(load):
+            rn = self.runs.payload
+            m.d.sync += [cur.eq(rn), cur_valid.eq(1), rleft.eq(rn.beats - 1),
+                         run_end.eq(rn.single), b0.eq(0), bank_end.eq(B == fw),
+                         row.eq(rn.row0), hb_off.eq(rn.hb_off0)]
+
+        # -- command end ----------------------------------------------------------------
+        def finish(code_v):
+            m.d.sync += [pend.eq(1), pend_fill.eq(cur.fill_end), pend_region.eq(cur.region),
+                         pend_slot.eq(Mux(cur.region == HBRegionKind.EXPERT, cur.slot, 0)),
+                         pend_rsp.id.eq(cur.id), pend_rsp.error.eq(code_v),
+                         pend_rsp.resident.eq((cur.region == HBRegionKind.EXPERT) & cur.fill_end
+                                              & (code_v == ExtErrorCode.OK)),
+                         pend_rsp.slot.eq(cur.slot),
+                         failed.eq(0), pe_done.eq(0), seq.eq(seq + 1)]
+
+        with m.If(take & ends_cmd):
+            finish(Mux(failed, fcode, code))
+        with m.If(end_step):
+            finish(Mux(failed, fcode, Mux(cur.range_err, ExtErrorCode.RANGE, ExtErrorCode.OK)))
+            m.d.sync += [cur_valid.eq(0), dropping.eq(1), dtag.eq(cur.tag)]
+        m.d.comb += [self.drop.eq(end_step), self.drop_tag.eq(cur.tag)]
+        return m
 
 
 class ExtStream(wiring.Component):
-    """AXI4 read master + PE/HB split (see the module docstring).
+    """AXI4 read master with the PE / HB fill split (see the module docstring).
 
     Parameters
     ----------
-    data_bits : int
-        AXI data width (power of two, a multiple of the slice vector whose
-        word count divides ``banks``).
-    addr_bits : int
-        AXI address width (12..64).
-    id_bits : int
-        AXI ID width (all bursts use ID 0).
-    max_burst : int
-        Longest burst in beats (1..256).
-    max_outstanding : int
-        Bursts in flight (1..64).
-    lanes, slice_bits, banks, rows, hb_planes, slots : int
-        Expert shape (``rows`` per plane per bank) and HB slot geometry.
-    cmd_id_bits : int
-        Width of the command id echoed in PE beats and responses.
-    out_depth : int
-        Depth of the PE and fill output FIFOs (>= 2).
+    cfg : Config
+        Geometry, LPDDR window, AXI widths, ``axi_max_burst`` and
+        ``axi_outstanding`` all come from it.
 
     Members
     -------
-    cmd : ``In(stream.Signature(ext_cmd_layout))``
-    rsp : ``Out(stream.Signature(ext_rsp_layout))``
-        One response per command, in order.
-    pe : ``Out(stream.Signature(pe_beat_layout))``
-    fill : ``Out(stream.Signature(fill_layout))``
-        HB fill beats (:class:`elmoe3d.hw.hb_bank.HBBank`'s ``fill``).
-    m_axi_ar* / m_axi_r* : AXI4 read address and data channels (plain
-        top-level ports, so ``AxiReadBus.from_prefix(dut, "m_axi")`` binds).
+    cmd : ``In(stream.Signature(ExtCommand))``
+    rsp : ``Out(stream.Signature(ExtResponse))``
+        One per command, in command order.
+    pe : ``Out(stream.Signature(ExtBeat))``
+        Beats of the planes in ``plane_mask``, in consumption order.
+    fill : ``Out(stream.Signature(FillBeat))``
+        HB fill beats: DATA..., then COMMIT or ABORT.
+    m_axi_ar{id,addr,len,size,burst,valid,ready}, m_axi_r{id,data,resp,last,valid,ready}
+        AXI4 read channels (plain top-level ports: ``AxiReadBus.from_prefix(dut, "m_axi")``).
 
-    Latency and throughput: the first AR of a command leaves 2 cycles after
-    the command is accepted; a beat reaches ``pe``/``fill`` 2 cycles after
-    its R handshake; one R beat per cycle while the outputs have room, so
-    with ``max_outstanding * max_burst`` beats above the memory's latency the
-    bus runs at its peak, back to back across commands. A command that fills
-    HB costs one R cycle (its COMMIT beat shares the fill FIFO's write port).
+    Every boundary is registered: ``cmd.ready`` and ``m_axi_rready`` are
+    register-slice flags, ``m_axi_ar*`` come from the AR register, ``pe``,
+    ``fill`` and ``rsp`` from FIFO output registers.
+
+    Latency and throughput (measured, ``tests/test_ext_stream.py -k bandwidth``):
+    the first AR handshake comes 16 cycles after ``cmd`` is accepted at
+    ``default`` (19 at ``tiny``; range check, two walkers' register slices, the cutter's
+    look-ahead and the AR register); a beat reaches
+    ``pe``/``fill`` 4 cycles after its R handshake; one R beat per cycle while
+    the outputs have room, back to back across commands, as long as
+    ``axi_outstanding`` bursts cover the memory's latency. A command with a
+    fill costs the next command one R cycle (its COMMIT shares the fill FIFO's
+    write port).
 
     Raises
     ------
-    TypeError, ValueError
-        For a parameter of the wrong kind or value, naming it.
+    TypeError
+        When ``cfg`` is not a Config.
     """
 
-    def __init__(self, *, data_bits: int = 64, addr_bits: int = 32, id_bits: int = 4,
-                 max_burst: int = 16, max_outstanding: int = 8, lanes: int = 16,
-                 slice_bits: int = 4, banks: int = 4, rows: int = 128, hb_planes: int = 1,
-                 slots: int = 32, cmd_id_bits: int = 4, out_depth: int = 4):
-        check_int("AXI address width", addr_bits, 12, 64)
-        check_int("AXI ID width", id_bits, 1, 16)
-        check_int("Outstanding bursts", max_outstanding, 1, 64)
-        check_int("Tag-unit slot count", slots, 1, 4096)
-        check_int("Command id width", cmd_id_bits, 1, 16)
-        check_int("Output FIFO depth", out_depth, 2, 1024)
-        self.lay = ExpertLayout(slice_bits=slice_bits, lanes=lanes, banks=banks, rows=rows,
-                                hb_planes=hb_planes, data_bits=data_bits, max_burst=max_burst)
-        if self.lay.expert_bytes.bit_length() > addr_bits:
-            raise ValueError(f"AXI address width {addr_bits!r} cannot address one "
-                             f"{self.lay.expert_bytes}-byte expert")
-        self.data_bits, self.addr_bits, self.id_bits = data_bits, addr_bits, id_bits
-        self.max_burst, self.max_outstanding = max_burst, max_outstanding
-        self.lanes, self.slice_bits, self.banks, self.rows = lanes, slice_bits, banks, rows
-        self.hb_planes, self.slots, self.cmd_id_bits = hb_planes, slots, cmd_id_bits
-        self.out_depth = out_depth
-        lay = self.lay
-        self.planes, self.sv_bits, self.fill_words = lay.planes, lay.sv_bits, lay.fill_words
-        self.cmd_layout = ext_cmd_layout(addr_bits, lay.planes, slots, cmd_id_bits)
-        self.rsp_layout = ext_rsp_layout(slots, cmd_id_bits)
-        self.pe_layout = pe_beat_layout(lay.sv_bits, lay.fill_words, lay.planes, rows, banks,
-                                        cmd_id_bits)
-        self.fill_layout = fill_layout(lay.sv_bits, lay.fill_words, slots, hb_planes, rows, banks)
+    def __init__(self, cfg: Config):
+        self.geo = g = ExtGeometry(cfg)
+        self.cfg = cfg
+        v = g.vocab
         super().__init__({
-            "cmd": In(stream.Signature(self.cmd_layout)),
-            "rsp": Out(stream.Signature(self.rsp_layout)),
-            "pe": Out(stream.Signature(self.pe_layout)),
-            "fill": Out(stream.Signature(self.fill_layout)),
-            "m_axi_arid": Out(id_bits),
-            "m_axi_araddr": Out(addr_bits),
+            "cmd": In(stream.Signature(v.ExtCommand)),
+            "rsp": Out(stream.Signature(v.ExtResponse)),
+            "pe": Out(stream.Signature(v.ExtBeat)),
+            "fill": Out(stream.Signature(v.FillBeat)),
+            "m_axi_arid": Out(g.id_bits),
+            "m_axi_araddr": Out(g.addr_bits),
             "m_axi_arlen": Out(8),
             "m_axi_arsize": Out(3),
             "m_axi_arburst": Out(2),
             "m_axi_arvalid": Out(1),
             "m_axi_arready": In(1),
-            "m_axi_rid": In(id_bits),
-            "m_axi_rdata": In(data_bits),
+            "m_axi_rid": In(g.id_bits),
+            "m_axi_rdata": In(cfg.axi_beat_bits),
             "m_axi_rresp": In(2),
             "m_axi_rlast": In(1),
             "m_axi_rvalid": In(1),
@@ -166,298 +691,150 @@ class ExtStream(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        lay = self.lay
-        n, K, R, B, FW = lay.planes, self.hb_planes, self.rows, self.banks, self.fill_words
-        bb = lay.beat_bytes
-        bb_log = bb.bit_length() - 1
-        PB = lay.plane_beats
-        meta_depth = self.max_outstanding + 2
-        seq_bits = max(4, (meta_depth + 2).bit_length() + 1)
+        g = self.geo
+        v = g.vocab
+        # -- command side ------------------------------------------------------------
+        m.submodules.cmd_slice = cmd_slice = RegisterSlice(v.ExtCommand)
+        m.submodules.check = check = CommandCheck(g)
+        wiring.connect(m, wiring.flipped(self.cmd), cmd_slice.i)
+        wiring.connect(m, cmd_slice.o, check.i)
+        wl = g.walk_layout.size
+        m.submodules.ar_cmds = ar_cmds = fifo.SyncFIFOBuffered(width=wl, depth=2)
+        m.submodules.r_cmds = r_cmds = fifo.SyncFIFOBuffered(width=wl, depth=4)
+        both = ar_cmds.w_rdy & r_cmds.w_rdy
+        m.d.comb += [check.o.ready.eq(both),
+                     ar_cmds.w_data.eq(check.o.payload), r_cmds.w_data.eq(check.o.payload),
+                     ar_cmds.w_en.eq(check.o.valid & both), r_cmds.w_en.eq(check.o.valid & both)]
 
-        # burst / end descriptor passed from the address side to the data side
-        meta_layout = data.StructLayout({
-            "end": unsigned(1), "last_burst": unsigned(1), "plane": unsigned(_bits(n)),
-            "first": unsigned(1),
-            "len": unsigned(8), "to_pe": unsigned(1), "to_fill": unsigned(1),
-            "pe_last": unsigned(1), "fill": unsigned(1), "slot": unsigned(_bits(self.slots)),
-            "id": unsigned(self.cmd_id_bits)})
-        m.submodules.meta = meta = fifo.SyncFIFOBuffered(width=meta_layout.size, depth=meta_depth)
-        m.submodules.pe_fifo = pe_fifo = fifo.SyncFIFOBuffered(width=self.pe_layout.size,
-                                                               depth=self.out_depth)
-        m.submodules.fill_fifo = fill_fifo = fifo.SyncFIFOBuffered(width=self.fill_layout.size,
-                                                                   depth=self.out_depth)
-        m.submodules.rsp_fifo = rsp_fifo = fifo.SyncFIFOBuffered(width=self.rsp_layout.size,
-                                                                 depth=2)
-        m.d.comb += [
-            self.pe.payload.eq(pe_fifo.r_data), self.pe.valid.eq(pe_fifo.r_rdy),
-            pe_fifo.r_en.eq(self.pe.ready),
-            self.fill.payload.eq(fill_fifo.r_data), self.fill.valid.eq(fill_fifo.r_rdy),
-            fill_fifo.r_en.eq(self.fill.ready),
-            self.rsp.payload.eq(rsp_fifo.r_data), self.rsp.valid.eq(rsp_fifo.r_rdy),
-            rsp_fifo.r_en.eq(self.rsp.ready),
-        ]
+        # -- address side -------------------------------------------------------------
+        m.submodules.ar_walk = ar_walk = RunWalker(g)
+        m.submodules.cutter = cutter = BurstCutter(g)
+        m.submodules.burst_slice = bq = RegisterSlice(g.burst_layout)
+        m.submodules.ar_run_slice = ar_run_slice = RegisterSlice(g.run_layout)
+        wiring.connect(m, ar_walk.o, ar_run_slice.i)
+        wiring.connect(m, ar_run_slice.o, cutter.i)
+        wiring.connect(m, cutter.o, bq.i)
+        ar_active = Signal()                  # the address side is on a command
+        ar_seq = Signal(g.seq_bits)
+        ar_tag = Signal(2)
+        m.d.comb += [ar_walk.i.payload.eq(ar_cmds.r_data),
+                     ar_walk.i.valid.eq(ar_cmds.r_rdy & ~ar_active),
+                     ar_cmds.r_en.eq(ar_walk.i.ready & ~ar_active)]
+        with m.If(ar_walk.i.valid & ar_walk.i.ready):
+            m.d.sync += [ar_active.eq(1), ar_tag.eq(ar_walk.i.payload.tag)]
 
-        # ---- shared state ------------------------------------------------------------
-        outstanding = Signal(range(self.max_outstanding + 1))
-        ar_seq = Signal(seq_bits)          # sequence number of the address side's command
-        r_seq = Signal(seq_bits)           # ... of the command at the data side's head
-        r_failed = Signal()
-
-        # ---- address side -------------------------------------------------------------
-        c_base = Signal(self.addr_bits)
-        c_planes = Signal(n)
-        c_fill = Signal()
-        c_slot = Signal(_bits(self.slots))
-        c_id = Signal(self.cmd_id_bits)
-        left = Signal(n)                   # planes still to read
-        c_marked = Signal()                # the command's last burst carries its end
-        beat = Signal(range(PB + 1))       # next beat within the current plane
-        ar_addr = Signal(self.addr_bits)
+        m.submodules.desc = desc = fifo.SyncFIFOBuffered(width=g.desc_layout.size,
+                                                         depth=g.outstanding + 2)
+        m.submodules.router = router = BeatRouter(g)
+        inflight = Signal(range(g.outstanding + 2))
         ar_valid = Signal()
-        ar_meta = Signal(meta_layout)
-        m.d.comb += [self.m_axi_arid.eq(0), self.m_axi_araddr.eq(ar_addr),
-                     self.m_axi_arlen.eq(ar_meta.len), self.m_axi_arsize.eq(bb_log),
+        ar_addr = Signal(g.aw)
+        ar_len = Signal(8)
+        ar_fire = ar_valid & self.m_axi_arready
+        m.d.comb += [self.m_axi_arid.eq(AXI_ID), self.m_axi_araddr.eq(Cat(Const(0, g.lbb), ar_addr)),
+                     self.m_axi_arlen.eq(ar_len), self.m_axi_arsize.eq(g.lbb),
                      self.m_axi_arburst.eq(1), self.m_axi_arvalid.eq(ar_valid)]
-        ar_fire = Signal()
-        m.d.comb += ar_fire.eq(ar_valid & self.m_axi_arready)
-
-        # lowest plane still to read (priority encoder)
-        plane = Signal(_bits(n))
-        for p in reversed(range(n)):
-            with m.If(left[p]):
-                m.d.comb += plane.eq(p)
-        msb_mask = Const((1 << K) - 1, n)
-        addr = Signal(self.addr_bits)
-        m.d.comb += addr.eq(c_base + plane * lay.plane_bytes + (beat << bb_log))
-        to_4k = Signal(range(AXI_4K // bb + 1))
-        m.d.comb += to_4k.eq((AXI_4K - addr[:12]) >> bb_log)
-        remain = Signal(range(PB + 1))
-        m.d.comb += remain.eq(PB - beat)
-        blen = Signal(range(max(self.max_burst, PB, AXI_4K // bb) + 1))
-        cap = Mux(remain < self.max_burst, remain, self.max_burst)
-        m.d.comb += blen.eq(Mux(to_4k < cap, to_4k, cap))
-        plane_done = Signal()
-        m.d.comb += plane_done.eq(beat + blen == PB)
-        higher_pe = Signal(n)
-        m.d.comb += higher_pe.eq(c_planes >> (plane + 1))
-
-        in_flight = Signal(range(meta_depth + 2))
-        m.d.comb += in_flight.eq(outstanding + ar_valid)
-        room = Signal()
-        m.d.comb += room.eq((in_flight < self.max_outstanding)
-                            & (meta.level + ar_valid < meta_depth))
-        aborting = Signal()
-        m.d.comb += aborting.eq(r_failed & (r_seq == ar_seq))
-
-        meta_w = Signal(meta_layout)
-        m.d.comb += [meta.w_data.eq(meta_w), meta.w_en.eq(0)]
-
-        is_last = Signal()
-        m.d.comb += is_last.eq(plane_done & ((left & ~(Const(1, n) << plane)[:n]) == 0))
-
-        def load():
-            m.d.sync += [
-                ar_valid.eq(1), ar_addr.eq(addr),
-                ar_meta.end.eq(0), ar_meta.plane.eq(plane), ar_meta.first.eq(beat == 0),
-                ar_meta.len.eq(blen - 1), ar_meta.to_pe.eq(c_planes.bit_select(plane, 1)),
-                ar_meta.to_fill.eq(c_fill & (plane < K)),
-                ar_meta.pe_last.eq(c_planes.bit_select(plane, 1) & (higher_pe == 0)),
-                ar_meta.fill.eq(c_fill), ar_meta.slot.eq(c_slot), ar_meta.id.eq(c_id),
-                ar_meta.last_burst.eq(is_last), c_marked.eq(is_last),
-            ]
-            with m.If(plane_done):
-                m.d.sync += [beat.eq(0), left.eq(left & ~(Const(1, n) << plane)[:n])]
-            with m.Else():
-                m.d.sync += beat.eq(beat + blen)
-
         with m.If(ar_fire):
-            m.d.comb += [meta_w.eq(ar_meta), meta.w_en.eq(1)]
-            m.d.sync += [ar_valid.eq(0), outstanding.eq(outstanding + 1)]
+            m.d.sync += ar_valid.eq(0)
 
-        with m.FSM(name="ar") as ar_fsm:
-            with m.State("IDLE"):
-                with m.If(self.cmd.valid):
-                    p = self.cmd.payload
-                    m.d.sync += [c_base.eq(p.addr & ~Const(bb - 1, self.addr_bits)),
-                                 c_planes.eq(p.planes), c_fill.eq(p.fill), c_slot.eq(p.slot),
-                                 c_id.eq(p.id), beat.eq(0), c_marked.eq(0),
-                                 left.eq(p.planes | Mux(p.fill, msb_mask, 0))]
-                    m.next = "ISSUE"
-            with m.State("ISSUE"):
-                # `ar_valid` once raised is held until the handshake (AXI rule);
-                # an abort only stops the next burst from being loaded
-                more = (left != 0) & ~aborting
-                with m.If(more & (~ar_valid | ar_fire) & room):
-                    load()
-                with m.Elif(~more & (~ar_valid | ar_fire)):
-                    # an aborted command (or one reading no plane) needs an
-                    # explicit end descriptor; otherwise its last burst is it
-                    with m.If(c_marked):
-                        m.d.sync += ar_seq.eq(ar_seq + 1)
-                        m.next = "IDLE"
-                    with m.Else():
-                        m.next = "END"
-            with m.State("END"):
-                with m.If(~ar_valid & meta.w_rdy):
-                    m.d.comb += [meta_w.end.eq(1), meta_w.fill.eq(c_fill), meta_w.slot.eq(c_slot),
-                                 meta_w.id.eq(c_id), meta.w_en.eq(1)]
-                    m.d.sync += ar_seq.eq(ar_seq + 1)
-                    m.next = "IDLE"
+        can_issue = Signal()
+        m.d.comb += can_issue.eq(inflight < g.outstanding)
+        # While the data side's current command has failed, nothing is issued
+        # (a cheap condition on the issue path); a cycle later `aborting` says
+        # whether that command is the one the address side is on.
+        stall = Signal()
+        m.d.comb += stall.eq(ar_active & router.failed)
+        aborting = Signal()
+        # The issue stage. In abort mode everything in the address pipeline
+        # belongs to the failed command: it is flushed, and the command is
+        # closed with an end item (plain expressions, no FSM case statement:
+        # Icarus, see TOOLCHAIN.md).
+        abort_mode = Signal()
+        b = bq.o.payload
+        normal = ~abort_mode & ~aborting & ~stall
+        issued = Signal()
+        end_go = Signal()
+        abort_end = Signal()
+        m.d.comb += [
+            issued.eq(normal & bq.o.valid & ~b.end & (~ar_valid | ar_fire) & can_issue
+                      & desc.w_rdy),
+            end_go.eq(normal & bq.o.valid & b.end & desc.w_rdy),
+            abort_end.eq(abort_mode & ~bq.o.valid & ~cutter.o.valid & ~ar_run_slice.o.valid
+                         & ~ar_walk.o.valid & desc.w_rdy),
+            bq.o.ready.eq(issued | end_go | abort_mode),
+            ar_walk.flush.eq(abort_mode), ar_walk.flush_tag.eq(ar_tag),
+            cutter.flush.eq(abort_mode),
+        ]
+        dw = Signal(g.desc_layout)
+        m.d.comb += [dw.len.eq(b.len), dw.single.eq(b.len == 0),
+                     dw.last.eq(Mux(issued, b.last, 1)), dw.end.eq(~issued),
+                     desc.w_data.eq(dw), desc.w_en.eq(issued | end_go | abort_end)]
+        m.d.sync += aborting.eq(stall & (router.seq == ar_seq) & ~abort_mode)
+        with m.If(aborting & ~abort_mode):
+            m.d.sync += abort_mode.eq(1)
+        with m.If(issued):
+            m.d.sync += [ar_valid.eq(1), ar_addr.eq(b.addr), ar_len.eq(b.len)]
+        with m.If((issued & b.last) | end_go | abort_end):
+            m.d.sync += [ar_active.eq(0), ar_seq.eq(ar_seq + 1)]
+        with m.If(abort_end):
+            m.d.sync += abort_mode.eq(0)
+        m.d.sync += inflight.eq(inflight + issued - router.burst_done)
 
-        # a plain assignment rather than one inside the FSM's case statement:
-        # Icarus never evaluates an `always @*` block whose inputs do not change
-        # after time 0, which would leave `cmd.ready` X until the first command
-        m.d.comb += self.cmd.ready.eq(ar_fsm.ongoing("IDLE"))
+        # -- data side ------------------------------------------------------------------
+        m.submodules.r_slice = r_slice = RegisterSlice(g.r_layout)
+        rp = r_slice.i.payload
+        rresp = self.m_axi_rresp
+        m.d.comb += [rp.data.eq(self.m_axi_rdata), rp.last.eq(self.m_axi_rlast),
+                     rp.bad_id.eq(self.m_axi_rid != AXI_ID), rp.exokay.eq(rresp == AxiResp.EXOKAY),
+                     rp.slverr.eq(rresp == AxiResp.SLVERR), rp.decerr.eq(rresp == AxiResp.DECERR),
+                     r_slice.i.valid.eq(self.m_axi_rvalid), self.m_axi_rready.eq(r_slice.i.ready)]
+        wiring.connect(m, r_slice.o, router.r)
+        m.d.comb += [router.desc.payload.eq(desc.r_data), router.desc.valid.eq(desc.r_rdy),
+                     desc.r_en.eq(router.desc.ready)]
+        m.submodules.r_walk = r_walk = RunWalker(g)
+        m.d.comb += [r_walk.i.payload.eq(r_cmds.r_data), r_walk.i.valid.eq(r_cmds.r_rdy),
+                     r_cmds.r_en.eq(r_walk.i.ready)]
+        m.submodules.run_slice = run_slice = RegisterSlice(g.run_layout)
+        wiring.connect(m, r_walk.o, run_slice.i)
+        wiring.connect(m, run_slice.o, router.runs)
+        m.d.comb += [r_walk.flush.eq(router.drop), r_walk.flush_tag.eq(router.drop_tag)]
 
-        # ---- data side --------------------------------------------------------------------
-        head = Signal(meta_layout)
-        m.d.comb += head.eq(meta.r_data)
-        have = meta.r_rdy
-        cnt = Signal(8)
-        row = Signal(_bits(R))
-        bank = Signal(_bits(B))
-        cur_row = Signal(_bits(R))
-        cur_bank = Signal(_bits(B))
-        fresh = head.first & (cnt == 0)
-        m.d.comb += [cur_row.eq(Mux(fresh, 0, row)), cur_bank.eq(Mux(fresh, 0, bank))]
-        # A command ends at its last burst's last beat (or an explicit end
-        # descriptor); its COMMIT/ABORT beat and response are written from the
-        # `pend` register in a later cycle, so the next command's beats keep
-        # flowing. Only a beat that needs the fill FIFO (or ends a command)
-        # waits while `pend` is full, which keeps the fill stream in order.
-        pend = Signal()
-        pend_fill = Signal()
-        pend_failed = Signal()
-        pend_slot = Signal(_bits(self.slots))
-        pend_id = Signal(self.cmd_id_bits)
-        ends_cmd = head.last_burst & (cnt == head.len)
-        pe_room = ~head.to_pe | pe_fifo.w_rdy
-        fill_room = ~head.to_fill | (fill_fifo.w_rdy & ~pend)
-        m.d.comb += self.m_axi_rready.eq(have & ~head.end & pe_room & fill_room
-                                         & ~(ends_cmd & pend))
-        r_fire = Signal()
-        m.d.comb += r_fire.eq(self.m_axi_rvalid & self.m_axi_rready)
-        bad = self.m_axi_rresp[1]           # SLVERR (0b10) or DECERR (0b11)
-        keep = Signal()
-        m.d.comb += keep.eq(r_fire & ~r_failed & ~bad)
-        last_of_plane = (cur_row == R - 1) & (cur_bank == B - FW)
-        words = [self.m_axi_rdata[i * self.sv_bits:(i + 1) * self.sv_bits] for i in range(FW)]
-
-        pe_w = Signal(self.pe_layout)
-        m.d.comb += [pe_w.plane.eq(head.plane), pe_w.row.eq(cur_row), pe_w.bank.eq(cur_bank),
-                     pe_w.id.eq(head.id), pe_w.last.eq(head.pe_last & last_of_plane),
-                     pe_fifo.w_data.eq(pe_w), pe_fifo.w_en.eq(keep & head.to_pe)]
-        for i in range(FW):
-            m.d.comb += pe_w.data[i].eq(words[i])
-        fill_w = Signal(self.fill_layout)
-        end_kind = Mux(pend_failed, FillBeatKind.ABORT, FillBeatKind.COMMIT)
-        m.d.comb += [fill_w.kind.eq(Mux(pend, end_kind, FillBeatKind.DATA)),
-                     fill_w.slot.eq(Mux(pend, pend_slot, head.slot)),
-                     fill_w.plane.eq(Mux(pend, 0, head.plane)),
-                     fill_w.row.eq(Mux(pend, 0, cur_row)), fill_w.bank.eq(Mux(pend, 0, cur_bank))]
-        for i in range(FW):
-            m.d.comb += fill_w.data[i].eq(Mux(pend, 0, words[i]))
-        m.d.comb += [fill_fifo.w_data.eq(fill_w), fill_fifo.w_en.eq(keep & head.to_fill)]
-
-        with m.If(r_fire):
-            with m.If(bad):
-                m.d.sync += r_failed.eq(1)
-            with m.If(cur_bank == B - FW):
-                m.d.sync += [bank.eq(0), row.eq(cur_row + 1)]
-            with m.Else():
-                m.d.sync += [bank.eq(cur_bank + FW), row.eq(cur_row)]
-            with m.If(cnt == head.len):
-                m.d.sync += cnt.eq(0)
-                m.d.comb += meta.r_en.eq(1)
-                m.d.sync += outstanding.eq(outstanding - 1 + ar_fire)
-            with m.Else():
-                m.d.sync += cnt.eq(cnt + 1)
-
-        # command end: from the last beat, or from an explicit end descriptor
-        end_desc = have & head.end & ~pend
-        with m.If(end_desc):
-            m.d.comb += meta.r_en.eq(1)
-        with m.If((r_fire & ends_cmd) | end_desc):
-            m.d.sync += [pend.eq(1), pend_fill.eq(head.fill), pend_slot.eq(head.slot),
-                         pend_id.eq(head.id), pend_failed.eq(r_failed | (r_fire & bad)),
-                         r_failed.eq(0), r_seq.eq(r_seq + 1)]
-        rsp_w = Signal(self.rsp_layout)
-        m.d.comb += [rsp_w.id.eq(pend_id), rsp_w.ok.eq(~pend_failed),
-                     rsp_w.resident.eq(pend_fill & ~pend_failed), rsp_w.slot.eq(pend_slot),
-                     rsp_fifo.w_data.eq(rsp_w)]
-        with m.If(pend & rsp_fifo.w_rdy & (~pend_fill | fill_fifo.w_rdy)):
-            m.d.comb += [rsp_fifo.w_en.eq(1), fill_fifo.w_en.eq(pend_fill)]
-            m.d.sync += pend.eq(0)
+        # -- outputs ----------------------------------------------------------------------
+        for name, width, depth in (("pe", v.ExtBeat.as_shape().size, g.out_depth),
+                                   ("fill", v.FillBeat.as_shape().size, g.out_depth),
+                                   ("rsp", v.ExtResponse.as_shape().size, 2)):
+            q = fifo.SyncFIFOBuffered(width=width, depth=depth)
+            m.submodules[f"{name}_fifo"] = q
+            port = getattr(self, name)
+            m.d.comb += [q.w_data.eq(getattr(router, f"{name}_data")),
+                         q.w_en.eq(getattr(router, f"{name}_en")),
+                         port.payload.eq(q.r_data), port.valid.eq(q.r_rdy), q.r_en.eq(port.ready)]
+            if name == "rsp":
+                m.d.comb += router.rsp_rdy.eq(q.w_rdy)
+            else:
+                room = Signal(name=f"{name}_room")
+                m.d.sync += room.eq(q.level < depth - 3)
+                m.d.comb += getattr(router, f"{name}_room").eq(room)
+        self._dbg = dict(r_walk=r_walk, router=router, desc=desc, issued=issued, aborting=aborting, abort_mode=abort_mode, dw=dw, bq=bq, cutter=cutter)
         return m
 
 
 def ext_params(cfg) -> dict:
-    """Elaboration parameters of :class:`ExtStream` for a Config: the AXI width
-    is ``cfg.axi_data_bits`` adjusted so one beat holds whole slice vectors for
-    one row of banks (:func:`elmoe3d.golden.hb_map.axi_beat_words`); ``rows``
-    fills one HB slot with the ``k`` MSB planes."""
-    data_bits, _ = axi_beat_words(cfg.axi_data_bits, cfg.slice_vector_bits, cfg.pes)
-    k = hb_planes_for(cfg.slice_bits)
-    rows = (cfg.hb_words // cfg.tag_slots) // k
-    return dict(data_bits=data_bits, addr_bits=32, id_bits=4, max_burst=16, max_outstanding=16,
-                lanes=cfg.lanes, slice_bits=cfg.slice_bits, banks=cfg.pes, rows=rows, hb_planes=k,
-                slots=cfg.tag_slots, cmd_id_bits=4, out_depth=4)
+    """Elaboration parameters of :class:`ExtStream`: the whole Config (as a
+    dict; :func:`ext_factory` rebuilds it)."""
+    return {"config": cfg.to_dict()}
+
+
+def ext_factory(config: dict) -> ExtStream:
+    return ExtStream(Config(**config))
 
 
 def _register():
     from ..blocks import Block
     return [Block("ext_stream", "elmoe3d_ext_stream",
                   "AXI4 stream engine: expert reads split to the PE stream and the HB fill",
-                  ext_params, ExtStream, order=50,
+                  ext_params, ext_factory, order=50,
                   sweep=(dict(axi_data_bits=64), dict(axi_data_bits=128, pes=8)))]
 
 
 BLOCK_SPECS = _register()
-
-
-class ExtHBPair(wiring.Component):
-    """The stream engine with its fill stream wired to an HB bank controller
-    (integration harness for tests; not a registered block): the ports of
-    both, minus the internal ``fill`` stream.
-
-    Parameters
-    ----------
-    ext, hb : dict
-        Parameters of :class:`ExtStream` and :class:`~elmoe3d.hw.hb_bank.HBBank`
-        (their fill layouts must agree).
-    """
-
-    def __init__(self, *, ext: dict, hb: dict):
-        from .hb_bank import HBBank
-        if not isinstance(ext, dict) or not isinstance(hb, dict):
-            raise TypeError(f"ext and hb must be parameter dicts, not {ext!r}, {hb!r}")
-        self._ext = ExtStream(**ext)
-        self._hb = HBBank(**hb)
-        if self._ext.fill_layout != self._hb.fill_layout:
-            raise ValueError(
-                f"Stream engine and HB bank disagree on the fill beat: {ext!r} vs {hb!r}")
-        members = {k: v for k, v in self._ext.signature.members.items() if k != "fill"}
-        members.update({k: v for k, v in self._hb.signature.members.items() if k != "fill"})
-        super().__init__(members)
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.ext = ext = self._ext
-        m.submodules.hb = hb = self._hb
-        wiring.connect(m, ext.fill, hb.fill)
-        for sub in (ext, hb):
-            for name, member in sub.signature.members.items():
-                if name == "fill":
-                    continue
-                outer, inner = getattr(self, name), getattr(sub, name)
-                if member.is_port:
-                    if member.flow == wiring.In:
-                        m.d.comb += inner.eq(outer)
-                    else:
-                        m.d.comb += outer.eq(inner)
-                elif member.dimensions:
-                    for i in range(member.dimensions[0]):
-                        wiring.connect(m, wiring.flipped(outer[i]), inner[i])
-                else:
-                    wiring.connect(m, wiring.flipped(outer), inner)
-        return m

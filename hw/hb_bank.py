@@ -1,158 +1,437 @@
-"""HB bank controller: ``B`` single-port SRAM banks of slice vectors, one
-read stream per bank to its paired PE, a fill stream from the external-memory
-stream engine, a KV-cache access port and the KV/expert boundary register.
+"""HB bank controller: ``B`` single-port SRAM banks of slice vectors, one read
+stream per bank to its paired PE, the fill stream from the external-memory
+stream engine, a KV-cache port and the KV boundary register.
 
-The address map (KV region below the boundary, expert slots ``{slot, plane,
-row}`` above it) is specified in :mod:`elmoe3d.golden.hb_map`; the golden
-:class:`~elmoe3d.golden.hb_map.HBModel` gives the bank contents and slot valid
-bits after any sequence of accepted events.
+The rules (what is resident, which reads succeed, what a fill must look like,
+what a KV access may touch) are those of the golden model,
+:mod:`elmoe3d.golden.hb_map`; the address map is
+:mod:`elmoe3d.golden.layout`'s: dense region at the bottom, expert slots above
+it, the KV region at the top growing downwards. This module says *when*
+things happen.
 
-Arbitration and ordering
-------------------------
-Every bank is one single-port SRAM (one access per cycle). Per bank and
-cycle the access goes, in priority order, to (1) the paired PE's read
-session, (2) the pending KV access, (3) the fill beat at the head of the fill
-FIFO. A fill beat writes ``fill_words`` banks at once and waits until all of
-them are free; it is never dropped: when the FIFO is full, ``fill.ready`` is
-low and the stream engine waits. Under continuous PE reads on a bank, fills
-to that bank wait (PE reads win by definition); the tile schedules reads so
-that this ends.
+Arbitration: why fills cannot starve
+------------------------------------
+Every bank is one single-port SRAM: one access (PE read, KV access or fill
+write) per cycle. A fill beat writes the ``fill_words`` banks of one *bank
+group* at once. Time is cut into periods of ``P = FILL_PERIOD`` (4) cycles,
+and group ``g`` owns cycle ``g mod P`` of every period (its *fill slot*). In
+its fill slot a group's banks go to the fill beat at the head of the fill
+queue if it is for that group (then KV, then the PE read); in every other
+cycle the order is KV access, PE read, fill (a fill beat is written when none
+of its banks is wanted by a KV access or a PE read). So under any read load a
+head fill beat waits at most ``P - 1`` cycles for its banks, and every bank
+gives fills at least one cycle in ``P``: 0.25 words/cycle/bank, while PE reads
+keep at least ``(P-1)/P`` = 0.75 words/cycle (1.00 when no fill is waiting).
+Because consecutive groups own consecutive cycles, a fill stream in address
+order (bank fastest, as the stream engine sends it) is written at one beat per
+cycle even while every PE reads continuously. KV accesses wait at most one
+cycle (a fill slot) and, one in flight, take at most one cycle in four.
 
-No torn expert. A read *session* (one read command, from acceptance until its
-last word is read from the SRAM) and a *fill* of the same slot (from the
-acceptance of its first beat until its COMMIT/ABORT beat leaves the FIFO)
-exclude each other, whichever starts first finishes first:
+Why fills, reads and boundary moves cannot deadlock
+---------------------------------------------------
+The fill path never waits for a read, a PE, a KV access or a boundary move:
+its head beat is either written within ``P - 1`` cycles, or dropped because
+its fill was refused or is malformed; starting a fill costs at most 3 cycles
+(the claim below). So ``fill.ready`` is never low for more than
+``FILL_READY_BOUND`` consecutive cycles, whatever the PEs do -- proved in
+``tb/formal/hb_bank.py``. In particular a fill whose slot is being read is not
+*blocked* by the read (which may wait for a PE that waits for the stream
+engine that waits for this very fill queue): HB *refuses* it (BUSY: nothing of
+it is written, its end is reported) and the fill stream flows on. Reads never
+wait for fills longer than the arbitration bound. A boundary move waits only
+for the reads and fills of the slots whose coverage it changes that began
+before the move was accepted: from then on, reads and fills of those slots
+are refused. Nothing waits for a move except KV accesses, so there is no
+cycle of waits.
 
-* a fill beat at the FIFO head for slot ``X`` is not written while any bank
-  has a read session on ``X`` (the FIFO head blocks);
-* a read command for slot ``X`` is not accepted while a fill of ``X`` is in
-  progress (any beat of ``X`` in the FIFO, or its DATA beats accepted and its
-  COMMIT/ABORT not yet).
+Timing of the state changes
+---------------------------
+* A read is *accepted* when its command is decoded (it enters a bank's
+  next-session register); it then counts as reading its region until its
+  last word has been read from the SRAM. It succeeds iff the region is
+  resident and not about to be covered at that cycle.
+* A fill's first DATA beat *claims* its region when it reaches the head of
+  the fill queue: the valid bit clears (``slot_valid`` falls the next cycle);
+  one cycle later the fill is refused if a read of the region is open (BUSY)
+  or the slot is covered or being covered (COVERED). Its COMMIT/ABORT takes
+  effect when it leaves the queue: ``fill_done`` and (for a committed expert
+  slot) the ``commit`` strobe are shown for one cycle, and at the end of that
+  cycle ``slot_valid`` rises -- the tag unit turns PENDING into RESIDENT on
+  the same clock edge.
+* A boundary write is taken into a register (one at a time); its newly
+  covered and uncovered slots are computed the next cycle and from then on
+  refuse new reads and fills. It takes effect once no read or fill of them
+  is open and no KV access is in flight: ``covered``, ``kv_words`` and the
+  valid bits change at one clock edge and ``moved`` reports it.
+* KV accesses are not accepted while a move is pending; a KV access checks
+  its address against the boundary when accepted.
 
-So a read returns either the whole old expert or the whole new one, exactly
-the words the slot held when the command was accepted. Every fill beat clears
-the slot's valid bit when accepted; COMMIT sets it when it leaves the FIFO,
-ABORT leaves it clear, so a partly written expert is never resident.
-
-Boundary moves. A write to ``boundary`` waits until no slot whose coverage
-it changes (newly covered, or uncovered) is being read or filled and no KV
-access is pending, then takes effect in one cycle: the newly covered slots
-lose their valid bit and a ``moved`` report (new boundary, newly covered
-slots, which of those were resident) is emitted. Fill beats for a covered slot are consumed without writing (the KV
-data there is never overwritten) and its COMMIT does not make it resident.
-Reads of a covered slot return ``error`` beats. KV accesses at or above the
-boundary are refused with ``error``. In one cycle the controller applies a
-boundary move before a KV access, a KV access before a read command, and a
-read command before a fill beat (the order the golden model uses).
+Every output is a register and every input ``ready`` a function of registers
+only (the read commands and fill beats enter through register slices).
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Mux, Signal, unsigned
-from amaranth.lib import data, enum, fifo, stream, wiring
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from ..golden import bitslice as gbs
-from ..golden.hb_map import FillKind, HBMap, axi_beat_words, hb_planes_for
+from . import vocab as hv
 from .common import check_int
+from .streams import RegisterSlice
+from .vocab import FillBeatKind, FillResultCode, HBRegionKind, bits
 
-__all__ = ["HBBank", "FillBeatKind", "read_cmd_layout", "read_beat_layout", "fill_layout",
-           "kv_cmd_layout", "kv_rsp_layout", "moved_layout", "hb_params"]
+__all__ = ["HBBank", "ReadSession", "FillDecoder", "fill_op", "hb_params", "FILL_PERIOD",
+           "FILL_READY_BOUND", "READ_LATENCY", "OUT_DEPTH", "FIRST_WORD_LATENCY",
+           "FILL_OVERHEAD"]
 
-
-class FillBeatKind(enum.Enum, shape=2):
-    """Values equal :class:`elmoe3d.golden.hb_map.FillKind`."""
-    DATA = int(FillKind.DATA)
-    COMMIT = int(FillKind.COMMIT)
-    ABORT = int(FillKind.ABORT)
-
-
-def _bits(n: int) -> int:
-    """Width of an unsigned field holding ``0 .. n-1``."""
-    return max(1, (n - 1).bit_length())
-
-
-def read_cmd_layout(slots, planes, slot_words):
-    """PE read command: ``len + 1`` words from ``{slot, plane, 0}``."""
-    return data.StructLayout({"slot": unsigned(_bits(slots)), "plane": unsigned(_bits(planes)),
-                              "len": unsigned(_bits(slot_words))})
-
-
-def read_beat_layout(sv_bits, planes, rows):
-    """One word to the paired PE (``SliceVector`` plus its position)."""
-    return data.StructLayout({"data": unsigned(sv_bits), "plane": unsigned(_bits(planes)),
-                              "row": unsigned(_bits(rows)), "last": unsigned(1),
-                              "error": unsigned(1)})
+#: Period of the fill slots (cycles): each bank group owns one cycle in ``P``.
+FILL_PERIOD = 4
+#: Cycles from a read's grant to its word entering the output FIFO (grant ->
+#: registered SRAM address -> SRAM data -> SRAM output register).
+READ_LATENCY = 3
+#: Depth of each bank's output FIFO (= read credits); enough for one word per
+#: cycle with an always-ready PE.
+OUT_DEPTH = 6
+#: Longest run of cycles ``fill.ready`` can stay low (formally proved).
+FILL_READY_BOUND = 9
+#: Cycles from a read command's transfer on ``rd_cmd`` (idle bank, PE ready)
+#: to its first word's transfer on ``rd`` (asserted by the bandwidth test).
+FIRST_WORD_LATENCY = 8
+#: Cycles a fill costs besides one per DATA beat: up to 3 for its claim (its
+#: first beat) and 1 for its COMMIT/ABORT beat.
+FILL_OVERHEAD = 4
 
 
-def fill_layout(sv_bits, fill_words, slots, planes, rows, banks):
-    """``FillBeat``: ``fill_words`` words for banks ``bank .. bank+fill_words-1``
-    at ``{slot, plane, row}`` (DATA), or the end of a slot's fill (COMMIT/ABORT)."""
-    return data.StructLayout({
-        "kind": FillBeatKind, "slot": unsigned(_bits(slots)), "plane": unsigned(_bits(planes)),
-        "row": unsigned(_bits(rows)), "bank": unsigned(_bits(banks)),
-        "data": data.ArrayLayout(unsigned(sv_bits), fill_words)})
+def _onehot(value, n: int):
+    """``n``-bit one-hot of ``value`` (0 when ``value >= n``)."""
+    return Cat(*[value == j for j in range(n)])
 
 
-def kv_cmd_layout(sv_bits, banks, words):
-    return data.StructLayout({"write": unsigned(1), "bank": unsigned(_bits(banks)),
-                              "addr": unsigned(_bits(words)), "data": unsigned(sv_bits)})
+# ---------------------------------------------------------------------------------------
+# one bank's read sessions
 
 
-def kv_rsp_layout(sv_bits):
-    return data.StructLayout({"data": unsigned(sv_bits), "error": unsigned(1)})
+class ReadSession(wiring.Component):
+    """The read side of one bank: command decode, the current and the next
+    read session, and the output FIFO to the paired PE.
+
+    A command is decoded when it enters the *next* register (that is when it
+    is accepted: the region must be resident then, see ``open_mask``); the
+    next session becomes *current* as soon as the current one has issued its
+    last word, so a bank streams one word per cycle back to back across
+    commands. A refused command becomes one ``last`` + ``error`` beat. Words
+    are issued only with a free output-FIFO entry (``out_depth`` credits), so
+    the SRAM output never has to be held.
+
+    Parameters
+    ----------
+    slots, slot_words, dense_words, words : int
+        ``S``, ``SW``, ``D``, ``W`` (``golden/layout.py``).
+    slice_bits, lanes : int
+        Word = slice vector of ``lanes`` slices of ``slice_bits`` bits.
+
+    Members
+    -------
+    cmd : ``In(stream.Signature(HBRead))``
+    beat : ``Out(stream.Signature(HBBeat))``
+    open_mask : ``In(S + 1)``
+        Regions a read may start on now (resident slots not about to be
+        covered; bit ``S`` = the dense region).
+    reading : ``Out(S + 1)``
+        Regions with an accepted read that has not read its last word yet.
+    req, go : ``Out(1)``, ``In(1)``
+        The current session wants the bank's SRAM port this cycle / got it.
+    addr : ``Out(range(W))``
+        Address of the word it wants.
+    ram_data : ``In(sv_bits)``
+        The SRAM output register, ``READ_LATENCY`` cycles after a grant.
+    start, start_ok : ``Out(1)``
+        A command was decoded this cycle / it was accepted (formal probes).
+    """
+
+    def __init__(self, *, slots, slot_words, dense_words, words, slice_bits, lanes, planes,
+                 out_depth=OUT_DEPTH):
+        self.S, self.SW, self.D, self.W = slots, slot_words, dense_words, words
+        self.out_depth = out_depth
+        self.sv_bits = slice_bits * lanes
+        self.read_t = hv.hb_read(slots, slot_words, dense_words, planes)
+        self.beat_t = hv.hb_beat(slice_bits, lanes)
+        super().__init__({
+            "cmd": In(stream.Signature(self.read_t)),
+            "beat": Out(stream.Signature(self.beat_t)),
+            "open_mask": In(slots + 1), "reading": Out(slots + 1),
+            "req": Out(1), "go": In(1), "addr": Out(range(words)),
+            "ram_data": In(self.sv_bits), "start": Out(1), "start_ok": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        S, SW, D, W = self.S, self.SW, self.D, self.W
+        m.submodules.slice = sl = RegisterSlice(self.read_t)
+        wiring.connect(m, wiring.flipped(self.cmd), sl.i)
+
+        # -- decode (from the slice's registers) into the next session ------------
+        p = sl.o.payload
+        is_exp = p.region == HBRegionKind.EXPERT
+        ridx = Mux(is_exp, p.slot, S)
+        oh = Signal(S + 1)
+        m.d.comb += oh.eq(_onehot(ridx, S + 1))
+        size = Mux(is_exp, SW, D)
+        end = Signal(range(max(SW, D) * 2 + 2))
+        m.d.comb += end.eq(p.offset + p.count)
+        ok = Signal()
+        m.d.comb += ok.eq((p.count != 0) & (end <= size) & (oh & self.open_mask).any())
+        base = Signal(range(W))
+        m.d.comb += base.eq(Mux(is_exp, D + p.slot * SW, 0))
+
+        n_valid, n_err, n_last = Signal(), Signal(), Signal()
+        n_addr = Signal(range(W))
+        n_left = Signal(range(max(SW, D) + 1))
+        n_plane = Signal.like(p.plane)
+        n_oh = Signal(S + 1)
+        c_active, c_err, c_last = Signal(), Signal(), Signal()
+        c_addr = Signal(range(W))
+        c_left = Signal(range(max(SW, D) + 1))
+        c_plane = Signal.like(p.plane)
+        c_oh = Signal(S + 1)
+
+        owed = Signal(range(self.out_depth + 1))
+        credit = Signal()
+        m.d.comb += credit.eq(owed < self.out_depth)
+        issue = Signal()
+        m.d.comb += [self.req.eq(c_active & credit & ~c_err),
+                     issue.eq(c_active & credit & (c_err | self.go)),
+                     self.addr.eq(c_addr),
+                     self.reading.eq(c_oh | n_oh)]
+        c_take = Signal()
+        n_take = Signal()
+        m.d.comb += [c_take.eq(n_valid & (~c_active | (issue & c_last))),
+                     sl.o.ready.eq(~n_valid | c_take),
+                     n_take.eq(sl.o.valid & sl.o.ready),
+                     self.start.eq(n_take), self.start_ok.eq(n_take & ok)]
+
+        with m.If(issue):
+            m.d.sync += [c_addr.eq(c_addr + 1), c_left.eq(c_left - 1), c_last.eq(c_left == 1)]
+            with m.If(c_last):
+                m.d.sync += [c_active.eq(0), c_oh.eq(0)]
+        with m.If(c_take):
+            m.d.sync += [c_active.eq(1), c_err.eq(n_err), c_last.eq(n_last), c_addr.eq(n_addr),
+                         c_left.eq(n_left), c_plane.eq(n_plane), c_oh.eq(n_oh)]
+        with m.If(c_take & ~n_take):
+            m.d.sync += [n_valid.eq(0), n_oh.eq(0)]
+        with m.If(n_take):
+            m.d.sync += [n_valid.eq(1), n_err.eq(~ok), n_last.eq(~ok | (p.count == 1)),
+                         n_addr.eq(base + p.offset), n_left.eq(p.count - 1),
+                         n_plane.eq(p.plane), n_oh.eq(Mux(ok, oh, 0))]
+
+        # -- pipeline to the output FIFO (matches the SRAM's READ_LATENCY) --------
+        meta = data.StructLayout({"v": 1, "err": 1, "last": 1, "plane": p.plane.shape()})
+        stages = [Signal(meta, name=f"m{i}") for i in range(READ_LATENCY)]
+        m.d.sync += [stages[0].v.eq(issue), stages[0].err.eq(c_err),
+                     stages[0].last.eq(c_last | c_err), stages[0].plane.eq(c_plane)]
+        for a, b in zip(stages, stages[1:]):
+            m.d.sync += b.eq(a)
+        mo = stages[-1]
+        m.submodules.out = ofifo = fifo.SyncFIFOBuffered(width=self.beat_t.as_shape().size,
+                                                         depth=self.out_depth)
+        w = Signal(self.beat_t)
+        m.d.comb += [w.sv.slices.eq(Mux(mo.err, 0, self.ram_data)),
+                     w.sv.plane.eq(Mux(mo.err, 0, mo.plane)),
+                     w.last.eq(mo.last), w.error.eq(mo.err),
+                     ofifo.w_data.eq(w), ofifo.w_en.eq(mo.v),
+                     self.beat.payload.eq(ofifo.r_data), self.beat.valid.eq(ofifo.r_rdy),
+                     ofifo.r_en.eq(self.beat.ready)]
+        pop = self.beat.valid & self.beat.ready
+        m.d.sync += owed.eq(owed + issue - pop)
+        return m
 
 
-def moved_layout(words, slots):
-    return data.StructLayout({"boundary": unsigned((words).bit_length()),
-                              "covered": unsigned(slots), "invalidated": unsigned(slots)})
+# ---------------------------------------------------------------------------------------
+# the fill stream: stream-local rules and pre-decode
+
+
+def fill_op(cfg_slots: int, words: int, groups: int, sv_bits: int, fill_words: int):
+    """``FillOp``: a fill beat pre-decoded for the queue head (internal)."""
+    return hv.struct("FillOp", {
+        "data": unsigned(1), "first": unsigned(1), "write": unsigned(1),
+        "onehot": unsigned(cfg_slots + 1), "addr": unsigned(bits(words)),
+        "group": unsigned(groups), "phase": unsigned(FILL_PERIOD),
+        "words": data.ArrayLayout(unsigned(sv_bits), fill_words),
+        "result": FillResultCode, "stray": unsigned(1),
+        "rkind": HBRegionKind, "slot": unsigned(bits(cfg_slots))})
+
+
+class FillDecoder(wiring.Component):
+    """The stream-local fill rules (:class:`elmoe3d.golden.hb_map.FillParser`)
+    and the pre-decode of each beat for the queue head.
+
+    Combinational from ``i`` to ``o`` (put a register slice in front); its
+    state (the open fill: region, expected next ``{offset, bank}``, whether it
+    is still well formed and complete) advances on each transfer. A DATA beat
+    becomes a write op (``write`` = the fill is well formed up to and
+    including this beat) with its absolute address, bank group and fill-slot
+    phase as one-hots; COMMIT/ABORT becomes an end op carrying the predicted
+    result (COMMITTED, ABORTED, MALFORMED, or STRAY with no fill open) and
+    the open fill's region.
+    """
+
+    def __init__(self, *, slots, slot_words, dense_words, words, banks, fill_words, sv_bits):
+        self.S, self.SW, self.D, self.W = slots, slot_words, dense_words, words
+        self.B, self.FW = banks, fill_words
+        self.G = banks // fill_words
+        self.beat_t = hv.fill_beat(sv_bits, fill_words, slots, slot_words, dense_words, banks)
+        self.op_t = fill_op(slots, words, self.G, sv_bits, fill_words)
+        super().__init__({"i": In(stream.Signature(self.beat_t)),
+                          "o": Out(stream.Signature(self.op_t))})
+
+    def commit_ok(self, *, good, complete, same, is_commit):
+        """A COMMIT makes its fill resident only if every beat was well formed,
+        the last word was written and the COMMIT names the open fill's region."""
+        return good & complete & same & is_commit
+
+    def elaborate(self, platform):
+        m = Module()
+        S, SW, D, B, FW, G = self.S, self.SW, self.D, self.B, self.FW, self.G
+        NONE = S + 1
+        p, o = self.i.payload, self.o.payload
+
+        f_open, f_good, f_complete = Signal(), Signal(), Signal()
+        f_region = Signal(range(S + 2))
+        f_oh = Signal(S + 1)
+        f_off = Signal.like(p.offset)
+        f_bank = Signal(range(B))
+        f_rkind = Signal(HBRegionKind)
+        f_slot = Signal.like(p.slot)
+
+        is_end = (p.kind == FillBeatKind.COMMIT) | (p.kind == FillBeatKind.ABORT)
+        is_exp = p.region == HBRegionKind.EXPERT
+        ridx = Signal(range(S + 2))
+        m.d.comb += ridx.eq(Mux(is_exp, Mux(p.slot < S, p.slot, NONE), S))
+        oh = Signal(S + 1)
+        m.d.comb += oh.eq(_onehot(ridx, S + 1))
+        size = Mux(is_exp, SW, D)
+        fw_bits = (FW - 1).bit_length()
+        bank_ok = (p.bank < B) & ((p.bank[:fw_bits] == 0) if fw_bits else 1)
+        in_range = Signal()
+        m.d.comb += in_range.eq((p.kind == FillBeatKind.DATA) & (ridx != NONE)
+                                & (p.offset < size) & bank_ok)
+        first_ok = (p.bank == 0) & (~is_exp | (p.offset == 0))
+        next_ok = (p.offset == f_off) & (p.bank == f_bank) & (ridx == f_region)
+        good = Signal()
+        m.d.comb += good.eq(in_range & Mux(f_open, f_good & next_ok, first_ok))
+        wrap = p.bank + FW >= B
+        n_bank = Mux(wrap, 0, p.bank + FW)
+        n_off = Mux(wrap, p.offset + 1, p.offset)
+        complete = Mux(is_exp, wrap & (p.offset == SW - 1), wrap)
+        grp = p.bank // FW if FW > 1 else p.bank
+        bases = Mux(is_exp, D + p.slot * SW, 0)
+
+        m.d.comb += [self.o.valid.eq(self.i.valid), self.i.ready.eq(self.o.ready),
+                     o.words.eq(p.words), o.addr.eq(bases + p.offset),
+                     o.group.eq(_onehot(grp, G)),
+                     o.phase.eq(_onehot(grp % FILL_PERIOD, FILL_PERIOD))]
+        with m.If(~is_end):
+            m.d.comb += [o.data.eq(1), o.first.eq(~f_open), o.write.eq(good),
+                         o.onehot.eq(Mux(f_open, f_oh, oh))]
+        with m.Else():
+            commit_ok = self.commit_ok(good=f_good, complete=f_complete, same=ridx == f_region,
+                                       is_commit=p.kind == FillBeatKind.COMMIT)
+            m.d.comb += [o.data.eq(0), o.stray.eq(~f_open),
+                         o.onehot.eq(Mux(f_open, f_oh, 0)),
+                         o.rkind.eq(Mux(f_open, f_rkind, p.region)),
+                         o.slot.eq(Mux(f_open, f_slot, p.slot))]
+            with m.If(~f_open):
+                m.d.comb += o.result.eq(FillResultCode.STRAY)
+            with m.Elif(p.kind == FillBeatKind.ABORT):
+                m.d.comb += o.result.eq(FillResultCode.ABORTED)
+            with m.Elif(commit_ok):
+                m.d.comb += o.result.eq(FillResultCode.COMMITTED)
+            with m.Else():
+                m.d.comb += o.result.eq(FillResultCode.MALFORMED)
+
+        with m.If(self.i.valid & self.i.ready):
+            with m.If(is_end):
+                m.d.sync += f_open.eq(0)
+            with m.Else():
+                m.d.sync += f_good.eq(good)
+                with m.If(~f_open):
+                    m.d.sync += [f_open.eq(1), f_region.eq(ridx), f_oh.eq(oh),
+                                 f_rkind.eq(p.region), f_slot.eq(p.slot)]
+                with m.If(good):
+                    m.d.sync += [f_off.eq(n_off), f_bank.eq(n_bank), f_complete.eq(complete)]
+        return m
+
+
+# ---------------------------------------------------------------------------------------
+# the controller
 
 
 class HBBank(wiring.Component):
-    """HB bank controller (see the module docstring for the rules).
+    """HB bank controller (rules: :mod:`elmoe3d.golden.hb_map`; timing,
+    arbitration and the progress argument: this module's docstring).
 
     Parameters
     ----------
     banks : int
         ``B`` banks, one per PE.
     words : int
-        Words per bank (power of two).
+        ``W`` words per bank (power of two).
     slots : int
-        Expert slots (the tag unit's ``S``); ``slot_words = words // slots``.
-    planes : int
-        ``k`` MSB planes held per slot (must divide ``slot_words``).
+        ``S`` expert slots (the tag unit's slots).
+    slot_words, dense_words : int
+        ``SW`` words per slot and ``D`` words of the dense region per bank
+        (``D + S*SW <= W``; :class:`~elmoe3d.config.Config` derives both).
     lanes, slice_bits : int
-        Slice vector = ``lanes * slice_bits`` bits, the word width.
+        Word = slice vector of ``lanes`` slices of ``slice_bits`` bits.
     fill_words : int
-        Words per fill beat (divides ``banks``).
+        Words per fill beat (a power of two dividing ``banks``).
     fill_depth : int
-        Fill FIFO depth in beats (>= 2).
+        Fill queue depth in beats (>= 2).
+    out_depth : int
+        Depth of each bank's output FIFO (read credits, >= 3); the default
+        ``OUT_DEPTH`` sustains one word per cycle, less only slows reads.
 
     Members
     -------
-    rd_cmd : ``In(stream.Signature(read_cmd_layout)).array(B)``
-        Per-bank read commands.
-    rd : ``Out(stream.Signature(read_beat_layout)).array(B)``
-        Per-bank words to the paired PE, in command order.
-    fill : ``In(stream.Signature(fill_layout))``
+    rd_cmd : ``In(stream.Signature(HBRead)).array(B)``
+        Per-bank read commands (region, slot, word offset, count, plane).
+    rd : ``Out(stream.Signature(HBBeat)).array(B)``
+        Per-bank words to the paired PE, in command order; a refused read
+        is one ``last`` + ``error`` beat.
+    fill : ``In(stream.Signature(FillBeat))``
         Fill beats from the stream engine.
-    kv : ``In(stream.Signature(kv_cmd_layout))`` / ``kv_rsp`` ``Out(...)``
-        KV accesses (one response per access, in order).
-    boundary : ``In(stream.Signature(range(words + 1)))``
-        Writes of the boundary register (words of KV region per bank).
-    moved : ``Out(stream.Signature(moved_layout))``
+    fill_done : ``Out(FillDone)``
+        A one-cycle strobe per fill end (COMMIT/ABORT beat), in order.
+    commit : ``Out(HBCommit)``
+        Strobe naming the slot whose fill commits, shown in the cycle at whose
+        end its ``slot_valid`` bit rises (the tag unit's commit input).
+    kv : ``In(stream.Signature(KVAccess))`` / ``kv_rsp`` ``Out(...KVResponse)``
+        KV accesses, one response each, in order.
+    boundary : ``In(stream.Signature(range(W + 1)))``
+        Writes of the boundary register (KV words per bank).
+    moved : ``Out(stream.Signature(KVMove))``
         One report per boundary write.
-    slot_valid : ``Out(slots)``; ``boundary_q`` : ``Out(range(words + 1))``
-        Resident slots and the current boundary.
+    slot_valid, covered : ``Out(S)``
+        Resident slots; slots covered by the KV region (registered; the tag
+        unit's ``disabled`` input).
+    dense_valid : ``Out(1)``
+        The dense region is resident.
+    kv_words : ``Out(range(W + 1))``
+        The boundary register.
 
-    Latency and throughput: a read command's first word is transferred 4
-    cycles after the command (measured with an always-ready PE); a bank streams one word per cycle, back to back
-    across commands, while its ``rd`` is ready. A fill beat is written at the
-    earliest 2 cycles after acceptance, one beat per cycle when its banks are
-    free of PE reads. A KV access answers 2-3 cycles after acceptance
-    (one access in flight). A boundary write takes effect in the cycle it is
-    accepted.
+    Latency and throughput (measured by ``tb/test_hb_bank.py``): a read's
+    first word is on ``rd`` 8 cycles after its command's transfer on an idle
+    bank (``FIRST_WORD_LATENCY``) (register slice, decode, grant, registered SRAM address, SRAM,
+    SRAM output register, output FIFO); a bank then streams one word per
+    cycle, back to back across commands, while its PE is ready. Fills: one
+    beat per cycle in address order under any read load (see the
+    arbitration rule), PE reads keep at least 0.75 words/cycle/bank while
+    fills take their slots and 1.00 otherwise; a fill's first beat costs up
+    to 3 extra cycles (its claim). KV: one access in flight; a response 4-6
+    cycles after acceptance. A boundary move takes effect 2 cycles after its
+    write is accepted at the earliest.
 
     Raises
     ------
@@ -160,251 +439,364 @@ class HBBank(wiring.Component):
         For a parameter of the wrong kind or value, naming it.
     """
 
-    def __init__(self, *, banks: int = 4, words: int = 4096, slots: int = 32, planes: int = 1,
-                 lanes: int = 16, slice_bits: int = 4, fill_words: int = 1, fill_depth: int = 8):
+    def __init__(self, *, banks: int = 4, words: int = 8192, slots: int = 16,
+                 slot_words: int = 384, dense_words: int = 1938, lanes: int = 16,
+                 slice_bits: int = 4, fill_words: int = 1, fill_depth: int = 8,
+                 out_depth: int = OUT_DEPTH):
         check_int("HB bank count", banks, 1, 1024)
+        check_int("HB words per bank", words, 2)
+        if words & (words - 1):
+            raise ValueError(f"HB words per bank must be a power of two, not {words!r}")
+        check_int("HB slot count", slots, 1, 4096)
+        check_int("HB slot words", slot_words, 1, words)
+        check_int("HB dense-region words", dense_words, 0, words)
+        if dense_words + slots * slot_words > words:
+            raise ValueError(f"{slots} slots of {slot_words} words and a dense region of "
+                             f"{dense_words} words need {dense_words + slots * slot_words} "
+                             f"words, but an HB bank holds {words}")
         check_int("Lane count", lanes, 1, 1024)
-        gbs.check_slice_bits(slice_bits)
-        check_int("HB planes per slot", planes, 1, gbs.n_planes(slice_bits))
-        self.map = HBMap(banks=banks, words=words, slots=slots, planes=planes,
-                         sv_bits=lanes * slice_bits)
+        if slice_bits not in (1, 2, 4):
+            raise ValueError(f"Slice width must be 1, 2 or 4, not {slice_bits!r}")
         check_int("Fill words per beat", fill_words, 1, banks)
-        if banks % fill_words:
-            raise ValueError(
-                f"Fill words per beat {fill_words!r} must divide the bank count {banks}")
+        if banks % fill_words or fill_words & (fill_words - 1):
+            raise ValueError(f"Fill words per beat {fill_words!r} must be a power of two "
+                             f"dividing the bank count {banks}")
         check_int("Fill FIFO depth", fill_depth, 2, 1024)
-        self.banks, self.words, self.slots, self.planes = banks, words, slots, planes
+        # >= 3: the credit count assumes the FIFO takes a word whenever fewer
+        # than ``depth`` are in it; a 2-deep SyncFIFOBuffered (a 1-entry
+        # memory in front of its output register) refuses a write in the
+        # cycle its entry moves on, and would drop a word (found by the
+        # formal check of tb/formal/hb_bank.py)
+        check_int("Output FIFO depth", out_depth, 3, 1024)
+        self.out_depth = out_depth
+        self.banks, self.words, self.slots = banks, words, slots
+        self.slot_words, self.dense_words = slot_words, dense_words
         self.lanes, self.slice_bits = lanes, slice_bits
+        self.planes = 8 // slice_bits
         self.sv_bits = lanes * slice_bits
-        self.slot_words, self.rows = self.map.slot_words, self.map.rows
         self.fill_words, self.fill_depth = fill_words, fill_depth
-        self.cmd_layout = read_cmd_layout(slots, planes, self.slot_words)
-        self.beat_layout = read_beat_layout(self.sv_bits, planes, self.rows)
-        self.fill_layout = fill_layout(self.sv_bits, fill_words, slots, planes, self.rows, banks)
-        self.kv_layout = kv_cmd_layout(self.sv_bits, banks, words)
-        self.kv_rsp_layout = kv_rsp_layout(self.sv_bits)
-        self.moved_layout = moved_layout(words, slots)
+        self.kv_limit = words - dense_words
+        S, SW, D, W = slots, slot_words, dense_words, words
+        self.read_t = hv.hb_read(S, SW, D, self.planes)
+        self.beat_t = hv.hb_beat(slice_bits, lanes)
+        self.fill_t = hv.fill_beat(self.sv_bits, fill_words, S, SW, D, banks)
+        self.done_t = hv.fill_done(S)
+        self.commit_t = hv.hb_commit(S)
+        self.kv_t = hv.kv_access(self.sv_bits, banks, W)
+        self.kv_rsp_t = hv.kv_response(self.sv_bits)
+        self.move_t = hv.kv_move(W, S)
         super().__init__({
-            "rd_cmd": In(stream.Signature(self.cmd_layout)).array(banks),
-            "rd": Out(stream.Signature(self.beat_layout)).array(banks),
-            "fill": In(stream.Signature(self.fill_layout)),
-            "kv": In(stream.Signature(self.kv_layout)),
-            "kv_rsp": Out(stream.Signature(self.kv_rsp_layout)),
-            "boundary": In(stream.Signature(unsigned((words).bit_length()))),
-            "moved": Out(stream.Signature(self.moved_layout)),
-            "slot_valid": Out(slots),
-            "boundary_q": Out((words).bit_length()),
+            "rd_cmd": In(stream.Signature(self.read_t)).array(banks),
+            "rd": Out(stream.Signature(self.beat_t)).array(banks),
+            "fill": In(stream.Signature(self.fill_t)),
+            "fill_done": Out(self.done_t),
+            "commit": Out(self.commit_t),
+            "kv": In(stream.Signature(self.kv_t)),
+            "kv_rsp": Out(stream.Signature(self.kv_rsp_t)),
+            "boundary": In(stream.Signature(range(W + 1))),
+            "moved": Out(stream.Signature(self.move_t)),
+            "slot_valid": Out(S), "covered": Out(S), "dense_valid": Out(1),
+            "kv_words": Out(range(W + 1)),
         })
+        #: internal strobes for the formal wrapper (tb/formal/hb_bank.py)
+        self.probe_start = [Signal(name=f"probe_start{b}") for b in range(banks)]
+        self.probe_start_ok = [Signal(name=f"probe_start_ok{b}") for b in range(banks)]
+        self.probe_ren = [Signal(name=f"probe_ren{b}") for b in range(banks)]
+        self.probe_wen = [Signal(name=f"probe_wen{b}") for b in range(banks)]
+        self.probe_fill_wait = Signal(name="probe_fill_wait")
+
+    #: the fill decoder's class (a subclass may change one of its rules)
+    fill_decoder_cls = FillDecoder
+
+    def open_regions(self, valid, pend, dense_valid):
+        """Regions a read may start on: resident slots that no pending move is
+        about to cover, and the dense region when resident."""
+        return Cat(valid & ~pend, dense_valid)
+
+    def busy_at_check(self, reading, onehot):
+        """A starting fill is refused (BUSY) when a read of its region is open."""
+        return (reading & onehot).any()
+
+    def covered_thresholds(self) -> list[int]:
+        """Slot ``j`` is covered iff ``kv_words > t[j]``
+        (``golden.layout.slot_covered_mask``: ``D + (j+1)*SW > W - kv``)."""
+        W, D, SW = self.words, self.dense_words, self.slot_words
+        return [W - D - (j + 1) * SW for j in range(self.slots)]
 
     def elaborate(self, platform):
         m = Module()
-        B, S, W = self.banks, self.slots, self.words
-        SW, R, K, FW = self.slot_words, self.rows, self.planes, self.fill_words
-        abits = _bits(W)
+        B, S, W, FW = self.banks, self.slots, self.words, self.fill_words
+        SW, D = self.slot_words, self.dense_words
+        G = B // FW
+        P = FILL_PERIOD
 
-        bnd = Signal(W.bit_length())                  # boundary register
-        valid = Signal(S)
-        m.d.comb += [self.slot_valid.eq(valid), self.boundary_q.eq(bnd)]
+        # ---- region state (all registers) -----------------------------------------
+        valid = Signal(S)                 # resident expert slots
+        dense_valid = Signal()
+        covered = Signal(S)               # KV-covered slots
+        kv_q = Signal(range(W + 1))       # the boundary register
+        kv_lo = Signal(range(W + 1), init=W)   # lowest KV word = W - kv_q
+        pend = Signal(S)                  # slots a pending move changes
+        filling = Signal(S + 1)           # regions with a claimed, unfinished fill
+        m.d.comb += [self.slot_valid.eq(valid), self.dense_valid.eq(dense_valid),
+                     self.covered.eq(covered), self.kv_words.eq(kv_q)]
+        open_mask = Signal(S + 1)
+        m.d.comb += open_mask.eq(self.open_regions(valid, pend, dense_valid))
 
-        def covered_mask(b):
-            return Cat(*[b > j * SW for j in range(S)])
+        phase = Signal(P, init=1)         # one-hot fill-slot phase
+        m.d.sync += phase.eq(phase.rotate_left(1))
 
-        covered = Signal(S)
-        m.d.comb += covered.eq(covered_mask(bnd))
-
-        # ---- per-slot fill bookkeeping ------------------------------------
-        fill_cnt = [Signal(range(self.fill_depth + 2), name=f"fill_cnt{j}") for j in range(S)]
-        fill_open = Signal(S)
-        filling = Signal(S)
-        m.d.comb += filling.eq(fill_open | Cat(*[c != 0 for c in fill_cnt]))
-        reading = Signal(S)
-
-        # ---- boundary register ------------------------------------------------
-        kv_busy = Signal()
-        newly = Signal(S)
-        changed = Signal(S)
-        m.d.comb += [newly.eq(covered_mask(self.boundary.payload) & ~covered),
-                     changed.eq(covered_mask(self.boundary.payload) ^ covered)]
-        bnd_fire = Signal()
-        m.d.comb += [
-            self.boundary.ready.eq(~kv_busy & ~self.moved.valid
-                                   & ((changed & (reading | filling)) == 0)),
-            bnd_fire.eq(self.boundary.valid & self.boundary.ready),
-        ]
-        with m.If(self.moved.ready):
-            m.d.sync += self.moved.valid.eq(0)
-        with m.If(bnd_fire):
-            m.d.sync += [bnd.eq(self.boundary.payload), self.moved.valid.eq(1),
-                         self.moved.payload.boundary.eq(self.boundary.payload),
-                         self.moved.payload.covered.eq(newly),
-                         self.moved.payload.invalidated.eq(newly & valid)]
-
-        # ---- banks ---------------------------------------------------------------
-        pe_busy = [Signal(name=f"pe_busy{b}") for b in range(B)]
-        rports, wports = [], []
+        # ---- SRAM banks: single-port, registered inputs, registered output ---------
+        # One address per bank for reads and writes (the arbitration gives a
+        # bank one access per cycle), so synthesis maps a bank to single-port
+        # block RAM without read-during-write bypass logic; the address, write
+        # enable and write data come from registers and the read data goes
+        # straight into a register (ECP5: DP16KD, then a fabric FF next to it;
+        # Yosys 0.70 does not pack it into the DP16KD's OUTREG).
+        ram_ren = [Signal(name=f"ram_ren{b}") for b in range(B)]
+        ram_wen = [Signal(name=f"ram_wen{b}") for b in range(B)]
+        ram_addr = [Signal(range(W), name=f"ram_addr{b}", reset_less=True) for b in range(B)]
+        ram_wdata = [Signal(self.sv_bits, name=f"ram_wdata{b}", reset_less=True)
+                     for b in range(B)]
+        ram_q = [Signal(self.sv_bits, name=f"ram_q{b}", reset_less=True) for b in range(B)]
         for b in range(B):
             mem = Memory(shape=unsigned(self.sv_bits), depth=W, init=[])
             m.submodules[f"bank{b}"] = mem
-            rports.append(mem.read_port())
-            wports.append(mem.write_port())
+            wp = mem.write_port()
+            rp = mem.read_port()
+            # the read port reads every cycle (its data is used only when the
+            # pipeline says so): a read enable would cost a hold multiplexer
+            # behind the block RAM
+            m.d.comb += [rp.addr.eq(ram_addr[b]), rp.en.eq(1),
+                         wp.addr.eq(ram_addr[b]), wp.data.eq(ram_wdata[b]),
+                         wp.en.eq(ram_wen[b]),
+                         self.probe_ren[b].eq(ram_ren[b]), self.probe_wen[b].eq(ram_wen[b])]
+            m.d.sync += ram_q[b].eq(rp.data)
 
-        reading_terms = []
+        # ---- read sessions ----------------------------------------------------------
+        sess = []
         for b in range(B):
-            cmd, out, rp = self.rd_cmd[b], self.rd[b], rports[b]
-            active = Signal(name=f"s_active{b}")
-            s_slot = Signal.like(cmd.payload.slot, name=f"s_slot{b}")
-            s_addr = Signal(abits, name=f"s_addr{b}")
-            s_left = Signal(_bits(SW), name=f"s_left{b}")
-            s_plane = Signal(_bits(K), name=f"s_plane{b}")
-            s_row = Signal(_bits(R), name=f"s_row{b}")
-            s_err = Signal(name=f"s_err{b}")
-            # output FIFO; a read is issued only with room for it, so the SRAM
-            # output never needs to be held (credit = depth - level - in flight)
-            ofifo = fifo.SyncFIFOBuffered(width=self.beat_layout.size, depth=4)
-            m.submodules[f"ofifo{b}"] = ofifo
-            p1_valid = Signal(name=f"p1_valid{b}")
-            p1_meta = Signal(self.beat_layout, name=f"p1_meta{b}")
-            issue = Signal(name=f"issue{b}")
-            m.d.comb += issue.eq(active & (ofifo.level + p1_valid < 4))
-            m.d.comb += pe_busy[b].eq(issue & ~s_err)
-            last_issue = issue & (s_left == 0)
+            s = ReadSession(slots=S, slot_words=SW, dense_words=D, words=W,
+                            slice_bits=self.slice_bits, lanes=self.lanes, planes=self.planes,
+                            out_depth=self.out_depth)
+            m.submodules[f"read{b}"] = s
+            wiring.connect(m, wiring.flipped(self.rd_cmd[b]), s.cmd)
+            wiring.connect(m, s.beat, wiring.flipped(self.rd[b]))
+            m.d.comb += [s.open_mask.eq(open_mask), s.ram_data.eq(ram_q[b]),
+                         self.probe_start[b].eq(s.start),
+                         self.probe_start_ok[b].eq(s.start_ok)]
+            sess.append(s)
+        reading = Signal(S + 1)
+        acc = Const(0, S + 1)
+        for s in sess:
+            acc = acc | s.reading
+        m.d.comb += reading.eq(acc)
 
-            c = cmd.payload
-            bad = Signal(name=f"bad{b}")
-            m.d.comb += bad.eq(covered.bit_select(c.slot, 1) | (c.plane >= K)
-                               | (c.plane * R + c.len >= SW) | (c.slot >= S))
-            m.d.comb += cmd.ready.eq((~active | last_issue) & ~filling.bit_select(c.slot, 1)
-                                     & ~bnd_fire)
-            with m.If(issue):
-                m.d.sync += [s_addr.eq(s_addr + 1), s_left.eq(s_left - 1)]
-                with m.If(s_row == R - 1):
-                    m.d.sync += [s_row.eq(0), s_plane.eq(s_plane + 1)]
-                with m.Else():
-                    m.d.sync += s_row.eq(s_row + 1)
-                with m.If(s_left == 0):
-                    m.d.sync += active.eq(0)
-            with m.If(cmd.valid & cmd.ready):
-                m.d.sync += [active.eq(1), s_slot.eq(c.slot), s_err.eq(bad), s_left.eq(c.len),
-                             s_addr.eq(c.slot * SW + c.plane * R), s_plane.eq(c.plane),
-                             s_row.eq(0)]
-            reading_terms.append(Cat(*[active & (s_slot == j) for j in range(S)]))
-
-            # stage 1: SRAM read; stage 2: into the output FIFO
-            m.d.sync += [p1_valid.eq(issue),
-                         p1_meta.plane.eq(Mux(s_err, 0, s_plane)),
-                         p1_meta.row.eq(Mux(s_err, 0, s_row)),
-                         p1_meta.last.eq(s_left == 0), p1_meta.error.eq(s_err)]
-            kv_rd_here = Signal(name=f"kv_rd{b}")
-            m.d.comb += rp.en.eq(pe_busy[b] | kv_rd_here)
-            beat = Signal(self.beat_layout, name=f"beat{b}")
-            m.d.comb += [beat.eq(p1_meta), beat.data.eq(Mux(p1_meta.error, 0, rp.data)),
-                         ofifo.w_data.eq(beat), ofifo.w_en.eq(p1_valid),
-                         out.payload.eq(ofifo.r_data), out.valid.eq(ofifo.r_rdy),
-                         ofifo.r_en.eq(out.ready)]
-            rports[b] = (rp, kv_rd_here, s_addr)
-
-        reading_or = reading_terms[0]
-        for t in reading_terms[1:]:
-            reading_or = reading_or | t
-        m.d.comb += reading.eq(reading_or)
-
-        # ---- KV port -------------------------------------------------------------
-        kv_op = Signal(self.kv_layout)
-        kv_err = Signal()
-        kv_rd_wait = Signal()                          # read data arrives this cycle
-        kv_rd_bank = Signal(_bits(B))
-        kv_go = Signal()
-        m.d.comb += self.kv.ready.eq(~kv_busy & ~kv_rd_wait & ~self.kv_rsp.valid & ~bnd_fire)
+        # ---- KV port ------------------------------------------------------------------
+        k_busy, k_err, k_write = Signal(), Signal(), Signal()
+        k_addr = Signal(range(W))
+        k_data = Signal(self.sv_bits)
+        k_bank = Signal(B)
+        k_pipe = Signal(READ_LATENCY)     # a KV read is in the SRAM pipeline
+        k_rbank = [Signal(B, name=f"k_rbank{i}") for i in range(READ_LATENCY)]
+        move_idle = Signal()
+        m.d.comb += self.kv.ready.eq(~k_busy & ~self.kv_rsp.valid & (k_pipe == 0) & move_idle)
+        kp = self.kv.payload
         with m.If(self.kv.valid & self.kv.ready):
-            m.d.sync += [kv_op.eq(self.kv.payload), kv_busy.eq(1),
-                         kv_err.eq(self.kv.payload.addr >= bnd)]
-        kv_bank_free = Signal()
-        m.d.comb += kv_bank_free.eq(~Cat(*pe_busy).bit_select(kv_op.bank, 1))
-        m.d.comb += kv_go.eq(kv_busy & (kv_err | kv_bank_free))
-        kv_use = [Signal(name=f"kv_use{b}") for b in range(B)]
+            m.d.sync += [k_busy.eq(1), k_write.eq(kp.write), k_addr.eq(kp.addr),
+                         k_data.eq(kp.data), k_bank.eq(_onehot(kp.bank, B)),
+                         k_err.eq((kp.addr < kv_lo) | (kp.bank >= B))]
+        kv_req = [Signal(name=f"kv_req{b}") for b in range(B)]
         for b in range(B):
-            m.d.comb += kv_use[b].eq(kv_busy & ~kv_err & (kv_op.bank == b))
-            # Plain Mux expressions, not `with m.If` overrides, for the SRAM
-            # ports: Yosys turns an If into an `always @*` block, which Icarus
-            # (-g2012) never evaluates while its inputs keep their time-0
-            # values, leaving the address X until then.
-            rp, kv_rd_here, s_addr = rports[b]
-            m.d.comb += kv_rd_here.eq(kv_go & ~kv_err & ~kv_op.write & (kv_op.bank == b))
-            m.d.comb += rp.addr.eq(Mux(kv_rd_here, kv_op.addr, s_addr))
+            m.d.comb += kv_req[b].eq(k_busy & ~k_err & k_bank[b])
+
+        # ---- fill path: slice -> decoder -> queue -> head ---------------------------------
+        m.submodules.fill_slice = fsl = RegisterSlice(self.fill_t)
+        wiring.connect(m, wiring.flipped(self.fill), fsl.i)
+        m.submodules.fill_dec = dec = self.fill_decoder_cls(
+            slots=S, slot_words=SW, dense_words=D, words=W, banks=B, fill_words=FW,
+            sv_bits=self.sv_bits)
+        wiring.connect(m, fsl.o, dec.i)
+        op_t = dec.op_t
+        m.submodules.fill_fifo = ff = fifo.SyncFIFOBuffered(width=op_t.as_shape().size,
+                                                            depth=self.fill_depth)
+        m.d.comb += [ff.w_data.eq(dec.o.payload), ff.w_en.eq(dec.o.valid),
+                     dec.o.ready.eq(ff.w_rdy)]
+        head = Signal(op_t)
+        m.d.comb += head.eq(ff.r_data)
+        hv_ = ff.r_rdy
+
+        # head state: READY (no fill open at the head) -> CLAIMED -> ACTIVE -> READY
+        READY, CLAIMED, ACTIVE = 0, 1, 2
+        h_state = Signal(2)
+        h_refused = Signal()
+        h_reason = Signal(FillResultCode)
+        end_q = Signal(data.StructLayout({"v": 1, "commit": 1, "onehot": S + 1,
+                                          "rkind": HBRegionKind, "slot": range(max(2, S)),
+                                          "result": FillResultCode}))
+        claim = Signal()
+        check = Signal()
+        m.d.comb += [claim.eq(hv_ & head.data & head.first & (h_state == READY) & ~end_q.v),
+                     check.eq(hv_ & head.data & (h_state == CLAIMED))]
+        data_here = hv_ & head.data & (h_state == ACTIVE)
+        fill_want = Signal()
+        discard = Signal()
+        m.d.comb += [fill_want.eq(data_here & head.write & ~h_refused),
+                     discard.eq(data_here & ~(head.write & ~h_refused))]
+        end_now = Signal()
+        m.d.comb += end_now.eq(hv_ & ~head.data & (head.stray | (h_state == ACTIVE)))
+
+        # arbitration (module docstring): fill slot -> fill, KV, read; else KV, read, fill
+        read_req = [s.req for s in sess]
+        busy_g = Cat(*[Cat(*[read_req[b] | kv_req[b] for b in range(g * FW, (g + 1) * FW)]).any()
+                       for g in range(G)])
+        slot_now = (phase & head.phase).any()
+        group_free = ~(busy_g & head.group).any()
+        fill_go = Signal()
+        m.d.comb += fill_go.eq(fill_want & (slot_now | group_free))
+        m.d.comb += self.probe_fill_wait.eq(fill_want & ~fill_go)
+        fgo = [Signal(name=f"fgo{b}") for b in range(B)]
+        kv_go = [Signal(name=f"kv_go{b}") for b in range(B)]
+        for b in range(B):
+            s = sess[b]
+            m.d.comb += [fgo[b].eq(fill_go & head.group[b // FW]),
+                         kv_go[b].eq(kv_req[b] & ~fgo[b]),
+                         s.go.eq(read_req[b] & ~kv_req[b] & ~fgo[b])]
+            kv_rd = kv_go[b] & ~k_write
+            kv_wr = kv_go[b] & k_write
+            m.d.sync += [ram_ren[b].eq(s.go | kv_rd),
+                         ram_wen[b].eq(fgo[b] | kv_wr),
+                         ram_addr[b].eq(Mux(kv_go[b], k_addr, Mux(s.go, s.addr, head.addr))),
+                         ram_wdata[b].eq(Mux(kv_wr, k_data, head.words[b % FW]))]
+
+        pop = Signal()
+        m.d.comb += [pop.eq(fill_go | discard | end_now), ff.r_en.eq(pop)]
+
+        # ---- KV completion --------------------------------------------------------------
+        kv_any_go = Cat(*kv_go).any()
+        kv_rd_go = kv_any_go & ~k_write
+        m.d.sync += k_pipe.eq(Cat(kv_rd_go, k_pipe[:-1]))
+        m.d.sync += k_rbank[0].eq(k_bank)
+        for i in range(1, READ_LATENCY):
+            m.d.sync += k_rbank[i].eq(k_rbank[i - 1])
         with m.If(self.kv_rsp.ready):
             m.d.sync += self.kv_rsp.valid.eq(0)
-        with m.If(kv_go):
-            m.d.sync += kv_busy.eq(0)
-            with m.If(kv_err | kv_op.write):
-                m.d.sync += [self.kv_rsp.valid.eq(1), self.kv_rsp.payload.error.eq(kv_err),
+        with m.If(k_busy & k_err):
+            m.d.sync += [k_busy.eq(0), self.kv_rsp.valid.eq(1),
+                         self.kv_rsp.payload.error.eq(1), self.kv_rsp.payload.data.eq(0)]
+        with m.If(kv_any_go):
+            m.d.sync += k_busy.eq(0)
+            with m.If(k_write):
+                m.d.sync += [self.kv_rsp.valid.eq(1), self.kv_rsp.payload.error.eq(0),
                              self.kv_rsp.payload.data.eq(0)]
-            with m.Else():
-                m.d.sync += [kv_rd_wait.eq(1), kv_rd_bank.eq(kv_op.bank)]
-        with m.If(kv_rd_wait):
-            m.d.sync += [kv_rd_wait.eq(0), self.kv_rsp.valid.eq(1),
-                         self.kv_rsp.payload.error.eq(0)]
-            with m.Switch(kv_rd_bank):
-                for b in range(B):
-                    with m.Case(b):
-                        m.d.sync += self.kv_rsp.payload.data.eq(rports[b][0].data)
+        with m.If(k_pipe[-1]):
+            sel = Const(0, self.sv_bits)
+            for b in range(B):
+                sel = sel | Mux(k_rbank[-1][b], ram_q[b], 0)
+            m.d.sync += [self.kv_rsp.valid.eq(1), self.kv_rsp.payload.error.eq(0),
+                         self.kv_rsp.payload.data.eq(sel)]
 
-        # ---- fill FIFO -------------------------------------------------------------
-        ff = fifo.SyncFIFOBuffered(width=self.fill_layout.size, depth=self.fill_depth)
-        m.submodules.fill_fifo = ff
-        fin = self.fill.payload
-        acc = Signal()
-        m.d.comb += [ff.w_data.eq(fin), ff.w_en.eq(self.fill.valid),
-                     self.fill.ready.eq(ff.w_rdy), acc.eq(self.fill.valid & ff.w_rdy)]
-        head = Signal(self.fill_layout)
-        m.d.comb += head.eq(ff.r_data)
-        head_cov = covered.bit_select(head.slot, 1)
-        is_data = head.kind == FillBeatKind.DATA
-        target = [Signal(name=f"fill_target{b}") for b in range(B)]
-        blocked = Signal()
-        block_terms = []
-        for b in range(B):
-            m.d.comb += target[b].eq(is_data & ~head_cov & (head.bank == (b // FW) * FW))
-            block_terms.append(target[b] & (pe_busy[b] | kv_use[b]))
-        m.d.comb += blocked.eq(Cat(*block_terms).any() | reading.bit_select(head.slot, 1))
-        pop = Signal()
-        m.d.comb += [pop.eq(ff.r_rdy & ~blocked), ff.r_en.eq(pop)]
-        for b in range(B):
-            wp = wports[b]
-            kv_wr = kv_go & ~kv_err & kv_op.write & (kv_op.bank == b)
-            fill_addr = head.slot * SW + head.plane * R + head.row
-            m.d.comb += [wp.addr.eq(Mux(kv_wr, kv_op.addr, fill_addr)),
-                         wp.data.eq(Mux(kv_wr, kv_op.data, head.data[b % FW])),
-                         wp.en.eq(kv_wr | (pop & target[b]))]
+        # ---- fill head: claim, check, end ---------------------------------------------------
+        claim_clr = Signal(S + 1)
+        m.d.comb += claim_clr.eq(Mux(claim, head.onehot, 0))
+        with m.If(claim):
+            cov_hit = ((covered | pend) & head.onehot[:S]).any()
+            m.d.sync += [h_state.eq(CLAIMED), h_refused.eq(cov_hit),
+                         h_reason.eq(FillResultCode.COVERED)]
+        with m.If(check):
+            busy_hit = self.busy_at_check(reading, head.onehot)
+            m.d.sync += h_state.eq(ACTIVE)
+            with m.If(~h_refused & busy_hit):
+                m.d.sync += [h_refused.eq(1), h_reason.eq(FillResultCode.BUSY)]
+        result = Signal(FillResultCode)
+        # a refused fill wrote nothing: say so, whatever its beats said
+        m.d.comb += result.eq(Mux(h_refused & ~head.stray, h_reason, head.result))
+        m.d.sync += end_q.v.eq(end_now)
+        with m.If(end_now):
+            m.d.sync += [end_q.commit.eq(result == FillResultCode.COMMITTED),
+                         end_q.onehot.eq(head.onehot), end_q.rkind.eq(head.rkind),
+                         end_q.slot.eq(head.slot), end_q.result.eq(result)]
+            with m.If(~head.stray):
+                m.d.sync += [h_state.eq(READY), h_refused.eq(0)]
+        m.d.comb += [self.fill_done.valid.eq(end_q.v),
+                     self.fill_done.region.eq(end_q.rkind),
+                     self.fill_done.slot.eq(end_q.slot),
+                     self.fill_done.result.eq(end_q.result),
+                     self.commit.valid.eq(end_q.v & end_q.commit
+                                          & (end_q.rkind == HBRegionKind.EXPERT)),
+                     self.commit.slot.eq(end_q.slot)]
+        end_set = Signal(S + 1)
+        end_clr = Signal(S + 1)
+        m.d.comb += [end_set.eq(Mux(end_q.v & end_q.commit, end_q.onehot, 0)),
+                     end_clr.eq(Mux(end_q.v, end_q.onehot, 0))]
+        m.d.sync += filling.eq((filling & ~end_clr) | claim_clr)
 
-        # per-slot counters, open flags and valid bits
-        commit = Signal(S)
-        clear = Signal(S)
-        for j in range(S):
-            inc = acc & (fin.slot == j)
-            dec = pop & (head.slot == j)
-            m.d.sync += fill_cnt[j].eq(fill_cnt[j] + inc - dec)
-            with m.If(inc):
-                m.d.sync += fill_open[j].eq(fin.kind == FillBeatKind.DATA)
-            m.d.comb += [clear[j].eq(inc),
-                         commit[j].eq(dec & (head.kind == FillBeatKind.COMMIT) & ~head_cov)]
-        m.d.sync += valid.eq((valid | commit) & ~clear & ~Mux(bnd_fire, newly, 0))
+        # ---- boundary moves (two phases) ----------------------------------------------------
+        IDLE, EVAL, WAIT = 0, 1, 2
+        mv_state = Signal(2)
+        mv_new = Signal(range(W + 1))
+        mv_cov = Signal(S)
+        mv_err = Signal()
+        m.d.comb += [move_idle.eq(mv_state == IDLE),
+                     self.boundary.ready.eq((mv_state == IDLE) & ~self.moved.valid)]
+        with m.If(self.moved.ready):
+            m.d.sync += self.moved.valid.eq(0)
+        with m.If(self.boundary.valid & self.boundary.ready):
+            m.d.sync += [mv_new.eq(self.boundary.payload), mv_state.eq(EVAL)]
+        thr = self.covered_thresholds()
+        with m.If(mv_state == EVAL):
+            cov_new = Cat(*[mv_new > t if t >= 0 else Const(1) for t in thr])
+            err = mv_new > self.kv_limit
+            m.d.sync += [mv_cov.eq(cov_new), mv_err.eq(err), mv_state.eq(WAIT),
+                         pend.eq(Mux(err, 0, cov_new ^ covered))]
+        newly = mv_cov & ~covered
+        blocked = ((pend & (reading[:S] | filling[:S])).any() | k_busy | (k_pipe != 0))
+        apply_ = Signal()
+        m.d.comb += apply_.eq((mv_state == WAIT) & (mv_err | ~blocked))
+        move_clr = Signal(S)
+        m.d.comb += move_clr.eq(Mux(apply_ & ~mv_err, newly, 0))
+        with m.If(apply_):
+            m.d.sync += [mv_state.eq(IDLE), pend.eq(0), self.moved.valid.eq(1),
+                         self.moved.payload.error.eq(mv_err),
+                         self.moved.payload.kv_words.eq(Mux(mv_err, kv_q, mv_new)),
+                         self.moved.payload.covered.eq(Mux(mv_err, 0, newly)),
+                         self.moved.payload.invalidated.eq(Mux(mv_err, 0, newly & valid))]
+            with m.If(~mv_err):
+                m.d.sync += [covered.eq(mv_cov), kv_q.eq(mv_new), kv_lo.eq(W - mv_new)]
+
+        # ---- valid bits: commit sets, a claim or a covering move clears -------------------
+        m.d.sync += [valid.eq((valid | end_set[:S]) & ~claim_clr[:S] & ~move_clr),
+                     dense_valid.eq((dense_valid | end_set[S]) & ~claim_clr[S])]
         return m
 
 
 def hb_params(cfg) -> dict:
-    """Elaboration parameters of :class:`HBBank` for a Config: ``k`` = MSB half
-    of the planes, fill beat = one AXI beat of the stream engine."""
-    _, fw = axi_beat_words(cfg.axi_data_bits, cfg.slice_vector_bits, cfg.pes)
+    """Elaboration parameters of :class:`HBBank` for a Config (geometry from
+    ``Config``/``golden/layout.py``; fill beat = one AXI beat)."""
     return dict(banks=cfg.pes, words=cfg.hb_words, slots=cfg.tag_slots,
-                planes=hb_planes_for(cfg.slice_bits), lanes=cfg.lanes,
-                slice_bits=cfg.slice_bits, fill_words=fw, fill_depth=8)
+                slot_words=cfg.slot_words, dense_words=cfg.dense_words, lanes=cfg.lanes,
+                slice_bits=cfg.slice_bits, fill_words=cfg.fill_words, fill_depth=cfg.fill_depth)
+
+
+# ---------------------------------------------------------------------------------------
+# Names the stream engine (hw/ext_stream.py) still imports; they go when it
+# moves to hw/vocab.FillBeat (branch blk-ext).
+_bits = bits
+
+
+def fill_layout(sv_bits, fill_words, slots, planes, rows, banks):
+    """Old fill-beat layout of the stream engine (superseded by ``hw.vocab.FillBeat``)."""
+    return data.StructLayout({
+        "kind": FillBeatKind, "slot": unsigned(bits(slots)), "plane": unsigned(bits(planes)),
+        "row": unsigned(bits(rows)), "bank": unsigned(bits(banks)),
+        "data": data.ArrayLayout(unsigned(sv_bits), fill_words)})
 
 
 def _register():
     from ..blocks import Block
     return [Block("hb_bank", "elmoe3d_hb_bank",
-                  "HB bank controller: banked SRAM, PE read streams, fill FIFO, KV port, boundary",
-                  hb_params, HBBank, order=40)]
+                  "HB bank controller: banked SRAM, PE read streams, fill queue, KV port, "
+                  "KV boundary", hb_params, HBBank, order=40)]
 
 
 BLOCK_SPECS = _register()

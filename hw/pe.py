@@ -1,8 +1,10 @@
 """LSB-augmented bit-slice processing element (PE) and its two baselines.
 
 The PE multiplies ``L`` INT8 activations by ``L`` weight slices per cycle and
-accumulates across beats and slice planes. See :mod:`elmoe3d.golden.bitslice`
-for the arithmetic it must match bit for bit.
+accumulates across beats and slice planes. :mod:`elmoe3d.golden.bitslice` is
+its specification: the arithmetic (:func:`~elmoe3d.golden.bitslice.dot`) and
+the rule that says which beat sequences are one dot product
+(:func:`~elmoe3d.golden.bitslice.check_beats`).
 
 Why a *field*, and where the rounding bit comes from
 ----------------------------------------------------
@@ -21,110 +23,39 @@ round-to-nearest at the cost of one AND gate per PE: the mode decides ``r``.
 
 When more than one plane is kept (``k > 1``, only possible with ``s < 4``), the
 last kept plane is unsigned and has no spare low bit; the PE then adds
-``sum(a) << (shift - 1)`` from a small activation adder tree, generated only
+``sum(a) << (shift - 1)``: one more partial-product row (the activations,
+gated by the rounding bit) in a tree that counts half-units, generated only
 when ``n > 2``.
+
+Pipeline (the PE family's common scheme, :mod:`elmoe3d.hw.pe_pipeline`)
+-------------------------------------------------------------------------
+``a_`` input register (the raw beat) -> ``d_`` decode: the fields
+``{m, r}`` / ``{0, l}`` (the rounding bit from mode, plane and keep) ->
+``t*_`` the ``L * (s + 1)`` partial products (field bit ``k`` AND
+activation, the sign row subtracted) summed by a tree with a register after
+every ``levels_per_stage`` adder levels -> ``x_`` the plane's shift -> the
+accumulator and result register -> a credit-managed result FIFO. The rule
+checker (:class:`~elmoe3d.hw.pe_pipeline.SequenceCheck`) runs beside ``d_``
+and ``e_``. Nothing stalls inside; ``i.ready`` is low only while every
+result slot is taken.
 """
 
 from __future__ import annotations
 
-import math
-
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, enum, stream, wiring
-from amaranth.lib.wiring import In, Out
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 
 from ..golden import bitslice as gbs
-from .common import adder_tree, check_int
+from .pe_pipeline import (PipelinedMAC, LengthCheck, SequenceCheck, Term, mux_tree,
+                          pipelined_sum, tree_stages)
+from .vocab import PEMode, int8_beat, pe_beat
 
-__all__ = ["PEMode", "BitSlicePE", "Int8MacVector", "pe_input_layout", "pe_output_layout"]
+__all__ = ["PEMode", "BitSlicePE", "Int8MacVector", "LEVELS_PER_STAGE"]
 
-
-class PEMode(enum.Enum, shape=2):
-    """PE precision mode; values equal :class:`elmoe3d.golden.bitslice.Mode`."""
-    FULL = int(gbs.Mode.FULL)
-    DRAFT = int(gbs.Mode.DRAFT)
-    MSB = int(gbs.Mode.MSB)
-    LSB = int(gbs.Mode.LSB)
+#: Adder-tree levels between pipeline registers in every PE-family block.
+LEVELS_PER_STAGE = 1
 
 
-def _plane_bits(n: int) -> int:
-    return max(1, math.ceil(math.log2(n)))
-
-
-def pe_input_layout(lanes: int, slice_bits: int) -> data.StructLayout:
-    """One PE beat: a slice vector (``slices``, lane 0 in the low bits, and its
-    ``plane``, 0 = MSB) with the activations it multiplies, the mode, the
-    number of kept planes, and ``last`` closing the dot product."""
-    n = gbs.n_planes(slice_bits)
-    return data.StructLayout({
-        "act": data.ArrayLayout(signed(8), lanes),
-        "slices": data.ArrayLayout(unsigned(slice_bits), lanes),
-        "plane": unsigned(_plane_bits(n)),
-        "mode": PEMode,
-        "keep": unsigned(n.bit_length()),
-        "last": unsigned(1),
-    })
-
-
-def pe_output_layout(acc_width: int) -> data.StructLayout:
-    return data.StructLayout({"value": signed(acc_width), "error": unsigned(1)})
-
-
-def _pipeline_ctrl(m: Module, o) -> Signal:
-    """Global-stall control of a 3-stage pipeline feeding one output register:
-    everything advances when the output register is empty or being read."""
-    adv = Signal()
-    m.d.comb += adv.eq(~o.valid | o.ready)
-    return adv
-
-
-def _accumulate(m: Module, adv, o, width: int, max_beats: int, term, valid, last, bad_beat):
-    """Last pipeline stage shared by the PE and its baselines: accumulate
-    ``term`` into a ``width``-bit signed register, count beats, and load the
-    output register on ``last``. The error flag is sticky within a dot product
-    and set by a bad beat or by more than ``max_beats`` beats."""
-    acc = Signal(signed(width))
-    acc_next = Signal(signed(width))
-    fresh = Signal(init=1)                   # the next beat starts a dot product
-    bad = Signal()
-    beats = Signal(range(max_beats + 1))
-    m.d.comb += acc_next.eq(Mux(fresh, 0, acc) + term)
-    over = Mux(fresh, 0, beats) >= max_beats
-    bad_next = Mux(fresh, 0, bad) | bad_beat | over
-    with m.If(adv):
-        with m.If(valid):
-            m.d.sync += [acc.eq(acc_next), bad.eq(bad_next), fresh.eq(last),
-                         beats.eq(Mux(over, beats, Mux(fresh, 0, beats) + 1))]
-        m.d.sync += [o.valid.eq(valid & last),
-                     o.payload.value.eq(acc_next),
-                     o.payload.error.eq(bad_next)]
-
-
-class _VectorMAC(wiring.Component):
-    """Common constructor of the PE and its baselines: validated lanes and
-    length, the accumulator width, the beat limit, and the stream ports."""
-
-    def __init__(self, in_layout_fn, *, lanes: int, max_len: int, beats_per_chunk: int = 1):
-        check_int("Lane count", lanes, 1, 1024)
-        check_int("Maximum dot-product length", max_len, 1)
-        self.lanes = lanes
-        self.max_len = max_len
-        self.acc_width = gbs.acc_width(max_len)
-        self.max_beats = -(-max_len // lanes) * beats_per_chunk
-        super().__init__({
-            "i": In(stream.Signature(in_layout_fn())),
-            "o": Out(stream.Signature(pe_output_layout(self.acc_width))),
-        })
-
-    def _begin(self):
-        """Module, global-stall advance signal (``i.ready``) and input payload."""
-        m = Module()
-        adv = _pipeline_ctrl(m, self.o)
-        m.d.comb += self.i.ready.eq(adv)
-        return m, adv, self.i.payload
-
-
-class BitSlicePE(_VectorMAC):
+class BitSlicePE(PipelinedMAC):
     """LSB-augmented bit-slice PE: ``L`` lanes of INT8 x ``(s+1)``-bit field.
 
     Parameters
@@ -134,33 +65,53 @@ class BitSlicePE(_VectorMAC):
     slice_bits : int
         ``s`` = 1, 2 or 4 (default 4: signed MSB nibble, unsigned LSB nibble).
     max_len : int
-        Longest dot product in elements; sets the accumulator width
-        (:func:`elmoe3d.golden.bitslice.acc_width`) so no valid dot product
-        can overflow, and the beat limit ``ceil(max_len / L) * n`` past which
-        a result is flagged as an error.
+        Longest dot product in elements: at most ``C = ceil(max_len / L)``
+        chunks per plane (:func:`elmoe3d.golden.bitslice.max_chunks`); the
+        accumulator (:func:`elmoe3d.golden.bitslice.acc_width`) holds every
+        dot product of ``C * L`` elements, so none that is accepted overflows.
     augment : bool
         ``True``: LSB-augmented (DRAFT rounds). ``False``: the plain bit-slice
         baseline, identical except that DRAFT rounds nothing (it computes
         MSB truncation).
+    levels_per_stage : int
+        Adder-tree levels between registers (default :data:`LEVELS_PER_STAGE`).
 
     Members
     -------
-    i : ``In(stream.Signature(pe_input_layout(L, s)))``
-        Beats. Any number of beats, in any plane order, form one dot product
-        up to and including the beat with ``last``. ``mode``/``keep`` select
-        rounding: DRAFT rounds on beats of plane ``keep - 1``.
-    o : ``Out(stream.Signature(pe_output_layout(w)))``
-        One result per dot product. ``error`` is set (and ``value``
-        unspecified) when a beat's plane is outside its mode's planes
-        (``plane_range``), ``keep`` is out of ``1 .. n-1`` in a partial mode,
-        or the dot product is longer than the beat limit; the next dot
-        product starts clean.
+    i : ``In(stream.Signature(PEBeat))``
+        ``act[L]`` (INT8), ``sv`` (``SliceVector``: ``slices[L]``, ``plane``),
+        ``mode``, ``keep``, ``last``. A dot product is the beats of one weight
+        row in consumption order (``golden.layout.weight_beats``): for each
+        plane of ``plane_range(s, mode, keep)``, increasing, all ``C`` chunks,
+        the same ``C`` for every plane, ``1 <= C <= ceil(max_len / L)``, one
+        mode (and, except in FULL, one ``keep``) throughout, ``last`` on its
+        final beat. DRAFT rounds on the beats of plane ``keep - 1``.
+    o : ``Out(stream.Signature(PEResult))``
+        One result per ``last`` beat, in order. ``error`` is set (``value``
+        unspecified) when the beats up to that ``last`` break the rule
+        (:class:`elmoe3d.golden.bitslice.SeqError`: a bad ``keep``, a mode
+        change, a wrong first plane, a plane skipped, repeated or out of order,
+        a different chunk count, a missing last plane, too many chunks). The
+        next dot product starts clean; nothing needs a reset.
 
-    Latency and throughput: one beat per cycle, back to back, no bubbles; a
-    result leaves 3 cycles after its ``last`` beat is accepted. A dot product
-    of ``C`` chunks takes ``C * planes`` cycles, so DRAFT with ``k`` of ``n``
-    planes takes exactly ``k/n`` of FULL's cycles. ``i.ready`` is
-    ``~o.valid | o.ready`` (global stall).
+    Attributes
+    ----------
+    latency : int
+        Cycles from the transfer of a ``last`` beat to the transfer of its
+        result with ``o.ready`` high: ``T + 7`` with ``T`` =
+        :attr:`tree_stages` (input register, decode, ``T`` tree stages, plane
+        shift, two accumulator/result stages, two in the result FIFO). 14 at
+        the default (``L = 16``, ``s = 4``, one level per stage: 80 partial
+        products, 7 levels).
+    depth : int
+        Result slots (= ``latency + 1``).
+
+    Throughput: one beat per cycle, back to back, for as long as ``o`` is read
+    every cycle, whatever the lengths of the dot products. A dot product of
+    ``C`` chunks takes ``C * planes`` cycles, so DRAFT with ``k`` of ``n``
+    planes takes exactly ``k/n`` of FULL's cycles. ``i.ready`` is a register
+    (a result slot is free) and ``o`` comes from the FIFO's registers:
+    ``o.ready`` reaches only the FIFO and its credit counter.
 
     Raises
     ------
@@ -168,133 +119,140 @@ class BitSlicePE(_VectorMAC):
         For a parameter of the wrong kind or value, naming it.
     """
 
+    #: The rule checker (a class attribute, so that a test can plant a bug in
+    #: a subclass without a hook in the design).
+    check_cls = SequenceCheck
+
     def __init__(self, *, lanes: int = 16, slice_bits: int = 4, max_len: int = 4096,
-                 augment: bool = True):
+                 augment: bool = True, levels_per_stage: int = LEVELS_PER_STAGE):
         gbs.check_slice_bits(slice_bits)
         if not isinstance(augment, bool):
             raise TypeError(f"augment must be a bool, not {augment!r}")
+        from .common import check_int
+        check_int("Lane count", lanes, 1, 1024)
+        check_int("Adder levels per pipeline stage", levels_per_stage, 1, 16)
         self.slice_bits = slice_bits
         self.planes = gbs.n_planes(slice_bits)
         self.augment = augment
-        super().__init__(lambda: pe_input_layout(lanes, slice_bits), lanes=lanes,
-                         max_len=max_len, beats_per_chunk=self.planes)
+        self.deep = augment and self.planes > 2
+        rows = slice_bits + 1 + (1 if self.deep else 0)
+        self.tree_stages = tree_stages(rows * lanes, levels_per_stage)
+        self.data_stage = self.tree_stages + 2          # a_ = 0, d_ = 1, tree, x_
+        super().__init__(pe_beat(slice_bits, lanes), lanes=lanes, max_len=max_len,
+                         levels_per_stage=levels_per_stage)
+
+    @staticmethod
+    def rounds(beat):
+        """The LSB-augmentation decision for one beat: DRAFT, on the last kept
+        plane (``plane == keep - 1``)."""
+        return (beat.mode == PEMode.DRAFT) & (beat.sv.plane + 1 == beat.keep)
 
     def elaborate(self, platform):
-        m, adv, p = self._begin()
-        L, s, n = self.lanes, self.slice_bits, self.planes
-        deep = self.augment and n > 2        # k > 1 drafts need the activation sum
+        m = Module()
+        a, a_valid = self.frame(m)
+        L, s, n, W = self.lanes, self.slice_bits, self.planes, self.acc_width
+        deep = self.deep
 
-        # ---- stage 0 (combinational): fields, products, beat checks --------
-        is_draft = p.mode == PEMode.DRAFT
-        rnd = Signal()
-        if self.augment:
-            m.d.comb += rnd.eq(is_draft & (p.plane == p.keep - 1))
-        keep_ok = (p.keep >= 1) & (p.keep <= n - 1)
-        plane_ok = Signal()
-        with m.Switch(p.mode):
-            with m.Case(PEMode.FULL):
-                m.d.comb += plane_ok.eq(1)
-            with m.Case(PEMode.DRAFT, PEMode.MSB):
-                m.d.comb += plane_ok.eq(keep_ok & (p.plane < p.keep))
-            with m.Case(PEMode.LSB):
-                m.d.comb += plane_ok.eq(keep_ok & (p.plane >= p.keep))
+        m.submodules.check = check = self.check_cls(slice_bits=s, planes=n,
+                                                    max_chunks=self.max_chunks)
+        m.d.comb += [check.valid.eq(a_valid), check.last.eq(a.last), check.plane.eq(a.sv.plane),
+                     check.mode.eq(a.mode), check.keep.eq(a.keep)]
 
-        is_msb = p.plane == 0
-        r_bit = rnd & is_msb                 # the LSB-augmentation bit
-        fw = signed(s + 1)
-        s1_prod = [Signal(signed(8 + s + 1), name=f"s1_prod{j}") for j in range(L)]
-        s1_plane = Signal.like(p.plane)
-        s1_rdeep = Signal()
-        s1_last = Signal()
-        s1_bad = Signal()
-        s1_valid = Signal()
-        with m.If(adv):
-            for j in range(L):
-                fld = Signal(fw, name=f"field{j}")
-                m.d.comb += fld.eq(Mux(is_msb, Cat(r_bit, p.slices[j]).as_signed(),
-                                       Cat(p.slices[j], Const(0, 1)).as_signed()))
-                m.d.sync += s1_prod[j].eq(p.act[j] * fld)
-            m.d.sync += [
-                s1_plane.eq(p.plane), s1_rdeep.eq(rnd & ~is_msb), s1_last.eq(p.last),
-                s1_bad.eq(~plane_ok), s1_valid.eq(self.i.valid),
-            ]
-            if deep:
-                s1_act = [Signal(signed(8), name=f"s1_act{j}") for j in range(L)]
-                m.d.sync += [s1_act[j].eq(p.act[j]) for j in range(L)]
+        # ---- d_: mode decode and fields ------------------------------------------------
+        is_msb = a.sv.plane == 0
+        rnd = self.rounds(a) if self.augment else Const(0)
+        d_field = [Signal(s + 1, name=f"d_field{j}") for j in range(L)]
+        d_act = [Signal(signed(8), name=f"d_act{j}") for j in range(L)]
+        d_plane = Signal.like(a.sv.plane, name="d_plane")
+        d_rdeep = Signal(name="d_rdeep")
+        for j in range(L):
+            sl = a.sv.slices[j]
+            m.d.sync += [d_field[j].eq(Mux(is_msb, Cat(rnd, sl), Cat(sl, Const(0, 1)))),
+                         d_act[j].eq(a.act[j])]
+        m.d.sync += [d_plane.eq(a.sv.plane), d_rdeep.eq(rnd & ~is_msb)]
 
-        # ---- stage 1: adder trees ---------------------------------------------
-        psum_shape = adder_tree(s1_prod).shape()
-        s2_psum = Signal(psum_shape)
-        s2_plane = Signal.like(s1_plane)
-        s2_rdeep = Signal()
-        s2_last = Signal()
-        s2_bad = Signal()
-        s2_valid = Signal()
-        with m.If(adv):
-            m.d.sync += [s2_psum.eq(adder_tree(s1_prod)), s2_plane.eq(s1_plane),
-                         s2_rdeep.eq(s1_rdeep), s2_last.eq(s1_last), s2_bad.eq(s1_bad),
-                         s2_valid.eq(s1_valid)]
-            if deep:
-                s2_asum = Signal(adder_tree(s1_act).shape())
-                m.d.sync += s2_asum.eq(adder_tree(s1_act))
+        # ---- t_: partial products -> registered adder tree ------------------------------
+        # Field bit k of lane j adds act_j << k; bit s is the sign bit of the
+        # signed MSB field {m, r} (always 0 in {0, l}) and is subtracted. With
+        # `deep` the tree counts half-units: the field rows move up one bit and
+        # the activations, gated by the rounding bit, form one more row.
+        u = 1 if deep else 0
+        terms = [Term(Mux(d_field[j][k], d_act[j], 0), k + u, neg=(k == s))
+                 for k in range(s + 1) for j in range(L)]
+        if deep:
+            terms += [Term(Mux(d_rdeep, d_act[j], 0), 0) for j in range(L)]
+        psum, stages = pipelined_sum(m, terms, levels_per_stage=self.levels_per_stage,
+                                     name="t")
+        assert stages == self.tree_stages, (stages, self.tree_stages)
+        t_plane = d_plane
+        for k in range(stages):
+            r = Signal.like(t_plane, name=f"t{k}_plane")
+            m.d.sync += r.eq(t_plane)
+            t_plane = r
+        total = psum.value << psum.shift if psum.shift else psum.value
 
-        # ---- stage 2: plane shift and accumulate -------------------------------
-        W = self.acc_width
-        term = Signal(signed(W))
-        with m.Switch(s2_plane):
-            for q in range(n):
-                with m.Case(q):
-                    t = s2_psum << gbs.field_shift(q, s)
-                    if deep and 0 < q < n - 1:   # plane n-1 is never the last kept one
-                        t = t + Mux(s2_rdeep, s2_asum << (gbs.field_shift(q, s) - 1), 0)
-                    m.d.comb += term.eq(t)
-        _accumulate(m, adv, self.o, W, self.max_beats, term, s2_valid, s2_last, s2_bad)
+        # ---- x_: the plane's shift -------------------------------------------------------
+        opts = []
+        for q in range(n):
+            sh = gbs.field_shift(q, s) - u
+            opts.append(total << sh if sh >= 0 else total >> 1)   # exact: even there
+        x_term = Signal(signed(W), name="x_term")
+        m.d.sync += x_term.eq(mux_tree(t_plane, opts) if n > 1 else opts[0])
+
+        self.finish(m, check, x_term, stages + 2)
         return m
 
 
-def int8_input_layout(lanes: int) -> data.StructLayout:
-    return data.StructLayout({
-        "act": data.ArrayLayout(signed(8), lanes),
-        "weight": data.ArrayLayout(signed(8), lanes),
-        "last": unsigned(1),
-    })
-
-
-class Int8MacVector(_VectorMAC):
+class Int8MacVector(PipelinedMAC):
     """Baseline: bit-parallel INT8 x INT8 MAC vector unit with ``L`` lanes.
 
-    Same pipeline, stream protocol and accumulator sizing as
-    :class:`BitSlicePE`, but each beat carries whole INT8 weights, so FULL
-    precision takes one beat per chunk instead of ``n``. It has no draft
-    mode: a lower-precision draft would need a second weight copy.
+    Same pipelining as :class:`BitSlicePE` (input register, partial-product
+    rows of the 8 weight bits summed by the same registered tree, the same
+    accumulator and credit-managed result buffer), but each beat carries
+    whole INT8 weights, so FULL precision takes one beat per chunk instead of
+    ``n``. It has no draft mode: a lower-precision draft would need a second
+    weight copy. It needs no decode stage.
 
     Members
     -------
-    i : ``In(stream.Signature(int8_input_layout(L)))``
-    o : ``Out(stream.Signature(pe_output_layout(w)))`` (``error`` when longer
-        than ``ceil(max_len / L)`` beats).
+    i : ``In(stream.Signature(Int8Beat))``
+        ``act[L]``, ``weight[L]`` (INT8), ``last``. A dot product is 1 ..
+        ``ceil(max_len / L)`` beats closed by ``last``
+        (:func:`elmoe3d.golden.bitslice.mac_result`).
+    o : ``Out(stream.Signature(PEResult))``
+        ``error`` (``value`` unspecified) when longer.
 
-    Latency 3 cycles after ``last``; one beat per cycle.
+    Latency ``T + 5`` cycles (12 at ``L = 16``: 128 partial products, 7
+    levels; ``max(T, 3) + 5`` for tiny ``L``, where the rule checker's three
+    stages are the longer path); one beat per cycle; ``i.ready`` a register,
+    as the PE.
     """
 
-    def __init__(self, *, lanes: int = 16, max_len: int = 4096):
-        super().__init__(lambda: int8_input_layout(lanes), lanes=lanes, max_len=max_len)
+    def __init__(self, *, lanes: int = 16, max_len: int = 4096,
+                 levels_per_stage: int = LEVELS_PER_STAGE):
+        from .common import check_int
+        check_int("Lane count", lanes, 1, 1024)
+        check_int("Adder levels per pipeline stage", levels_per_stage, 1, 16)
+        self.tree_stages = tree_stages(8 * lanes, levels_per_stage)
+        self.data_stage = self.tree_stages
+        super().__init__(int8_beat(lanes), lanes=lanes, max_len=max_len,
+                         levels_per_stage=levels_per_stage)
 
     def elaborate(self, platform):
-        m, adv, p = self._begin()
+        m = Module()
+        a, a_valid = self.frame(m)
         L = self.lanes
-        s1_prod = [Signal(signed(16), name=f"s1_prod{j}") for j in range(L)]
-        s1_last, s1_valid = Signal(), Signal()
-        with m.If(adv):
-            m.d.sync += [s1_prod[j].eq(p.act[j] * p.weight[j]) for j in range(L)]
-            m.d.sync += [s1_last.eq(p.last), s1_valid.eq(self.i.valid)]
-        s2_psum = Signal(adder_tree(s1_prod).shape())
-        s2_last, s2_valid = Signal(), Signal()
-        with m.If(adv):
-            m.d.sync += [s2_psum.eq(adder_tree(s1_prod)), s2_last.eq(s1_last),
-                         s2_valid.eq(s1_valid)]
-        W = self.acc_width
-        _accumulate(m, adv, self.o, W, self.max_beats, s2_psum, s2_valid, s2_last, 0)
+        m.submodules.check = check = LengthCheck(max_beats=(self.max_chunks,))
+        m.d.comb += [check.valid.eq(a_valid), check.last.eq(a.last)]
+        terms = [Term(Mux(a.weight[j][k], a.act[j], 0), k, neg=(k == 7))
+                 for k in range(8) for j in range(L)]
+        psum, stages = pipelined_sum(m, terms, levels_per_stage=self.levels_per_stage,
+                                     name="t")
+        assert stages == self.tree_stages
+        total = psum.value << psum.shift if psum.shift else psum.value
+        term = Signal(signed(self.acc_width), name="t_term")
+        m.d.comb += term.eq(total)
+        self.finish(m, check, term, stages)
         return m
 
 

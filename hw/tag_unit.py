@@ -1,105 +1,122 @@
-"""Expert-cache tag unit: ``{layer, expert}`` -> slot directory of the HB
-expert cache, with per-slot resident planes, a saturating hotness counter
-(decayed by a shift) and a pin count.
+"""Expert-cache tag unit: the ``{layer, expert}`` -> slot directory of the HB
+expert cache, with per-slot state (FREE / PENDING / RESIDENT), resident
+planes, a saturating hotness counter (decayed by a shift) and a pin count.
 
-The policy is :mod:`elmoe3d.golden.tag_unit`; this component equals it event
-for event (every response field, every command). The opcode and error
-encodings, the response fields and the error rules are documented there.
+The policy - *what* every command does and chooses - is
+:mod:`elmoe3d.golden.tag_unit`; this component equals it event for event
+(every response field, every command, the ``resident`` / ``pending`` masks
+every cycle). This docstring states *when*.
 
-How the lookup stays one per cycle
-----------------------------------
-Every command executes in a single compute stage (``x_``) against the slot
-registers, and the slot registers are written at the same clock edge that
-moves the command's response into the output register. The next command in
-``x_`` therefore always sees the state its predecessors left: there are no
-read-after-write hazards to forward and no stalls, whatever mix of
-operations arrives. The slot index of a hit is the OR of the indices of the
-matching slots (not a priority encoder): at most one valid slot holds a given
-tag, which the formal proof (:mod:`elmoe3d.hw.tag_unit_formal`) checks.
+Ports
+-----
+``i`` (``TagCommand`` stream) in, ``o`` (``TagResponse`` stream) out: one
+response per command, in order. ``commit`` (``SlotStrobe``: ``valid``,
+``slot``) is HB's commit strobe, taken in the cycle it is valid (no
+back-pressure). ``disabled`` (S bits) is HB's registered KV-covered slot mask.
+``resident`` / ``pending`` (S bits) are the slot states for the controller
+and the joined testbench: slot ``s`` is resident in cycle ``t`` exactly when
+HB's ``slot_valid[s]`` is 1 in cycle ``t``.
 
-Victim choice as one argmin
----------------------------
-ALLOCATE wants the lowest-index free slot, else the coldest unpinned slot
-(ties to the lowest index). Both are the same search: a balanced argmin tree
-over the candidates ``pins == 0`` with key ``{valid, hot}`` (a free slot's
-key is forced to 0), where a tie keeps the left (lower-index) operand. A free
-slot's key is below every valid slot's key, so the tree returns the lowest
-free slot when there is one. A pinned slot is never a candidate; a free slot
-is never pinned (PIN of a free slot is refused), so "no candidate" means
-"every slot is valid and pinned". The tree carries each slot's tag along so
-the evicted tag needs no second multiplexer. Its depth grows as
-``log2(S)`` comparator levels, the unit's critical path.
+One cycle, in order
+-------------------
+A command *executes* in one cycle ``t`` (its response is loaded into ``o`` at
+the edge ending ``t``, so it is first valid in ``t + 1``). It sees the slot
+registers as they are at the start of ``t``; at the edge that ends ``t`` take
+effect, in the order of :meth:`elmoe3d.golden.tag_unit.TagUnitModel.step`:
+
+1. the command;
+2. ``disabled`` of cycle ``t``: every slot it covers that holds a tag is freed;
+3. the ``commit`` strobe of cycle ``t``: its slot, if PENDING (after 1 and 2),
+   becomes RESIDENT - the same edge at which HB sets its valid bit.
+
+``resident`` and ``pending`` are the slot registers masked by the current
+``disabled`` (one gate): a slot the KV region covers drops out in the very
+cycle HB's covered mask rises (HB clears its valid bit at that edge), and a
+commit shows in the cycle after its strobe, as HB's valid bit does; so they
+equal HB's ``slot_valid`` in every cycle. A command in the cycle a slot
+becomes covered still sees the slot as the registers hold it (HB refuses any
+read or fill of a covered slot with an error, and the controller orders KV
+moves against LOOKUP_PIN and ALLOCATE anyway, since the same window exists
+one cycle earlier); in exchange no input reaches an execute decision, which
+is what lets the unit close timing.
+
+Latency and throughput
+----------------------
+``i.ready`` is a flip-flop (:class:`~elmoe3d.hw.streams.RegisterSlice` at the
+input) and ``o`` is a register: no combinational path from ``o.ready`` to
+``i.ready``, and no input reaches an execute decision. A command accepted in
+cycle ``a`` reaches the execute stage (``x_``) in ``a + 2``. Three classes:
+
+* **single-cycle** - LOOKUP, TOUCH, DECAY, RESET, STATS and bad opcodes cannot
+  fail on slot state; they execute at once: response valid
+  :attr:`TagUnit.LATENCY` = **3** cycles after the command transfer, **one
+  per cycle, back to back** (each reads the slot registers its predecessor
+  wrote at the previous edge; no hazard). STATS waits while a statistics
+  increment may be in flight (counters add one cycle after the event;
+  commits and slots freed by ``disabled`` two): 4 cycles right behind a
+  counted command, up to 5 behind a commit strobe or a KV move.
+* **two-cycle** - LOOKUP_PIN, INVALIDATE, INVALIDATE_SLOT, PIN, UNPIN, ABORT can
+  fail on slot state (pin limit, pinned, not valid, not pending). In their
+  first cycle in ``x_`` the response and error are computed and registered;
+  they execute in a later cycle in which nothing changed the state since
+  (their second, unless a commit strobe or a ``disabled`` change arrived):
+  latency **4**, one per two cycles.
+* **settling** - ALLOCATE and INVALIDATE_MASK decide from registered
+  summaries of the slot state (the victim, "tag already held", "a masked
+  slot is pinned"). They execute in the first cycle, from their second cycle
+  in ``x_`` on, in which the slot state has been unchanged for
+  :attr:`TagUnit.victim_settle` = ``P`` cycles; while they wait nothing
+  executes. *State changes* are: any executed command other than LOOKUP and
+  STATS, a commit strobe, a change of ``disabled``. Latency **4** cycles when
+  the state has been quiet; ``3 + P`` right behind a state-changing command.
+
+With an always-ready consumer the unit sustains **one LOOKUP/TOUCH per
+cycle**; back-pressure on ``o`` stalls execution (and so the input) only
+while the response register is full.
+
+Victim search as a pipelined argmin
+-----------------------------------
+ALLOCATE wants the lowest-index FREE enabled slot, else the coldest unpinned
+RESIDENT enabled slot (ties to the lowest index). Both are one search: a
+balanced argmin tree over the candidates with key ``{holds a tag, hot}`` (a
+free slot's key is 0, below every held slot's), a tie keeping the left
+(lower-index) operand. The victim depends only on slot state, so the tree
+runs every cycle, unconditionally: its leaves are registered and a register
+follows every comparator level (:attr:`LEVELS_PER_STAGE`), so the root
+reflects the state of ``P = 1 + ceil(log2(S))`` cycles ago (4 at S = 8, 5 at
+S = 16, 6 at S = 32, 8 at S = 128). The settle rule above makes that the
+*current* state whenever ALLOCATE uses it - the formal proof checks the
+chosen victim against a direct search of the current state.
+
+Per-slot updates are local: every slot computes its own saturating
+``hot + amount``, ``hot - (hot >> d)`` and pin increment, and its own write
+enable from the registered tag match, its state bits and the one-hot
+decoded opcode and slot of the command. Freeing a slot clears only its
+"holds a tag" bit (its other fields are unobservable until the next
+ALLOCATE overwrites them). Every response field is an OR of per-opcode terms
+gated by the registered one-hot opcode; the timing class of the command
+(single-cycle / two-cycle / settling) and the "state quiet for P cycles"
+test are flip-flops, so ``fire`` (the command executes) is two LUT levels
+from registers and ``o.ready``. Statistics counters add their increments one
+cycle after the event (effective commit strobes and slots freed by
+``disabled``: two), saturating on the carry out.
 """
 
 from __future__ import annotations
 
+import math
+
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
-from amaranth.lib import data, enum, stream, wiring
+from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..golden import tag_unit as gtu
+from .streams import RegisterSlice
+from .vocab import TagErrorCode, TagOpcode, bits, slot_strobe, tag_command, tag_response
 
-__all__ = ["TagOpcode", "TagErrorCode", "TagUnit", "tag_command_layout",
-           "tag_response_layout"]
+__all__ = ["TagOpcode", "TagErrorCode", "TagUnit", "value_bits"]
 
-
-class TagOpcode(enum.Enum, shape=gtu.OP_BITS):
-    """Tag-unit opcode; values equal :class:`elmoe3d.golden.tag_unit.TagOp`."""
-    LOOKUP = int(gtu.TagOp.LOOKUP)
-    TOUCH = int(gtu.TagOp.TOUCH)
-    DECAY = int(gtu.TagOp.DECAY)
-    ALLOCATE = int(gtu.TagOp.ALLOCATE)
-    INVALIDATE = int(gtu.TagOp.INVALIDATE)
-    PIN = int(gtu.TagOp.PIN)
-    UNPIN = int(gtu.TagOp.UNPIN)
-    RESET = int(gtu.TagOp.RESET)
-    STATS = int(gtu.TagOp.STATS)
-
-
-class TagErrorCode(enum.Enum, shape=gtu.ERROR_BITS):
-    """Response error code; values equal :class:`elmoe3d.golden.tag_unit.TagError`."""
-    OK = int(gtu.TagError.OK)
-    BAD_OP = int(gtu.TagError.BAD_OP)
-    BAD_SLOT = int(gtu.TagError.BAD_SLOT)
-    RESIDENT = int(gtu.TagError.RESIDENT)
-    NO_VICTIM = int(gtu.TagError.NO_VICTIM)
-    NOT_VALID = int(gtu.TagError.NOT_VALID)
-    NOT_PINNED = int(gtu.TagError.NOT_PINNED)
-    PIN_LIMIT = int(gtu.TagError.PIN_LIMIT)
-    PINNED = int(gtu.TagError.PINNED)
-
-
-def value_bits(hot_bits: int, stat_bits: int, pin_bits: int) -> int:
-    """Width of the response ``value`` field (hotness, pin count or counter)."""
-    return max(hot_bits, stat_bits, pin_bits)
-
-
-def tag_command_layout(slots: int, tag_bits: int, hot_bits: int,
-                       plane_bits: int) -> data.StructLayout:
-    """``TagCommand``: opcode, tag, slot (PIN/UNPIN; counter index for STATS),
-    amount (TOUCH increment, ALLOCATE initial hotness), planes (ALLOCATE)."""
-    return data.StructLayout({
-        "op": TagOpcode,
-        "tag": unsigned(tag_bits),
-        "slot": unsigned(gtu.slot_bits(slots)),
-        "amount": unsigned(hot_bits),
-        "planes": unsigned(plane_bits),
-    })
-
-
-def tag_response_layout(slots: int, tag_bits: int, plane_bits: int,
-                        vbits: int) -> data.StructLayout:
-    """``TagResponse``: see :data:`elmoe3d.golden.tag_unit.RESPONSE_FIELDS`."""
-    return data.StructLayout({
-        "op": TagOpcode,
-        "error": TagErrorCode,
-        "hit": unsigned(1),
-        "slot": unsigned(gtu.slot_bits(slots)),
-        "planes": unsigned(plane_bits),
-        "evicted": unsigned(1),
-        "evicted_tag": unsigned(tag_bits),
-        "value": unsigned(vbits),
-    })
+value_bits = gtu.value_bits
 
 
 class TagUnit(wiring.Component):
@@ -109,7 +126,7 @@ class TagUnit(wiring.Component):
     ----------
     slots : int
         ``S``, slots (2..4096 as in :class:`~elmoe3d.config.Config`; 8..128
-        tested). Default 32.
+        tested). Default 16 (the ``default`` Config).
     layer_bits, expert_bits : int
         Tag ``{layer, expert}`` width (1..16 each). Default 6 + 7.
     hot_bits : int
@@ -117,28 +134,37 @@ class TagUnit(wiring.Component):
     decay_shift : int
         ``d`` in DECAY's ``hot -= hot >> d`` (0..hot_bits). Default 2.
     plane_bits : int
-        Resident-planes field width (1..8). Default 2.
+        Resident-planes field width (1..8; the field is a count). Default 2.
     stat_bits : int
         Saturating statistics counter width (1..64). Default 32.
     pin_bits : int
         Pin counter width per slot (1..16). Default 3.
 
+    The block registry builds it from a Config
+    (:func:`elmoe3d.golden.tag_unit.params_from_config`).
+
     Members
     -------
-    i : ``In(stream.Signature(tag_command_layout(...)))``
-        Commands (``TagCommand``).
-    o : ``Out(stream.Signature(tag_response_layout(...)))``
-        Exactly one response (``TagResponse``) per command, in order.
-    state_valid, state_tag, state_planes, state_hot, state_pins : list of Signal
-        The slot registers, exposed for the formal wrapper only (testbenches
-        use the ports).
+    i : ``In(stream.Signature(TagCommand))``
+        Commands.
+    o : ``Out(stream.Signature(TagResponse))``
+        Exactly one response per command, in order.
+    commit : ``In(SlotStrobe)``
+        HB's commit strobe (``valid``, ``slot``): PENDING -> RESIDENT.
+    disabled : ``In(S)``
+        KV-covered slots (HB's registered covered mask).
+    resident, pending : ``Out(S)``
+        Slots RESIDENT / PENDING in this cycle (state registers masked by
+        ``disabled``).
 
-    Latency and throughput: every operation (LOOKUP, TOUCH, DECAY, ALLOCATE,
-    INVALIDATE, PIN, UNPIN, RESET, STATS) is accepted one per cycle, back to
-    back, and its response is valid **2 cycles** after the command transfer
-    (one input register, one output register). ``i.ready`` is
-    ``~o.valid | o.ready`` (global stall), so with an always-ready consumer
-    the unit sustains one lookup per cycle with no bubbles.
+    Attributes
+    ----------
+    LATENCY : int
+        3: cycles from a command transfer to its response for every
+        single-cycle operation (two-cycle operations: ``LATENCY + 1``).
+    victim_settle : int
+        ``P``: register stages of the victim search (leaves included),
+        ``1 + ceil(log2(S))``.
 
     Raises
     ------
@@ -146,7 +172,11 @@ class TagUnit(wiring.Component):
         For a parameter of the wrong kind or value, naming it.
     """
 
-    def __init__(self, *, slots: int = 32, layer_bits: int = 6, expert_bits: int = 7,
+    LATENCY = 3
+    #: comparator levels of the victim argmin tree between two registers
+    LEVELS_PER_STAGE = 1
+
+    def __init__(self, *, slots: int = 16, layer_bits: int = 6, expert_bits: int = 7,
                  hot_bits: int = 8, decay_shift: int = 2, plane_bits: int = 2,
                  stat_bits: int = 32, pin_bits: int = 3):
         gtu.check_params(slots, layer_bits, expert_bits, hot_bits, decay_shift, plane_bits,
@@ -161,221 +191,434 @@ class TagUnit(wiring.Component):
         self.stat_bits = stat_bits
         self.pin_bits = pin_bits
         self.slot_bits = gtu.slot_bits(slots)
-        self.value_bits = value_bits(hot_bits, stat_bits, pin_bits)
-        self.cmd_layout = tag_command_layout(slots, self.tag_bits, hot_bits, plane_bits)
-        self.rsp_layout = tag_response_layout(slots, self.tag_bits, plane_bits, self.value_bits)
+        self.index_bits = bits(slots)
+        self.value_bits = gtu.value_bits(hot_bits, stat_bits, pin_bits)
+        self.cmd_layout = tag_command(slots, self.tag_bits, hot_bits, plane_bits)
+        self.rsp_layout = tag_response(slots, self.tag_bits, plane_bits, self.value_bits)
+        self.victim_levels = max(1, math.ceil(math.log2(slots)))
+        self.victim_settle = 1 + math.ceil(self.victim_levels / self.LEVELS_PER_STAGE)
         super().__init__({
             "i": In(stream.Signature(self.cmd_layout)),
             "o": Out(stream.Signature(self.rsp_layout)),
+            "commit": In(slot_strobe(slots)),
+            "disabled": In(slots),
+            "resident": Out(slots),
+            "pending": Out(slots),
         })
         S = slots
-        self.state_valid = [Signal(name=f"valid{s}") for s in range(S)]
+        # the slot registers (exposed for the formal wrapper; testbenches use the ports)
+        self.state_valid = [Signal(name=f"held{s}") for s in range(S)]      # holds a tag
+        self.state_resident = [Signal(name=f"res{s}") for s in range(S)]    # ... RESIDENT
         self.state_tag = [Signal(self.tag_bits, name=f"tag{s}") for s in range(S)]
         self.state_planes = [Signal(plane_bits, name=f"planes{s}") for s in range(S)]
         self.state_hot = [Signal(hot_bits, name=f"hot{s}") for s in range(S)]
         self.state_pins = [Signal(pin_bits, name=f"pins{s}") for s in range(S)]
-        # compute-stage command and its derived decisions (formal wrapper only)
+        self.counters = [Signal(stat_bits, name=f"stat_{n}") for n in gtu.STAT_NAMES]
+        # execute stage (formal wrapper)
         self.x_valid = Signal()
         self.x_cmd = Signal(self.cmd_layout)
         self.x_fire = Signal()               # the x_ command executes this cycle
         self.x_victim = Signal(range(S))
         self.x_error = Signal(TagErrorCode)
-        self.counters = [Signal(stat_bits, name=f"stat_{n}") for n in gtu.STAT_NAMES]
-
-    #: Formal-harness self-check only (:mod:`elmoe3d.hw.tag_unit_formal`): set
-    #: on an instance to ``"victim_ignores_pins"`` or ``"hot_wraps"`` to plant a
-    #: bug that the proof must catch. Never set otherwise.
-    _formal_bug = None
+        self.x_rsp = Signal(self.rsp_layout)  # the response it loads into o
 
     def params(self) -> dict:
         return dict(slots=self.slots, layer_bits=self.layer_bits, expert_bits=self.expert_bits,
                     hot_bits=self.hot_bits, decay_shift=self.decay_shift,
                     plane_bits=self.plane_bits, stat_bits=self.stat_bits, pin_bits=self.pin_bits)
 
+    # -- small per-slot functions (one place each) --------------------------------
+    def _saturating_add(self, hot, amount):
+        # saturate on the carry out: one carry chain, no second comparison
+        total = hot + amount
+        return Mux(total[self.hot_bits], (1 << self.hot_bits) - 1, total[:self.hot_bits])
+
+    def _victim_candidate(self, held, res, pins, disabled):
+        """A slot ALLOCATE may take: enabled, and FREE or unpinned RESIDENT."""
+        return ~disabled & (~held | (res & (pins == 0)))
+
+    def _hit_state(self, res):
+        """The state bit that makes a held slot a hit (RESIDENT)."""
+        return res
+
     def elaborate(self, platform):
         m = Module()
-        S = self.slots
-        hmax = (1 << self.hot_bits) - 1
-        valid, tags, planes = self.state_valid, self.state_tag, self.state_planes
+        S, P = self.slots, self.victim_settle
+        held, res = self.state_valid, self.state_resident
+        tags, planes = self.state_tag, self.state_planes
         hot, pins = self.state_hot, self.state_pins
+        dis = self.disabled
+        pin_max = (1 << self.pin_bits) - 1
+        Op, Err = TagOpcode, TagErrorCode
 
-        # ---- pipeline control and input register --------------------------
-        adv = Signal()
-        m.d.comb += [adv.eq(~self.o.valid | self.o.ready), self.i.ready.eq(adv)]
-        x_valid, x = self.x_valid, self.x_cmd
-        with m.If(adv):
-            m.d.sync += [x_valid.eq(self.i.valid), x.eq(self.i.payload)]
-        fire = self.x_fire
-        m.d.comb += fire.eq(adv & x_valid)
+        def any_of(vec):
+            return _or_tree(list(vec), 1)
 
-        # ---- x_: tag match (one-hot by the uniqueness invariant) ---------
-        match = Signal(S)
-        m.d.comb += match.eq(Cat(valid[s] & (tags[s] == x.tag) for s in range(S)))
-        hit = match.any()
-        m_slot = Signal(self.slot_bits)
-        m_planes = Signal(self.plane_bits)
-        m_hot = Signal(self.hot_bits)
-        m_pins = Signal(self.pin_bits)
+        def pick(vec, values, width):
+            """OR of ``values[s]`` where the one-hot ``vec[s]`` is set (a balanced tree)."""
+            return _or_tree([Mux(vec[s], values[s], 0) for s in range(S)], width)
 
-        def or_select(values, width):
-            acc = Const(0, width)
-            for s, v in enumerate(values):
-                acc = acc | Mux(match[s], v, 0)
-            return acc
-        m.d.comb += [
-            m_slot.eq(or_select([Const(s, self.slot_bits) for s in range(S)], self.slot_bits)),
-            m_planes.eq(or_select(planes, self.plane_bits)),
-            m_hot.eq(or_select(hot, self.hot_bits)),
-            m_pins.eq(or_select(pins, self.pin_bits)),
-        ]
-        hot_sum = Signal(self.hot_bits + 1)
-        hot_sat = Signal(self.hot_bits)
-        m.d.comb += [hot_sum.eq(m_hot + x.amount),
-                     hot_sat.eq(Mux(hot_sum > hmax, hmax, hot_sum))]
-        if self._formal_bug == "hot_wraps":
-            m.d.comb += hot_sat.eq(hot_sum[:self.hot_bits])
+        # ---- slot state as commands see it: the registers ------------------------
+        # A command in cycle t sees the registers at the start of t; ``disabled``
+        # and ``commit`` of cycle t act at the edge that ends t, after it.
+        cm = [Signal(name=f"cm{s}") for s in range(S)]
+        held_e = held                                               # holds a tag
+        res_e = [Signal(name=f"res_e{s}") for s in range(S)]        # RESIDENT
+        pend_e = [Signal(name=f"pend_e{s}") for s in range(S)]      # PENDING
+        for s in range(S):
+            m.d.comb += [cm[s].eq(self.commit.valid & (self.commit.slot == s)),
+                         res_e[s].eq(held[s] & self._hit_state(res[s])),
+                         pend_e[s].eq(held[s] & ~res[s])]
+        m.d.comb += [self.resident.eq(Cat(held[s] & res[s] & ~dis[s] for s in range(S))),
+                     self.pending.eq(Cat(held[s] & ~res[s] & ~dis[s] for s in range(S)))]
 
-        # ---- x_: victim = argmin over unpinned slots of {valid, hot} ------
-        # Each tree node: (candidate, key, index, tag); a tie keeps the left.
+        # ---- input register slice and the execute stage's registers --------------
+        m.submodules.c = c = RegisterSlice(self.cmd_layout)
+        wiring.connect(m, wiring.flipped(self.i), c.i)
+        cp = c.o.payload
+        x_valid, x, fire = self.x_valid, self.x_cmd, self.x_fire
+        x_age = Signal()                         # x_ command has waited >= 1 cycle
+        x_cmp = Signal(S)                        # tags[s] == x.tag (any state)
+        x_sel = Signal(S)                        # one-hot of x.slot (0 when >= S)
+        x_slot_bad = Signal()
+        x_stat_bad = Signal()                    # STATS index beyond the counters
+        ops = [Op.LOOKUP, Op.TOUCH, Op.DECAY, Op.ALLOCATE, Op.INVALIDATE, Op.PIN, Op.UNPIN,
+               Op.RESET, Op.STATS, Op.LOOKUP_PIN, Op.INVALIDATE_SLOT, Op.INVALIDATE_MASK,
+               Op.ABORT]
+        x_is = {op: Signal(name=f"x_is_{op.name.lower()}") for op in ops}
+        # the timing class of the x_ command, registered with the opcode (see below)
+        two_ops = (Op.LOOKUP_PIN, Op.INVALIDATE, Op.INVALIDATE_SLOT, Op.PIN, Op.UNPIN, Op.ABORT)
+        settle_ops = (Op.ALLOCATE, Op.INVALIDATE_MASK)
+        x_two, x_settle = Signal(), Signal()
+        load = Signal()
+        alloc = [Signal(name=f"alloc{s}") for s in range(S)]        # ALLOCATE writes slot s
+        m.d.comb += [load.eq(~x_valid | fire), c.o.ready.eq(load)]
+        with m.If(load):
+            m.d.sync += [x_valid.eq(c.o.valid), x.eq(cp), x_age.eq(0),
+                         x_slot_bad.eq(cp.slot >= S),
+                         x_stat_bad.eq(cp.slot >= len(gtu.STAT_NAMES))]
+            # the tag match, forwarding the tag an executing ALLOCATE writes now
+            same_tag = x.tag == cp.tag
+            m.d.sync += x_cmp.eq(Cat(Mux(alloc[s], same_tag, tags[s] == cp.tag)
+                                     for s in range(S)))
+            m.d.sync += x_sel.eq(Cat(cp.slot == s for s in range(S)))
+            m.d.sync += [x_is[op].eq(cp.op == op) for op in ops]
+            m.d.sync += [x_two.eq(Cat(cp.op == op for op in two_ops).any()),
+                         x_settle.eq(Cat(cp.op == op for op in settle_ops).any())]
+        with m.Elif(x_valid):
+            m.d.sync += x_age.eq(1)
+
+        # ---- victim: free-running pipelined argmin over the slot state ---------
+        kb = self.hot_bits + 1
         nodes = []
         for s in range(S):
-            key = Signal(self.hot_bits + 1, name=f"vkey{s}")
-            m.d.comb += key.eq(Mux(valid[s], Cat(hot[s], Const(1, 1)), 0))
-            cand = (pins[s] == 0) if self._formal_bug != "victim_ignores_pins" else Const(1)
-            nodes.append((cand, key, Const(s, range(S)), tags[s]))
+            cand, key = Signal(name=f"v0_cand{s}"), Signal(kb, name=f"v0_key{s}")
+            m.d.sync += [cand.eq(self._victim_candidate(held[s], res[s], pins[s], dis[s])),
+                         key.eq(Mux(held[s], Cat(hot[s], Const(1, 1)), 0))]
+            nodes.append((cand, key, Const(s, self.index_bits)))
         level = 0
         while len(nodes) > 1:
             nxt = []
+            last = len(nodes) <= 2
+            reg = (level + 1) % self.LEVELS_PER_STAGE == 0 or last
+            dom = m.d.sync if reg else m.d.comb
             for j in range(0, len(nodes) - 1, 2):
-                (lc, lk, li, lt), (rc, rk, ri, rt) = nodes[j], nodes[j + 1]
-                take_r = Signal(name=f"vtake_{level}_{j // 2}")
-                m.d.comb += take_r.eq(rc & (~lc | (rk < lk)))
-                c = Signal(name=f"vc_{level}_{j // 2}")
-                k = Signal(self.hot_bits + 1, name=f"vk_{level}_{j // 2}")
-                i = Signal(range(S), name=f"vi_{level}_{j // 2}")
-                t = Signal(self.tag_bits, name=f"vt_{level}_{j // 2}")
-                m.d.comb += [c.eq(lc | rc), k.eq(Mux(take_r, rk, lk)),
-                             i.eq(Mux(take_r, ri, li)), t.eq(Mux(take_r, rt, lt))]
-                nxt.append((c, k, i, t))
+                (lc, lk, li), (rc, rk, ri) = nodes[j], nodes[j + 1]
+                take_r = rc & (~lc | (rk < lk))
+                c_, k_ = Signal(name=f"v{level + 1}_cand{j // 2}"), Signal(kb, name=f"v{level + 1}_key{j // 2}")
+                i_ = Signal(self.index_bits, name=f"v{level + 1}_idx{j // 2}")
+                dom += [c_.eq(lc | rc), k_.eq(Mux(take_r, rk, lk)), i_.eq(Mux(take_r, ri, li))]
+                nxt.append((c_, k_, i_))
             if len(nodes) % 2:
-                nxt.append(nodes[-1])
+                lc, lk, li = nodes[-1]
+                if reg:                          # keep the odd leaf in step with its level
+                    c_, k_ = Signal(name=f"v{level + 1}_cand_odd"), Signal(kb, name=f"v{level + 1}_key_odd")
+                    i_ = Signal(self.index_bits, name=f"v{level + 1}_idx_odd")
+                    dom += [c_.eq(lc), k_.eq(lk), i_.eq(li)]
+                    nxt.append((c_, k_, i_))
+                else:
+                    nxt.append(nodes[-1])
             nodes, level = nxt, level + 1
-        v_any, v_key, v_idx, v_tag = nodes[0]
-        v_evict = v_key[self.hot_bits]       # the victim holds a valid tag
+        v_cand, v_key, v_idx = nodes[0]
+        v_evict = v_key[self.hot_bits]           # the victim holds a RESIDENT tag
         m.d.comb += self.x_victim.eq(v_idx)
 
-        # ---- x_: slot-addressed reads for PIN / UNPIN ----------------------
-        slot_ok = x.slot < S
-        a_valid = Array(valid)[x.slot] & slot_ok
-        a_pins = Array(pins)[x.slot]
-        pin_max = (1 << self.pin_bits) - 1
+        # ---- when a command may execute ----------------------------------------------
+        # Three classes: LOOKUP, TOUCH, DECAY, RESET, STATS and bad opcodes cannot
+        # fail on slot state and execute at once ("fast"); the ops that can
+        # (LOOKUP_PIN, INVALIDATE, INVALIDATE_SLOT, PIN, UNPIN, ABORT: "two") take
+        # their response and error from registers filled in their first cycle
+        # here; ALLOCATE and INVALIDATE_MASK ("settle") also use the victim
+        # pipeline and wait until it has seen the current state.
+        I = x_is
+        two, settle = x_two, x_settle
+        quiet = Signal(range(P + 1))
+        # ``quiet == P`` and ``quiet != 0`` as flip-flops of their own, so that
+        # ``fire`` is a shallow function of registers and ``o.ready``
+        quiet_full, quiet_nz = Signal(), Signal()
+        dis_q = Signal(S)
+        dis_change = Signal()
+        m.d.sync += dis_q.eq(dis)
+        m.d.comb += dis_change.eq(dis != dis_q)
+        change = (fire & ~I[Op.LOOKUP] & ~I[Op.STATS]) | self.commit.valid | dis_change
+        m.d.sync += [quiet.eq(Mux(change, 0, Mux(quiet == P, P, quiet + 1))),
+                     quiet_full.eq(~change & (quiet >= P - 1)), quiet_nz.eq(~change)]
+        settled, steady = Signal(), Signal()
+        m.d.comb += [settled.eq(x_age & quiet_full), steady.eq(x_age & quiet_nz)]
 
-        # ---- x_: decide error and response --------------------------------
-        err = self.x_error
-        rsp = Signal(self.rsp_layout)
-        m.d.comb += [rsp.op.eq(x.op), rsp.error.eq(err)]
-        stat_sel = Signal(self.stat_bits)
-        m.d.comb += stat_sel.eq(Array(self.counters)[x.slot[:2]])
-        with m.Switch(x.op):
-            with m.Case(TagOpcode.LOOKUP, TagOpcode.TOUCH):
-                m.d.comb += [rsp.hit.eq(hit), rsp.slot.eq(m_slot), rsp.planes.eq(m_planes),
-                             rsp.value.eq(Mux(~hit, 0, Mux(x.op == TagOpcode.TOUCH, hot_sat, m_hot)))]
-            with m.Case(TagOpcode.DECAY, TagOpcode.RESET):
-                pass
-            with m.Case(TagOpcode.ALLOCATE):
-                with m.If(hit):
-                    m.d.comb += err.eq(TagErrorCode.RESIDENT)
-                with m.Elif(~v_any):
-                    m.d.comb += err.eq(TagErrorCode.NO_VICTIM)
-                m.d.comb += [rsp.slot.eq(v_idx), rsp.evicted.eq(v_evict),
-                             rsp.evicted_tag.eq(Mux(v_evict, v_tag, 0))]
-            with m.Case(TagOpcode.INVALIDATE):
-                with m.If(hit & (m_pins != 0)):
-                    m.d.comb += err.eq(TagErrorCode.PINNED)
-                m.d.comb += [rsp.hit.eq(hit), rsp.slot.eq(m_slot), rsp.planes.eq(m_planes)]
-            with m.Case(TagOpcode.PIN, TagOpcode.UNPIN):
-                is_pin = x.op == TagOpcode.PIN
-                with m.If(~slot_ok):
-                    m.d.comb += err.eq(TagErrorCode.BAD_SLOT)
-                with m.Elif(~a_valid):
-                    m.d.comb += err.eq(TagErrorCode.NOT_VALID)
-                with m.Elif(is_pin & (a_pins == pin_max)):
-                    m.d.comb += err.eq(TagErrorCode.PIN_LIMIT)
-                with m.Elif(~is_pin & (a_pins == 0)):
-                    m.d.comb += err.eq(TagErrorCode.NOT_PINNED)
-                m.d.comb += [rsp.slot.eq(x.slot),
-                             rsp.value.eq(Mux(is_pin, a_pins + 1, a_pins - 1)[:self.pin_bits])]
-            with m.Case(TagOpcode.STATS):
-                with m.If(x.slot >= len(gtu.STAT_NAMES)):
-                    m.d.comb += err.eq(TagErrorCode.BAD_SLOT)
-                m.d.comb += [rsp.slot.eq(x.slot), rsp.value.eq(stat_sel)]
-            with m.Default():
-                m.d.comb += err.eq(TagErrorCode.BAD_OP)
+        # registered summaries for ALLOCATE / INVALIDATE_MASK (valid once settled)
+        a_res_q, a_pend_q, k_pinned_q = Signal(), Signal(), Signal()
+        m.d.sync += [
+            a_res_q.eq(any_of([x_cmp[s] & held_e[s] & res[s] for s in range(S)])),
+            a_pend_q.eq(any_of([x_cmp[s] & held_e[s] & ~res[s] for s in range(S)])),
+            k_pinned_q.eq(any_of([x.slot_mask[s] & held_e[s] & (pins[s] != 0)
+                                  for s in range(S)])),
+        ]
 
-        ok = Signal()
-        m.d.comb += ok.eq(fire & (err == TagErrorCode.OK))
-        with m.If(adv):
-            m.d.sync += self.o.valid.eq(x_valid)
-            with m.If(err == TagErrorCode.OK):
-                m.d.sync += self.o.payload.eq(rsp)
-            with m.Else():
-                m.d.sync += [self.o.payload.eq(0), self.o.payload.op.eq(x.op),
-                             self.o.payload.error.eq(err)]
+        # ---- statistics: increments registered, added one cycle later ------------
+        names = gtu.STAT_NAMES
+        inc = {n: Signal(range(S + 1) if n == "kv_frees" else 1, name=f"inc_{n}") for n in names}
+        inc_any = Signal()                       # a 1-bit increment may be in flight
+        inc_any_cm = Signal()                    # a commit strobe was valid last cycle
+        m.d.sync += inc_any_cm.eq(self.commit.valid)
+        # slots freed by ``disabled`` are counted two cycles late: their mask is
+        # registered first (kv_q), then counted (inc_kv_frees), then added
+        kv_q = Signal(S)
+        kv1_any, kv2_any = Signal(), Signal()
+        # commits are counted the same way: the effective strobe registered
+        # (ce_q), then counted, then added; ``inc_any`` also covers every commit
+        # strobe (effective or not) of the previous cycle and cm2 the one before
+        ce_q = Signal(S)
+        cm2 = Signal()
+        stats_quiet = Signal()
+        m.d.comb += stats_quiet.eq(~inc_any & ~kv1_any & ~kv2_any & ~cm2)
 
-        # ---- state update (same edge as the response) ---------------------
-        def count(idx, cond):
-            c = self.counters[idx]
-            with m.If(cond & (c != (1 << self.stat_bits) - 1)):
-                m.d.sync += c.eq(c + 1)
+        can_out = ~self.o.valid | self.o.ready
+        waits = (settle & ~settled) | (two & ~steady) | (I[Op.STATS] & ~stats_quiet)
+        m.d.comb += fire.eq(x_valid & can_out & ~waits)
 
-        with m.If(ok):
-            with m.Switch(x.op):
-                with m.Case(TagOpcode.LOOKUP):
-                    count(0, 1)
-                    count(1, hit)
-                with m.Case(TagOpcode.TOUCH):
-                    for s in range(S):
-                        with m.If(match[s]):
-                            m.d.sync += hot[s].eq(hot_sat)
-                with m.Case(TagOpcode.DECAY):
-                    for s in range(S):
-                        m.d.sync += hot[s].eq(hot[s] - (hot[s] >> self.decay_shift))
-                with m.Case(TagOpcode.ALLOCATE):
-                    count(2, 1)
-                    count(3, v_evict)
-                    for s in range(S):
-                        with m.If(v_idx == s):
-                            m.d.sync += [valid[s].eq(1), tags[s].eq(x.tag),
-                                         planes[s].eq(x.planes), hot[s].eq(x.amount),
-                                         pins[s].eq(0)]
-                with m.Case(TagOpcode.INVALIDATE):
-                    for s in range(S):
-                        with m.If(match[s]):
-                            m.d.sync += [valid[s].eq(0), tags[s].eq(0), planes[s].eq(0),
-                                         hot[s].eq(0), pins[s].eq(0)]
-                with m.Case(TagOpcode.PIN, TagOpcode.UNPIN):
-                    for s in range(S):
-                        with m.If(x.slot == s):
-                            m.d.sync += pins[s].eq(rsp.value)
-                with m.Case(TagOpcode.RESET):
-                    for s in range(S):
-                        m.d.sync += [valid[s].eq(0), tags[s].eq(0), planes[s].eq(0),
-                                     hot[s].eq(0), pins[s].eq(0)]
-                    m.d.sync += [c.eq(0) for c in self.counters]
+        # ---- per-slot terms of the x_ command ------------------------------------------
+        hit_m = [Signal(name=f"hit_m{s}") for s in range(S)]        # x.tag held, per state
+        held_m = [Signal(name=f"held_m{s}") for s in range(S)]
+        pend_m = [Signal(name=f"pend_m{s}") for s in range(S)]
+        sel_h = [Signal(name=f"sel_h{s}") for s in range(S)]        # x.slot holds a tag
+        pins_zero = [pins[s] == 0 for s in range(S)]
+        pins_full = [pins[s] == pin_max for s in range(S)]
+        hot_new = [Signal(self.hot_bits, name=f"hot_new{s}") for s in range(S)]
+        for s in range(S):
+            m.d.comb += [held_m[s].eq(x_cmp[s] & held_e[s]),
+                         hit_m[s].eq(x_cmp[s] & res_e[s]),
+                         pend_m[s].eq(x_cmp[s] & pend_e[s]),
+                         sel_h[s].eq(x_sel[s] & held_e[s]),
+                         hot_new[s].eq(self._saturating_add(hot[s], x.amount))]
+        m_any, m_hit, m_pend = any_of(held_m), any_of(hit_m), any_of(pend_m)
+        m_slot = pick(held_m, [Const(s, self.slot_bits) for s in range(S)], self.slot_bits)
+        m_planes = pick(held_m, planes, self.plane_bits)
+        m_hot = pick(held_m, hot, self.hot_bits)
+        lpin_full = any_of([hit_m[s] & pins_full[s] for s in range(S)])
+        s_pins = pick(x_sel, pins, self.pin_bits)
+        s_hit = any_of([x_sel[s] & res_e[s] for s in range(S)])
+        s_pend = any_of([x_sel[s] & pend_e[s] for s in range(S)])
+        s_held = any_of(sel_h)
+        s_pinned = any_of([sel_h[s] & ~pins_zero[s] for s in range(S)])
+        s_full = any_of([x_sel[s] & pins_full[s] for s in range(S)])
+        s_zero = any_of([x_sel[s] & pins_zero[s] for s in range(S)])
+        m_pinned = any_of([held_m[s] & ~pins_zero[s] for s in range(S)])
+        slot_op = I[Op.PIN] | I[Op.UNPIN] | I[Op.ABORT] | I[Op.INVALIDATE_SLOT]
+        bad_op = ~Cat(*x_is.values()).any()
+        stat_sel = Array(self.counters)[x.slot[:3]]
+
+        # The response and its error code as AND-OR of the registered one-hot
+        # opcode: every field is an OR of per-opcode terms (no opcode decode on
+        # the path); an error zeroes the fields through one gate.
+        def field(*terms, width):
+            return _or_tree([Mux(cond, v, 0) for cond, v in terms], width)
+
+        def errors(conds):
+            return (_or_tree([Mux(c, Const(e.value, 4), 0) for c, e in conds], 4),
+                    _or_tree([c for c, _ in conds], 1))
+
+        tb_, pb_, sb_, vb_ = self.tag_bits, self.plane_bits, self.slot_bits, self.value_bits
+        lk_like = I[Op.LOOKUP] | I[Op.LOOKUP_PIN] | I[Op.TOUCH] | I[Op.INVALIDATE]
+
+        # "two": computed every cycle, registered, issued in the second cycle
+        two_rsp = Signal(self.rsp_layout)
+        two_code, two_any = errors([
+            (I[Op.LOOKUP_PIN] & lpin_full, Err.PIN_LIMIT),
+            (I[Op.INVALIDATE] & m_pinned, Err.PINNED),
+            (slot_op & x_slot_bad, Err.BAD_SLOT),
+            (I[Op.INVALIDATE_SLOT] & ~x_slot_bad & s_pinned, Err.PINNED),
+            ((I[Op.PIN] | I[Op.UNPIN]) & ~x_slot_bad & ~s_held, Err.NOT_VALID),
+            (I[Op.PIN] & ~x_slot_bad & s_held & s_full, Err.PIN_LIMIT),
+            (I[Op.UNPIN] & ~x_slot_bad & s_held & s_zero, Err.NOT_PINNED),
+            (I[Op.ABORT] & ~x_slot_bad & ~s_pend, Err.NOT_PENDING),
+        ])
+        m.d.comb += [
+            two_rsp.hit.eq((lk_like & m_hit) | (I[Op.INVALIDATE_SLOT] & s_hit)),
+            two_rsp.pending.eq((lk_like & m_pend) | (I[Op.INVALIDATE_SLOT] & s_pend)),
+            two_rsp.slot.eq(field((lk_like, m_slot), (slot_op, x.slot), width=sb_)),
+            two_rsp.planes.eq(field((lk_like, m_planes),
+                                    (I[Op.INVALIDATE_SLOT], pick(sel_h, planes, pb_)),
+                                    (I[Op.ABORT], pick(x_sel, planes, pb_)), width=pb_)),
+            two_rsp.evicted.eq((I[Op.INVALIDATE] & m_any) | (I[Op.INVALIDATE_SLOT] & s_held)
+                               | I[Op.ABORT]),
+            two_rsp.evicted_tag.eq(field((I[Op.INVALIDATE] & m_any, x.tag),
+                                         (I[Op.INVALIDATE_SLOT], pick(sel_h, tags, tb_)),
+                                         (I[Op.ABORT], pick(x_sel, tags, tb_)), width=tb_)),
+            two_rsp.value.eq(field((I[Op.LOOKUP_PIN], m_hot),
+                                   (I[Op.PIN], (s_pins + 1)[:self.pin_bits]),
+                                   (I[Op.UNPIN], (s_pins - 1)[:self.pin_bits]), width=vb_)),
+        ]
+        two_rsp_q = Signal(self.rsp_layout)
+        two_code_q, two_any_q = Signal(4), Signal()
+        m.d.sync += [two_rsp_q.eq(two_rsp), two_code_q.eq(two_code), two_any_q.eq(two_any)]
+
+        # the other classes: from registers and shallow terms, in the cycle they
+        # execute. Every field is one flat OR of terms whose conditions carry the
+        # registered "no error" of their opcode (LOOKUP and TOUCH cannot fail),
+        # so an error needs no zeroing stage after the OR.
+        one_code, one_any = errors([
+            (I[Op.ALLOCATE] & a_res_q, Err.RESIDENT),
+            (I[Op.ALLOCATE] & ~a_res_q & a_pend_q, Err.PENDING),
+            (I[Op.ALLOCATE] & ~a_res_q & ~a_pend_q & ~v_cand, Err.NO_VICTIM),
+            (I[Op.INVALIDATE_MASK] & k_pinned_q, Err.PINNED),
+            (I[Op.STATS] & x_stat_bad, Err.BAD_SLOT),
+            (bad_op, Err.BAD_OP),
+        ])
+        fast_lk = I[Op.LOOKUP] | I[Op.TOUCH]
+        g_alloc = I[Op.ALLOCATE] & ~a_res_q & ~a_pend_q & v_cand
+        g_mask = I[Op.INVALIDATE_MASK] & ~k_pinned_q
+        g_stats = I[Op.STATS] & ~x_stat_bad
+        g_two = two & ~two_any_q
+        lk_m = [Signal(name=f"lk_m{s}") for s in range(S)]          # fast_lk & held_m
+        for s in range(S):
+            m.d.comb += lk_m[s].eq(fast_lk & held_m[s])
+        q = two_rsp_q
+        r = self.x_rsp
+        m.d.comb += [
+            r.op.eq(x.op),
+            r.error.eq(Mux(two, two_code_q, one_code)),
+            r.hit.eq(any_of([lk_m[s] & res[s] for s in range(S)]) | (g_two & q.hit)),
+            r.pending.eq(any_of([lk_m[s] & ~res[s] for s in range(S)]) | (g_two & q.pending)),
+            r.slot.eq(pick(lk_m, [Const(s, sb_) for s in range(S)], sb_)
+                      | field((g_alloc, v_idx), (g_stats, x.slot), (g_two, q.slot), width=sb_)),
+            r.planes.eq(pick(lk_m, planes, pb_) | Mux(g_two, q.planes, 0)),
+            r.evicted.eq((g_alloc & v_evict) | (g_two & q.evicted)),
+            r.evicted_tag.eq(field((g_alloc & v_evict, Array(tags)[v_idx]),
+                                   (g_two, q.evicted_tag), width=tb_)),
+            # the opcode choice folded into each slot's term, before the OR over slots
+            r.value.eq(pick(lk_m, [Mux(I[Op.TOUCH], hot_new[s], hot[s]) for s in range(S)],
+                            self.hot_bits)
+                       | field((g_stats, stat_sel), (g_two, q.value), width=vb_)),
+            r.slot_mask.eq(Mux(g_mask, x.slot_mask & Cat(*held), 0)),
+        ]
+        err_any = Signal(name="x_err_any")
+        m.d.comb += [err_any.eq(Mux(two, two_any_q, one_any)), self.x_error.eq(r.error)]
+        with m.If(fire):
+            m.d.sync += [self.o.valid.eq(1), self.o.payload.eq(self.x_rsp)]
+        with m.Elif(self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
+
+        # ---- state update: per-slot write enables ---------------------------------
+        def go(op):
+            return fire & x_is[op]
+        alloc_go = go(Op.ALLOCATE) & ~a_res_q & ~a_pend_q & v_cand
+        mask_go = go(Op.INVALIDATE_MASK) & ~k_pinned_q
+        reset_go = go(Op.RESET)
+        commit_eff = [Signal(name=f"commit_eff{s}") for s in range(S)]
+        for s in range(S):
+            free_cmd = (reset_go
+                        | (go(Op.INVALIDATE) & held_m[s] & pins_zero[s])
+                        | (go(Op.INVALIDATE_SLOT) & sel_h[s] & pins_zero[s])
+                        | (go(Op.ABORT) & x_sel[s] & pend_e[s])
+                        | (mask_go & x.slot_mask[s]))
+            m.d.comb += alloc[s].eq(alloc_go & (v_idx == s))
+            # after the command: the cycle's disabled frees, then its commit strobe
+            m.d.comb += commit_eff[s].eq(cm[s] & ~dis[s]
+                                         & ((held[s] & ~res[s] & ~free_cmd) | alloc[s]))
+            with m.If(go(Op.TOUCH) & held_m[s]):
+                m.d.sync += hot[s].eq(hot_new[s])
+            with m.If(go(Op.DECAY)):
+                m.d.sync += hot[s].eq(hot[s] - (hot[s] >> self.decay_shift))
+            pin_up = ((go(Op.LOOKUP_PIN) & hit_m[s]) | (go(Op.PIN) & sel_h[s])) & ~pins_full[s]
+            pin_down = go(Op.UNPIN) & sel_h[s] & ~pins_zero[s]
+            with m.If(pin_up):
+                m.d.sync += pins[s].eq(pins[s] + 1)
+            with m.If(pin_down):
+                m.d.sync += pins[s].eq(pins[s] - 1)
+            with m.If(commit_eff[s]):
+                m.d.sync += res[s].eq(1)
+            with m.If(alloc[s]):
+                m.d.sync += [held[s].eq(1), res[s].eq(commit_eff[s]), tags[s].eq(x.tag),
+                             planes[s].eq(x.planes), hot[s].eq(x.amount), pins[s].eq(1)]
+            with m.If(free_cmd | dis[s]):
+                m.d.sync += held[s].eq(0)
+
+        # ---- statistics -------------------------------------------------------------
+        lk_c = x_is[Op.LOOKUP] | (x_is[Op.LOOKUP_PIN] & ~two_any_q)
+        alloc_c = x_is[Op.ALLOCATE] & ~a_res_q & ~a_pend_q & v_cand
+        abort_c = x_is[Op.ABORT] & ~two_any_q
+        lk = fire & lk_c
+        kv = Cat((held[s] | alloc[s]) & dis[s] for s in range(S))
+        new = {"lookups": lk, "hits": lk & m_hit, "pending": lk & m_pend,
+               "allocations": alloc_go, "evictions": alloc_go & v_evict,
+               "commits": any_of(ce_q),
+               "aborts": fire & abort_c,
+               "kv_frees": _popcount(kv_q)}
+        m.d.sync += [ce_q.eq(Cat(commit_eff)), cm2.eq(inc_any_cm)]
+        smax = (1 << self.stat_bits) - 1
+        with m.If(reset_go):
+            m.d.sync += [cnt.eq(0) for cnt in self.counters]
+            m.d.sync += [inc[n].eq(0) for n in names] + [inc_any.eq(0), kv_q.eq(0),
+                                                         kv1_any.eq(0), kv2_any.eq(0)]
+        with m.Else():
+            for k, n in enumerate(names):
+                cnt = self.counters[k]
+                iw = inc[n].shape().width
+                total = Signal(max(self.stat_bits, iw) + 1, name=f"stat_sum_{n}")
+                m.d.comb += total.eq(cnt + inc[n])
+                # saturate on the carry out when the increment is no wider than the counter
+                over = total[self.stat_bits] if iw <= self.stat_bits else total > smax
+                m.d.sync += [cnt.eq(Mux(over, smax, total[:self.stat_bits])), inc[n].eq(new[n])]
+            # a superset of the 1-bit increments loaded now (kept shallow: one
+            # AND with ``fire``); it only makes STATS wait
+            m.d.sync += [inc_any.eq((fire & (lk_c | alloc_c | abort_c)) | self.commit.valid
+                                    | ce_q.any()),
+                         kv_q.eq(kv), kv1_any.eq(kv.any()), kv2_any.eq(kv1_any)]
         return m
 
 
+def _or_tree(terms: list, width: int):
+    """OR of ``terms`` as a balanced tree, ``width`` bits wide (the synthesis
+    flow does not rebalance a long chain of ORs)."""
+    if not terms:
+        return Const(0, width)
+    terms = [t for t in terms]
+    while len(terms) > 1:
+        terms = [terms[j] | terms[j + 1] if j + 1 < len(terms) else terms[j]
+                 for j in range(0, len(terms), 2)]
+    return terms[0][:width]
+
+
+def _popcount(v):
+    """Number of set bits of ``v``, as a balanced adder tree."""
+    terms = [v[k] for k in range(len(v))]
+    while len(terms) > 1:
+        terms = [terms[j] + terms[j + 1] if j + 1 < len(terms) else terms[j]
+                 for j in range(0, len(terms), 2)]
+    return terms[0]
+
+
 def _tag_params(cfg) -> dict:
-    return dict(slots=cfg.tag_slots, layer_bits=cfg.layer_bits, expert_bits=cfg.expert_bits,
-                hot_bits=8, decay_shift=2, plane_bits=max(1, cfg.planes.bit_length()),
-                stat_bits=32, pin_bits=3)
+    return gtu.params_from_config(cfg)
 
 
 def _register():
     from ..blocks import Block
     return [
         Block("tag_unit", "elmoe3d_tag_unit",
-              "expert-cache tag unit: {layer, expert} -> slot, hotness, pins, 1 lookup/cycle",
+              "expert-cache tag unit: {layer, expert} -> slot, FREE/PENDING/RESIDENT, hotness, "
+              "pins, KV-disabled slots, 1 lookup/cycle",
               _tag_params, TagUnit, order=30,
               sweep=(dict(tag_slots=8), dict(tag_slots=32, hb_words=16384),
                      dict(tag_slots=128, hb_words=65536))),

@@ -20,8 +20,11 @@ Types
 ``PEBeat``       one PE input beat: ``act[L]`` (INT8) with a ``SliceVector``,
                  ``mode``, ``keep`` (planes kept in DRAFT/MSB/LSB), ``last``.
 ``PEResult``     ``value`` (signed accumulator), ``error``.
+``Int8Beat`` / ``BitFusionBeat``  input beats of the PE's baselines (INT8 MAC,
+                 Bit-Fusion); their results are ``PEResult`` too.
 ``HBRead``       a read of ``count`` consecutive words of one HB region
-                 (``region``, ``slot``, word ``offset``) for one bank.
+                 (``region``, ``slot``, word ``offset``) for one bank; ``plane``
+                 is copied into the beats.
 ``HBBeat``       one word read from HB: ``sv`` (``SliceVector``), ``last``, ``error``.
 ``FillBeat``     HB fill beat: ``kind`` (DATA/COMMIT/ABORT), ``region``, ``slot``,
                  word ``offset``, first ``bank``, ``words[fill_words]``.
@@ -31,8 +34,18 @@ Types
 ``ExtBeat``      one AXI beat for the PEs: ``words[fill_words]`` of banks
                  ``bank ..``, ``plane``, ``row``, ``id``, ``last``, ``error``.
 ``ExtResponse``  ``id``, ``error`` (:class:`ExtErrorCode`), ``resident``, ``slot``.
+``FillDone``     HB's report (a strobe) of how a fill ended (``result``).
+``HBCommit``     HB's commit strobe (``valid``, ``slot``) for the tag unit.
 ``KVAccess`` / ``KVResponse`` / ``KVMove``  HB's KV-region port and its
                  boundary-move report.
+``TagCommand``   tag-unit command: ``op`` (:class:`TagOpcode`), ``tag``, ``slot``
+                 (also the STATS index), ``amount``, ``planes`` (a count),
+                 ``slot_mask``.
+``TagResponse``  ``op``, ``error`` (:class:`TagErrorCode`), ``hit``, ``pending``,
+                 ``slot``, ``planes``, ``evicted``, ``evicted_tag``, ``value``,
+                 ``slot_mask``.
+``SlotStrobe``   (a ``wiring.Signature``, not a payload) ``valid`` + ``slot``: HB's
+                 commit strobe into the tag unit (no back-pressure).
 
 Block-specific payloads (the tag unit's commands, the datapath's token
 batches, the controller's trace events) live in this module too, in the
@@ -56,17 +69,22 @@ from __future__ import annotations
 from functools import lru_cache
 
 from amaranth.hdl import signed, unsigned
-from amaranth.lib import data, enum
+from amaranth.lib import data, enum, wiring
+from amaranth.lib.wiring import Out
 
+from ..golden import bitfusion as gbf
 from ..golden import vocab as gv
+from ..golden import tag_unit as gtu
 from ..golden.bitslice import acc_width
 from ..golden.moe_batched import Role as _Role
 
-__all__ = ["PEMode", "FillBeatKind", "HBRegionKind", "ExtKindCode", "ExtErrorCode",
-           "bits", "struct", "slice_vector", "pe_beat", "pe_result", "hb_read", "hb_beat",
-           "fill_beat", "ext_command", "ext_beat", "ext_response", "kv_access",
-           "kv_response", "kv_move", "TokenRole", "moe_token", "expert_need", "expert_source",
-           "moe_output", "pass_stats", "Vocab", "vocab"]
+__all__ = ["PEMode", "BitFusionMode", "FillBeatKind", "HBRegionKind", "FillResultCode", "ExtKindCode",
+           "ExtErrorCode", "TagOpcode", "TagErrorCode", "bits", "struct", "slice_vector",
+           "pe_beat", "pe_result", "int8_beat", "bitfusion_beat", "hb_read", "hb_beat",
+           "fill_beat", "fill_done", "hb_commit", "ext_command", "ext_beat", "ext_response",
+           "kv_access", "kv_response", "kv_move", "tag_command", "tag_response", "slot_strobe",
+           "TokenRole", "moe_token", "expert_need", "expert_source", "moe_output", "pass_stats",
+           "Vocab", "vocab"]
 
 
 def bits(n: int) -> int:
@@ -100,6 +118,16 @@ class FillBeatKind(enum.Enum, shape=2):
 class HBRegionKind(enum.Enum, shape=1):
     EXPERT = int(gv.HBRegion.EXPERT)
     DENSE = int(gv.HBRegion.DENSE)
+
+
+class FillResultCode(enum.Enum, shape=3):
+    """How HB ended a fill (values of :class:`elmoe3d.golden.vocab.FillResult`)."""
+    COMMITTED = int(gv.FillResult.COMMITTED)
+    ABORTED = int(gv.FillResult.ABORTED)
+    MALFORMED = int(gv.FillResult.MALFORMED)
+    BUSY = int(gv.FillResult.BUSY)
+    COVERED = int(gv.FillResult.COVERED)
+    STRAY = int(gv.FillResult.STRAY)
 
 
 class ExtKindCode(enum.Enum, shape=1):
@@ -136,30 +164,66 @@ def pe_beat(slice_bits: int, lanes: int) -> type:
 
 
 @lru_cache(maxsize=None)
-def pe_result(max_len: int) -> type:
-    """``PEResult``: ``value`` (accumulator for ``max_len`` elements), ``error``."""
-    return struct("PEResult", {"value": signed(acc_width(max_len)), "error": unsigned(1)})
+def pe_result(max_len: int, lanes: int) -> type:
+    """``PEResult``: ``value`` (signed, ``acc_width(max_len, L)`` bits: holds
+    every dot product a PE with ``L`` lanes accepts), ``error``."""
+    return struct("PEResult", {"value": signed(acc_width(max_len, lanes)),
+                               "error": unsigned(1)})
+
+
+# -- PE-family baselines (not in the tile; compared with the PE) ------------------------
+
+class BitFusionMode(enum.Enum, shape=1):
+    """Bit-Fusion baseline weight mode (values of :mod:`elmoe3d.golden.bitfusion`)."""
+    W8 = int(gbf.Mode.W8)      # one INT8 weight per lane
+    W4 = int(gbf.Mode.W4)      # two INT4 weights per lane (a separate low-precision copy)
+
+
+@lru_cache(maxsize=None)
+def int8_beat(lanes: int) -> type:
+    """``Int8Beat`` (INT8 MAC baseline): ``act[L]``, ``weight[L]`` (INT8), ``last``."""
+    return struct("Int8Beat", {"act": data.ArrayLayout(signed(8), lanes),
+                               "weight": data.ArrayLayout(signed(8), lanes),
+                               "last": unsigned(1)})
+
+
+@lru_cache(maxsize=None)
+def bitfusion_beat(lanes: int) -> type:
+    """``BitFusionBeat`` (Bit-Fusion baseline): ``act[2L]`` (INT8; W8 uses the
+    first ``L``), ``weight[L]`` bytes (W8: one INT8; W4: two INT4, low nibble
+    for ``act[2j]``), ``mode``, ``last``."""
+    return struct("BitFusionBeat", {"act": data.ArrayLayout(signed(8), 2 * lanes),
+                                    "weight": data.ArrayLayout(unsigned(8), lanes),
+                                    "mode": BitFusionMode, "last": unsigned(1)})
 
 
 # -- HB ----------------------------------------------------------------------------------
+# (owned by the HB bank controller, hw/hb_bank.py; rules in golden/hb_map.py)
 
 def _offset_bits(slot_words: int, dense_words: int) -> int:
     return bits(max(slot_words, dense_words, 2))
 
 
 @lru_cache(maxsize=None)
-def hb_read(slots: int, slot_words: int, dense_words: int) -> type:
+def hb_read(slots: int, slot_words: int, dense_words: int, planes: int) -> type:
     """``HBRead``: ``count`` words (1 .. region size) from word ``offset`` of
-    ``region`` (an expert ``slot``, or the dense region)."""
+    ``region`` (an expert ``slot``, or the dense region), for one bank.
+    ``plane`` (an index of the ``planes`` planes) is copied into every beat's
+    ``SliceVector``: HB stores slice bits only and does not decode the
+    segment-interleaved slot layout, so a reader that wants per-beat plane
+    indices reads one ``(segment, plane)`` run per command (with ``k = 1`` a
+    whole slot is one plane)."""
     ob = _offset_bits(slot_words, dense_words)
     return struct("HBRead", {"region": HBRegionKind, "slot": unsigned(bits(slots)),
                              "offset": unsigned(ob),
-                             "count": unsigned((max(slot_words, dense_words)).bit_length())})
+                             "count": unsigned((max(slot_words, dense_words)).bit_length()),
+                             "plane": unsigned(bits(planes))})
 
 
 @lru_cache(maxsize=None)
 def hb_beat(slice_bits: int, lanes: int) -> type:
-    """``HBBeat``: one word to the paired PE."""
+    """``HBBeat``: one word to the paired PE. A refused read is one beat with
+    ``last`` and ``error`` (and zero ``sv``)."""
     return struct("HBBeat", {"sv": slice_vector(slice_bits, lanes), "last": unsigned(1),
                              "error": unsigned(1)})
 
@@ -168,8 +232,8 @@ def hb_beat(slice_bits: int, lanes: int) -> type:
 def fill_beat(sv_bits: int, fill_words: int, slots: int, slot_words: int, dense_words: int,
               banks: int) -> type:
     """``FillBeat``: ``fill_words`` words for banks ``bank .. bank+fill_words-1``
-    at word ``offset`` of ``region`` (DATA), or the end of a slot's fill
-    (COMMIT / ABORT)."""
+    at word ``offset`` of ``region`` (DATA), or the end of a fill (COMMIT /
+    ABORT; their ``region``/``slot`` name the fill they end)."""
     return struct("FillBeat", {"kind": FillBeatKind, "region": HBRegionKind,
                                "slot": unsigned(bits(slots)),
                                "offset": unsigned(_offset_bits(slot_words, dense_words)),
@@ -178,7 +242,26 @@ def fill_beat(sv_bits: int, fill_words: int, slots: int, slot_words: int, dense_
 
 
 @lru_cache(maxsize=None)
+def fill_done(slots: int) -> type:
+    """``FillDone``: a strobe (``valid`` for one cycle, no ``ready``) saying how
+    one fill ended (``result``, :class:`FillResultCode`), shown by HB in the
+    cycle the fill's COMMIT/ABORT takes effect."""
+    return struct("FillDone", {"valid": unsigned(1), "region": HBRegionKind,
+                               "slot": unsigned(bits(slots)), "result": FillResultCode})
+
+
+@lru_cache(maxsize=None)
+def hb_commit(slots: int) -> type:
+    """``HBCommit``: a strobe (``valid`` for one cycle) naming the slot whose
+    fill commits; ``slot_valid`` rises at the end of that cycle (the tag
+    unit's commit input: PENDING becomes RESIDENT on the same edge)."""
+    return struct("HBCommit", {"valid": unsigned(1), "slot": unsigned(bits(slots))})
+
+
+@lru_cache(maxsize=None)
 def kv_access(sv_bits: int, banks: int, words: int) -> type:
+    """``KVAccess``: one KV-region word of one bank (``addr`` is the bank word
+    address; the KV region is the top ``kv_words`` words)."""
     return struct("KVAccess", {"write": unsigned(1), "bank": unsigned(bits(banks)),
                                "addr": unsigned(bits(words)), "data": unsigned(sv_bits)})
 
@@ -191,9 +274,11 @@ def kv_response(sv_bits: int) -> type:
 @lru_cache(maxsize=None)
 def kv_move(words: int, slots: int) -> type:
     """``KVMove``: the report of a KV boundary move: the new KV size, the
-    slots it newly covers, and which of those were resident."""
+    slots it newly covers, which of those were resident, and ``error`` for a
+    refused move (a size beyond the KV limit; nothing changed)."""
     return struct("KVMove", {"kv_words": unsigned(words.bit_length()),
-                             "covered": unsigned(slots), "invalidated": unsigned(slots)})
+                             "covered": unsigned(slots), "invalidated": unsigned(slots),
+                             "error": unsigned(1)})
 
 
 # -- external memory ----------------------------------------------------------------------
@@ -275,6 +360,71 @@ def pass_stats(stat_bits: int, tokens: int, experts: int) -> type:
                                 "error": unsigned(1)})
 
 
+# -- tag unit --------------------------------------------------------------------------
+
+class TagOpcode(enum.Enum, shape=gtu.OP_BITS):
+    """Tag-unit opcode; values equal :class:`elmoe3d.golden.tag_unit.TagOp`."""
+    LOOKUP = int(gtu.TagOp.LOOKUP)
+    TOUCH = int(gtu.TagOp.TOUCH)
+    DECAY = int(gtu.TagOp.DECAY)
+    ALLOCATE = int(gtu.TagOp.ALLOCATE)
+    INVALIDATE = int(gtu.TagOp.INVALIDATE)
+    PIN = int(gtu.TagOp.PIN)
+    UNPIN = int(gtu.TagOp.UNPIN)
+    RESET = int(gtu.TagOp.RESET)
+    STATS = int(gtu.TagOp.STATS)
+    LOOKUP_PIN = int(gtu.TagOp.LOOKUP_PIN)
+    INVALIDATE_SLOT = int(gtu.TagOp.INVALIDATE_SLOT)
+    INVALIDATE_MASK = int(gtu.TagOp.INVALIDATE_MASK)
+    ABORT = int(gtu.TagOp.ABORT)
+
+
+class TagErrorCode(enum.Enum, shape=gtu.ERROR_BITS):
+    """Response error code; values equal :class:`elmoe3d.golden.tag_unit.TagError`."""
+    OK = int(gtu.TagError.OK)
+    BAD_OP = int(gtu.TagError.BAD_OP)
+    BAD_SLOT = int(gtu.TagError.BAD_SLOT)
+    RESIDENT = int(gtu.TagError.RESIDENT)
+    NO_VICTIM = int(gtu.TagError.NO_VICTIM)
+    NOT_VALID = int(gtu.TagError.NOT_VALID)
+    NOT_PINNED = int(gtu.TagError.NOT_PINNED)
+    PIN_LIMIT = int(gtu.TagError.PIN_LIMIT)
+    PINNED = int(gtu.TagError.PINNED)
+    NOT_PENDING = int(gtu.TagError.NOT_PENDING)
+    PENDING = int(gtu.TagError.PENDING)
+
+
+@lru_cache(maxsize=None)
+def tag_command(slots: int, tag_bits: int, hot_bits: int, plane_bits: int) -> type:
+    """``TagCommand``: ``op``, ``tag`` (``{layer, expert}``), ``slot`` (PIN, UNPIN,
+    ABORT, INVALIDATE_SLOT; the counter index of STATS), ``amount`` (TOUCH
+    increment, ALLOCATE initial hotness), ``planes`` (ALLOCATE: planes HB
+    will hold, a count), ``slot_mask`` (INVALIDATE_MASK)."""
+    return struct("TagCommand", {"op": TagOpcode, "tag": unsigned(tag_bits),
+                                 "slot": unsigned(gtu.slot_bits(slots)),
+                                 "amount": unsigned(hot_bits), "planes": unsigned(plane_bits),
+                                 "slot_mask": unsigned(slots)})
+
+
+@lru_cache(maxsize=None)
+def tag_response(slots: int, tag_bits: int, plane_bits: int, value_bits: int) -> type:
+    """``TagResponse``: see :data:`elmoe3d.golden.tag_unit.RESPONSE_FIELDS`."""
+    return struct("TagResponse", {"op": TagOpcode, "error": TagErrorCode,
+                                  "hit": unsigned(1), "pending": unsigned(1),
+                                  "slot": unsigned(gtu.slot_bits(slots)),
+                                  "planes": unsigned(plane_bits), "evicted": unsigned(1),
+                                  "evicted_tag": unsigned(tag_bits),
+                                  "value": unsigned(value_bits), "slot_mask": unsigned(slots)})
+
+
+@lru_cache(maxsize=None)
+def slot_strobe(slots: int) -> wiring.Signature:
+    """``SlotStrobe``: ``valid`` and ``slot`` (a slot index), driven by the
+    producer, no ``ready``: an event the consumer must take in the cycle it
+    is valid (HB's commit strobe into the tag unit)."""
+    return wiring.Signature({"valid": Out(1), "slot": Out(unsigned(bits(slots)))})
+
+
 # -- one Config, every type ---------------------------------------------------------------
 
 #: Width of the command id carried by ExtCommand / ExtBeat / ExtResponse.
@@ -292,10 +442,12 @@ class Vocab:
         S, SW, D = cfg.tag_slots, cfg.slot_words, cfg.dense_words
         self.SliceVector = slice_vector(s, L)
         self.PEBeat = pe_beat(s, L)
-        self.PEResult = pe_result(cfg.max_len)
-        self.HBRead = hb_read(S, SW, D)
+        self.PEResult = pe_result(cfg.max_len, L)
+        self.HBRead = hb_read(S, SW, D, cfg.planes)
         self.HBBeat = hb_beat(s, L)
         self.FillBeat = fill_beat(sv, fw, S, SW, D, B)
+        self.FillDone = fill_done(S)
+        self.HBCommit = hb_commit(S)
         self.KVAccess = kv_access(sv, B, cfg.hb_words)
         self.KVResponse = kv_response(sv)
         self.KVMove = kv_move(cfg.hb_words, S)
@@ -308,6 +460,11 @@ class Vocab:
         self.ExpertSource = expert_source(S)
         self.MoEOutput = moe_output(cfg.hidden)
         self.PassStats = pass_stats(cfg.stat_bits, T, E + cfg.shared_experts)
+        tp = gtu.params_from_config(cfg)
+        self.TagCommand = tag_command(S, cfg.tag_bits, cfg.hot_bits, tp["plane_bits"])
+        self.TagResponse = tag_response(S, cfg.tag_bits, tp["plane_bits"],
+                                        gtu.value_bits(cfg.hot_bits, cfg.stat_bits, cfg.pin_bits))
+        self.SlotStrobe = slot_strobe(S)
 
 
 @lru_cache(maxsize=64)

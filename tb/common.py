@@ -30,6 +30,8 @@ __all__ = ["pack", "unpack", "params", "knob", "rng", "golden_mutation", "Stream
 def _shape_of(layout):
     if isinstance(layout, data.Layout):
         return layout
+    if isinstance(layout, type) and issubclass(layout, data.View):   # a named data.Struct
+        return data.Layout.cast(layout)
     if isinstance(layout, type) and issubclass(layout, aenum.Enum):
         return Shape.cast(layout)
     return Shape.cast(layout)

@@ -1,246 +1,796 @@
-"""cocotb testbench: bit-slice PE (and the INT8 MAC baseline) against the
-golden bit-slice model, bit for bit.
+"""cocotb testbench of the PE family: ``pe`` and ``pe_plain`` (bit-slice),
+``mac_int8`` and ``bitfusion``, against their golden models, bit for bit
+and result for result.
 
-Parameters come from the harness (``$ELMOE_PARAMS``): ``lanes``,
-``max_len``, and for the bit-slice PE ``slice_bits`` and ``augment``; a
-``kind`` key (``"bitslice"`` or ``"int8"``) picks the testbench flavour.
-Knobs: ``ELMOE_PE_VECTORS`` (beats in the random test, default 20000),
-``ELMOE_MEASURE_OUT`` (JSON file for the throughput figures),
-``ELMOE_GOLDEN_MUTATION`` (see :func:`elmoe3d.tb.common.golden_mutation`).
+The scoreboard states the contract, it does not replay the RTL: for every
+beat sequence the testbench sends, well formed or not, the golden model
+(:func:`elmoe3d.golden.bitslice.pe_result`, ``mac_result``,
+:func:`elmoe3d.golden.bitfusion.result`) says what the one result of that
+sequence must be (its value, or ``error``), and the RTL must give exactly one
+result per ``last`` beat, in order, nothing more. How the stimulus was made
+(which rule it meant to break) only steers the generator and the coverage.
+
+Parameters come from the harness (``$ELMOE_PARAMS``): the block's
+elaboration parameters plus ``kind`` (``"bitslice"``, ``"int8"`` or
+``"bitfusion"``). Knobs: ``ELMOE_PE_DOTS`` (random dot products in
+``random_vectors``, default 10000), ``ELMOE_MEASURE_OUT`` (JSON file for the
+throughput figures), ``ELMOE_GOLDEN_MUTATION`` (flip bit 0 of every golden
+value: the comparison must then fail).
+
+Functional coverage (``cocotb-coverage``, written to
+``build/coverage/<block>.json``): mode, keep, the golden rule's verdict
+(every :class:`~elmoe3d.golden.bitslice.SeqError`), chunk count (1 .. the
+limit and one past it), extreme operands, and the flow seen by each dot
+product (input idle, input stalled by full result slots, result held by
+back-pressure), and crosses of these.
 """
 
 from __future__ import annotations
 
+import collections
 import json
+import math
 import os
 from pathlib import Path
 
 import cocotb
 import numpy as np
-from cocotb.triggers import RisingEdge
+from cocotb.triggers import ReadOnly, RisingEdge
 
+from ..blocks import get_block
 from ..golden import bitfusion as gbf
 from ..golden import bitslice as gbs
-from ..hw.bitfusion import bitfusion_input_layout
-from ..hw.pe import int8_input_layout, pe_input_layout, pe_output_layout
-from .common import (CycleCounter, StreamSink, StreamSource, golden_mutation, knob, params,
-                     rng, start_clock_and_reset)
+from ..golden.bitslice import Mode, SeqError
+from ..hw import vocab as hv
+from .common import golden_mutation, knob, pack, params, rng, start_clock_and_reset, unpack
+from .coverage import write_coverage
 
 CORNERS = (-128, 127, 0, -1, 1, -127)
 
 
-class PETB:
-    """Owns clock, reset, the input driver, the output monitor and the
-    scoreboard for one PE instance."""
+def block_of(p: dict) -> str:
+    """Registry name of the block these parameters build."""
+    kind = p.get("kind", "bitslice")
+    if kind == "bitslice":
+        return "pe" if p.get("augment", True) else "pe_plain"
+    return {"int8": "mac_int8", "bitfusion": "bitfusion"}[kind]
 
-    def __init__(self, dut, *, idle=0.0, backpressure=0.0):
+
+# -- a fast packer (the generic tb.common.pack walks the layout for every beat) -------------
+
+def compile_pack(layout):
+    """A function packing Python values into an integer for ``layout`` (a
+    ``data.Struct`` class, a layout or a shape), equal to
+    :func:`elmoe3d.tb.common.pack` but with the layout walked once. Values
+    are masked to their field width, not range-checked: the generators below
+    only make values in range (``pack`` checks the first beat of each run)."""
+    from amaranth.hdl import Shape
+    from amaranth.lib import data
+    from amaranth.lib import enum as aenum
+    if isinstance(layout, type) and issubclass(layout, data.View):
+        layout = data.Layout.cast(layout)
+    if isinstance(layout, data.ArrayLayout):
+        elem = layout.elem_shape
+        if isinstance(elem, type) and issubclass(elem, aenum.Enum):
+            elem = Shape.cast(elem)
+        if isinstance(elem, Shape):
+            w, mask = elem.width, (1 << elem.width) - 1
+            if w == 8:
+                return lambda v: int.from_bytes(
+                    bytes([x & 0xFF for x in (v.tolist() if hasattr(v, "tolist") else v)]),
+                    "little")
+
+            def pack_array(v):
+                out, sh = 0, 0
+                for x in (v.tolist() if hasattr(v, "tolist") else v):
+                    out |= (x & mask) << sh
+                    sh += w
+                return out
+            return pack_array
+        sub, w = compile_pack(elem), data.Layout.cast(elem).size
+        return lambda v: sum(sub(x) << (w * i) for i, x in enumerate(v))
+    if isinstance(layout, data.StructLayout):
+        fields = [(name, f.offset, compile_pack(f.shape)) for name, f in layout]
+        return lambda d: sum(fn(d[name]) << off for name, off, fn in fields)
+    mask = (1 << Shape.cast(layout).width) - 1
+    return lambda v: int(v) & mask
+
+
+# -- drivers that record what each transfer went through ------------------------------------
+
+class Pattern:
+    """A per-cycle on/off generator (idle on a source, back-pressure on a
+    sink) that moves between phases: off, random at a rate, long bursts on,
+    and a fixed cycle, so that short and long stalls both occur."""
+
+    def __init__(self, rand, rates=(0.0, 0.3), burst=0.0, phase_cycles=(200, 800)):
+        self.rand, self.rates, self.burst = rand, rates, burst
+        self.phase_cycles = phase_cycles
+        self.left, self.mode, self.run = 0, ("rate", 0.0), 0
+
+    def __call__(self) -> bool:
+        r = self.rand
+        if self.left <= 0:
+            self.left = r.randint(*self.phase_cycles)
+            if self.burst and r.random() < self.burst:
+                self.mode = ("burst", r.randint(20, 80))
+            elif r.random() < 0.15:
+                self.mode = ("cycle", r.randint(2, 4))
+            else:
+                self.mode = ("rate", r.choice(self.rates))
+        self.left -= 1
+        kind, arg = self.mode
+        if kind == "rate":
+            return arg > 0 and r.random() < arg
+        if kind == "cycle":
+            self.run += 1
+            return self.run % arg == 0
+        # burst: on for `arg` cycles, then off for as long
+        self.run += 1
+        return (self.run // arg) % 2 == 0
+
+
+class Streams:
+    """Drives ``i`` and accepts ``o`` in one coroutine (one clock edge and one
+    read-only phase per cycle for both, which halves the simulator round
+    trips of separate driver and monitor coroutines).
+
+    ``i``: beats from a queue of ``(packed payload, dot index, is_last)``;
+    ``valid`` and the payload are held until ``ready`` (the stream rules);
+    ``idle`` says when to insert an idle cycle. For every dot product it
+    records whether it saw idle cycles inside it or stalls
+    (``valid & ~ready``). ``o``: accepted with the ``backpressure`` pattern,
+    the stream rules checked, ``(cycle, payload, waited)`` recorded per
+    result (``waited``: offered at least once without ``ready``).
+    """
+
+    def __init__(self, dut, in_layout, out_layout, *, idle=None, backpressure=None):
+        self.dut = dut
+        self.layout, self.out_layout = in_layout, out_layout
+        self.fast = compile_pack(in_layout)
+        self.idle = idle or (lambda: False)
+        self.backpressure = backpressure or (lambda: False)
+        self.queue = collections.deque()
+        self.sent = []                      # (cycle, dot index, is_last)
+        self.received = []                  # (cycle, payload, waited)
+        self.stalls = 0
+        self.flags = collections.defaultdict(set)     # dot index -> {"idle", "stall"}
+        self.rule_violations = []
+        self.on_result = None
+        self.cycle = 0
+        self._item = None
+        dut.i__valid.value = 0
+        dut.o__ready.value = 0
+        cocotb.start_soon(self._run())
+
+    def send(self, dot_index: int, beats: list[dict]):
+        if not self.sent and not self.queue:
+            assert pack(self.layout, beats[0]) == self.fast(beats[0]), "fast packer disagrees"
+        for b in beats:
+            self.queue.append((self.fast(b), dot_index, bool(b["last"])))
+
+    def empty(self) -> bool:
+        return not self.queue and self._item is None
+
+    async def _run(self):
+        dut = self.dut
+        i_valid, i_ready, i_payload = dut.i__valid, dut.i__ready, dut.i__payload
+        o_valid, o_ready, o_payload = dut.o__valid, dut.o__ready, dut.o__payload
+        edge, ro = RisingEdge(dut.clk), ReadOnly()
+        fired, mid, pending = False, False, None   # mid: inside a dot product
+        while True:
+            await edge
+            self.cycle += 1
+            if fired:
+                self._item = None
+            if self._item is None and self.queue:
+                if self.idle():
+                    if mid:
+                        self.flags[self.queue[0][1]].add("idle")
+                else:
+                    self._item = self.queue.popleft()
+                    i_payload.value = self._item[0]
+            i_valid.value = self._item is not None
+            ready = not self.backpressure()
+            o_ready.value = ready
+            await ro
+            item = self._item
+            fired = item is not None and bool(i_ready.value)
+            if item is not None:
+                if fired:
+                    mid = not item[2]
+                    self.sent.append((self.cycle, item[1], item[2]))
+                else:
+                    self.stalls += 1
+                    self.flags[item[1]].add("stall")
+            valid = bool(o_valid.value)
+            raw = o_payload.value.to_unsigned() if valid else None
+            if pending is not None and (not valid or raw != pending):
+                self.rule_violations.append(
+                    (self.cycle, "valid dropped or payload changed before ready"))
+            if valid and ready:
+                res = (self.cycle, unpack(self.out_layout, raw), pending is not None)
+                self.received.append(res)
+                if self.on_result:
+                    self.on_result(res)
+                pending = None
+            else:
+                pending = raw if valid else None
+
+
+# -- coverage ---------------------------------------------------------------------------------
+
+_COVER = {}
+
+
+def chunk_bins(limits) -> list[str]:
+    """Chunk-count bins: ``1``, ``2-3``, ``mid`` (4 .. limit-1), ``max``, ``over``
+    (limit + 1 and more); bins that no limit in ``limits`` can reach are left out."""
+    bins = ["1"]
+    if any(x > 2 for x in limits):
+        bins.append("2-3")
+    if any(x > 4 for x in limits):
+        bins.append("mid")
+    if any(x > 1 for x in limits):
+        bins.append("max")
+    return bins + ["over"]
+
+
+def chunk_bin(c: int, limit: int) -> str:
+    if c > limit:
+        return "over"
+    if c == limit:
+        return "max" if limit > 1 else "1"
+    if c == 1:
+        return "1"
+    return "2-3" if c <= 3 else "mid"
+
+
+CORNER_BINS = ["min*min", "min*max", "max*min", "max*max", "zero"]
+FLOW_BINS = ["none", "idle", "stall", "wait"]
+
+
+def coverage_sampler(block: str, kind: str, n: int, limits):
+    """One sampling function per block: coverpoints and crosses under ``block.``."""
+    if block in _COVER:
+        return _COVER[block]
+    from cocotb_coverage.coverage import CoverCross, CoverPoint
+    if kind == "bitslice":
+        modes = [m.name for m in Mode]
+        keeps = list(range(1, n + 1))
+        reasons = [r.name for r in SeqError]
+        multi = n > 2                       # a partial mode can span two or more planes
+        ign_reason = [("FULL", "BAD_KEEP")]
+        if not multi:
+            ign_reason += [(m, r) for m in ("DRAFT", "MSB", "LSB")
+                           for r in ("CHUNK_MISMATCH", "MISSING_PLANE")]
+        ign_keep = [("FULL", k) for k in keeps[:-1]] + [(m, n) for m in ("DRAFT", "MSB", "LSB")]
+    elif kind == "int8":
+        modes, keeps, reasons = ["INT8"], None, ["OK", "TOO_LONG"]
+        ign_reason, ign_keep = [], []
+    else:
+        modes, keeps, reasons = ["W8", "W4"], None, ["OK", "MODE_CHANGE", "TOO_LONG"]
+        ign_reason, ign_keep = [], []
+    p = f"{block}."
+    points = [CoverPoint(p + "mode", xf=lambda d: d["mode"], bins=modes),
+              CoverPoint(p + "reason", xf=lambda d: d["reason"], bins=reasons),
+              CoverPoint(p + "chunks", xf=lambda d: d["chunks"], bins=chunk_bins(limits)),
+              CoverPoint(p + "corner", xf=lambda d: d["corners"], bins=CORNER_BINS,
+                         rel=lambda val, b: b in val),
+              CoverPoint(p + "flow", xf=lambda d: d["flow"], bins=FLOW_BINS,
+                         rel=lambda val, b: b in val)]
+    if keeps:
+        points.append(CoverPoint(p + "keep", xf=lambda d: d["keep"], bins=keeps))
+    crosses = [CoverCross(p + "modeXreason", items=[p + "mode", p + "reason"],
+                          ign_bins=ign_reason),
+               CoverCross(p + "modeXchunks", items=[p + "mode", p + "chunks"]),
+               CoverCross(p + "modeXcorner", items=[p + "mode", p + "corner"]),
+               CoverCross(p + "modeXflow", items=[p + "mode", p + "flow"]),
+               CoverCross(p + "reasonXflow", items=[p + "reason", p + "flow"])]
+    if keeps:
+        crosses.append(CoverCross(p + "modeXkeep", items=[p + "mode", p + "keep"],
+                                  ign_bins=ign_keep))
+
+    def sample(d):
+        pass
+
+    f = sample
+    for item in crosses + points:
+        f = item(f)
+    _COVER[block] = f
+    return f
+
+
+# -- the testbench ----------------------------------------------------------------------------
+
+class PETB:
+    """Clock, reset, driver, monitor and scoreboard for one PE-family block."""
+
+    def __init__(self, dut, *, idle=None, backpressure=None):
         self.dut = dut
         self.p = params()
         self.kind = self.p.get("kind", "bitslice")
-        self.lanes = self.p["lanes"]
-        self.s = self.p.get("slice_bits", 8)
+        self.block = block_of(self.p)
+        b = get_block(self.block)
+        self.comp = b.factory(**{k: v for k, v in self.p.items() if k != "kind"})
+        self.L = self.p["lanes"]
+        self.max_len = self.p["max_len"]
+        self.s = self.p.get("slice_bits", 4)
         self.n = gbs.n_planes(self.s) if self.kind == "bitslice" else 1
         self.augment = self.p.get("augment", True)
-        self.acc_width = gbs.acc_width(self.p["max_len"])
-        self.max_beats = -(-self.p["max_len"] // self.lanes) * self.n
+        self.maxc = gbs.max_chunks(self.max_len, self.L)
         self.rand = rng()
         self.np_rng = np.random.default_rng(self.rand.getrandbits(32))
-        self.in_layout = {"bitslice": lambda: pe_input_layout(self.lanes, self.s),
-                          "int8": lambda: int8_input_layout(self.lanes),
-                          "bitfusion": lambda: bitfusion_input_layout(self.lanes)}[self.kind]()
-        self.out_layout = pe_output_layout(self.acc_width)
-        self.idle, self.backpressure = idle, backpressure
-        self.expected = []                   # (value or None, error)
+        self.in_type = {"bitslice": lambda: hv.pe_beat(self.s, self.L),
+                        "int8": lambda: hv.int8_beat(self.L),
+                        "bitfusion": lambda: hv.bitfusion_beat(self.L)}[self.kind]()
+        self.out_type = hv.pe_result(self.max_len, self.L)
+        self.idle = idle if idle is not None else (lambda: False)
+        self.backpressure = backpressure if backpressure is not None else (lambda: False)
         self.mutate = golden_mutation()
+        self.expected = []                  # (value or None, error, features)
+        self.errors = []
+        self.checked = 0
+        self.keep_bits = self.n.bit_length()
+        limits = ([gbf.max_beats(md, max_len=self.max_len, lanes=self.L) for md in gbf.Mode]
+                  if self.kind == "bitfusion" else [self.maxc])
+        self.cover = coverage_sampler(self.block, self.kind, self.n, limits)
 
     async def start(self):
         await start_clock_and_reset(self.dut)
-        self.counter = CycleCounter(self.dut.clk)
-        self.src = StreamSource(self.dut, "i", self.in_layout, self.dut.clk, self.counter,
-                                idle=self.idle, rand=self.rand)
-        self.sink = StreamSink(self.dut, "o", self.out_layout, self.dut.clk, self.counter,
-                               backpressure=self.backpressure, rand=self.rand)
+        self.io = Streams(self.dut, self.in_type, self.out_type, idle=self.idle,
+                          backpressure=self.backpressure)
+        self.io.on_result = self._check_one
 
-    # -- stimulus ------------------------------------------------------------
-    def rand_int8(self, size):
-        """INT8 values: mostly uniform, with corner values and runs of extremes."""
-        v = self.np_rng.integers(-128, 128, size=size)
-        pick = self.np_rng.random(size)
-        corners = self.np_rng.choice(CORNERS, size=size)
-        v = np.where(pick < 0.25, corners, v)
+    # -- operands -------------------------------------------------------------------------
+    _POOL = 1 << 16
+
+    def _pool(self, lo, hi):
+        """A large array of values in ``lo..hi``: uniform, a quarter of them
+        corner values (drawn once; dot products take random windows of it)."""
+        key = (lo, hi)
+        pools = self.__dict__.setdefault("_pools", {})
+        if key not in pools:
+            g = self.np_rng
+            v = g.integers(lo, hi + 1, size=self._POOL)
+            corners = np.array([c for c in CORNERS if lo <= c <= hi] + [lo, hi])
+            v = np.where(g.random(self._POOL) < 0.25, g.choice(corners, size=self._POOL), v)
+            pools[key] = np.concatenate([v, v]).astype(np.int64)
+        return pools[key]
+
+    def rand_int8(self, size, lo=-128, hi=127):
+        """Values in ``lo..hi``: mostly uniform, with corner values and, for
+        some dot products, rows of one extreme."""
+        pool = self._pool(lo, hi)
+        start = self.rand.randrange(self._POOL)
+        if size <= self._POOL:
+            v = pool[start:start + size].copy()
+        else:
+            v = self.np_rng.integers(lo, hi + 1, size=size)
         style = self.rand.random()
-        if style < 0.05:
-            v[:] = -128
+        if style < 0.06:
+            v[:] = lo
         elif style < 0.10:
-            v[:] = 127
+            v[:] = hi
         elif style < 0.12:
-            v[:] = -1                       # all ones
+            v[:] = 0
         return v.astype(np.int64)
 
-    def dot_product(self, mode, keep, chunks, *, order="plane", bad=None):
-        """Queue one dot product; returns the number of beats queued."""
-        L, s = self.lanes, self.s
-        a = self.rand_int8(chunks * L)
-        w = self.rand_int8(chunks * L)
-        if self.kind == "bitfusion":
-            return self._bitfusion_dot(mode, chunks)
-        if self.kind == "int8":
-            beats = [{"act": a[c * L:(c + 1) * L].tolist(), "weight": w[c * L:(c + 1) * L].tolist(),
-                      "last": int(c == chunks - 1)} for c in range(chunks)]
-            self.src.send(beats)
-            if len(beats) > self.max_beats:
-                self._expect(None, 1)
-            else:
-                self._expect(int(np.sum(a * w)), 0)
-            return len(beats)
-        planes = gbs.split(w, s)
-        prange = list(gbs.plane_range(s, mode, keep))
-        if bad == "plane":                  # a plane outside the mode's set
-            others = [q for q in range(self.n) if q not in prange]
-            prange = prange + [self.rand.choice(others)]
-        seq = ([(q, c) for q in prange for c in range(chunks)] if order == "plane"
-               else [(q, c) for c in range(chunks) for q in prange])
-        if order == "shuffle":
-            self.rand.shuffle(seq)
-        beats = []
-        for idx, (q, c) in enumerate(seq):
-            beats.append({"act": a[c * L:(c + 1) * L].tolist(),
-                          "slices": (planes[q, c * L:(c + 1) * L] & ((1 << s) - 1)).tolist(),
-                          "plane": q, "mode": int(mode), "keep": keep if bad != "keep" else 0,
-                          "last": int(idx == len(seq) - 1)})
-        self.src.send(beats)
-        if bad is not None or len(beats) > self.max_beats:
-            self._expect(None, 1)
-        else:
-            gmode = gbs.Mode.MSB if (mode == gbs.Mode.DRAFT and not self.augment) else mode
-            self._expect(int(gbs.dot(a, w, s, gmode, keep)), 0)
-        return len(beats)
+    def pick_chunks(self, limit=None) -> int:
+        limit = self.maxc if limit is None else limit
+        r = self.rand.random()
+        if r < 0.003:
+            return limit + 1
+        if r < 0.006:
+            return limit
+        if r < 0.018 and limit > 16:
+            return int(round(math.exp(self.rand.uniform(math.log(16), math.log(limit - 1)))))
+        if r < 0.22:
+            return self.rand.randint(1, max(1, min(15, limit - 1)))
+        return self.rand.randint(1, max(1, min(3, limit - 1)))
 
-    def _bitfusion_dot(self, mode, chunks):
-        """Bit-Fusion beats: W8 uses act[0:L] (act[L:2L] is random and must be
-        ignored); W4 uses all 2L activations against packed INT4 pairs."""
-        L = self.lanes
-        total, beats = 0, []
-        for c in range(chunks):
-            a = self.rand_int8(2 * L)
-            if mode == gbf.W8:
-                wb = self.rand_int8(L) & 0xFF
-            else:
-                wb = gbf.pack_w4(self.np_rng.integers(-8, 8, size=2 * L))
-            total += gbf.beat_dot(a, wb, mode)
-            beats.append({"act": a.tolist(), "weight": wb.tolist(), "mode": mode,
-                          "last": int(c == chunks - 1)})
-        self.src.send(beats)
-        self._expect(None if len(beats) > self.max_beats else total,
-                     int(len(beats) > self.max_beats))
-        return len(beats)
+    @staticmethod
+    def corners(a, w, wlo=-128, whi=127) -> set:
+        """Extreme operand pairs present in one dot product (coverage)."""
+        out = set()
+        amin, amax = a == -128, a == 127
+        wmin, wmax = w == wlo, w == whi
+        for am, xn in ((amin, "min"), (amax, "max")):
+            if am.any():
+                for wm, yn in ((wmin, "min"), (wmax, "max")):
+                    if (am & wm).any():
+                        out.add(f"{xn}*{yn}")
+        if not (a.all() and w.all()):
+            out.add("zero")
+        return out
 
-    def _expect(self, value, error):
-        if value is not None and self.mutate:
-            value ^= 1
-        self.expected.append((value, error))
-
+    # -- dot products ---------------------------------------------------------------------
     def random_mode(self):
-        mode = self.rand.choice(list(gbs.Mode))
-        keep = self.n if mode is gbs.Mode.FULL else self.rand.randint(1, self.n - 1)
+        mode = self.rand.choice(list(Mode))
+        keep = self.n if mode is Mode.FULL else self.rand.randint(1, self.n - 1)
         return mode, keep
 
-    # -- checking --------------------------------------------------------------
-    async def drain(self, timeout_cycles=1_000_000):
-        start = self.counter.cycle
-        while len(self.sink.received) < len(self.expected):
+    def bitslice_dot(self, mode, keep, chunks, *, inject=None, a=None, w=None):
+        """Beats of one weight row (consumption order), then an optional
+        violation of the rule. Returns the beats (payload dicts)."""
+        L, s, n = self.L, self.s, self.n
+        a = self.rand_int8(chunks * L) if a is None else np.asarray(a, dtype=np.int64)
+        w = self.rand_int8(chunks * L) if w is None else np.asarray(w, dtype=np.int64)
+        planes = gbs.split(w, s) & ((1 << s) - 1)
+        pr = list(gbs.plane_range(s, mode, keep))
+        seq = [(q, c) for q in pr for c in range(chunks)]
+        fkeep = keep if mode is not Mode.FULL else self.rand.randrange(1 << self.keep_bits)
+        fields = [{"mode": int(mode), "keep": fkeep} for _ in seq]
+        r = self.rand
+        if inject == "keep" and mode is not Mode.FULL:
+            bad = r.choice([0] + list(range(n, 1 << self.keep_bits)))
+            for f in fields:
+                f["keep"] = bad
+        elif inject == "mode" and len(seq) > 1:
+            i = r.randrange(1, len(seq))
+            other = r.choice([m for m in Mode if m is not mode])
+            if mode is not Mode.FULL and r.random() < 0.4 and n > 2:
+                fields[i]["keep"] = r.choice([k for k in range(1, n) if k != keep])
+            else:
+                fields[i]["mode"] = int(other)
+                if other is not Mode.FULL:
+                    fields[i]["keep"] = r.randint(1, n - 1)
+        elif inject == "start":
+            if len(pr) > 1 and r.random() < 0.5:
+                seq = seq[chunks:]
+                fields = fields[chunks:]
+            else:
+                q = r.choice([x for x in range(n) if x != pr[0]])
+                seq[0] = (q, seq[0][1])
+        elif inject == "order":
+            choice = r.randrange(4)
+            if choice == 0 and len(pr) > 1 and chunks > 1:        # chunk-major
+                seq = [(q, c) for c in range(chunks) for q in pr]
+            elif choice == 1 and len(pr) > 2:                     # a plane skipped
+                skip = r.randrange(1, len(pr) - 1)
+                seq = [(q, c) for q, c in seq if q != pr[skip]]
+            elif choice == 2 and len(pr) > 1:                     # a plane repeated later
+                seq = seq + [(pr[0], c) for c in range(chunks)]
+            else:                                                 # past the last plane / back
+                q = pr[-1] + 1 if pr[-1] + 1 < n else max(0, pr[0] - 1)
+                if q == pr[-1]:
+                    q = (pr[-1] + 1) % n
+                seq = seq + [(q, 0)]
+            fields = [dict(fields[0]) for _ in seq]
+        elif inject == "chunks" and len(pr) > 1:
+            q = r.choice(pr[1:])
+            idx = [i for i, (p, _) in enumerate(seq) if p == q]
+            if r.random() < 0.5 and chunks > 1:
+                del seq[r.choice(idx)]
+            else:
+                i = r.choice(idx)
+                seq.insert(i, seq[i])
+            fields = [dict(fields[0]) for _ in seq]
+        elif inject == "missing" and len(pr) > 1:
+            drop = pr[-1] if r.random() < 0.7 else r.choice(pr[1:])
+            seq = [(q, c) for q, c in seq if q != drop] or seq[:1]
+            fields = [dict(fields[0]) for _ in seq]
+        beats = []
+        for i, ((q, c), f) in enumerate(zip(seq, fields)):
+            beats.append({"act": a[c * L:(c + 1) * L],
+                          "sv": {"slices": planes[q, c * L:(c + 1) * L], "plane": q},
+                          "mode": f["mode"], "keep": f["keep"], "last": int(i == len(seq) - 1)})
+        feats = {"mode": mode.name, "keep": keep if mode is not Mode.FULL else n,
+                 "chunks": chunk_bin(chunks, self.maxc), "corners": self.corners(a, w)}
+        # the row, for the golden model's arithmetic when the rule holds
+        row = (a, w, mode, keep) if inject is None else None
+        return beats, feats, row
+
+    def golden(self, beats, row=None):
+        """The golden model's ``(value, error, reason)`` for a beat sequence.
+
+        For the bit-slice PE: the rule (``check_beats``) on the sequence, and
+        the value from ``dot`` of the row when the testbench built the beats
+        from one (the same as ``pe_result``, which reassembles the row from the
+        beats and is used when a violation was injected), else
+        ``pe_result``."""
+        if self.kind == "bitslice":
+            if row is not None:
+                reason = gbs.check_beats(self.s, [(b["sv"]["plane"], b["mode"], b["keep"])
+                                                  for b in beats],
+                                         max_len=self.max_len, lanes=self.L)
+                if reason is not SeqError.OK:
+                    return None, 1, reason
+                a, w, mode, keep = row
+                if mode is Mode.DRAFT and not self.augment:
+                    mode = Mode.MSB
+                return int(gbs.dot(a, w, self.s, mode, keep)), 0, reason
+            seq = [(b["act"], b["sv"]["slices"], b["sv"]["plane"], b["mode"], b["keep"])
+                   for b in beats]
+            return gbs.pe_result(self.s, seq, max_len=self.max_len, lanes=self.L,
+                                 augment=self.augment)
+        if self.kind == "int8":
+            return gbs.mac_result([(b["act"], b["weight"]) for b in beats],
+                                  max_len=self.max_len, lanes=self.L)
+        return gbf.result([(b["act"], b["weight"], b["mode"]) for b in beats],
+                          max_len=self.max_len, lanes=self.L)
+
+    def int8_dot(self, chunks, a=None, w=None):
+        L = self.L
+        a = self.rand_int8(chunks * L) if a is None else np.asarray(a)
+        w = self.rand_int8(chunks * L) if w is None else np.asarray(w)
+        beats = [{"act": a[c * L:(c + 1) * L], "weight": w[c * L:(c + 1) * L],
+                  "last": int(c == chunks - 1)} for c in range(chunks)]
+        return beats, {"mode": "INT8", "chunks": chunk_bin(chunks, self.maxc),
+                       "corners": self.corners(a, w)}
+
+    def bitfusion_dot(self, mode, chunks, *, inject=None, extreme=None):
+        L = self.L
+        limit = gbf.max_beats(mode, max_len=self.max_len, lanes=L)
+        beats, corners = [], set()
+        flip = self.rand.randrange(1, chunks) if inject == "mode" and chunks > 1 else None
+        for c in range(chunks):
+            md = gbf.Mode(1 - mode) if c == flip else gbf.Mode(mode)
+            a = self.rand_int8(2 * L) if extreme is None else np.full(2 * L, extreme[0])
+            if md is gbf.W8:
+                wv = self.rand_int8(L) if extreme is None else np.full(L, extreme[1])
+                wb = wv & 0xFF
+                corners |= self.corners(a[:L], wv)
+            else:
+                wv = (self.rand_int8(2 * L, -8, 7) if extreme is None
+                      else np.full(2 * L, max(-8, min(7, extreme[1]))))
+                wb = gbf.pack_w4(wv)
+                corners |= self.corners(a, wv, -8, 7)
+            beats.append({"act": a, "weight": wb, "mode": int(md),
+                          "last": int(c == chunks - 1)})
+        return beats, {"mode": gbf.Mode(mode).name, "chunks": chunk_bin(chunks, limit),
+                       "corners": corners}
+
+    def random_dot(self):
+        """One random dot product (sometimes breaking the rule); queued."""
+        r = self.rand
+        if self.kind == "bitslice":
+            mode, keep = self.random_mode()
+            inject = None
+            if r.random() < 0.12:
+                inject = r.choice(["keep", "mode", "start", "order", "chunks", "missing"])
+                if inject == "keep" and mode is Mode.FULL:
+                    mode, keep = Mode.MSB, r.randint(1, self.n - 1)
+            chunks = self.pick_chunks()
+            return self.queue(*self.bitslice_dot(mode, keep, chunks, inject=inject))
+        if self.kind == "int8":
+            return self.queue(*self.int8_dot(self.pick_chunks()))
+        mode = r.choice(list(gbf.Mode))
+        limit = gbf.max_beats(mode, max_len=self.max_len, lanes=self.L)
+        inject = "mode" if r.random() < 0.05 else None
+        return self.queue(*self.bitfusion_dot(mode, self.pick_chunks(limit), inject=inject))
+
+    def queue(self, beats, feats, row=None):
+        value, error, reason = self.golden(beats, row)
+        if value is not None and self.mutate:
+            value ^= 1
+        idx = len(self.expected)
+        self.expected.append((value, error, dict(feats, reason=reason.name)))
+        self.io.send(idx, beats)
+        return len(beats)
+
+    # -- checking -------------------------------------------------------------------------
+    def _check_one(self, item):
+        cyc, got, waited = item
+        i = self.checked
+        self.checked += 1
+        if i >= len(self.expected):
+            self.errors.append(f"result {i} at cycle {cyc}: no dot product was sent for it")
+            return
+        value, error, feats = self.expected[i]
+        if got["error"] != error or (value is not None and got["value"] != value):
+            self.errors.append(f"result {i}: got value={got['value']} error={got['error']}, "
+                               f"expected value={value} error={error} ({feats['reason']}, "
+                               f"mode {feats['mode']})")
+        flow = set(self.io.flags.get(i, ())) | ({"wait"} if waited else set())
+        self.cover(dict(feats, flow=flow or {"none"}))
+
+    async def drain(self, timeout_cycles=2_000_000):
+        start = self.io.cycle
+        while len(self.io.received) < len(self.expected):
             await RisingEdge(self.dut.clk)
-            if self.counter.cycle - start > timeout_cycles:
-                raise AssertionError(
-                    f"timeout: {len(self.sink.received)} of {len(self.expected)} results")
-        for _ in range(8):                  # nothing extra may arrive
+            if self.io.cycle - start > timeout_cycles:
+                raise AssertionError(f"timeout: {len(self.io.received)} of "
+                                     f"{len(self.expected)} results (seed {cocotb.RANDOM_SEED})")
+        for _ in range(self.comp.latency + 8):          # nothing extra may arrive
             await RisingEdge(self.dut.clk)
 
-    def check(self):
-        errors = []
-        got = [r for _, r in self.sink.received]
-        if len(got) != len(self.expected):
-            errors.append(f"{len(got)} results for {len(self.expected)} dot products")
-        for i, (g, (val, err)) in enumerate(zip(got, self.expected)):
-            if g["error"] != err or (val is not None and g["value"] != val):
-                errors.append(f"result {i}: got value={g['value']} error={g['error']}, "
-                              f"expected value={val} error={err}")
-        errors += [f"stream rule at cycle {c}: {m}" for c, m in self.sink.rule_violations]
+    def check(self, run: str):
+        errors = list(self.errors)
+        if len(self.io.received) != len(self.expected):
+            errors.append(f"{len(self.io.received)} results for {len(self.expected)} "
+                          "dot products")
+        errors += [f"stream rule at cycle {c}: {m}" for c, m in self.io.rule_violations]
+        write_coverage(self.block, run=f"{run} {self.p}", transactions=len(self.expected))
         if errors:
             raise AssertionError(f"{len(errors)} mismatches (seed {cocotb.RANDOM_SEED}); first: "
                                  + "; ".join(errors[:5]))
-        assert self.src.empty(), "input not drained"
+        assert self.io.empty(), "input not drained"
+
+
+def _flow_tb(dut):
+    r = rng()
+    return PETB(dut, idle=Pattern(r, rates=(0.0, 0.2, 0.5), burst=0.1),
+                backpressure=Pattern(r, rates=(0.0, 0.3, 0.6), burst=0.25))
 
 
 @cocotb.test()
 async def random_vectors(dut):
-    """Random and corner vectors in all modes and plane orders, random idle
-    cycles on the input and random back-pressure on the output."""
-    tb = PETB(dut, idle=0.3, backpressure=0.3)
+    """Random dot products (about 12 % breaking the rule) in every mode,
+    chunk counts from 1 to one past the limit, corner operands, with idle,
+    stall and back-pressure phases on the streams."""
+    tb = _flow_tb(dut)
     await tb.start()
-    target = knob("pe_vectors", 20000)
+    target = knob("pe_dots", 10000)
     beats = 0
-    max_chunks = max(1, min(6, tb.p["max_len"] // tb.lanes))
-    while beats < target:
-        if tb.kind in ("int8", "bitfusion"):
-            mode = tb.rand.choice((gbf.W8, gbf.W4))
-            beats += tb.dot_product(mode, None, tb.rand.randint(1, max_chunks))
-            continue
-        mode, keep = tb.random_mode()
-        order = tb.rand.choice(("plane", "plane", "chunk", "shuffle"))
-        bad = None
-        if tb.rand.random() < 0.03 and mode is not gbs.Mode.FULL:
-            bad = tb.rand.choice(("plane", "keep"))
-        beats += tb.dot_product(mode, keep, tb.rand.randint(1, max_chunks), order=order, bad=bad)
+    for _ in range(target):
+        beats += tb.random_dot()
+        if len(tb.io.queue) > 4000:                 # keep the queue (and memory) short
+            while len(tb.io.queue) > 1000:
+                await RisingEdge(dut.clk)
     await tb.drain()
-    tb.check()
-    dut._log.info("random_vectors: %d beats, %d dot products checked", beats, len(tb.expected))
+    tb.check("random_vectors")
+    dut._log.info("random_vectors: %d dot products, %d beats, %d cycles, %d input stalls",
+                  len(tb.expected), beats, tb.io.cycle, tb.io.stalls)
 
 
 @cocotb.test()
-async def too_long(dut):
-    """A dot product longer than the accumulator was sized for is flagged, and
-    the next one is clean."""
-    tb = PETB(dut)
+async def limits(dut):
+    """The longest accepted dot product of every mode with the operands of
+    largest magnitude (exact, no overflow), one chunk more (error), and a
+    clean dot product after each."""
+    tb = _flow_tb(dut)
     await tb.start()
-    chunks = tb.max_beats // tb.n + 1
-    if tb.kind in ("int8", "bitfusion"):
-        tb.dot_product(gbf.W8, None, chunks)
-        tb.dot_product(gbf.W8, None, 1)
+    L = tb.L
+    if tb.kind == "bitslice":
+        combos = [(Mode.FULL, tb.n)] + [(m, k) for m in (Mode.DRAFT, Mode.MSB, Mode.LSB)
+                                        for k in range(1, tb.n)]
+        for mode, keep in combos:
+            for av, wv in ((-128, -128), (-128, 127), (127, -128), (127, 127)):
+                for chunks in (tb.maxc, tb.maxc + 1):
+                    n_el = chunks * L
+                    tb.queue(*tb.bitslice_dot(mode, keep, chunks, a=np.full(n_el, av),
+                                              w=np.full(n_el, wv)))
+                tb.queue(*tb.bitslice_dot(mode, keep, 1))
+    elif tb.kind == "int8":
+        for av, wv in ((-128, -128), (-128, 127), (127, -128), (127, 127)):
+            for chunks in (tb.maxc, tb.maxc + 1):
+                tb.queue(*tb.int8_dot(chunks, np.full(chunks * L, av), np.full(chunks * L, wv)))
+            tb.queue(*tb.int8_dot(1))
     else:
-        tb.dot_product(gbs.Mode.FULL, tb.n, chunks)
-        tb.dot_product(gbs.Mode.FULL, tb.n, 1)
+        for mode in gbf.Mode:
+            limit = gbf.max_beats(mode, max_len=tb.max_len, lanes=L)
+            for ext in ((-128, -128), (-128, 127), (127, -128), (127, 127)):
+                for chunks in (limit, limit + 1):
+                    tb.queue(*tb.bitfusion_dot(mode, chunks, extreme=ext))
+                tb.queue(*tb.bitfusion_dot(mode, 1))
     await tb.drain()
-    tb.check()
+    tb.check("limits")
+    bad = [e for e in tb.expected if e[2]["chunks"] == "over" and not e[1]]
+    assert not bad, "a dot product past the limit was expected to pass"
+
+
+@cocotb.test()
+async def errors_recover(dut):
+    """Every way of breaking the rule, each followed by a well-formed dot
+    product and some back to back: one result per ``last``, the error on the
+    broken one only, the next one clean (no reset in between)."""
+    tb = _flow_tb(dut)
+    await tb.start()
+    r = tb.rand
+    if tb.kind == "bitslice":
+        kinds = ["keep", "mode", "start", "order", "chunks", "missing"]
+        for rep in range(30):
+            for inject in kinds:
+                mode, keep = tb.random_mode()
+                if inject == "keep" and mode is Mode.FULL:
+                    mode, keep = Mode.LSB, r.randint(1, tb.n - 1)
+                if inject in ("chunks", "missing") and len(gbs.plane_range(tb.s, mode, keep)) < 2:
+                    mode, keep = Mode.FULL, tb.n
+                tb.queue(*tb.bitslice_dot(mode, keep, r.randint(2, 4), inject=inject))
+                if rep % 3:
+                    tb.queue(*tb.bitslice_dot(*tb.random_mode(), r.randint(1, 3)))
+        reasons = {e[2]["reason"] for e in tb.expected if e[1]}
+        assert reasons >= {"BAD_KEEP", "MODE_CHANGE", "BAD_START", "PLANE_ORDER",
+                           "CHUNK_MISMATCH", "MISSING_PLANE"}, reasons
+    elif tb.kind == "bitfusion":
+        for rep in range(40):
+            tb.queue(*tb.bitfusion_dot(r.choice(list(gbf.Mode)), r.randint(2, 4), inject="mode"))
+            tb.queue(*tb.bitfusion_dot(r.choice(list(gbf.Mode)), r.randint(1, 3)))
+    for rep in range(10):                          # too long, then clean
+        if tb.kind == "bitslice":
+            mode, keep = tb.random_mode()
+            tb.queue(*tb.bitslice_dot(mode, keep, tb.maxc + 1 + r.randrange(3)))
+            tb.queue(*tb.bitslice_dot(mode, keep, 1))
+        elif tb.kind == "int8":
+            tb.queue(*tb.int8_dot(tb.maxc + 1 + r.randrange(3)))
+            tb.queue(*tb.int8_dot(1))
+        else:
+            mode = r.choice(list(gbf.Mode))
+            lim = gbf.max_beats(mode, max_len=tb.max_len, lanes=tb.L)
+            tb.queue(*tb.bitfusion_dot(mode, lim + 1 + r.randrange(3)))
+            tb.queue(*tb.bitfusion_dot(mode, 1))
+    await tb.drain()
+    tb.check("errors_recover")
+    assert any(e[1] for e in tb.expected) and not all(e[1] for e in tb.expected)
+
+
+@cocotb.test()
+async def stall_recovery(dut):
+    """``o.ready`` low for long stretches: the input stops once every result
+    slot is taken (``i.ready`` low), nothing is lost or reordered, and the
+    stream resumes at full rate."""
+    tb = PETB(dut, backpressure=Pattern(rng(), rates=(0.0,), burst=1.0, phase_cycles=(400, 400)))
+    await tb.start()
+    for _ in range(400):
+        if tb.kind == "bitslice":
+            tb.queue(*tb.bitslice_dot(Mode.MSB, 1, 1))          # one beat, one result
+        elif tb.kind == "int8":
+            tb.queue(*tb.int8_dot(1))
+        else:
+            tb.queue(*tb.bitfusion_dot(gbf.W8, 1))
+    await tb.drain()
+    tb.check("stall_recovery")
+    assert tb.io.stalls > 0, "back-pressure never reached the input"
+    # while stalled, at most `depth` results were ever outstanding
+    assert max_outstanding(tb) <= tb.comp.depth
+
+
+def max_outstanding(tb) -> int:
+    """Most results accepted (their ``last`` beat) but not yet delivered."""
+    ev = [(c, 1) for c, _, last in tb.io.sent if last] + [(c, -1) for c, _, _ in
+                                                          tb.io.received]
+    ev.sort(key=lambda e: (e[0], e[1]))
+    cur = best = 0
+    for _, d in ev:
+        cur += d
+        best = max(best, cur)
+    return best
 
 
 @cocotb.test()
 async def throughput(dut):
-    """Back to back beats with an always-ready sink: counts cycles per beat
-    (must be 1: no bubbles) and the DRAFT/FULL cycle ratio for every k."""
+    """Back-to-back beats with an always-ready sink: cycles per beat (must be
+    1: no bubble, no stall), the DRAFT/FULL cycle ratio for every k, dot
+    products of a single beat at full rate, and the latency of every result
+    (must equal the block's documented ``latency``)."""
     tb = PETB(dut)
     await tb.start()
     chunks, count = 4, 32
-    groups = [("FULL", gbs.Mode.FULL if tb.kind != "bitfusion" else gbf.W8, tb.n)]
-    if tb.kind == "bitfusion":
-        groups += [("W4", gbf.W4, None)]
     if tb.kind == "bitslice":
-        groups += [(f"DRAFT_k{k}", gbs.Mode.DRAFT, k) for k in range(1, tb.n)]
+        groups = [("FULL", Mode.FULL, tb.n, chunks)]
+        groups += [(f"DRAFT_k{k}", Mode.DRAFT, k, chunks) for k in range(1, tb.n)]
+        groups += [("SINGLE", Mode.MSB, 1, 1)]
+    elif tb.kind == "int8":
+        groups = [("FULL", None, None, chunks), ("SINGLE", None, None, 1)]
+    else:
+        groups = [("FULL", gbf.W8, None, chunks), ("W4", gbf.W4, None, chunks),
+                  ("SINGLE", gbf.W8, None, 1)]
     figures = {}
-    for name, mode, keep in groups:
-        first = len(tb.src.sent)
-        nres = len(tb.sink.received)
-        beats = sum(tb.dot_product(mode, keep, chunks) for _ in range(count))
+    for name, mode, keep, ch in groups:
+        first, nres = len(tb.io.sent), len(tb.io.received)
+        n0 = len(tb.expected)
+        beats = 0
+        for _ in range(count if name != "SINGLE" else 64):
+            if tb.kind == "bitslice":
+                beats += tb.queue(*tb.bitslice_dot(mode, keep, ch))
+            elif tb.kind == "int8":
+                beats += tb.queue(*tb.int8_dot(ch))
+            else:
+                beats += tb.queue(*tb.bitfusion_dot(mode, ch))
         await tb.drain()
-        sent = tb.src.sent[first:]
-        got = tb.sink.received[nres:]
+        sent, got = tb.io.sent[first:], tb.io.received[nres:]
         span = sent[-1][0] - sent[0][0] + 1            # cycles the input was busy
-        figures[name] = {"beats": beats, "dot_products": count, "chunks": chunks,
-                         "input_cycles": span, "cycles_per_dot": span / count,
-                         "latency": got[-1][0] - sent[-1][0]}
+        last_cycles = [c for c, _, last in sent if last]
+        lat = sorted({g[0] - c for g, c in zip(got, last_cycles)})
+        dots = len(tb.expected) - n0
+        figures[name] = {"beats": beats, "dot_products": dots, "chunks": ch,
+                         "input_cycles": span, "cycles_per_dot": span / dots,
+                         "latency": lat[0] if len(lat) == 1 else lat}
         assert span == beats, f"{name}: {beats} beats took {span} cycles (bubbles)"
-        assert tb.src.stalls == 0, f"{name}: input stalled {tb.src.stalls} cycles"
-    tb.check()
+        assert lat == [tb.comp.latency], f"{name}: latencies {lat}, documented {tb.comp.latency}"
+    assert tb.io.stalls == 0, f"input stalled {tb.io.stalls} cycles with o always ready"
+    tb.check("throughput")
     full = figures["FULL"]["input_cycles"]
     for name, fig in figures.items():
         fig["ratio_to_full"] = fig["input_cycles"] / full
@@ -251,4 +801,61 @@ async def throughput(dut):
     out = os.environ.get("ELMOE_MEASURE_OUT")
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps({"params": tb.p, "figures": figures}, indent=2))
+        Path(out).write_text(json.dumps({"params": tb.p, "latency": tb.comp.latency,
+                                         "figures": figures}, indent=2))
+
+
+@cocotb.test()
+async def repro_issue10(dut):
+    """Issue 10, defect 1, at this build's geometry (bit-slice PEs only): the
+    longest FULL dot product of (-128)(-128) is exact (it wrapped to a
+    negative value with error 0); one chunk more, and a one-plane (MSB, DRAFT)
+    dot product of 2 C beats (the old limit counted beats over all planes:
+    512 at the default) are errors; C one-plane beats are exact; FULL with a
+    repeated, missing, reversed or interleaved plane is an error. A clean dot
+    product follows each. The golden model gives every expected result; the
+    issue's figures are asserted against it as well."""
+    tb = _flow_tb(dut)
+    if tb.kind != "bitslice":
+        return
+    await tb.start()
+    L, s, n, C = tb.L, tb.s, tb.n, tb.maxc
+    mask = (1 << s) - 1
+
+    def raw(planes_seq, mode, keep, av=-128, wv=-128):
+        w = np.full(L, wv, dtype=np.int64)
+        sl = gbs.split(w, s) & mask
+        beats = [{"act": np.full(L, av, dtype=np.int64), "sv": {"slices": sl[q], "plane": q},
+                  "mode": int(mode), "keep": keep, "last": int(i == len(planes_seq) - 1)}
+                 for i, q in enumerate(planes_seq)]
+        chunks = max(planes_seq.count(q) for q in set(planes_seq))
+        feats = {"mode": mode.name, "keep": keep if mode is not Mode.FULL else n,
+                 "chunks": chunk_bin(chunks, C), "corners": tb.corners(w, w)}
+        return beats, feats
+
+    want = []                                   # (index in tb.expected, value or None, error)
+
+    def case(beats_feats, value, error):
+        want.append((len(tb.expected), value, error))
+        tb.queue(*beats_feats)
+        tb.queue(*tb.bitslice_dot(Mode.FULL, n, 1))
+
+    full = [q for q in range(n) for _ in range(C)]
+    case(raw(full, Mode.FULL, n), 16384 * C * L, 0)
+    case(raw([q for q in range(n) for _ in range(C + 1)], Mode.FULL, n), None, 1)
+    d = s * (n - 1)
+    m_min = -(1 << (s - 1))
+    for mode in (Mode.MSB, Mode.DRAFT):
+        eff = (m_min << d) + ((1 << (d - 1)) if mode is Mode.DRAFT and tb.augment else 0)
+        case(raw([0] * (2 * C), mode, 1), None, 1)
+        case(raw([0] * C, mode, 1), C * L * (-128) * eff, 0)
+    bad = [[0, 0] + list(range(1, n)), [0], list(range(n))[::-1],
+           list(range(n)) * 2, [0] + list(range(1, n)) + [n - 1]]
+    for seq in bad:
+        case(raw(seq, Mode.FULL, n, av=3, wv=85), None, 1)
+    await tb.drain()
+    tb.check("repro_issue10")
+    for k, value, error in want:
+        got_v, got_e, _ = tb.expected[k]
+        assert got_e == error and (value is None or got_v == value), \
+            f"golden model disagrees with issue 10 at case {k}: {got_v, got_e} != {value, error}"

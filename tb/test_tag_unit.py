@@ -1,31 +1,34 @@
-"""cocotb testbench: expert-cache tag unit against the golden cache policy,
-response for response.
+"""cocotb testbench: the expert-cache tag unit against the golden cache policy,
+response for response and cycle for cycle.
 
-Every command is executed on :class:`elmoe3d.golden.tag_unit.TagUnitModel`
-when it is queued (commands transfer in queue order, so that is the order the
-RTL sees), and the RTL's response must equal the golden response in every
-field. Traces that behave like a cache controller (the Zipf stream) use the
-golden response to decide the next command (miss -> ALLOCATE, hit -> TOUCH);
-if the RTL ever disagreed, the comparison of that very response fails.
+Checking rule (the contract of :mod:`elmoe3d.hw.tag_unit`, not a replay of
+its choices): a command *executes* in the cycle before its response first
+becomes valid. The scoreboard keeps the golden model
+(:class:`elmoe3d.golden.tag_unit.TagUnitModel`) in step with the hardware
+cycle by cycle: for every cycle ``t`` it applies the command that executed in
+``t`` (if any), then ``disabled`` of ``t``, then the commit strobe of ``t``
+(:meth:`~elmoe3d.golden.tag_unit.TagUnitModel.step`), compares that command's
+response with the golden one field for field, and compares the ``resident``
+and ``pending`` outputs with the golden slot states every cycle. Every
+response must come at least ``TagUnit.LATENCY`` cycles after its command.
 
-Parameters come from the harness (``$ELMOE_PARAMS``): the
-:class:`elmoe3d.hw.tag_unit.TagUnit` parameters. Knobs (environment
-``ELMOE_<NAME>``):
+Stimulus is decided on a second golden copy (``shadow``) updated when a
+command is queued or an event driven; it only steers the traffic (which tags
+to allocate, which slots to pin) and is never compared with.
 
-* ``TAG_COMMANDS`` - commands in ``random_commands`` (default 200000);
-* ``TAG_ZIPF_COMMANDS`` - commands in ``zipf_trace`` (default 1000000);
-* ``TAG_MUTANT`` - ``tie`` or ``decay``: run against a deliberately wrong
-  golden model (the self-check test expects failure);
-* ``GOLDEN_MUTATION`` - flip bit 0 of every golden ``value`` field;
-* ``MEASURE_OUT`` - JSON file for the Zipf hit-rate figures;
-* ``THROUGHPUT_OUT`` - JSON file for the latency / stall figures.
+The testbench plays HB and the KV region too: ``hb_auto`` commits PENDING
+slots (seen on the ``pending`` output) after random delays, with a few
+strobes of slots that are not PENDING (which the unit must ignore);
+``kv_auto`` moves a KV boundary that covers the highest slots first, and in
+its "wild" mode drives arbitrary disabled masks.
 
-The driver is one coroutine per clock that drives the command stream (with
-random idle cycles), drives ``o.ready`` (with random back-pressure), checks
-the stream rules on the response stream (valid held and payload stable until
-ready) and scoreboards responses. Commands and responses are compared as
-packed integers (offsets taken from the Amaranth layouts), unpacked only to
-describe a mismatch.
+Parameters come from the harness (``$ELMOE_PARAMS``). Knobs (environment
+``ELMOE_<NAME>``): ``TAG_COMMANDS`` (random commands, default 10000),
+``TAG_ZIPF_COMMANDS`` (default 20000), ``TAG_MUTANT`` (``tie``, ``decay`` or
+``pending_hit``: a deliberately wrong golden model that must fail the
+test), ``GOLDEN_MUTATION`` (flip bit 0 of every golden ``value``),
+``MEASURE_OUT`` / ``THROUGHPUT_OUT`` (JSON figures), ``COVERAGE_RUN`` (the
+run name recorded in ``build/coverage/tag_unit.json``).
 """
 
 from __future__ import annotations
@@ -39,16 +42,21 @@ import cocotb
 import numpy as np
 from cocotb.triggers import ReadOnly, RisingEdge
 
-from ..golden.tag_unit import STAT_NAMES, TagError, TagOp, TagUnitModel
-from ..hw.tag_unit import tag_command_layout, tag_response_layout, value_bits
+from ..golden.tag_unit import STAT_NAMES, SlotState, TagError, TagOp, TagUnitModel
+from ..hw.tag_unit import TagUnit
+from ..hw.vocab import tag_command, tag_response
 from .common import golden_mutation, knob, params, rng, start_clock_and_reset
+from .coverage import write_coverage
+
+BLOCK = "tag_unit"
 
 
 class _Packer:
     """Fast pack/unpack of flat struct layouts (fields of plain or enum shape)."""
 
     def __init__(self, layout):
-        self.fields = [(name, f.offset, (1 << f.width) - 1) for name, f in layout]
+        from amaranth.lib import data
+        self.fields = [(name, f.offset, (1 << f.width) - 1) for name, f in data.Layout.cast(layout)]
 
     def pack(self, d: dict) -> int:
         out = 0
@@ -63,9 +71,110 @@ class _Packer:
         return {name: (raw >> off) & mask for name, off, mask in self.fields}
 
 
+def op_name(op: int) -> str:
+    return TagOp(op).name if op in TagOp._value2member_map_ else "BAD_OP"
+
+
+# -- functional coverage ------------------------------------------------------------------
+
+#: (op, error) pairs the golden policy can produce
+LEGAL_ERRORS = {
+    "LOOKUP": ["OK"], "LOOKUP_PIN": ["OK", "PIN_LIMIT"], "TOUCH": ["OK"], "DECAY": ["OK"],
+    "ALLOCATE": ["OK", "RESIDENT", "PENDING", "NO_VICTIM"], "INVALIDATE": ["OK", "PINNED"],
+    "INVALIDATE_SLOT": ["OK", "BAD_SLOT", "PINNED"], "INVALIDATE_MASK": ["OK", "PINNED"],
+    "PIN": ["OK", "BAD_SLOT", "NOT_VALID", "PIN_LIMIT"],
+    "UNPIN": ["OK", "BAD_SLOT", "NOT_VALID", "NOT_PINNED"],
+    "ABORT": ["OK", "BAD_SLOT", "NOT_PENDING"], "RESET": ["OK"], "STATS": ["OK", "BAD_SLOT"],
+    "BAD_OP": ["BAD_OP"],
+}
+SLOW_OPS = ("ALLOCATE", "INVALIDATE_MASK", "STATS")
+#: the ops that take their response from registers filled in a first cycle
+TWO_CYCLE_OPS = ("LOOKUP_PIN", "INVALIDATE", "INVALIDATE_SLOT", "PIN", "UNPIN", "ABORT")
+EVENTS = ("none", "commit", "disabled", "both")
+TRANSITIONS = (["FREE>PENDING:ALLOCATE", "RESIDENT>PENDING:ALLOCATE", "PENDING>RESIDENT:commit"]
+               + [f"PENDING>FREE:{c}" for c in ("ABORT", "INVALIDATE", "INVALIDATE_SLOT",
+                                                "INVALIDATE_MASK", "RESET", "kv")]
+               + [f"RESIDENT>FREE:{c}" for c in ("INVALIDATE", "INVALIDATE_SLOT",
+                                                 "INVALIDATE_MASK", "RESET", "kv")])
+
+
+def reachable_errors(p: dict) -> dict:
+    """LEGAL_ERRORS without BAD_SLOT where the slot field cannot name a bad slot."""
+    S, sb = p["slots"], TagUnitModel(**p).slot_bits
+    out = {k: list(v) for k, v in LEGAL_ERRORS.items()}
+    for op in ("INVALIDATE_SLOT", "PIN", "UNPIN", "ABORT"):
+        if (1 << sb) <= S:
+            out[op].remove("BAD_SLOT")
+    if (1 << sb) <= len(STAT_NAMES):
+        out["STATS"].remove("BAD_SLOT")
+    return out
+
+
+class Coverage:
+    """cocotb-coverage coverpoints and crosses of the tag unit (names under
+    ``tag_unit.``); samplers are plain methods taking one dict."""
+
+    def __init__(self, p: dict):
+        from cocotb_coverage.coverage import CoverCross, CoverPoint
+        legal = reachable_errors(p)
+        ops = list(LEGAL_ERRORS)
+        errors = sorted({e for v in legal.values() for e in v}, key=lambda e: TagError[e])
+        pairs = [f"{o}/{e}" for o in ops for e in legal[o]]
+        waits = ["ALLOCATE/1", "ALLOCATE/>1", "INVALIDATE_MASK/1", "INVALIDATE_MASK/>1",
+                 "STATS/0", "STATS/1", "TWO/1", "TWO/>1"]
+
+        def build(f, decos):
+            for d in reversed(decos):
+                f = d(f)
+            return f
+
+        n = "tag_unit.exec."
+        self.exec = build(lambda d: None, [
+            CoverPoint(n + "op", xf=lambda d: d["op"], bins=ops),
+            CoverPoint(n + "error", xf=lambda d: d["error"], bins=errors),
+            CoverPoint(n + "op_error", xf=lambda d: f"{d['op']}/{d['error']}", bins=pairs),
+            CoverPoint(n + "lookup", xf=lambda d: d["lookup"], bins=["hit", "pending", "miss"]),
+            CoverPoint(n + "event", xf=lambda d: d["event"], bins=list(EVENTS)),
+            CoverPoint(n + "victim", xf=lambda d: d["victim"],
+                       bins=["free/first", "free/middle", "free/last",
+                             "evict/first", "evict/middle", "evict/last"]),
+            CoverPoint(n + "wait", xf=lambda d: d["wait"], bins=waits),
+            CoverCross(n + "opXevent", items=[n + "op", n + "event"],
+                       ign_bins=[(o, e) for o in SLOW_OPS for e in EVENTS[1:]]),
+            CoverCross(n + "lookupXevent", items=[n + "lookup", n + "event"]),
+        ])
+        n = "tag_unit.state."
+        self.transition = build(lambda d: None, [
+            CoverPoint(n + "transition", xf=lambda d: d, bins=TRANSITIONS)])
+        n = "tag_unit.take."
+        self.take = build(lambda d: None, [
+            CoverPoint(n + "op", xf=lambda d: d["op"], bins=ops),
+            CoverPoint(n + "stall", xf=lambda d: d["stall"], bins=["direct", "stalled"]),
+            CoverCross(n + "opXstall", items=[n + "op", n + "stall"]),
+        ])
+        n = "tag_unit.accept."
+        self.accept = build(lambda d: None, [
+            CoverPoint(n + "op", xf=lambda d: d["op"], bins=ops),
+            CoverPoint(n + "kind", xf=lambda d: d["kind"], bins=["back_to_back", "idle", "stalled"]),
+            CoverCross(n + "opXkind", items=[n + "op", n + "kind"]),
+        ])
+
+
+_COVERAGE = None
+
+
+def coverage() -> Coverage:
+    global _COVERAGE
+    if _COVERAGE is None:
+        _COVERAGE = Coverage(params())
+    return _COVERAGE
+
+
+# -- the testbench ---------------------------------------------------------------------------
+
 class TagTB:
-    """Clock, reset, the combined command driver / response monitor and the
-    scoreboard for one tag-unit instance."""
+    """Clock, reset, the command driver, response monitor, HB and KV models
+    and the cycle-exact scoreboard for one tag-unit instance."""
 
     def __init__(self, dut, *, idle=0.0, backpressure=0.0):
         self.dut = dut
@@ -73,299 +182,700 @@ class TagTB:
         self.rand = rng()
         self.np_rng = np.random.default_rng(self.rand.getrandbits(32))
         mutant = knob("tag_mutant", "") or None
-        self.model = TagUnitModel(**self.p, mutant=mutant)
-        self.S = self.model.slots
-        tb = self.model.tag_bits
-        self.cmd = _Packer(tag_command_layout(self.S, tb, self.model.hot_bits,
-                                              self.model.plane_bits))
-        self.rsp = _Packer(tag_response_layout(self.S, tb, self.model.plane_bits,
-                                               value_bits(self.model.hot_bits,
-                                                          self.model.stat_bits,
-                                                          self.model.pin_bits)))
+        self.model = TagUnitModel(**self.p, mutant=mutant)       # the checker
+        self.shadow = TagUnitModel(**self.p)                     # steers the stimulus
+        m = self.model
+        self.S = m.slots
+        unit = TagUnit(**self.p)
+        self.latency, self.settle = unit.LATENCY, unit.victim_settle
+        self.cmd = _Packer(tag_command(self.S, m.tag_bits, m.hot_bits, m.plane_bits))
+        self.rsp = _Packer(tag_response(self.S, m.tag_bits, m.plane_bits, unit.value_bits))
+        del unit
         self.value_lsb = 1 << dict((n, o) for n, o, _ in self.rsp.fields)["value"]
         self.flip = golden_mutation()
+        self.cov = coverage()
         self.idle, self.backpressure = idle, backpressure
-        self.queue = collections.deque()       # (cmd_raw, expected_raw)
-        self.expected = collections.deque()    # (cmd_raw, expected_raw, send_cycle)
+        self.queue = collections.deque()     # ("cmd", dict) / ("commit", s) / ("disabled", m) / ("barrier",) / ("wait", n)
+        self.issued = 0
+        self.inflight = collections.deque()  # [cmd, accept_cycle]
         self.cycle = 0
-        self.sent = 0
-        self.checked = 0
+        self.sent = self.checked = 0
         self.in_stalls = 0
-        self.latencies = collections.Counter()
+        self.latencies = collections.Counter()       # (op name, latency) -> count
         self.errors = []
         self.rule_violations = []
         self.error_codes = collections.Counter()
+        self.log = None                               # list of (cmd, response) when set
+        self.resident_trace = None                    # list of (cycle, resident, commit) when set
+        # HB / KV models
+        self.hb_auto = False
+        self.commit_p, self.commit_delay, self.bogus_commit_p = 0.3, (0, 12), 0.02
+        self.kv_auto = False
+        self.kv_p, self.kv_wild_p, self.kv_max = 0.01, 0.1, max(1, self.S // 2)
+        self._kv_level = 0
+        self._fills = {}                              # pending slot -> cycle to commit
+        self.events_driven = collections.Counter()
+        self.refill_below = 256                       # queue length that calls refill()
+        self.on_response = None                       # callback(cmd, response) of a closed loop
+        self.dis_now = 0
 
     async def start(self):
-        self.dut.i__valid.value = 0
-        self.dut.o__ready.value = 0
+        d = self.dut
+        d.i__valid.value = 0
+        d.o__ready.value = 0
+        d.commit__valid.value = 0
+        d.commit__slot.value = 0
+        d.disabled.value = 0
         await start_clock_and_reset(self.dut)
 
-    # -- stimulus ------------------------------------------------------------
-    def issue(self, op, tag=0, slot=0, amount=0, planes=0) -> dict:
-        """Queue one command; execute it on the golden model now and return
-        the golden response (the RTL's must equal it)."""
-        c = {"op": int(op), "tag": tag, "slot": slot, "amount": amount, "planes": planes}
-        r = self.model.execute(c)
-        self.error_codes[r["error"]] += 1
-        exp = self.rsp.pack(r)
-        if self.flip:
-            exp ^= self.value_lsb
-        self.queue.append((self.cmd.pack(c), exp))
-        return r
+    # -- stimulus ----------------------------------------------------------------
+    def issue(self, op, tag=0, slot=0, amount=0, planes=0, slot_mask=0) -> dict:
+        """Queue one command; returns the *shadow's* response (exact when no
+        event can overtake it: directed sequences with :meth:`barrier`)."""
+        c = {"op": int(op), "tag": tag, "slot": slot, "amount": amount, "planes": planes,
+             "slot_mask": slot_mask}
+        self.queue.append(("cmd", c))
+        self.issued += 1
+        return self.shadow.execute(c)
 
-    # -- the driver / monitor / scoreboard ------------------------------------
+    def commit(self, slot: int):
+        """Queue a commit strobe (one cycle) of ``slot``."""
+        self.queue.append(("commit", slot))
+        self.shadow.commit(slot)
+
+    def set_disabled(self, mask: int):
+        """Queue a change of the disabled mask (held from then on)."""
+        self.queue.append(("disabled", mask))
+        self.shadow.set_disabled(mask)
+
+    def barrier(self):
+        """Queue a barrier: nothing further is driven until every response arrived."""
+        self.queue.append(("barrier",))
+
+    def wait(self, cycles: int):
+        """Queue ``cycles`` idle cycles on the command stream."""
+        self.queue.append(("wait", cycles))
+
+    def read_stats(self) -> dict:
+        """Queue STATS reads of every counter; returns the shadow values."""
+        return {n: self.issue(TagOp.STATS, slot=k)["value"] for k, n in enumerate(STAT_NAMES)}
+
+    def rand_tag(self):
+        return self.rand.getrandbits(self.model.tag_bits)
+
+    # -- the golden side of one cycle ----------------------------------------------
+    def _states(self):
+        m = self.model
+        return [m.slot_state(s) for s in range(self.S)]
+
+    def _transitions(self, before, cause):
+        after = self._states()
+        for s in range(self.S):
+            if before[s] != after[s]:
+                self.cov.transition(f"{before[s].name}>{after[s].name}:{cause}")
+        return after
+
+    def _golden_events(self, commit, disabled):
+        m = self.model
+        before = self._states()
+        if disabled != m.disabled_mask():
+            m.set_disabled(disabled)
+            before = self._transitions(before, "kv")
+        if commit is not None:
+            m.commit(commit)
+            self._transitions(before, "commit")
+
+    def _golden_command(self, cmd, raw, accept, exec_cycle, event, entry):
+        m = self.model
+        before = self._states()
+        pre_victim = m.choose_victim()
+        pre_held = m.valid[pre_victim] if pre_victim is not None else 0
+        exp = m.execute(cmd)
+        self._transitions(before, op_name(cmd["op"]))
+        name = op_name(cmd["op"])
+        err = TagError(exp["error"]).name
+        self.error_codes[err] += 1
+        lookup = None
+        if name in ("LOOKUP", "LOOKUP_PIN", "TOUCH", "INVALIDATE") and err == "OK":
+            lookup = "hit" if exp["hit"] else "pending" if exp["pending"] else "miss"
+        victim = None
+        if name == "ALLOCATE" and err == "OK":
+            pos = "first" if exp["slot"] == 0 else "last" if exp["slot"] == self.S - 1 else "middle"
+            victim = f"{'evict' if pre_held else 'free'}/{pos}"
+        wait = None
+        if name in SLOW_OPS or name in TWO_CYCLE_OPS:
+            w = exec_cycle - entry
+            wait = f"{'TWO' if name in TWO_CYCLE_OPS else name}/{w if w <= 1 else '>1'}"
+        self.cov.exec({"op": name, "error": err, "lookup": lookup, "event": event,
+                       "victim": victim, "wait": wait})
+        want = self.rsp.pack(exp)
+        if self.flip:
+            want ^= self.value_lsb
+        lat = exec_cycle + 1 - accept
+        self.latencies[(name, lat)] += 1
+        self.checked += 1
+        if self.log is not None:
+            self.log.append((cmd, exp, lat, self.rsp.unpack(raw), exec_cycle))
+        if self.on_response is not None:
+            self.on_response(cmd, exp)
+        if lat < self.latency:
+            self.errors.append(f"cycle {exec_cycle + 1}: response of {cmd} after {lat} cycles")
+        if raw != want:
+            self.errors.append(
+                f"command #{self.checked - 1} {cmd} (executed in cycle {exec_cycle}): got "
+                f"{self.rsp.unpack(raw)}, expected {self.rsp.unpack(want)}")
+
+    # -- HB and KV models ---------------------------------------------------------
+    def _hb(self, pending_seen: int):
+        """A commit strobe for this cycle, or None."""
+        for s in range(self.S):
+            if (pending_seen >> s) & 1 and s not in self._fills:
+                self._fills[s] = self.cycle + self.rand.randint(*self.commit_delay)
+        for s in list(self._fills):
+            if not (pending_seen >> s) & 1:
+                del self._fills[s]
+        if self.rand.random() < self.bogus_commit_p:
+            return self.rand.randrange(self.S)
+        due = [s for s, c in self._fills.items() if c <= self.cycle]
+        if due and self.rand.random() < self.commit_p:
+            s = self.rand.choice(due)
+            del self._fills[s]
+            return s
+        return None
+
+    def _kv(self):
+        """The disabled mask of this cycle (a KV boundary from the top)."""
+        if self.rand.random() >= self.kv_p:
+            return self.dis_now
+        if self.rand.random() < self.kv_wild_p:
+            return self.rand.getrandbits(self.S) & self.rand.getrandbits(self.S)
+        self._kv_level = max(0, min(self.kv_max, self._kv_level + self.rand.choice((-2, -1, 1, 2))))
+        k = self._kv_level
+        return ((1 << k) - 1) << (self.S - k)
+
+    # -- driver / monitor / scoreboard ------------------------------------------------
     async def run(self, refill=None, *, max_errors=10):
-        """Stream the queue (calling ``refill()`` to top it up while it returns
-        True) until every response has arrived and been checked."""
-        dut, rand = self.dut, self.rand
+        """Drive the queue (``refill()`` tops it up while it returns True)
+        until every response has arrived and been checked."""
+        dut, rand, S = self.dut, self.rand, self.S
         i_valid, i_ready, i_payload = dut.i__valid, dut.i__ready, dut.i__payload
         o_valid, o_ready, o_payload = dut.o__valid, dut.o__ready, dut.o__payload
+        c_valid, c_slot, dis_port = dut.commit__valid, dut.commit__slot, dut.disabled
+        res_port, pend_port = dut.resident, dut.pending
         clk = dut.clk
-        idle, bp = self.idle, self.backpressure
-        cur = None
-        pending = None                         # response offered, not yet taken
+        smask = (1 << S) - 1
+        cur = None                     # [cmd, first_cycle]
         more = refill is not None
         quiet = 0
+        prev = (None, self.dis_now)    # events of the previous cycle
+        o_prev_valid = o_prev_taken = False
+        held_raw, stall_cycles = None, 0
+        last_accept, last_exec = -10, -10
+        pend_seen = 0
+        prev2_dis = self.dis_now
+        waiting = 0
         while True:
             await RisingEdge(clk)
             self.cycle += 1
-            if cur is None:
+            cyc = self.cycle
+            commit_now = None
+            if waiting:
+                waiting -= 1
+            elif cur is None:
                 if more and len(self.queue) < 256:
                     more = bool(refill())
-                if self.queue and not (idle and rand.random() < idle):
-                    cur = self.queue.popleft()
-                    i_payload.value = cur[0]
+                while self.queue and self.queue[0][0] != "cmd":
+                    kind = self.queue[0][0]
+                    if kind == "barrier":
+                        if self.inflight:
+                            break
+                        self.queue.popleft()
+                    elif kind == "wait":
+                        waiting = self.queue.popleft()[1]
+                        break
+                    elif kind == "commit":
+                        if commit_now is not None:
+                            break
+                        commit_now = self.queue.popleft()[1]
+                    else:
+                        self.dis_now = self.queue.popleft()[1]
+                if not waiting and self.queue and self.queue[0][0] == "cmd" and \
+                        not (self.idle and rand.random() < self.idle):
+                    cur = [self.queue.popleft()[1], cyc]
+                    i_payload.value = self.cmd.pack(cur[0])
+            if self.hb_auto and commit_now is None:
+                commit_now = self._hb(pend_seen)
+                if commit_now is not None:
+                    self.shadow.commit(commit_now)
+            if self.kv_auto:
+                new = self._kv()
+                if new != self.dis_now:
+                    self.dis_now = new
+                    self.shadow.set_disabled(new)
+                    self.events_driven["disabled"] += 1
             i_valid.value = cur is not None
-            ready = not (bp and rand.random() < bp)
+            ready = not (self.backpressure and rand.random() < self.backpressure)
             o_ready.value = ready
+            c_valid.value = commit_now is not None
+            c_slot.value = commit_now or 0
+            dis_port.value = self.dis_now
+            if commit_now is not None:
+                self.events_driven["commit"] += 1
             await ReadOnly()
+            # the previous cycle, on the golden side: its command, then its events
+            p_commit, p_dis = prev
+            ov = bool(o_valid.value)
+            raw = o_payload.value.to_unsigned() if ov else None
+            if ov and (not o_prev_valid or o_prev_taken):
+                if not self.inflight:
+                    self.errors.append(f"cycle {cyc}: response without a command: "
+                                       f"{self.rsp.unpack(raw)}")
+                    break
+                cmd, accept = self.inflight.popleft()
+                event = ("both" if p_commit is not None and p_dis != prev2_dis else
+                         "commit" if p_commit is not None else
+                         "disabled" if p_dis != prev2_dis else "none")
+                entry = max(accept + 2, last_exec + 1)
+                self._golden_command(cmd, raw, accept, cyc - 1, event, entry)
+                last_exec = cyc - 1
+                stall_cycles = 0
+            self._golden_events(p_commit, p_dis)
+            # input transfer
             if cur is not None:
                 if i_ready.value:
-                    self.expected.append((cur[0], cur[1], self.cycle))
+                    kind = ("stalled" if cur[1] != cyc else
+                            "back_to_back" if last_accept == cyc - 1 else "idle")
+                    self.cov.accept({"op": op_name(cur[0]["op"]), "kind": kind})
+                    self.inflight.append((cur[0], cyc))
+                    last_accept = cyc
                     self.sent += 1
                     cur = None
                 else:
                     self.in_stalls += 1
-            if o_valid.value:
-                val = o_payload.value
-                if not val.is_resolvable:
-                    self.errors.append(f"cycle {self.cycle}: response payload not 0/1: {val}")
-                    break
-                raw = val.to_unsigned()
-                if pending is not None and raw != pending:
-                    self.rule_violations.append((self.cycle, "payload changed before ready"))
+            # stream rules on o, and the take of a response
+            if held_raw is not None and (not ov or raw != held_raw):
+                self.rule_violations.append((cyc, "valid dropped or payload changed before ready"))
+            if ov:
+                op = op_name(self.rsp.unpack(raw)["op"])
                 if ready:
-                    self._check(raw)
-                    pending = None
+                    self.cov.take({"op": op, "stall": "stalled" if stall_cycles else "direct"})
+                    held_raw = None
                 else:
-                    pending = raw
-            elif pending is not None:
-                self.rule_violations.append((self.cycle, "valid dropped before ready"))
-                pending = None
+                    stall_cycles += 1
+                    held_raw = raw
+            else:
+                held_raw = None
+            o_prev_valid, o_prev_taken = ov, ov and ready
+            # resident / pending, every cycle
+            res_rtl, pend_rtl = res_port.value.to_unsigned(), pend_port.value.to_unsigned()
+            res_want = self.model.resident_mask() & ~self.dis_now & smask
+            pend_want = self.model.pending_mask() & ~self.dis_now & smask
+            if (res_rtl, pend_rtl) != (res_want, pend_want):
+                self.errors.append(f"cycle {cyc}: resident/pending {res_rtl:#x}/{pend_rtl:#x}, "
+                                   f"expected {res_want:#x}/{pend_want:#x}")
+            if self.resident_trace is not None:
+                self.resident_trace.append((cyc, res_rtl, commit_now))
+            pend_seen = pend_rtl
+            prev2_dis = p_dis
+            prev = (commit_now, self.dis_now)
             if len(self.errors) >= max_errors or self.rule_violations:
                 break
-            if cur is None and not self.queue and not more and not self.expected:
+            if cur is None and not self.queue and not more and not self.inflight and not waiting:
                 quiet += 1
-                if quiet > 8:                  # nothing extra may arrive
+                if quiet > 8:                   # nothing extra may arrive
                     break
             else:
                 quiet = 0
         await RisingEdge(clk)
         i_valid.value = 0
+        dut.commit__valid.value = 0
         self.cycle += 1
+        self._golden_events(*prev)
         self.report()
-
-    def _check(self, raw):
-        if not self.expected:
-            self.errors.append(f"cycle {self.cycle}: unexpected response {self.rsp.unpack(raw)}")
-            return
-        cmd, exp, sent = self.expected.popleft()
-        self.latencies[self.cycle - sent] += 1
-        self.checked += 1
-        if raw != exp:
-            self.errors.append(
-                f"command #{self.checked - 1} {self.cmd.unpack(cmd)}: got {self.rsp.unpack(raw)}, "
-                f"expected {self.rsp.unpack(exp)}")
 
     def report(self):
         errs = list(self.errors)
         errs += [f"stream rule at cycle {c}: {m}" for c, m in self.rule_violations]
-        if self.expected and not errs:
-            errs.append(f"{len(self.expected)} responses missing")
+        if self.inflight and not errs:
+            errs.append(f"{len(self.inflight)} responses missing")
         if errs:
             raise AssertionError(f"{len(errs)} mismatches (seed {cocotb.RANDOM_SEED}); first: "
                                  + "; ".join(errs[:3]))
         assert not self.queue, "commands left unsent"
 
-    # -- helpers for traces ----------------------------------------------------
-    def rand_tag(self):
-        return self.rand.getrandbits(self.model.tag_bits)
-
-    def read_stats(self) -> dict:
-        """Queue STATS reads of all counters; returns the golden values."""
-        return {n: self.issue(TagOp.STATS, slot=k)["value"] for k, n in enumerate(STAT_NAMES)}
+    def save_coverage(self, run: str, transactions: int):
+        write_coverage(BLOCK, run=f"{knob('coverage_run', '')}:{run}", transactions=transactions)
 
 
-def _random_batch(tb: TagTB, n: int, pool: list, weights: list):
-    """``n`` random commands; slot-addressed ops mostly name valid slots."""
-    m, rand, S = tb.model, tb.rand, tb.S
-    ops = rand.choices(range(len(weights)), weights=weights, k=n)
-    hot_max = m.hot_max
-    plane_max = (1 << m.plane_bits) - 1
-    slot_top = (1 << m.slot_bits) - 1
-    for k in ops:
-        tag = rand.choice(pool) if rand.random() < 0.95 else tb.rand_tag()
-        if k == 9:                                     # unknown opcode
-            tb.issue(rand.randint(9, 15), tag=tag, slot=rand.randint(0, slot_top),
-                     amount=rand.randint(0, hot_max))
-            continue
-        op = TagOp(k)
-        if op in (TagOp.PIN, TagOp.UNPIN):
-            r = rand.random()
-            if r < 0.85:
-                live = [s for s in range(S) if m.valid[s]]
-                slot = rand.choice(live) if live else 0
-            else:
-                slot = rand.randint(0, slot_top)
-            tb.issue(op, slot=slot, tag=tag)
-        elif op == TagOp.STATS:
-            tb.issue(op, slot=rand.randint(0, min(slot_top, 5)))
-        else:
-            amount = (hot_max if rand.random() < 0.1 else
-                      rand.randint(0, hot_max) if rand.random() < 0.3 else rand.randint(0, 3))
-            tb.issue(op, tag=tag, amount=amount, planes=rand.randint(0, plane_max))
+# -- random traffic -------------------------------------------------------------------------
 
-
-# opcode weights of the random phases: LOOKUP TOUCH DECAY ALLOCATE INVALIDATE
-# PIN UNPIN RESET STATS bad-op
+#: opcode weights of the random phases
 PHASES = {
-    "mixed": [30, 15, 3, 20, 5, 8, 8, 0.05, 3, 1],
-    "pin_heavy": [15, 5, 1, 20, 5, 30, 5, 0.02, 2, 1],
-    "churn": [20, 10, 2, 40, 15, 4, 6, 0.02, 2, 1],
-    "hot": [30, 40, 10, 10, 2, 4, 4, 0.02, 2, 1],
+    "mixed": {TagOp.LOOKUP: 20, TagOp.LOOKUP_PIN: 10, TagOp.TOUCH: 12, TagOp.DECAY: 2,
+              TagOp.ALLOCATE: 18, TagOp.INVALIDATE: 4, TagOp.INVALIDATE_SLOT: 3,
+              TagOp.INVALIDATE_MASK: 1, TagOp.PIN: 6, TagOp.UNPIN: 12, TagOp.ABORT: 3,
+              TagOp.RESET: 0.05, TagOp.STATS: 2, "bad": 0.5},
+    "pin_heavy": {TagOp.LOOKUP: 10, TagOp.LOOKUP_PIN: 15, TagOp.TOUCH: 4, TagOp.DECAY: 1,
+                  TagOp.ALLOCATE: 15, TagOp.INVALIDATE: 4, TagOp.INVALIDATE_SLOT: 3,
+                  TagOp.INVALIDATE_MASK: 2, TagOp.PIN: 20, TagOp.UNPIN: 8, TagOp.ABORT: 2,
+                  TagOp.RESET: 0.02, TagOp.STATS: 1, "bad": 0.5},
+    "churn": {TagOp.LOOKUP: 15, TagOp.LOOKUP_PIN: 5, TagOp.TOUCH: 8, TagOp.DECAY: 2,
+              TagOp.ALLOCATE: 30, TagOp.INVALIDATE: 10, TagOp.INVALIDATE_SLOT: 6,
+              TagOp.INVALIDATE_MASK: 3, TagOp.PIN: 3, TagOp.UNPIN: 20, TagOp.ABORT: 6,
+              TagOp.RESET: 0.02, TagOp.STATS: 2, "bad": 0.5},
+    "hot": {TagOp.LOOKUP: 25, TagOp.LOOKUP_PIN: 5, TagOp.TOUCH: 40, TagOp.DECAY: 8,
+            TagOp.ALLOCATE: 8, TagOp.INVALIDATE: 2, TagOp.INVALIDATE_SLOT: 1,
+            TagOp.INVALIDATE_MASK: 0.5, TagOp.PIN: 3, TagOp.UNPIN: 6, TagOp.ABORT: 1,
+            TagOp.RESET: 0.02, TagOp.STATS: 2, "bad": 0.5},
 }
 
 
-@cocotb.test()
-async def random_commands(dut):
-    """>= 200,000 random commands (phases of differently weighted opcode
-    mixes, tag pools from S/2 to 3S, bad commands of every kind), random
-    idle cycles on the command stream, random response back-pressure."""
-    tb = TagTB(dut, idle=0.25, backpressure=0.3)
+def random_batch(tb: TagTB, n: int, pool: list, weights: dict):
+    """``n`` random commands decided on the shadow model: tags mostly from
+    ``pool``; slot-addressed ops mostly name slots in a useful state."""
+    sh, rand, S = tb.shadow, tb.rand, tb.S
+    keys = list(weights)
+    picks = rand.choices(keys, weights=[weights[k] for k in keys], k=n)
+    hot_max = sh.hot_max
+    plane_max = (1 << sh.plane_bits) - 1
+    slot_top = (1 << sh.slot_bits) - 1
+    for k in picks:
+        tag = rand.choice(pool) if rand.random() < 0.95 else tb.rand_tag()
+        if k == "bad":
+            tb.issue(rand.randint(13, 15), tag=tag, slot=rand.randint(0, slot_top),
+                     amount=rand.randint(0, hot_max), slot_mask=rand.getrandbits(S))
+            continue
+        op = k
+        if op in (TagOp.PIN, TagOp.UNPIN, TagOp.ABORT, TagOp.INVALIDATE_SLOT):
+            held = [s for s in range(S) if sh.valid[s]]
+            if op == TagOp.UNPIN:
+                want = [s for s in held if sh.pins[s]]
+            elif op == TagOp.ABORT:
+                want = [s for s in range(S) if sh.pending[s]]
+            elif op == TagOp.INVALIDATE_SLOT:
+                want = [s for s in held if not sh.pins[s]]
+            else:
+                want = held
+            r = rand.random()
+            if r < 0.75 and want:
+                slot = rand.choice(want)
+            elif r < 0.9:
+                slot = rand.randrange(S)
+            else:
+                slot = rand.randint(0, slot_top)
+            tb.issue(op, slot=slot, tag=tag)
+        elif op == TagOp.INVALIDATE_MASK:
+            free_ok = [s for s in range(S) if not sh.pins[s]]
+            mask = 0
+            for s in rand.sample(range(S), rand.randint(1, max(1, S // 3))):
+                if s in free_ok or rand.random() < 0.3:
+                    mask |= 1 << s
+            tb.issue(op, slot_mask=mask)
+        elif op == TagOp.STATS:
+            tb.issue(op, slot=rand.randint(0, slot_top))
+        else:
+            amount = (hot_max if rand.random() < 0.1 else
+                      rand.randint(0, hot_max) if rand.random() < 0.3 else rand.randint(0, 3))
+            tb.issue(op, tag=tag, amount=amount, planes=rand.randint(0, plane_max),
+                     slot=rand.randint(0, slot_top))
+
+
+async def _random_run(dut, target: int, name: str):
+    tb = TagTB(dut, idle=0.2, backpressure=0.25)
+    tb.hb_auto = tb.kv_auto = True
     await tb.start()
-    target = knob("tag_commands", 200_000)
     state = {"left": target}
 
     def refill():
         if state["left"] <= 0:
             return False
-        n = min(2000, state["left"])
+        n = min(500, state["left"])
         size = tb.rand.choice((tb.S // 2, tb.S, tb.S + tb.S // 2, 2 * tb.S, 3 * tb.S))
         pool = [tb.rand_tag() for _ in range(max(2, size))]
-        _random_batch(tb, n, pool, PHASES[tb.rand.choice(list(PHASES))])
+        phase = tb.rand.choice(list(PHASES))
+        tb.idle = tb.rand.choice((0.0, 0.0, 0.1, 0.3))
+        tb.backpressure = tb.rand.choice((0.0, 0.1, 0.3, 0.6))
+        tb.commit_p = tb.rand.choice((0.05, 0.3, 1.0))
+        random_batch(tb, n, pool, PHASES[phase])
         state["left"] -= n
         tb.model.check_invariants()
         return True
 
     t0 = time.monotonic()
     await tb.run(refill)
+    tb.kv_auto = tb.hb_auto = False
     tb.read_stats()
     await tb.run()
-    dut._log.info("random_commands: %d commands checked in %d cycles (%.1f s); errors seen %s",
-                  tb.checked, tb.cycle, time.monotonic() - t0,
-                  {TagError(k).name: v for k, v in sorted(tb.error_codes.items())})
+    dut._log.info("%s: %d commands checked in %d cycles (%.1f s); errors %s; events %s",
+                  name, tb.checked, tb.cycle, time.monotonic() - t0,
+                  dict(sorted(tb.error_codes.items())), dict(tb.events_driven))
     assert tb.checked >= target
+    tb.save_coverage(name, tb.checked)
+    return tb
+
+
+@cocotb.test()
+async def random_commands(dut):
+    """Random commands (``TAG_COMMANDS``, default 10,000) in phases of
+    differently weighted mixes of every opcode, tag pools S/2..3S, bad
+    commands of every kind; random idle cycles on the command stream,
+    random response back-pressure, HB commit strobes (some naming slots
+    that are not PENDING) and KV boundary moves (some arbitrary masks)."""
+    await _random_run(dut, knob("tag_commands", 10_000), "random_commands")
+
+
+# -- directed traces ------------------------------------------------------------------------
+
+def _fill_resident(tb: TagTB, tags, hot=lambda k: 0, planes=1):
+    """ALLOCATE each tag, commit it (HB) and UNPIN it (controller): the pure-cache fill."""
+    slots = []
+    for k, t in enumerate(tags):
+        r = tb.issue(TagOp.ALLOCATE, tag=t, amount=hot(k), planes=planes)
+        assert r["error"] == TagError.OK, r
+        tb.barrier()
+        tb.commit(r["slot"])
+        tb.issue(TagOp.UNPIN, slot=r["slot"])
+        slots.append(r["slot"])
+    return slots
+
+
+@cocotb.test()
+async def allocate_pins_its_victim(dut):
+    """Issue 10, defect 5: on a full cache ``ALLOCATE A`` then ``ALLOCATE B``
+    must take two different slots (A's slot is PENDING and pinned, so B
+    cannot evict it while A's fill is in flight). A pending tag is not a
+    hit (LOOKUP, LOOKUP_PIN, TOUCH report it as pending), INVALIDATE of it
+    is PINNED, ABORT frees it; its commit makes it a hit with the pin
+    kept until UNPIN."""
+    tb = TagTB(dut, idle=0.1, backpressure=0.2)
+    await tb.start()
+    S, m = tb.S, tb.shadow
+    tags = tb.rand.sample(range(1 << m.tag_bits), S + 3)
+    _fill_resident(tb, tags[:S], hot=lambda k: 5)
+    a = tb.issue(TagOp.ALLOCATE, tag=tags[S], amount=1)
+    b = tb.issue(TagOp.ALLOCATE, tag=tags[S + 1], amount=1)
+    assert a["error"] == b["error"] == TagError.OK and a["slot"] != b["slot"], (a, b)
+    assert a["evicted"] and b["evicted"] and b["evicted_tag"] != tags[S], (a, b)
+    for op in (TagOp.LOOKUP, TagOp.LOOKUP_PIN, TagOp.TOUCH):
+        r = tb.issue(op, tag=tags[S], amount=1)
+        assert r["pending"] == 1 and r["hit"] == 0 and r["slot"] == a["slot"], (op, r)
+    assert tb.issue(TagOp.ALLOCATE, tag=tags[S])["error"] == TagError.PENDING
+    assert tb.issue(TagOp.INVALIDATE, tag=tags[S])["error"] == TagError.PINNED
+    assert tb.issue(TagOp.INVALIDATE_SLOT, slot=a["slot"])["error"] == TagError.PINNED
+    assert tb.issue(TagOp.ABORT, slot=b["slot"])["evicted_tag"] == tags[S + 1]
+    assert tb.issue(TagOp.LOOKUP, tag=tags[S + 1])["hit"] == 0
+    assert tb.issue(TagOp.ABORT, slot=b["slot"])["error"] == TagError.NOT_PENDING
+    tb.barrier()
+    tb.commit(a["slot"])
+    r = tb.issue(TagOp.LOOKUP_PIN, tag=tags[S])
+    assert r["hit"] == 1 and m.pins[a["slot"]] == 2, r
+    assert tb.issue(TagOp.ABORT, slot=a["slot"])["error"] == TagError.NOT_PENDING
+    tb.issue(TagOp.UNPIN, slot=a["slot"])
+    tb.issue(TagOp.UNPIN, slot=a["slot"])
+    assert tb.issue(TagOp.INVALIDATE, tag=tags[S])["hit"] == 1
+    tb.read_stats()
+    await tb.run()
+    tb.save_coverage("allocate_pins_its_victim", 0)
+
+
+@cocotb.test()
+async def kv_disabled_slots(dut):
+    """The KV region covers the highest slots first and victims are taken
+    from slot 0 up: a covered slot holding a tag is freed in the cycle it is
+    covered (``resident`` drops that cycle), is never a hit and never a
+    victim; with every enabled slot pinned ALLOCATE answers NO_VICTIM even
+    though covered slots exist; uncovering gives FREE slots back."""
+    tb = TagTB(dut, idle=0.1, backpressure=0.2)
+    tb.resident_trace = []
+    await tb.start()
+    S, m = tb.S, tb.shadow
+    tags = tb.rand.sample(range(1 << m.tag_bits), 2 * S)
+    slots = _fill_resident(tb, tags[:S])
+    assert slots == list(range(S)), slots                  # lowest index first
+    k = max(1, S // 4)
+    top = ((1 << k) - 1) << (S - k)
+    tb.barrier()
+    tb.set_disabled(top)
+    for t in tags[S - k:S]:                                 # covered: gone
+        assert tb.issue(TagOp.LOOKUP, tag=t)["hit"] == 0
+    for s in range(S - k, S):
+        assert tb.issue(TagOp.PIN, slot=s)["error"] == TagError.NOT_VALID
+    for j in range(S - k):                                  # pin every enabled slot
+        tb.issue(TagOp.PIN, slot=j)
+    assert tb.issue(TagOp.ALLOCATE, tag=tags[S])["error"] == TagError.NO_VICTIM
+    tb.issue(TagOp.UNPIN, slot=S - k - 1)
+    r = tb.issue(TagOp.ALLOCATE, tag=tags[S])
+    assert r["slot"] == S - k - 1 and r["evicted_tag"] == tags[S - k - 1], r
+    tb.barrier()
+    tb.set_disabled(0)
+    r = tb.issue(TagOp.ALLOCATE, tag=tags[S + 1])           # the lowest uncovered FREE slot
+    assert r["slot"] == S - k and not r["evicted"], r
+    # a pending slot covered: freed (pins cleared), its commit strobe ignored
+    tb.barrier()
+    tb.set_disabled(1 << (S - k))
+    tb.barrier()
+    tb.commit(S - k)
+    assert tb.issue(TagOp.LOOKUP, tag=tags[S + 1])["pending"] == 0
+    assert tb.issue(TagOp.ABORT, slot=S - k)["error"] == TagError.NOT_PENDING
+    tb.barrier()
+    tb.set_disabled(0)
+    assert tb.read_stats()["kv_frees"] == k + 1, tb.shadow.stats()
+    tb.issue(TagOp.RESET)
+    await tb.run()
+    tb.save_coverage("kv_disabled_slots", 0)
+
+
+@cocotb.test()
+async def commit_same_edge(dut):
+    """A commit strobe in cycle t: ``resident`` of that slot is 0 in t and 1
+    from t + 1 on (the edge at which HB sets its valid bit); a LOOKUP that
+    executes in t still sees the slot PENDING (step order: command,
+    disabled, commit), as the golden model in the scoreboard requires."""
+    tb = TagTB(dut)
+    tb.resident_trace = []
+    await tb.start()
+    m = tb.shadow
+    tags = tb.rand.sample(range(1 << m.tag_bits), 4)
+    for t in tags:
+        tb.issue(TagOp.ALLOCATE, tag=t)
+    tb.barrier()
+    for s in range(4):
+        tb.commit(s)
+        for _ in range(s):
+            tb.issue(TagOp.LOOKUP, tag=tags[s])
+        tb.barrier()
+    await tb.run()
+    trace = tb.resident_trace
+    for c, res, strobe in trace:
+        if strobe is not None:
+            nxt = [r for cc, r, _ in trace if cc == c + 1][0]
+            assert not (res >> strobe) & 1 and (nxt >> strobe) & 1, (c, res, nxt, strobe)
+    assert sum(1 for _, _, s in trace if s is not None) == 4
+    tb.save_coverage("commit_same_edge", 0)
+
+
+@cocotb.test()
+async def invalidate_slot_and_mask(dut):
+    """INVALIDATE_SLOT frees one slot (FREE slot: no change; pinned: PINNED);
+    INVALIDATE_MASK frees every masked slot or, if one of them is pinned,
+    none (PINNED), and reports the slots that held a tag."""
+    tb = TagTB(dut, idle=0.2, backpressure=0.3)
+    await tb.start()
+    S, m = tb.S, tb.shadow
+    tags = tb.rand.sample(range(1 << m.tag_bits), S)
+    _fill_resident(tb, tags)
+    r = tb.issue(TagOp.INVALIDATE_SLOT, slot=1)
+    assert r["hit"] and r["evicted_tag"] == tags[1], r
+    assert tb.issue(TagOp.INVALIDATE_SLOT, slot=1)["evicted"] == 0
+    tb.issue(TagOp.PIN, slot=2)
+    assert tb.issue(TagOp.INVALIDATE_SLOT, slot=2)["error"] == TagError.PINNED
+    assert tb.issue(TagOp.INVALIDATE_MASK, slot_mask=0b1111)["error"] == TagError.PINNED
+    assert m.valid[0] and m.valid[3]                           # nothing freed
+    tb.issue(TagOp.UNPIN, slot=2)
+    r = tb.issue(TagOp.INVALIDATE_MASK, slot_mask=0b1111)
+    assert r["slot_mask"] == 0b1101, r
+    assert tb.issue(TagOp.INVALIDATE_MASK, slot_mask=(1 << S) - 1)["slot_mask"] == \
+        ((1 << S) - 1) & ~0b1111
+    assert not any(m.valid)
+    if (1 << m.slot_bits) > S:
+        for op in (TagOp.INVALIDATE_SLOT, TagOp.PIN, TagOp.UNPIN, TagOp.ABORT):
+            assert tb.issue(op, slot=S)["error"] == TagError.BAD_SLOT
+    await tb.run()
+    tb.save_coverage("invalidate_slot_and_mask", 0)
 
 
 @cocotb.test()
 async def all_pinned(dut):
-    """Fill every slot, pin them all (one twice, up to the pin limit): ALLOCATE
-    answers NO_VICTIM and changes nothing; INVALIDATE of a pinned tag is
-    PINNED; unpinning one slot makes exactly it the victim; UNPIN of an
-    unpinned or free slot and PIN of a free slot are refused."""
+    """Every slot PENDING (pinned by ALLOCATE): ALLOCATE answers NO_VICTIM;
+    committed but still pinned: NO_VICTIM; one UNPIN makes exactly that slot
+    the victim; PIN up to the limit; UNPIN of an unpinned or free slot and
+    PIN of a free slot are refused."""
     tb = TagTB(dut, idle=0.2, backpressure=0.2)
     await tb.start()
-    S, m = tb.S, tb.model
+    S, m = tb.S, tb.shadow
     tags = tb.rand.sample(range(1 << m.tag_bits), S + 4)
     for k in range(S):
         tb.issue(TagOp.ALLOCATE, tag=tags[k], amount=tb.rand.randint(0, m.hot_max), planes=1)
+    assert tb.issue(TagOp.ALLOCATE, tag=tags[S])["error"] == TagError.NO_VICTIM
+    tb.barrier()
     for s in range(S):
-        tb.issue(TagOp.PIN, slot=s)
-    for _ in range(m.pin_max + 1):                      # last one: PIN_LIMIT
+        tb.commit(s)
+    assert tb.issue(TagOp.ALLOCATE, tag=tags[S])["error"] == TagError.NO_VICTIM
+    for _ in range(m.pin_max):                              # last one: PIN_LIMIT
         r = tb.issue(TagOp.PIN, slot=S // 2)
     assert r["error"] == TagError.PIN_LIMIT
-    for k in range(S, S + 4):
-        assert tb.issue(TagOp.ALLOCATE, tag=tags[k])["error"] == TagError.NO_VICTIM
+    r = tb.issue(TagOp.LOOKUP_PIN, tag=tags[S // 2])
+    assert r["error"] == TagError.PIN_LIMIT
     assert tb.issue(TagOp.INVALIDATE, tag=tags[3])["error"] == TagError.PINNED
     assert tb.issue(TagOp.ALLOCATE, tag=tags[5])["error"] == TagError.RESIDENT
     assert tb.issue(TagOp.UNPIN, slot=S - 1)["error"] == TagError.OK
     assert tb.issue(TagOp.UNPIN, slot=S - 1)["error"] == TagError.NOT_PINNED
     r = tb.issue(TagOp.ALLOCATE, tag=tags[S])
     assert r["error"] == TagError.OK and r["slot"] == S - 1 and r["evicted_tag"] == tags[S - 1]
-    tb.issue(TagOp.PIN, slot=S - 1)
     assert tb.issue(TagOp.ALLOCATE, tag=tags[S + 1])["error"] == TagError.NO_VICTIM
-    tb.issue(TagOp.UNPIN, slot=S - 1)
-    assert tb.issue(TagOp.INVALIDATE, tag=tags[S])["hit"] == 1
+    tb.issue(TagOp.ABORT, slot=S - 1)
     assert tb.issue(TagOp.PIN, slot=S - 1)["error"] == TagError.NOT_VALID
     assert tb.issue(TagOp.UNPIN, slot=S - 1)["error"] == TagError.NOT_VALID
     assert tb.issue(TagOp.ALLOCATE, tag=tags[S + 1])["slot"] == S - 1   # the free slot
-    if S < (1 << m.slot_bits):
-        assert tb.issue(TagOp.PIN, slot=S)["error"] == TagError.BAD_SLOT
-    tb.issue(TagOp.STATS, slot=(1 << m.slot_bits) - 1)                  # BAD_SLOT
+    tb.issue(TagOp.STATS, slot=(1 << m.slot_bits) - 1)
     tb.read_stats()
     tb.issue(TagOp.RESET)
     for k in range(4):
         tb.issue(TagOp.LOOKUP, tag=tags[k])
     tb.read_stats()
     await tb.run()
+    tb.save_coverage("all_pinned", 0)
 
 
 @cocotb.test()
 async def thrash(dut):
-    """Working set larger than S, cycled in order (every lookup misses and
-    every allocation evicts), then a working set of exactly S (all hits)."""
+    """A controller loop (LOOKUP_PIN; hit: TOUCH, UNPIN; miss: ALLOCATE,
+    commit, UNPIN) over a working set larger than S cycled in order (every
+    lookup misses, every allocation evicts), then one of exactly S (all hits)."""
     tb = TagTB(dut, backpressure=0.1)
     await tb.start()
-    m = tb.model
-    for ws, rounds in ((tb.S + tb.S // 2 + 1, 6), (2 * tb.S, 3), (tb.S, 4)):
+    m = tb.shadow
+    for ws, rounds in ((tb.S + tb.S // 2 + 1, 4), (2 * tb.S, 2), (tb.S, 3)):
         tb.issue(TagOp.RESET)
         tags = tb.rand.sample(range(1 << m.tag_bits), ws)
         for _ in range(rounds):
             for t in tags:
-                if tb.issue(TagOp.LOOKUP, tag=t)["hit"]:
+                r = tb.issue(TagOp.LOOKUP_PIN, tag=t)
+                if r["hit"]:
                     tb.issue(TagOp.TOUCH, tag=t, amount=1)
+                    tb.issue(TagOp.UNPIN, slot=r["slot"])
                 else:
-                    tb.issue(TagOp.ALLOCATE, tag=t, amount=1, planes=1)
+                    a = tb.issue(TagOp.ALLOCATE, tag=t, amount=1, planes=1)
+                    tb.barrier()
+                    tb.commit(a["slot"])
+                    tb.issue(TagOp.UNPIN, slot=a["slot"])
         st = tb.read_stats()
         if ws > tb.S:
             assert st["evictions"] == st["allocations"] - tb.S, st
         else:
             assert st["hits"] == ws * (rounds - 1), st
     await tb.run()
+    tb.save_coverage("thrash", 0)
 
 
 @cocotb.test()
 async def decay_and_saturation(dut):
     """TOUCH with large amounts saturates at 2**hot_bits - 1 (never wraps);
     repeated DECAY drives every counter to its fixed point of ``h -= h >> d``
-    (0 for d = 0, otherwise below 2**d; 0 stays 0); statistics counters
-    saturate when ``stat_bits`` is small."""
+    (0 for d = 0, otherwise below 2**d); statistics counters saturate when
+    ``stat_bits`` is small; pin counters stop at the limit."""
     tb = TagTB(dut, idle=0.1, backpressure=0.1)
     await tb.start()
-    m = tb.model
+    m = tb.shadow
     tags = tb.rand.sample(range(1 << m.tag_bits), tb.S)
-    for k, t in enumerate(tags):
-        tb.issue(TagOp.ALLOCATE, tag=t, amount=k % (m.hot_max + 1))
+    _fill_resident(tb, tags, hot=lambda k: k % (m.hot_max + 1))
     for rep in range(4):
         for t in tags:
             r = tb.issue(TagOp.TOUCH, tag=t, amount=m.hot_max if rep else m.hot_max // 2 + 1)
             assert r["hit"]
     assert all(h == m.hot_max for h in m.hot)
-    for t in tags[: tb.S // 2]:
-        tb.issue(TagOp.TOUCH, tag=t, amount=0)
     steps = 0
-    while True:                                          # decay to the fixed point
+    while True:
         before = list(m.hot)
         tb.issue(TagOp.DECAY)
         for t in tags[::3]:
@@ -375,18 +885,13 @@ async def decay_and_saturation(dut):
             break
         assert steps < 10 * (m.hot_bits + 1) << m.decay_shift
     assert all(h < (1 << m.decay_shift) if m.decay_shift else h == 0 for h in m.hot)
-    tb.issue(TagOp.INVALIDATE, tag=tags[0])
-    tb.issue(TagOp.ALLOCATE, tag=tags[0], amount=0)     # coldest possible
-    for _ in range(m.hot_bits + 2):
-        tb.issue(TagOp.DECAY)
-    tb.issue(TagOp.LOOKUP, tag=tags[0])
-    # statistics saturation (reachable in a test only with narrow counters)
     if m.stat_bits <= 12:
         for _ in range((1 << m.stat_bits) + 5):
             tb.issue(TagOp.LOOKUP, tag=tags[1])
         st = tb.read_stats()
         assert st["lookups"] == st["hits"] == m.stat_max, st
     await tb.run()
+    tb.save_coverage("decay_and_saturation", 0)
 
 
 def zipf_probabilities(n: int, a: float) -> np.ndarray:
@@ -396,121 +901,224 @@ def zipf_probabilities(n: int, a: float) -> np.ndarray:
 
 @cocotb.test()
 async def zipf_trace(dut):
-    """A Zipf-distributed expert stream driven like the cache controller: per
-    access LOOKUP; a hit TOUCHes (+1, draft routing's one-hot), a miss
-    ALLOCATEs (hot = 1, planes = MSB planes); the most recent accesses stay
-    pinned while "in use" (pin on use, unpin a few accesses later); DECAY
-    every 64 accesses. The hit rate comes from the unit's own STATS and must
-    equal the golden model's to the count."""
+    """A Zipf-distributed expert stream driven like the cache controller, in a
+    closed loop on the responses it receives (up to 4 LOOKUP_PINs in
+    flight): a hit TOUCHes (+1) and stays pinned while "in use" (UNPIN a
+    few accesses later); a miss ALLOCATEs (hot = 1; the slot is PENDING and
+    pinned), HB commits it after a random delay and the controller UNPINs it
+    later; a PENDING tag is left to its fill; DECAY every 64 accesses. The
+    hit rate comes from the unit's own STATS and must equal the golden
+    model's to the count."""
     tb = TagTB(dut, idle=0.05, backpressure=0.1)
+    tb.hb_auto = True
+    tb.bogus_commit_p = 0.0
+    tb.commit_delay = (2, 30)
+    tb.refill_below = 2
     await tb.start()
-    m, rand = tb.model, tb.rand
-    target = knob("tag_zipf_commands", 1_000_000)
+    m = tb.model
+    target = knob("tag_zipf_commands", 20_000)
     layers = min(1 << m.layer_bits, 4)
     experts = min(1 << m.expert_bits, 64)
     alpha = 1.1
     p = zipf_probabilities(experts, alpha)
-    perms = [tb.np_rng.permutation(experts) for _ in range(layers)]   # rank -> expert per layer
-    in_use = collections.deque()
+    perms = [tb.np_rng.permutation(experts) for _ in range(layers)]
+    accesses = iter(zip(tb.np_rng.choice(experts, size=target, p=p).tolist(),
+                        tb.np_rng.integers(0, layers, size=target).tolist()))
+    in_use = collections.deque()            # slots whose pin this controller holds
     window = max(1, tb.S // 4)
-    state = {"issued": 0, "access": 0}
+    st = {"lookups": 0, "access": 0, "done": False}
+
+    def issue(op, **kw):
+        tb.issue(op, **kw)
+
+    def on_response(cmd, r):
+        op = cmd["op"]
+        if op == TagOp.LOOKUP_PIN:
+            st["lookups"] -= 1
+            if r["error"] == TagError.OK and r["hit"]:
+                issue(TagOp.TOUCH, tag=cmd["tag"], amount=1)
+                in_use.append(r["slot"])
+            elif r["error"] == TagError.OK and not r["pending"]:
+                issue(TagOp.ALLOCATE, tag=cmd["tag"], amount=1,
+                      planes=min(1, (1 << m.plane_bits) - 1))
+        elif op == TagOp.ALLOCATE and r["error"] == TagError.OK:
+            in_use.append(r["slot"])
+        while len(in_use) > window:
+            issue(TagOp.UNPIN, slot=in_use.popleft())
 
     def refill():
-        if state["issued"] >= target:
-            while in_use:                                 # release every pin
-                tb.issue(TagOp.UNPIN, slot=in_use.popleft())
-            return False
-        n0 = len(tb.queue)
-        ranks = tb.np_rng.choice(experts, size=256, p=p)
-        lyr = tb.np_rng.integers(0, layers, size=256)
-        for r, ly in zip(ranks.tolist(), lyr.tolist()):
-            tag = m.make_tag(ly, int(perms[ly][r]))
-            res = tb.issue(TagOp.LOOKUP, tag=tag)
-            if res["hit"]:
-                tb.issue(TagOp.TOUCH, tag=tag, amount=1)
-                slot = res["slot"]
-            else:
-                a = tb.issue(TagOp.ALLOCATE, tag=tag, amount=1,
-                             planes=min(1, (1 << m.plane_bits) - 1))
-                slot = a["slot"] if a["error"] == TagError.OK else None
-            if slot is not None and rand.random() < 0.3 and m.pins[slot] < m.pin_max:
-                tb.issue(TagOp.PIN, slot=slot)
-                in_use.append(slot)
-            while len(in_use) > window:
-                tb.issue(TagOp.UNPIN, slot=in_use.popleft())
-            state["access"] += 1
-            if state["access"] % 64 == 0:
-                tb.issue(TagOp.DECAY)
-            if state["issued"] + len(tb.queue) - n0 >= target:
-                break
-        state["issued"] += len(tb.queue) - n0
+        if tb.issued >= target:
+            if not st["done"] and not st["lookups"]:
+                st["done"] = True
+                while in_use:
+                    issue(TagOp.UNPIN, slot=in_use.popleft())
+            return not st["done"]
+        while st["lookups"] < 4:
+            rank, ly = next(accesses)
+            issue(TagOp.LOOKUP_PIN, tag=m.make_tag(ly, int(perms[ly][rank])))
+            st["lookups"] += 1
+            st["access"] += 1
+            if st["access"] % 64 == 0:
+                issue(TagOp.DECAY)
         return True
 
+    tb.on_response = on_response
     t0 = time.monotonic()
     await tb.run(refill)
-    stats_golden = tb.read_stats()
-    # the unit's own STATS: read them back through the scoreboard (equal to
-    # the golden counters field for field) and keep the raw RTL values
-    rtl_stats = {}
-    orig_check = tb._check
-
-    def capture(raw):
-        cmd = tb.cmd.unpack(tb.expected[0][0]) if tb.expected else None
-        if cmd and cmd["op"] == TagOp.STATS:
-            rtl_stats[STAT_NAMES[cmd["slot"]]] = tb.rsp.unpack(raw)["value"]
-        orig_check(raw)
-    tb._check = capture
+    tb.on_response = None
+    while in_use:
+        issue(TagOp.UNPIN, slot=in_use.popleft())
+    await tb.run()
+    tb.hb_auto = False
+    for s in range(tb.S):                      # the last fills commit
+        if tb.model.pending[s]:
+            tb.commit(s)
+    tb.log = []
+    tb.read_stats()
     await tb.run()
     wall = time.monotonic() - t0
-    commands = tb.checked
-    assert rtl_stats == stats_golden, (rtl_stats, stats_golden)
+    rtl_stats = {STAT_NAMES[c["slot"]]: got["value"] for c, _, _, got, _ in tb.log
+                 if c["op"] == TagOp.STATS}
+    golden = tb.model.stats()
+    assert rtl_stats == golden, (rtl_stats, golden)      # equal to the scoreboard's golden
+    assert not any(tb.model.pins), tb.model.pins         # every pin this controller took released
     hit_rate = rtl_stats["hits"] / max(1, rtl_stats["lookups"])
-    dut._log.info("zipf_trace: %d commands, %d cycles, %.1f s; RTL STATS %s; golden %s; "
-                  "hit rate %.4f (alpha %.2f, %d layers x %d experts, S=%d)",
-                  commands, tb.cycle, wall, rtl_stats, stats_golden, hit_rate, alpha,
-                  layers, experts, tb.S)
+    dut._log.info("zipf_trace: %d commands, %d cycles, %.1f s; RTL STATS %s; errors %s; "
+                  "hit rate %.4f (alpha %.2f, %d layers x %d experts, S=%d)", tb.checked,
+                  tb.cycle, wall, rtl_stats, dict(tb.error_codes), hit_rate, alpha, layers,
+                  experts, tb.S)
     out = knob("measure_out", "")
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps({
-            "params": tb.p, "commands": commands, "cycles": tb.cycle, "seconds": wall,
-            "rtl_stats": rtl_stats, "golden_stats": stats_golden, "hit_rate": hit_rate,
+            "params": tb.p, "commands": tb.checked, "cycles": tb.cycle, "seconds": wall,
+            "rtl_stats": rtl_stats, "golden_stats": golden, "hit_rate": hit_rate,
             "zipf_alpha": alpha, "layers": layers, "experts": experts,
             "seed": cocotb.RANDOM_SEED}, indent=2))
+    tb.save_coverage("zipf_trace", tb.checked)
 
 
 @cocotb.test()
-async def lookup_throughput(dut):
-    """Back-to-back LOOKUPs (and a mix of every operation) with an always-ready
-    consumer: no input stall, every response exactly 2 cycles after its
-    command (the documented latency)."""
+async def latency_and_throughput(dut):
+    """With an always-ready consumer: a back-to-back stream of every
+    single-cycle operation with no input stall and every response exactly
+    ``LATENCY`` (3) cycles after its command; ALLOCATE and INVALIDATE_MASK
+    ``LATENCY + 1`` on a quiet state and ``LATENCY + victim_settle`` right
+    behind a state-changing command; STATS ``LATENCY`` on a quiet state and
+    ``LATENCY + 1`` right behind a LOOKUP (the documented timing)."""
     tb = TagTB(dut)
     await tb.start()
-    m = tb.model
-    tags = tb.rand.sample(range(1 << m.tag_bits), 2 * tb.S)
-    for t in tags[: tb.S]:
-        tb.issue(TagOp.ALLOCATE, tag=t)
+    m, S, L, P = tb.shadow, tb.S, tb.latency, tb.settle
+    tags = tb.rand.sample(range(1 << m.tag_bits), 2 * S)
+    _fill_resident(tb, tags[:S])
+    await tb.run()
+    # 1. single-cycle operations, back to back
+    tb.latencies.clear()
+    tb.in_stalls = 0
     for _ in range(4):
         for t in tags:
             tb.issue(TagOp.LOOKUP, tag=t)
-    for t in tags:                                        # every op back to back
-        tb.issue(TagOp.TOUCH, tag=t, amount=3)
-        tb.issue(TagOp.ALLOCATE, tag=t)
-        tb.issue(TagOp.LOOKUP, tag=t)
-        tb.issue(TagOp.DECAY)
-        tb.issue(TagOp.PIN, slot=tb.rand.randrange(tb.S))
-        tb.issue(TagOp.UNPIN, slot=tb.rand.randrange(tb.S))
-        tb.issue(TagOp.INVALIDATE, tag=tags[tb.rand.randrange(len(tags))])
-    n = len(tb.queue)
+    for t in tags:
+        for op in (TagOp.TOUCH, TagOp.LOOKUP, TagOp.TOUCH, TagOp.DECAY, 13):
+            tb.issue(op, tag=t, amount=3)
     await tb.run()
+    single = collections.Counter()
+    for (name, la), n in tb.latencies.items():
+        single[la] += n
     assert tb.in_stalls == 0, f"command stream stalled {tb.in_stalls} cycles"
-    assert dict(tb.latencies) == {2: n}, f"latencies {dict(tb.latencies)}"
-    dut._log.info("lookup_throughput: %d commands, %d stalls, latency %s", n, tb.in_stalls,
-                  dict(tb.latencies))
+    assert set(single) == {L}, dict(single)
+    n_single = sum(single.values())
+    # 2. the two-cycle operations: L + 1 each alone, one per two cycles back to back
+    def two_cycle_ops(t, alone=False):
+        for op, kw in ((TagOp.LOOKUP_PIN, {"tag": t}), (TagOp.PIN, {"slot": tb.rand.randrange(S)}),
+                       (TagOp.UNPIN, {"slot": tb.rand.randrange(S)}),
+                       (TagOp.INVALIDATE, {"tag": tags[tb.rand.randrange(len(tags))]}),
+                       (TagOp.ABORT, {"slot": tb.rand.randrange(S)}),
+                       (TagOp.INVALIDATE_SLOT, {"slot": tb.rand.randrange(S)})):
+            tb.issue(op, **kw)
+            if alone:
+                tb.barrier()
+    tb.log = []
+    for t in tags[:4]:
+        two_cycle_ops(t, alone=True)
+    await tb.run()
+    two = collections.Counter(e[2] for e in tb.log)
+    assert set(two) == {L + 1}, dict(two)
+    tb.log = []
+    for t in tags:
+        two_cycle_ops(t)
+    await tb.run()
+    n_two = len(tb.log)
+    spacing = collections.Counter(b[4] - a[4] for a, b in zip(tb.log, tb.log[1:]))
+    assert set(spacing) == {2}, dict(spacing)
+    # 2. the waiting operations, on a quiet state and right behind a change
+    tb.issue(TagOp.RESET)
+    _fill_resident(tb, tags[:S])
+    await tb.run()
+    tb.log = []
+    first = tb.issued
+    marks = {}
+    for op, kw, kw2 in ((TagOp.ALLOCATE, {"tag": tags[S]}, {"tag": tags[S + 1]}),
+                        (TagOp.INVALIDATE_MASK, {"slot_mask": 1}, {"slot_mask": 2}),
+                        (TagOp.STATS, {"slot": 0}, {"slot": 1})):
+        tb.wait(P + 2)
+        marks[(op.name, "quiet")] = tb.issued - first
+        tb.issue(op, **kw)
+        tb.barrier()
+        tb.wait(P + 2)
+        tb.issue(TagOp.LOOKUP if op == TagOp.STATS else TagOp.TOUCH, tag=tags[2], amount=1)
+        marks[(op.name, "behind")] = tb.issued - first
+        tb.issue(op, **kw2)
+        tb.barrier()
+    await tb.run()
+    got = {k: tb.log[i][2] for k, i in marks.items()}
+    want = {("ALLOCATE", "quiet"): L + 1, ("ALLOCATE", "behind"): L + P,
+            ("INVALIDATE_MASK", "quiet"): L + 1, ("INVALIDATE_MASK", "behind"): L + P,
+            ("STATS", "quiet"): L, ("STATS", "behind"): L + 1}
+    assert got == want, (got, want)
+    dut._log.info("latency_and_throughput: %d single-cycle commands, 0 input stalls, latency %d; "
+                  "%d two-cycle commands, latency %d; waiting ops %s (victim_settle P = %d)",
+                  n_single, L, n_two, L + 1, got, P)
     out = knob("throughput_out", "")
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps({"params": tb.p, "commands": n,
-                                         "stalls": tb.in_stalls,
-                                         "latency_cycles": sorted(tb.latencies)}, indent=2))
+        Path(out).write_text(json.dumps({
+            "params": tb.p, "commands": n_single, "stalls": 0, "latency_cycles": [L],
+            "two_cycle_latency": L + 1, "victim_settle": P,
+            "waiting_op_latency": {f"{k[0]}/{k[1]}": v for k, v in got.items()}}, indent=2))
+    tb.save_coverage("latency_and_throughput", 0)
 
+
+@cocotb.test()
+async def one_lookup_per_cycle(dut):
+    """Measured throughput: N back-to-back LOOKUPs with an always-ready
+    consumer take exactly N cycles from the first response to the last."""
+    tb = TagTB(dut)
+    await tb.start()
+    tags = tb.rand.sample(range(1 << tb.shadow.tag_bits), tb.S)
+    _fill_resident(tb, tags)
+    tb.barrier()
+    N = 2000
+    tb.log = []
+    for k in range(N):
+        tb.issue(TagOp.LOOKUP, tag=tags[k % tb.S])
+    seen = []
+    orig = tb._golden_command
+
+    def spy(cmd, raw, accept, exec_cycle, event, entry):
+        seen.append(exec_cycle)
+        orig(cmd, raw, accept, exec_cycle, event, entry)
+    tb._golden_command = spy
+    await tb.run()
+    ex = seen[-N:]
+    span = ex[-1] - ex[0] + 1
+    assert span == N, f"{N} lookups executed over {span} cycles"
+    dut._log.info("one_lookup_per_cycle: %d LOOKUPs in %d cycles (%.3f lookups/cycle)",
+                  N, span, N / span)
+    out = knob("throughput_out", "")
+    if out:
+        p = Path(out)
+        d = json.loads(p.read_text()) if p.exists() else {}
+        d["lookups_per_cycle"] = N / span
+        d["lookups"] = N
+        p.write_text(json.dumps(d, indent=2))

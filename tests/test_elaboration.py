@@ -25,6 +25,11 @@ def test_pe_bad_params(kw, exc, match):
 def test_mac_bad_params():
     with pytest.raises(ValueError, match="Lane count"):
         Int8MacVector(lanes=-1)
+    with pytest.raises(ValueError, match="Adder levels per pipeline stage must be in 1..16, not 0"):
+        Int8MacVector(levels_per_stage=0)
+    from elmoe3d.hw.bitfusion import BitFusionPE
+    with pytest.raises(TypeError, match="Maximum dot-product length must be an integer"):
+        BitFusionPE(max_len=1.5)
 
 
 @pytest.mark.parametrize("kw,exc,match", [
@@ -46,8 +51,20 @@ def test_presets():
 
 
 def test_pe_accumulator_sizing():
+    """One formula: the PE, its result type and Config agree; the limit is in
+    chunks per plane (ceil(max_len / L)), and the width holds that many
+    chunks of L elements, also when L does not divide max_len."""
+    from elmoe3d.golden.bitslice import acc_width
+    from elmoe3d.hw.vocab import vocab
     pe = BitSlicePE(lanes=16, max_len=4096)
-    assert pe.acc_width == 28 and pe.max_beats == 512
+    assert pe.acc_width == 28 and pe.max_chunks == 256
+    assert len(pe.o.payload.value) == 28
+    cfg = preset("default")
+    from amaranth.lib import data
+    assert cfg.acc_bits == pe.acc_width == data.Layout.cast(vocab(cfg).PEResult)["value"].width
+    pe7 = BitSlicePE(lanes=4, max_len=7)
+    assert pe7.max_chunks == 2 and pe7.acc_width == acc_width(8) == 19
+    assert BitSlicePE(lanes=16, max_len=4095).acc_width == 28
 
 
 def test_every_block_has_distinct_top_and_elaborates():
@@ -55,7 +72,7 @@ def test_every_block_has_distinct_top_and_elaborates():
     tops = [b.top for b in blocks().values()]
     assert len(set(tops)) == len(tops)
     cfg = preset("tiny")
-    for name in ("pe", "pe_plain", "mac_int8"):
+    for name in ("pe", "pe_plain", "mac_int8", "bitfusion"):
         b = blocks()[name]
         text = verilog.convert(b.build(cfg), name=b.top, emit_src=False)
         assert f"module {b.top}(" in text

@@ -4,8 +4,11 @@ model (``sim/perf/fastpolicy.py``) against the golden tag unit, op for op.
 The test drives the golden only through its public interface (``execute``
 with command dicts, ``stats()``, the documented per-slot state lists), so it
 keeps working when the golden gains operations; if the golden's semantics of
-these seven operations change, this test fails until the NumPy policy
-follows."""
+these seven operations or of HB's commit strobe change, this test fails until
+the NumPy policy follows. ALLOCATE pins its victim and leaves it PENDING (not
+a hit, not a victim) until a commit strobe; the command stream therefore
+carries commit strobes (``op`` = "commit"), most of them naming a PENDING
+slot."""
 
 import numpy as np
 import pytest
@@ -16,10 +19,12 @@ from elmoe3d.sim.perf.fastpolicy import FastTagUnit
 
 pytestmark = pytest.mark.perf
 
+COMMIT = "commit"
 OPS = (TagOp.LOOKUP, TagOp.TOUCH, TagOp.DECAY, TagOp.ALLOCATE, TagOp.INVALIDATE, TagOp.PIN,
-       TagOp.UNPIN)
-#: op mix: lookups and allocations dominate (as in a controller trace)
-WEIGHTS = np.array([0.30, 0.14, 0.03, 0.27, 0.06, 0.10, 0.10])
+       TagOp.UNPIN, COMMIT)
+#: op mix: lookups and allocations dominate (as in a controller trace); about
+#: one commit strobe per ALLOCATE
+WEIGHTS = np.array([0.30, 0.14, 0.03, 0.27, 0.06, 0.10, 0.14, 0.25])
 PARAMS = dict(slots=32, layer_bits=3, expert_bits=4, hot_bits=6, decay_shift=2, plane_bits=2,
               stat_bits=12, pin_bits=2)
 
@@ -38,13 +43,18 @@ def _commands(n, rng, zipf: bool, p=PARAMS):
     amounts = rng.integers(0, hot_max + 1, n)
     planes = rng.integers(0, 1 << p["plane_bits"], n)
     slots = rng.integers(0, p["slots"] + 1, n)               # slots == S: BAD_SLOT
+    pick = rng.random(n)
     for i in range(n):
-        yield dict(op=int(OPS[ops[i]]), tag=int(tags[i]), slot=int(slots[i]),
+        op = OPS[ops[i]]
+        if op == COMMIT:                    # 90 %: a PENDING slot (chosen at replay time)
+            yield dict(op=COMMIT, slot=int(slots[i]), pick=float(pick[i]))
+            continue
+        yield dict(op=int(op), tag=int(tags[i]), slot=int(slots[i]),
                    amount=int(amounts[i]), planes=int(planes[i]))
 
 
 def _state(m):
-    return [list(map(int, x)) for x in (m.valid, m.tags, m.planes, m.hot, m.pins)]
+    return [list(map(int, x)) for x in (m.valid, m.pending, m.tags, m.planes, m.hot, m.pins)]
 
 
 def _replay(golden, fast, cmds, every=1):
@@ -53,6 +63,14 @@ def _replay(golden, fast, cmds, every=1):
     seen = {}
     n = 0
     for i, c in enumerate(cmds):
+        if c["op"] == COMMIT:
+            pend = [s for s in range(golden.slots) if golden.pending[s]]
+            s = pend[int(c["pick"] * len(pend) / 0.9)] if pend and c["pick"] < 0.9 else c["slot"]
+            r_g, r_f = golden.commit(s), fast.commit(s)
+            assert r_g == r_f, (i, s, r_g, r_f)
+            seen[(COMMIT, int(r_g))] = seen.get((COMMIT, int(r_g)), 0) + 1
+            n += 1
+            continue
         r_g, r_f = golden.execute(c), fast.execute(c)
         assert r_f == r_g, (i, c, r_g, r_f)
         key = (c["op"], r_g["error"])
@@ -76,11 +94,13 @@ def test_op_for_op_against_golden(zipf):
     assert n == 100_000
     # every op ran, with hits, evictions and each error class that op can produce
     for op in OPS:
-        assert any(k[0] == op and k[1] == 0 for k in seen), op
+        assert any(k[0] == op and k[1] == (1 if op == COMMIT else 0) for k in seen), op
     st = golden.stats()
     assert st["hits"] > 1000 and st["evictions"] > 1000
-    errors = {k[1] for k in seen if k[1]}
-    assert {2, 3, 5, 6, 8} <= errors, errors          # BAD_SLOT RESIDENT NOT_VALID NOT_PINNED PINNED
+    assert st["pending"] > 50 and st["commits"] > 1000
+    errors = {k[1] for k in seen if k[0] != COMMIT and k[1]}
+    # BAD_SLOT RESIDENT NOT_VALID NOT_PINNED PINNED PENDING
+    assert {2, 3, 5, 6, 8, 10} <= errors, errors
 
 
 def test_saturation_and_all_pinned():
@@ -95,7 +115,8 @@ def test_saturation_and_all_pinned():
 
 
 def test_test_can_fail():
-    """A golden whose victim ties go to the highest index is caught."""
+    """A golden whose victim ties go to the highest index, which decays by
+    d + 1, or which reports PENDING slots as hits is caught."""
     rng = np.random.default_rng(5)
     golden, fast = TagUnitModel(**PARAMS, mutant="tie"), FastTagUnit(**PARAMS)
     with pytest.raises(AssertionError):
@@ -103,6 +124,26 @@ def test_test_can_fail():
     golden, fast = TagUnitModel(**PARAMS, mutant="decay"), FastTagUnit(**PARAMS)
     with pytest.raises(AssertionError):
         _replay(golden, fast, _commands(5_000, rng, False))
+    golden, fast = TagUnitModel(**PARAMS, mutant="pending_hit"), FastTagUnit(**PARAMS)
+    with pytest.raises(AssertionError):
+        _replay(golden, fast, _commands(5_000, rng, False))
+
+
+def test_allocate_pins_its_victim():
+    """Issue 10 defect 5 on the NumPy policy: on a full cache ALLOCATE A then
+    ALLOCATE B get different slots (A's victim is PENDING and pinned), and A
+    is a hit only after its commit strobe."""
+    p = dict(PARAMS, slots=4)
+    for m in (TagUnitModel(**p), FastTagUnit(**p)):
+        for t in range(4):
+            m.allocate(t, 1, 5)                          # pure-cache form: RESIDENT, unpinned
+        a = m.execute(dict(op=int(TagOp.ALLOCATE), tag=10))
+        b = m.execute(dict(op=int(TagOp.ALLOCATE), tag=11))
+        assert a["error"] == b["error"] == 0 and a["slot"] != b["slot"], (a, b)
+        assert m.execute(dict(op=int(TagOp.LOOKUP), tag=10))["pending"] == 1
+        assert m.commit(a["slot"])
+        assert m.execute(dict(op=int(TagOp.LOOKUP), tag=10))["hit"] == 1
+        assert m.pins[a["slot"]] == 1
 
 
 def test_batch_operations_equal_sequential_golden():

@@ -108,3 +108,89 @@ def test_bad_mode_and_keep():
         g.dot([1], [1], 4, 7, 1)
     with pytest.raises(ValueError, match="INT8"):
         g.split([200], 4)
+
+
+def test_acc_width_counts_the_real_limit():
+    """Issue 10: the limit is ceil(max_len / L) chunks of L elements, so the
+    width must hold that many elements, not max_len."""
+    assert g.max_chunks(7, 4) == 2 and g.acc_width(7, 4) == g.acc_width(8)
+    for max_len, L in ((7, 4), (4095, 16), (4096, 16), (1, 1), (100, 32)):
+        n = g.max_chunks(max_len, L) * L
+        w = g.acc_width(max_len, L)
+        assert 128 * 128 * n <= (1 << (w - 1)) - 1 < 128 * 128 * n * 2
+    with pytest.raises(ValueError, match="Lane count must be >= 1, not 0"):
+        g.max_chunks(8, 0)
+
+
+S4 = dict(max_len=32, lanes=16)        # 2 chunks per plane at most
+
+
+@pytest.mark.parametrize("beats,reason", [
+    ([(0, 0, 2), (1, 0, 2)], "OK"),                                   # FULL, keep ignored
+    ([(0, 0, 1), (0, 0, 3), (1, 0, 0), (1, 0, 1)], "OK"),
+    ([(0, 1, 1)], "OK"), ([(1, 3, 1), (1, 3, 1)], "OK"),
+    ([(0, 2, 0)], "BAD_KEEP"), ([(1, 3, 2)], "BAD_KEEP"),
+    ([(0, 2, 1), (0, 1, 1)], "MODE_CHANGE"), ([(0, 0, 0), (1, 2, 1)], "MODE_CHANGE"),
+    ([(1, 0, 0), (0, 0, 0)], "BAD_START"), ([(0, 3, 1)], "BAD_START"),
+    ([(0, 0, 0), (1, 0, 0), (0, 0, 0), (1, 0, 0)], "PLANE_ORDER"),   # chunk-major
+    ([(0, 2, 1), (1, 2, 1)], "PLANE_ORDER"),                          # past MSB's last plane
+    ([(0, 0, 0), (0, 0, 0), (1, 0, 0)], "CHUNK_MISMATCH"),
+    ([(0, 0, 0), (1, 0, 0), (1, 0, 0)], "CHUNK_MISMATCH"),
+    ([(0, 0, 0)], "MISSING_PLANE"), ([(0, 0, 0), (0, 0, 0)], "MISSING_PLANE"),
+    ([(0, 2, 1)] * 3, "TOO_LONG"), ([(0, 0, 0)] * 3 + [(1, 0, 0)] * 3, "TOO_LONG"),
+])
+def test_check_beats_rules(beats, reason):
+    assert g.check_beats(4, beats, **S4).name == reason
+
+
+def test_check_beats_multi_plane_partial_modes():
+    """s = 2: DRAFT/MSB keep 2 span planes 0..1, LSB keep 1 spans 1..3."""
+    kw = dict(max_len=8, lanes=4)
+    assert g.check_beats(2, [(0, 1, 2), (1, 1, 2)], **kw) is g.SeqError.OK
+    assert g.check_beats(2, [(0, 1, 2)], **kw) is g.SeqError.MISSING_PLANE
+    assert g.check_beats(2, [(1, 3, 1), (2, 3, 1), (3, 3, 1)], **kw) is g.SeqError.OK
+    assert g.check_beats(2, [(1, 3, 1), (3, 3, 1)], **kw) is g.SeqError.PLANE_ORDER
+    assert g.check_beats(2, [(1, 3, 1), (2, 3, 1), (2, 3, 1), (3, 3, 1)], **kw) \
+        is g.SeqError.CHUNK_MISMATCH
+
+
+@pytest.mark.parametrize("s", [1, 2, 4])
+def test_pe_result_is_the_dot_of_the_row(s):
+    """pe_result reassembles the row from well-formed beats and equals dot()
+    in every mode (plain baseline: DRAFT = MSB); a broken rule gives error."""
+    rng = np.random.default_rng(s)
+    n, L, C = g.n_planes(s), 4, 3
+    for mode in g.Mode:
+        for keep in ([n] if mode is g.Mode.FULL else range(1, n)):
+            a = rng.integers(-128, 128, C * L)
+            w = rng.integers(-128, 128, C * L)
+            planes = g.split(w, s) & ((1 << s) - 1)
+            beats = [(a[c * L:(c + 1) * L], planes[q, c * L:(c + 1) * L], q, mode, keep)
+                     for q in g.plane_range(s, mode, keep) for c in range(C)]
+            v, e, r = g.pe_result(s, beats, max_len=C * L, lanes=L)
+            assert (e, r) == (0, g.SeqError.OK) and v == g.dot(a, w, s, mode, keep)
+            v2, _, _ = g.pe_result(s, beats, max_len=C * L, lanes=L, augment=False)
+            want = g.dot(a, w, s, g.Mode.MSB if mode is g.Mode.DRAFT else mode, keep)
+            assert v2 == want
+            assert g.pe_result(s, beats, max_len=C * L - L, lanes=L)[:2] == (None, 1)
+
+
+def test_mac_result():
+    a, w = np.full(8, -128), np.full(8, -128)
+    assert g.mac_result([(a[:4], w[:4]), (a[4:], w[4:])], max_len=7, lanes=4) == \
+        (8 * 16384, 0, g.SeqError.OK)
+    assert g.mac_result([(a[:4], w[:4])] * 3, max_len=7, lanes=4)[:2] == (None, 1)
+
+
+def test_bitfusion_result():
+    from elmoe3d.golden import bitfusion as bf
+    a = np.arange(8) - 4
+    w8 = np.array([1, 2, 3, 4]) & 0xFF
+    w4 = bf.pack_w4(np.array([1, -1, 2, -2, 3, -3, 4, -4]))
+    assert bf.max_beats(bf.W8, max_len=16, lanes=4) == 4
+    assert bf.max_beats(bf.W4, max_len=16, lanes=4) == 2
+    v, e, _ = bf.result([(a, w8, bf.W8), (a, w4, bf.W4)], max_len=16, lanes=4)
+    assert (v, e) == (None, 1)
+    v, e, _ = bf.result([(a, w4, bf.W4)] * 2, max_len=16, lanes=4)
+    assert e == 0 and v == 2 * bf.beat_dot(a, w4, bf.W4)
+    assert bf.result([(a, w4, bf.W4)] * 3, max_len=16, lanes=4)[1] == 1

@@ -21,7 +21,7 @@ def _pe(kind, **kw):
 
 
 def _run(**kw):
-    env = {"ELMOE_PE_VECTORS": "400", **kw.pop("env", {})}
+    env = {"ELMOE_PE_DOTS": "60", **kw.pop("env", {})}
     return simulate(_pe, block="pe", params=TINY, top="elmoe3d_pe",
                     test_module="elmoe3d.tb.test_pe", testcase="random_vectors", env=env, **kw)
 

@@ -207,7 +207,7 @@ class HBReader(wiring.Component):
         self.g = g
         cfg = g.cfg
         self.jb = bits(pow2ceil(g.jobs))
-        HBRead = hb_read(cfg.tag_slots, cfg.slot_words, cfg.dense_words)
+        HBRead = hb_read(cfg.tag_slots, cfg.slot_words, cfg.dense_words, cfg.planes)
         self.HBRead = HBRead
         super().__init__({
             "pass_valid": In(2), "pass_seq": In(2),

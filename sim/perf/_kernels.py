@@ -91,7 +91,8 @@ def smallest_k(key, k):
 def tag_layer_access(valid, tags_arr, planes_arr, hot, pins, where, cnt, tags, planes, hots,
                      touch, has_touch, fill, hot_max, stat_max, out_hit, out_filled, out_pinned):
     """The tag unit's layer access (see ``FastTagUnit.layer_access``).
-    ``cnt`` = [lookups, hits, allocations, evictions, nfree]. Returns
+    ``cnt`` = [lookups, hits, allocations, evictions, nfree, commits]; every
+    fill commits at once (no slot is PENDING in the system model). Returns
     ``(pinned count, evictions)``; ``out_pinned[:pinned]`` are the pinned slots."""
     S = valid.size
     n = tags.size
@@ -169,6 +170,7 @@ def tag_layer_access(valid, tags_arr, planes_arr, hot, pins, where, cnt, tags, p
         npin += 1
     cnt[2] = min(cnt[2] + nv, stat_max)
     cnt[3] = min(cnt[3] + nev, stat_max)
+    cnt[5] = min(cnt[5] + nv, stat_max)
     return npin, nev
 
 

@@ -12,14 +12,27 @@ after every command.
 
 The policy (from the golden model)
 ----------------------------------
-* LOOKUP ``tag`` -> hit, slot, planes; counts lookups and hits.
-* TOUCH ``tag, amount`` -> saturating ``hot += amount`` (no-op when absent).
+Slots are FREE, PENDING (allocated, fill not committed) or RESIDENT, as
+in the golden model (``docs/architecture.md`` §4).
+
+* LOOKUP ``tag`` -> hit (RESIDENT), pending (PENDING), slot, planes; counts
+  lookups and hits or pending.
+* TOUCH ``tag, amount`` -> saturating ``hot += amount`` of the slot holding
+  the tag (RESIDENT or PENDING; no-op when absent).
 * DECAY -> ``hot -= hot >> decay_shift`` in every slot.
 * ALLOCATE ``tag, planes, hot`` -> victim = the lowest-index free slot, else
-  the coldest unpinned valid slot (ties: lowest index); the victim gets the
-  tag with ``pins = 0``; counts allocations and evictions.
+  the coldest unpinned RESIDENT slot (ties: lowest index); the victim becomes
+  PENDING with the tag and ``pins = 1`` (ALLOCATE pins its victim); counts
+  allocations and evictions. :meth:`commit` (HB's commit strobe) makes it
+  RESIDENT (counts commits).
 * INVALIDATE ``tag`` frees its slot (refused when pinned); PIN/UNPIN count
   users of a slot (a pinned slot is never a victim).
+
+The system model has no KV region, so there is no disabled mask here (every
+slot is enabled), and its fills commit at once: :meth:`allocate` (no
+``pending``) is the golden's pure-cache form, ALLOCATE + commit + UNPIN, and
+the batch :meth:`allocate_pinned` is ALLOCATE + commit of each victim (still
+pinned once). The batch operations require that no slot is PENDING.
 
 Batch operations (the system model's driver)
 --------------------------------------------
@@ -30,8 +43,8 @@ their docstrings (the test checks this against the golden model too):
 * :meth:`lookup_many` = LOOKUP of each tag in order;
 * :meth:`touch_many` = TOUCH of each (tag, amount) in order;
 * :meth:`pin_many` / :meth:`unpin_many` = PIN / UNPIN of each slot in order;
-* :meth:`allocate_pinned` = for each tag in order, ALLOCATE then PIN of the
-  victim. Because every new slot is pinned at once, the victims of a batch
+* :meth:`allocate_pinned` = for each tag in order, ALLOCATE (which pins
+  the victim once) then commit of the victim. Because every new slot is pinned at once, the victims of a batch
   are the free slots in index order followed by the unpinned valid slots in
   (hotness, index) order - one sort instead of a search per allocation.
 
@@ -68,10 +81,12 @@ class FastTagUnit:
 
     Members
     -------
-    valid, tags, planes, hot, pins : ndarray (S,)
-        Per-slot state (read-only for callers).
+    valid, pending, tags, planes, hot, pins : ndarray (S,)
+        Per-slot state (read-only for callers); ``valid`` = holds a tag
+        (PENDING or RESIDENT).
     counters : dict
-        lookups, hits, allocations, evictions (saturating at ``2**stat_bits - 1``).
+        The golden's :data:`STAT_NAMES` (saturating at ``2**stat_bits - 1``;
+        ``aborts`` and ``kv_frees`` stay 0 here).
     """
 
     def __init__(self, slots: int = 32, layer_bits: int = 6, expert_bits: int = 7,
@@ -126,6 +141,8 @@ class FastTagUnit:
         """RESET: every slot free, hotness, pins and statistics 0."""
         S = self.slots
         self.valid = np.zeros(S, bool)
+        self.pending = np.zeros(S, bool)
+        self.npending = 0
         self.tags = np.zeros(S, np.int64)
         self.planes = np.zeros(S, np.int64)
         self.hot = np.zeros(S, np.int64)
@@ -150,7 +167,7 @@ class FastTagUnit:
         return c["hits"] / c["lookups"] if c["lookups"] else 0.0
 
     def resident_tags(self) -> np.ndarray:
-        return self.tags[self.valid]
+        return self.tags[self.valid & ~self.pending]
 
     # -- single operations (the golden's semantics) ------------------------------------
     def lookup(self, tag: int) -> tuple[bool, int, int]:
@@ -158,6 +175,9 @@ class FastTagUnit:
         self._count("lookups")
         s = int(self.where[tag])
         if s < 0:
+            return False, 0, 0
+        if self.pending[s]:
+            self._count("pending")
             return False, 0, 0
         self._count("hits")
         return True, s, int(self.planes[s])
@@ -179,12 +199,15 @@ class FastTagUnit:
         free = np.flatnonzero(~self.valid)
         if free.size:
             return int(free[0])
-        cand = self.pins == 0
+        cand = (self.pins == 0) & ~self.pending
         if not cand.any():
             return None
         return int(np.argmin(np.where(cand, self.hot, np.iinfo(np.int64).max)))
 
-    def allocate(self, tag: int, planes: int = 0, hot: int = 0):
+    def allocate(self, tag: int, planes: int = 0, hot: int = 0, *, pending: bool = False):
+        """The golden's ``allocate``: ``pending=True`` is the hardware ALLOCATE
+        (PENDING, pinned once, until :meth:`commit`); the default is ALLOCATE,
+        commit and UNPIN in one call (RESIDENT, unpinned, ``commits`` counted)."""
         self._check_tag(tag)
         if not 0 <= planes < (1 << self.plane_bits):
             raise ValueError(f"Plane count {planes!r} does not fit in {self.plane_bits} bits")
@@ -203,9 +226,25 @@ class FastTagUnit:
         else:
             self.nfree -= 1
         self._count("allocations")
-        self.valid[v], self.tags[v], self.planes[v], self.hot[v], self.pins[v] = True, tag, planes, hot, 0
+        self.valid[v], self.tags[v], self.planes[v], self.hot[v] = True, tag, planes, hot
         self.where[tag] = v
+        if pending:
+            self.pending[v], self.pins[v] = True, 1
+            self.npending += 1
+        else:
+            self.pins[v] = 0
+            self._count("commits")
         return True, v, evicted
+
+    def commit(self, slot: int) -> bool:
+        """HB's commit strobe: a PENDING slot becomes RESIDENT (pins
+        unchanged); False (nothing changed) for any other slot."""
+        if not 0 <= slot < self.slots or not self.pending[slot]:
+            return False
+        self.pending[slot] = False
+        self.npending -= 1
+        self._count("commits")
+        return True
 
     def invalidate(self, tag: int) -> bool:
         self._check_tag(tag)
@@ -220,6 +259,9 @@ class FastTagUnit:
     def _free(self, s):
         self.nfree += 1
         self.where[self.tags[s]] = -1
+        if self.pending[s]:
+            self.pending[s] = False
+            self.npending -= 1
         self.valid[s] = False
         self.tags[s] = self.planes[s] = self.hot[s] = self.pins[s] = 0
 
@@ -261,20 +303,26 @@ class FastTagUnit:
             out["op"], out["error"] = op, int(code)
             return out
 
+        def held(s):                        # response fields of a slot holding a tag
+            p = int(self.pending[s])
+            return dict(hit=1 - p, pending=p, slot=s, planes=int(self.planes[s]))
+
         if op == TagOp.LOOKUP:
-            hit, s, p = self.lookup(tag)
-            if hit:
-                r.update(hit=1, slot=s, planes=p, value=int(self.hot[s]))
+            self.lookup(tag)
+            s = int(self.where[tag])
+            if s >= 0:
+                r.update(held(s), value=int(self.hot[s]))
         elif op == TagOp.TOUCH:
             if self.touch(tag, amount):
                 s = int(self.where[tag])
-                r.update(hit=1, slot=s, planes=int(self.planes[s]), value=int(self.hot[s]))
+                r.update(held(s), value=int(self.hot[s]))
         elif op == TagOp.DECAY:
             self.decay()
         elif op == TagOp.ALLOCATE:
-            if self.where[tag] >= 0:
-                return err(TagError.RESIDENT)
-            ok, v, ev = self.allocate(tag, planes, amount)
+            s = int(self.where[tag])
+            if s >= 0:
+                return err(TagError.PENDING if self.pending[s] else TagError.RESIDENT)
+            ok, v, ev = self.allocate(tag, planes, amount, pending=True)
             if not ok:
                 return err(TagError.NO_VICTIM)
             r.update(slot=v, evicted=int(ev is not None), evicted_tag=ev or 0)
@@ -283,7 +331,7 @@ class FastTagUnit:
             if s >= 0:
                 if self.pins[s]:
                     return err(TagError.PINNED)
-                r.update(hit=1, slot=s, planes=int(self.planes[s]))
+                r.update(held(s), evicted=1, evicted_tag=tag)
                 self._free(s)
         elif op in (TagOp.PIN, TagOp.UNPIN):
             if slot >= self.slots:
@@ -299,6 +347,9 @@ class FastTagUnit:
                     return err(TagError.NOT_PINNED)
                 self.pins[slot] -= 1
             r.update(slot=slot, value=int(self.pins[slot]))
+        elif op in (TagOp.LOOKUP_PIN, TagOp.INVALIDATE_SLOT, TagOp.INVALIDATE_MASK, TagOp.ABORT):
+            raise NotImplementedError(f"FastTagUnit does not implement {TagOp(op).name} "
+                                      "(the system model does not use it)")
         elif op == TagOp.RESET:
             self.reset()
         elif op == TagOp.STATS:
@@ -310,8 +361,14 @@ class FastTagUnit:
         return r
 
     # -- batch operations ------------------------------------------------------------------
+    def _no_pending(self):
+        if self.npending:
+            raise ValueError(f"{self.npending} slots are PENDING; the batch operations need "
+                             "every fill committed")
+
     def lookup_many(self, tags) -> tuple[np.ndarray, np.ndarray]:
         """LOOKUP of each tag in order: ``(hit[m], slot[m])`` (slot -1 on a miss)."""
+        self._no_pending()
         tags = self._check_tags(tags)
         slots = self.where[tags]
         hit = slots >= 0
@@ -362,9 +419,10 @@ class FastTagUnit:
 
     def allocate_pinned(self, tags, planes, hots) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For each tag in order: ALLOCATE (``planes``, initial hotness
-        ``hots``) then PIN of its victim. Returns ``(ok[m], slot[m],
+        ``hots``; the victim pinned once) then commit of its victim. Returns ``(ok[m], slot[m],
         evicted_tag[m])`` (slot and evicted tag -1 where nothing). Once every
         slot is pinned the remaining allocations fail, as NO_VICTIM would."""
+        self._no_pending()
         tags = self._check_tags(tags)
         m = tags.size
         planes = np.broadcast_to(np.asarray(planes, dtype=np.int64), (m,))
@@ -399,6 +457,7 @@ class FastTagUnit:
         self.where[ev] = -1
         self._count("evictions", int(was.sum()))
         self._count("allocations", n)
+        self._count("commits", n)
         self.nfree -= n - int(was.sum())
         new = tags[:n]
         self.valid[victims] = True
@@ -414,6 +473,7 @@ class FastTagUnit:
         :meth:`_layer_access_numpy`); runs the compiled kernel
         (:func:`~elmoe3d.sim.perf._kernels.tag_layer_access`) unless this unit
         was made with ``impl="numpy"`` or numba is absent. Same results either way."""
+        self._no_pending()
         if self.impl == "numpy":
             return self._layer_access_numpy(tags, planes, hots, touch, fill)
         n = tags.size
@@ -421,14 +481,14 @@ class FastTagUnit:
         filled = np.empty(n, bool)
         pinned = np.empty(n, np.int64)
         c = self.counters
-        cnt = np.array([c["lookups"], c["hits"], c["allocations"], c["evictions"], self.nfree],
-                       np.int64)
+        cnt = np.array([c["lookups"], c["hits"], c["allocations"], c["evictions"], self.nfree,
+                        c["commits"]], np.int64)
         npin, nev = _kernels.tag_layer_access(
             self.valid, self.tags, self.planes, self.hot, self.pins, self.where, cnt, tags,
             int(planes), hots, touch if touch is not None else hots, touch is not None, bool(fill),
             self.hot_max, self.stat_max, hit, filled, pinned)
         c["lookups"], c["hits"], c["allocations"], c["evictions"] = (int(x) for x in cnt[:4])
-        self.nfree = int(cnt[4])
+        self.nfree, c["commits"] = int(cnt[4]), int(cnt[5])
         return hit, filled, pinned[:npin], int(nev)
 
     def replay(self, offsets, tags_flat, hots_flat, touch_flat=None, fill: bool = True,
@@ -438,6 +498,7 @@ class FastTagUnit:
         and, where ``decay_after[j]``, a DECAY. Returns per set ``(hits, fills,
         evictions)``."""
         offsets = np.asarray(offsets, np.int64)
+        self._no_pending()
         nsets = offsets.size - 1
         hits, fills, ev = (np.zeros(nsets, np.int64) for _ in range(3))
         decay_after = np.zeros(nsets, bool) if decay_after is None else np.asarray(decay_after, bool)
@@ -453,21 +514,21 @@ class FastTagUnit:
                     self.decay()
             return hits, fills, ev
         c = self.counters
-        cnt = np.array([c["lookups"], c["hits"], c["allocations"], c["evictions"], self.nfree],
-                       np.int64)
+        cnt = np.array([c["lookups"], c["hits"], c["allocations"], c["evictions"], self.nfree,
+                        c["commits"]], np.int64)
         _kernels.tag_replay(self.valid, self.tags, self.planes, self.hot, self.pins, self.where, cnt,
                             offsets, np.asarray(tags_flat, np.int64), np.asarray(hots_flat, np.int64),
                             np.asarray(hots_flat if touch_flat is None else touch_flat, np.int64),
                             touch_flat is not None, bool(fill), int(planes), self.hot_max,
                             self.stat_max, decay_after, self.decay_shift, hits, fills, ev)
         c["lookups"], c["hits"], c["allocations"], c["evictions"] = (int(x) for x in cnt[:4])
-        self.nfree = int(cnt[4])
+        self.nfree, c["commits"] = int(cnt[4]), int(cnt[5])
         return hits, fills, ev
 
     def _layer_access_numpy(self, tags, planes: int, hots, touch=None, fill: bool = True):
         """The system model's per-layer driver in one call, equal to: LOOKUP of
         each tag, PIN of each hit, TOUCH of each hit by ``touch``, then (when
-        ``fill``) ALLOCATE + PIN of each miss in order with initial hotness
+        ``fill``) ALLOCATE (pins once) + commit of each miss in order with initial hotness
         ``hots`` (:meth:`allocate_pinned`). ``tags`` distinct; ``hots`` and
         ``touch`` int64 arrays already within the counter range (the driver
         guarantees what the single operations check). Returns ``(hit[m],
@@ -512,6 +573,7 @@ class FastTagUnit:
             self.where[self.tags[victims[was]]] = -1
         c["evictions"] = min(c["evictions"] + nev, self.stat_max)
         c["allocations"] = min(c["allocations"] + nv, self.stat_max)
+        c["commits"] = min(c["commits"] + nv, self.stat_max)
         self.nfree -= nv - nev
         got = miss[:nv]
         new = tags[got]
@@ -536,3 +598,5 @@ class FastTagUnit:
             raise AssertionError("tag index out of sync")
         if self.nfree != int((~self.valid).sum()):
             raise AssertionError("free-slot count out of sync")
+        if (self.pending & ~self.valid).any() or self.npending != int(self.pending.sum()):
+            raise AssertionError("pending state out of sync")
