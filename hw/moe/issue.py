@@ -211,7 +211,12 @@ class Issue(wiring.Component):
         launch = Signal()
         m.d.comb += launch.eq(running & avail & credit & (~is_down | h_ok) & ~wait_sel
                               & ~(settle & tok_end) & ~bubble)
-        m.d.sync += inflight.eq(inflight + (launch | end_req) - (fifo.r_en & fifo.r_rdy))
+        # (as `up_inflight` below: the late `launch` only selects)
+        rd_now = fifo.r_en & fifo.r_rdy
+        inf_keep = Signal.like(inflight)
+        inf_inc = Signal.like(inflight)
+        m.d.comb += [inf_keep.eq(inflight - rd_now), inf_inc.eq(inflight + 1 - rd_now)]
+        m.d.sync += inflight.eq(Mux(launch | end_req, inf_inc, inf_keep))
 
         # next token of the segment, one cycle ahead; the first one of the job
         nxt_any_c, nxt_t_c = lowest_set(m, rem, "nxt")
@@ -286,7 +291,13 @@ class Issue(wiring.Component):
             with m.Else():
                 m.d.sync += ext_p.eq(ext_p + 1)
         up_inc = launch & tok_end & ~in_router & (proj == Kind.UP)
-        m.d.sync += up_inflight.eq(up_inflight + up_inc - self.up_done)
+        # both outcomes computed from registers, `up_inc` (late: it follows
+        # `launch`) only selects one (no carry chain after the launch logic)
+        upd_keep = Signal.like(up_inflight)
+        upd_inc = Signal.like(up_inflight)
+        m.d.comb += [upd_keep.eq(up_inflight - self.up_done),
+                     upd_inc.eq(up_inflight + 1 - self.up_done)]
+        m.d.sync += up_inflight.eq(Mux(up_inc, upd_inc, upd_keep))
         # segment lengths in each buffer, and the next segment starts
         hb_len = Signal.like(hb_seg)
         ext_len = Signal.like(ext_seg)
