@@ -92,7 +92,8 @@ __all__ = [
     "lpddr_word_index", "lpddr_expert_base", "lpddr_plane_runs", "lpddr_layout", "LpddrLayout",
     "DenseLayout", "dense_layout", "pack_rows", "slice_words", "expert_slice_words",
     "expert_image", "hb_slot_image", "weight_beats", "ParamRecord", "pack_param_record",
-    "unpack_param_record",
+    "unpack_param_record", "pack_lut_record", "dense_records", "dense_image",
+    "interleaved_offset",
 ]
 
 
@@ -225,6 +226,11 @@ class DenseLayout:
     layer's output rows (``out_rq``), one softmax record (``sm_mult``,
     ``sm_shift``) and the SiLU table (256 INT8 entries, 4 per record, entry
     0 = code -128, in every bank).
+
+    Within an expert's UP rows the two records of a row are adjacent
+    (``up_rq`` of row ``g*B+b``, then its ``prod_rq``, then the next row), so
+    every segment's records are consecutive and in segment order
+    (:func:`dense_records` builds them; :func:`dense_image` the region).
     """
     words: int
     layer_base: tuple
@@ -294,6 +300,89 @@ def pack_param_record(mult: int, shift: int) -> int:
 
 def unpack_param_record(rec: int) -> ParamRecord:
     return ParamRecord(rec & 0xFFFF, (rec >> 16) & 0x3F)
+
+
+def pack_lut_record(entries) -> int:
+    """32-bit SiLU-table record: four INT8 entries, entry ``i`` in bits
+    ``8i .. 8i+7`` (two's complement)."""
+    entries = [int(v) for v in entries]
+    if len(entries) != 4 or any(not -128 <= v <= 127 for v in entries):
+        raise ValueError(f"A SiLU-table record holds four INT8 entries, not {entries!r}")
+    return sum((v & 0xFF) << (8 * i) for i, v in enumerate(entries))
+
+
+def interleaved_offset(seg: Segment, plane: int, chunk: int, planes: int) -> int:
+    """Word offset of ``{plane, chunk}`` of segment ``seg`` in an area that
+    holds ``planes`` planes segment-interleaved (an HB slot with ``k``
+    planes, a dense router or shared expert with all ``n``)."""
+    return seg.row0 * planes + plane * seg.chunks + chunk
+
+
+def dense_records(cfg, layer, bank: int) -> list[int]:
+    """The 32-bit records of one layer in bank ``bank`` (the order of
+    :class:`DenseLayout`): ``layer`` is a golden MoE layer
+    (:class:`elmoe3d.golden.moe_layer.MoELayer`: ``*_mult``/``*_shift``,
+    ``lut``, ``sm_mult``/``sm_shift``) of this Config's shape."""
+    B, H, I = cfg.pes, cfg.hidden, cfg.ffn
+    X = cfg.experts + cfg.shared_experts
+    recs = []
+    for j in range(X):
+        for g in range(I // B):
+            r = g * B + bank
+            recs.append(pack_param_record(layer.gate_mult[j][r], layer.gate_shift[j][r]))
+        for g in range(I // B):
+            r = g * B + bank
+            recs.append(pack_param_record(layer.up_mult[j][r], layer.up_shift[j][r]))
+            recs.append(pack_param_record(layer.prod_mult[j][r], layer.prod_shift[j][r]))
+        for g in range(H // B):
+            r = g * B + bank
+            recs.append(pack_param_record(layer.down_mult[j][r], layer.down_shift[j][r]))
+    for g in range(H // B):
+        r = g * B + bank
+        recs.append(pack_param_record(layer.out_mult[r], layer.out_shift[r]))
+    recs.append(pack_param_record(layer.sm_mult, layer.sm_shift))
+    lut = [int(v) for v in layer.lut]
+    recs += [pack_lut_record(lut[4 * i:4 * i + 4]) for i in range(64)]
+    idx, total = _param_counts(cfg)
+    assert len(recs) == total and idx["lut"] == total - 64
+    return recs
+
+
+def dense_image(cfg, layers) -> np.ndarray:
+    """``(B, dense_words)`` words of the dense region for ``cfg.layers``
+    golden MoE layers (routers and shared experts with all ``n`` planes,
+    segment-interleaved; then the records, :func:`dense_records`)."""
+    layers = list(layers)
+    if len(layers) != cfg.layers:
+        raise ValueError(f"The dense region holds {cfg.layers} layers, not {len(layers)}")
+    d = dense_layout(cfg)
+    n, B, sv = cfg.planes, cfg.pes, cfg.slice_vector_bits
+    E = cfg.experts
+    out = np.zeros((B, d.words), dtype=object)
+    for li, lay in enumerate(layers):
+        rw = pack_rows(cfg, lay.router, Proj.ROUTER)                  # (n, B, rows)
+        base = d.router_base(li)
+        for seg in router_segments(cfg):
+            for q in range(n):
+                for c in range(seg.chunks):
+                    out[:, base + interleaved_offset(seg, q, c, n)] = rw[q, :, seg.row0 + c]
+        for s in range(cfg.shared_experts):
+            j = E + s
+            words = expert_slice_words(cfg, lay.wg[j], lay.wu[j], lay.wd[j])
+            base = d.shared_base(li, s)
+            for seg in segments(cfg):
+                for q in range(n):
+                    for c in range(seg.chunks):
+                        out[:, base + interleaved_offset(seg, q, c, n)] = words[q, :, seg.row0 + c]
+        base = d.params_base(li)
+        for b in range(B):
+            val = 0
+            for i, rec in enumerate(dense_records(cfg, lay, b)):
+                val |= rec << (32 * i)
+            mask = (1 << sv) - 1
+            for w in range(d.param_words):
+                out[b, base + w] = (val >> (w * sv)) & mask
+    return out
 
 
 # --------------------------------------------------------------------------------------

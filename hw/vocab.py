@@ -54,6 +54,18 @@ Types
 Block-specific payloads (the tag unit's commands, the datapath's token
 batches, the controller's trace events) live in this module too, in the
 section of their block.
+
+Batched MoE datapath (``hw/moe/``, ``docs/blocks/moe_layer.md``):
+
+``MoEToken``     one token of a step: ``x[H]`` INT8, ``role`` (:class:`TokenRole`),
+                 ``mask[E]`` (allowed experts, DRAFT), ``layer``, ``last`` (ends the step).
+``ExpertNeed``   the datapath announces an expert of a pass: ``layer``, ``expert``,
+                 ``tokens`` (how many tokens of the pass use it), ``precision``.
+``ExpertSource`` the controller's decision for it: ``hb`` (planes ``0..k-1`` from
+                 HB ``slot``; split if the precision needs all planes) or LPDDR.
+``MoEOutput``    ``y[H]`` INT8 of one token, ``error``, ``last``.
+``PassStats``    per-pass counters: ``cycles``, ``hb_words``, ``ext_beats``,
+                 ``mac_beats``, ``experts``, ``expert_tokens``, ``tokens``, ``error``.
 """
 
 from __future__ import annotations
@@ -69,13 +81,16 @@ from ..golden import esd as gesd
 from ..golden import vocab as gv
 from ..golden import tag_unit as gtu
 from ..golden.bitslice import acc_width
+from ..golden.moe_batched import Role as _Role
 
 __all__ = ["PEMode", "BitFusionMode", "FillBeatKind", "HBRegionKind", "FillResultCode", "ExtKindCode",
            "ExtErrorCode", "TagOpcode", "TagErrorCode", "bits", "struct", "slice_vector",
            "pe_beat", "pe_result", "int8_beat", "bitfusion_beat", "hb_read", "hb_beat",
            "fill_beat", "fill_done", "hb_commit", "ext_command", "ext_beat", "ext_response",
            "kv_access", "kv_response", "kv_move", "tag_command", "tag_response", "slot_strobe",
-           "TraceEventKind", "TracePhase", "trace_event", "Vocab", "vocab"]
+           "TraceEventKind", "TracePhase", "trace_event",
+           "TokenRole", "moe_token", "expert_need", "expert_source", "moe_output", "pass_stats",
+           "Vocab", "vocab"]
 
 
 def bits(n: int) -> int:
@@ -362,6 +377,59 @@ def trace_event(layer_bits: int, expert_bits: int, slots: int, draft_len_max: in
         "value": unsigned(trace_value_bits(slots, experts, hb_words, planes))})
 
 
+# -- batched MoE datapath -----------------------------------------------------------------
+
+class TokenRole(enum.Enum, shape=2):
+    """Precision role of a token (values of :class:`elmoe3d.golden.moe_batched.Role`)."""
+    FULL = int(_Role.FULL)
+    DRAFT = int(_Role.DRAFT)
+    VERIFY = int(_Role.VERIFY)
+
+
+@lru_cache(maxsize=None)
+def moe_token(hidden: int, experts: int, layer_bits: int) -> type:
+    """``MoEToken``: ``x[H]`` INT8 (element 0 lowest), ``role``, ``mask[E]``,
+    ``layer``, ``last`` (the last token of a step)."""
+    return struct("MoEToken", {"x": data.ArrayLayout(signed(8), hidden), "role": TokenRole,
+                               "mask": unsigned(experts), "layer": unsigned(layer_bits),
+                               "last": unsigned(1)})
+
+
+@lru_cache(maxsize=None)
+def expert_need(layer_bits: int, expert_bits: int, tokens: int) -> type:
+    """``ExpertNeed``: ``{layer, expert}``, ``tokens`` (1 .. T) of the pass
+    routed to it, ``precision`` (DRAFT: planes ``0..k-1``; FULL/VERIFY: all)."""
+    return struct("ExpertNeed", {"layer": unsigned(layer_bits), "expert": unsigned(expert_bits),
+                                 "tokens": unsigned(tokens.bit_length()),
+                                 "precision": TokenRole})
+
+
+@lru_cache(maxsize=None)
+def expert_source(slots: int) -> type:
+    """``ExpertSource``: ``hb`` = 1: planes ``0..k-1`` from HB ``slot``, the
+    others (if needed) from LPDDR; ``hb`` = 0: every needed plane from LPDDR."""
+    return struct("ExpertSource", {"hb": unsigned(1), "slot": unsigned(bits(slots))})
+
+
+@lru_cache(maxsize=None)
+def moe_output(hidden: int) -> type:
+    """``MoEOutput``: ``y[H]`` INT8, ``error`` (the pass lost data), ``last``."""
+    return struct("MoEOutput", {"y": data.ArrayLayout(signed(8), hidden), "error": unsigned(1),
+                                "last": unsigned(1)})
+
+
+@lru_cache(maxsize=None)
+def pass_stats(stat_bits: int, tokens: int, experts: int) -> type:
+    """``PassStats``: counters of one pass (see ``docs/blocks/moe_layer.md``)."""
+    return struct("PassStats", {"cycles": unsigned(stat_bits), "hb_words": unsigned(stat_bits),
+                                "ext_beats": unsigned(stat_bits),
+                                "mac_beats": unsigned(stat_bits),
+                                "experts": unsigned(experts.bit_length()),
+                                "expert_tokens": unsigned((tokens * experts).bit_length()),
+                                "tokens": unsigned(tokens.bit_length()),
+                                "error": unsigned(1)})
+
+
 # -- tag unit --------------------------------------------------------------------------
 
 class TagOpcode(enum.Enum, shape=gtu.OP_BITS):
@@ -458,6 +526,12 @@ class Vocab:
         self.ExtResponse = ext_response(S, CMD_ID_BITS)
         self.TraceEvent = trace_event(cfg.layer_bits, cfg.expert_bits, S, cfg.draft_len_max,
                                       cfg.experts, cfg.hb_words, cfg.planes)
+        T, E = cfg.batch_tokens, cfg.experts
+        self.MoEToken = moe_token(cfg.hidden, E, cfg.layer_bits)
+        self.ExpertNeed = expert_need(cfg.layer_bits, cfg.expert_bits, T)
+        self.ExpertSource = expert_source(S)
+        self.MoEOutput = moe_output(cfg.hidden)
+        self.PassStats = pass_stats(cfg.stat_bits, T, E + cfg.shared_experts)
         tp = gtu.params_from_config(cfg)
         self.TagCommand = tag_command(S, cfg.tag_bits, cfg.hot_bits, tp["plane_bits"])
         self.TagResponse = tag_response(S, cfg.tag_bits, tp["plane_bits"],

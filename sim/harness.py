@@ -147,7 +147,8 @@ def _prepare_env(simulator: str):
 def simulate(factory, *, block: str, params: dict, test_module: str, top: str | None = None,
              simulator: str = "verilator", testcase: str | None = None,
              env: dict | None = None, seed: int | None = None,
-             waves: bool | None = None) -> SimResult:
+             waves: bool | None = None, extra_build_args: list[str] | None = None,
+             icarus_always_comb: bool = False) -> SimResult:
     """Build (cached) and run a cocotb test module against a component.
 
     Parameters
@@ -174,6 +175,18 @@ def simulate(factory, *, block: str, params: dict, test_module: str, top: str | 
         Always printed so that a failure replays.
     waves : bool, optional
         Default ``$WAVES``.
+    extra_build_args : list of str, optional
+        Verilator only: arguments after the harness's own (part of the build
+        key), e.g. ``["-CFLAGS", "-O0"]``: a large design whose C++ takes
+        minutes to compile at ``-Os`` builds several times faster at ``-O0``
+        (later ``-O`` flags win over ``OPT_FAST``).
+    icarus_always_comb : bool
+        Icarus only: write Yosys's ``always @*`` processes as SystemVerilog
+        ``always_comb`` (the runner compiles with ``-g2012``), which Icarus
+        evaluates once at time zero. Icarus 11 leaves an ``always @*`` whose
+        inputs are all registers unevaluated until one of them changes, so
+        such a signal reads X after reset (README, toolchain pitfalls); for
+        designs with many of them this is simpler than rewriting each.
 
     Raises
     ------
@@ -191,16 +204,19 @@ def simulate(factory, *, block: str, params: dict, test_module: str, top: str | 
     if seed is None:
         seed = int(os.environ.get("COCOTB_RANDOM_SEED", int(time.time() * 1000) % (1 << 31)))
     _prepare_env(simulator)
+    vargs = _VERILATOR_ARGS + list(extra_build_args or [])
 
     text = verilog_text(factory(**params), top)
+    if simulator == "icarus" and icarus_always_comb:
+        text = text.replace("always @*", "always_comb")
     key = json.dumps({"block": block, "top": top, "params": params, "sim": simulator,
-                      "waves": bool(waves), "build_args": _VERILATOR_ARGS,
+                      "waves": bool(waves), "build_args": vargs,
                       "verilog": hashlib.sha256(text.encode()).hexdigest()}, sort_keys=True)
     phash = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:10]
     build_dir = build_root() / f"{block}-{phash}-{simulator}{'-waves' if waves else ''}"
     runner = get_runner(simulator)
     build_kw = dict(hdl_toplevel=top, build_dir=build_dir,
-                    build_args=_VERILATOR_ARGS if simulator == "verilator" else [],
+                    build_args=vargs if simulator == "verilator" else [],
                     timescale=TIMESCALE, waves=bool(waves), always=True,
                     log_file=build_dir / "build.log")
     with _locked(build_dir.parent / f".{build_dir.name}.lock"):

@@ -1,374 +1,890 @@
-"""cocotb testbench: the MoE layer datapath against the golden integer MoE
-layer (:mod:`elmoe3d.golden.moe_layer`), bit for bit (outputs) and event for
-event (weight requests = experts used, in order).
+"""cocotb testbench: the token-batched MoE datapath (block ``moe_layer``)
+against the golden batched layer (:mod:`elmoe3d.golden.moe_batched`).
 
-The testbench plays the weight source: every request seen on ``req`` is
-answered with the beats :mod:`elmoe3d.hw.moe_layer` defines, sliced from the
-golden layer's INT8 weights, queued on ``w`` in request order. One
-coroutine drives and samples all four streams each cycle (the simulation is
-Python-bound; one coroutine is several times faster than one per stream)
-and checks the stream rules on the DUT's outputs.
+The testbench plays everything around the datapath:
 
-Parameters come from ``$ELMOE_PARAMS`` (the elaboration parameters of
-:class:`elmoe3d.hw.moe_layer.MoELayer`). Knobs: ``ELMOE_MOE_TOKENS`` (tokens
-per mode in each random test, default 40), ``ELMOE_MOE_THROUGHPUT_TOKENS``
-(per mode, default 6), ``ELMOE_MEASURE_OUT`` (JSON for the cycle figures),
-``ELMOE_GOLDEN_MUTATION``.
+* the host: steps of tokens (random roles FULL/DRAFT/VERIFY, allowed masks
+  none / one-hot / all / random subsets of the resident experts) on ``tok``;
+* HB: ``B`` bank servers holding the dense region (``layout.dense_image``)
+  and the resident experts' slots (``layout.hb_slot_image``); a read of a
+  slot that is not resident returns one ``error`` beat, like HB;
+* the Elastic-SD controller: it answers every ``need`` with a source
+  decision on ``source`` (a policy per test: HB, split, LPDDR or random),
+  after a random delay;
+* the external-memory stream engine: for every decided expert with LPDDR
+  planes it queues exactly those planes' ``ExtBeat``\\ s (``weight_beats``
+  order, bank fastest), after a latency.
+
+Checks (contracts, not replays): every output bit for bit against the
+golden layer; every announcement (expert, token count, precision, order)
+against the golden pass plan; every HB word read exactly once per pass and
+only if the pass needs it (so no expert's weights twice in a pass); the
+per-pass counters against the golden traffic contract; the stream rules on
+every output port. Random idle on every input and back-pressure on every
+output. Knobs: ``ELMOE_MOE_TOKENS`` (tokens per mode), ``ELMOE_MEASURE_OUT``,
+``ELMOE_MOE_PASSES`` (throughput passes per point), ``ELMOE_GOLDEN_MUTATION``.
 """
 
 from __future__ import annotations
 
 import collections
-import enum
 import json
 import os
 from pathlib import Path
 
 import cocotb
 import numpy as np
+from amaranth.lib import data
 from cocotb.triggers import ReadOnly, RisingEdge
 
-from ..golden import bitslice as gbs
+from ..config import Config
+from ..golden import layout as gl
+from ..golden import moe_batched as gb
 from ..golden import moe_layer as gm
-from ..hw.moe_layer import (ReqKind, config_layout, output_layout, request_layout, token_layout,
-                            weight_layout)
+from ..hw.vocab import vocab
 from .common import golden_mutation, knob, pack, params, rng, start_clock_and_reset, unpack
+from .coverage import write_coverage
+
+R = gb.Role
+_COVER = {}
 
 
-def _field_offsets(layout):
-    return {name: f.offset for name, f in layout}
+def _coverage():
+    if "sample" in _COVER:
+        return _COVER["sample"]
+    from cocotb_coverage.coverage import CoverCross, CoverPoint
+    P = "moe_layer"
+    yn = [False, True]
+
+    @CoverPoint(f"{P}.role", xf=lambda c: c["role"], bins=["FULL", "DRAFT", "VERIFY"])
+    @CoverPoint(f"{P}.mask", xf=lambda c: c["mask"], bins=["none", "one", "all", "some"])
+    @CoverPoint(f"{P}.pass_size", xf=lambda c: c["pass_size"], bins=["1", "some", "T"])
+    @CoverPoint(f"{P}.experts", xf=lambda c: c["experts"], bins=["none", "some"])
+    @CoverPoint(f"{P}.o_backpressure", xf=lambda c: c["o_bp"], bins=yn)
+    @CoverPoint(f"{P}.tok_idle", xf=lambda c: c["tok_idle"], bins=yn)
+    @CoverCross(f"{P}.roleXmask", items=[f"{P}.role", f"{P}.mask"])
+    @CoverCross(f"{P}.roleXpass_size", items=[f"{P}.role", f"{P}.pass_size"])
+    def sample_token(c):
+        pass
+
+    @CoverPoint(f"{P}.job.source", xf=lambda c: c["source"],
+                bins=["shared", "hb", "split", "lpddr"])
+    @CoverPoint(f"{P}.job.precision", xf=lambda c: c["precision"], bins=["FULL", "DRAFT", "VERIFY"])
+    @CoverPoint(f"{P}.job.tokens", xf=lambda c: c["tokens"], bins=["1", "some", "T"])
+    @CoverPoint(f"{P}.job.decision_delay", xf=lambda c: c["delay"], bins=yn)
+    @CoverPoint(f"{P}.job.hb_idle", xf=lambda c: c["hb_idle"], bins=yn)
+    @CoverPoint(f"{P}.job.ext_idle", xf=lambda c: c["ext_idle"], bins=yn)
+    @CoverCross(f"{P}.job.sourceXprecision", items=[f"{P}.job.source", f"{P}.job.precision"])
+    @CoverCross(f"{P}.job.sourceXtokens", items=[f"{P}.job.source", f"{P}.job.tokens"])
+    def sample_job(c):
+        pass
+
+    @CoverPoint(f"{P}.fault", xf=lambda c: c["fault"],
+                bins=["none", "hb_refused", "ext_error", "ext_early_last"])
+    @CoverPoint(f"{P}.pass_error", xf=lambda c: c["error"], bins=yn)
+    @CoverCross(f"{P}.faultXpass_error", items=[f"{P}.fault", f"{P}.pass_error"])
+    def sample_pass(c):
+        pass
+
+    _COVER["sample"] = (sample_token, sample_job, sample_pass)
+    return _COVER["sample"]
 
 
-def _pack_rows(vals: np.ndarray, bits: int) -> list[int]:
-    """Each row of unsigned ``vals`` (``bits`` each, element 0 lowest) -> int."""
-    vals = np.asarray(vals, dtype=np.int64)
-    b = ((vals[..., None] >> np.arange(bits)) & 1).astype(np.uint8)
-    b = b.reshape(vals.shape[0], -1)
-    packed = np.packbits(b, axis=1, bitorder="little")
-    return [int.from_bytes(r.tobytes(), "little") for r in packed]
+def _offsets(layout):
+    return {name: f.offset for name, f in data.Layout.cast(layout)}
 
 
 class MoETB:
-    """Clock, reset, weight server, token driver, output monitor, scoreboard."""
+    """Clock, reset, host, HB banks, controller, LPDDR, monitors, scoreboard."""
 
-    def __init__(self, dut, *, stress=False, w_idle=0.0, o_bp=0.0, req_bp=0.0, tok_idle=0.0):
+    def __init__(self, dut, *, stress=False, idle=0.0, bp=0.0, policy="random",
+                 decision_delay=(0, 0), ext_latency=20, hb_latency=3, resident=None):
         self.dut = dut
-        self.p = params()
-        p = self.p
-        self.H, self.I, self.E, self.k = p["hidden"], p["ffn"], p["experts"], p["top_k"]
-        self.S, self.P, self.L, self.s = p["shared"], p["pes"], p["lanes"], p["slice_bits"]
-        self.n = gbs.n_planes(self.s)
-        self.keep = p.get("draft_keep") or max(1, self.n // 2)
+        self.cfg = cfg = Config(**params()["config"])
+        self.v = vocab(cfg)
         self.rand = rng()
         self.np_rng = np.random.default_rng(self.rand.getrandbits(32))
-        self.layer = gm.make_layer(self.np_rng, hidden=self.H, ffn=self.I, experts=self.E,
-                                   top_k=self.k, shared=self.S, slice_bits=self.s,
-                                   draft_keep=self.keep, stress=stress, calib_tokens=64)
-        self.w_idle, self.o_bp, self.req_bp, self.tok_idle = w_idle, o_bp, req_bp, tok_idle
-        self.wl = weight_layout(self.P, self.L, self.s)
-        self.woff = _field_offsets(self.wl)
-        self.req_layout = request_layout(self.E, self.S)
-        self.tok_layout = token_layout(self.H, self.E)
-        self.out_layout = output_layout(self.H)
+        self.T, self.B, self.E, self.n, self.k = (cfg.batch_tokens, cfg.pes, cfg.experts,
+                                                  cfg.planes, cfg.hb_planes_eff)
+        self.layers = [gm.make_layer(self.np_rng, hidden=cfg.hidden, ffn=cfg.ffn,
+                                     experts=cfg.experts, top_k=cfg.top_k,
+                                     shared=cfg.shared_experts, slice_bits=cfg.slice_bits,
+                                     draft_keep=self.k, stress=stress, calib_tokens=32)
+                       for _ in range(cfg.layers)]
+        self.dense = gl.dense_image(cfg, self.layers)                  # (B, D)
+        # residency: which (layer, expert) sits in which slot
+        pairs = [(l, e) for l in range(cfg.layers) for e in range(cfg.experts)]
+        if resident is None:
+            self.rand.shuffle(pairs)
+            resident = pairs[:cfg.tag_slots]
+        self.slot_of = {p: s for s, p in enumerate(resident)}
+        self.slots = {}
+        for (l, e), s in self.slot_of.items():
+            lay = self.layers[l]
+            self.slots[s] = gl.hb_slot_image(cfg, lay.wg[e], lay.wu[e], lay.wd[e])
+        self.words = {}
+        self.idle, self.bp, self.policy = idle, bp, policy
+        self.decision_delay, self.ext_latency, self.hb_latency = (decision_delay, ext_latency,
+                                                                  hb_latency)
         self.mutate = golden_mutation()
-        self.beat_cache = {}
-        self.w_queue = collections.deque()
-        self.tok_queue = collections.deque()
-        self.tokens = []                    # (x, mode, mask, golden Result)
-        self.requests = []                  # (cycle, payload dict)
-        self.outputs = []                   # (cycle, y list)
-        self.tok_cycles = []                # accept cycle per token
+        self.fault = None                   # (kind, probability) in the fault test
+        # layouts and offsets
+        v = self.v
+        self.hbbeat_off = _offsets(v.HBBeat)
+        self.sv_bits = cfg.slice_vector_bits
+        self.extbeat_off = _offsets(v.ExtBeat)
+        # queues and records
+        self.tok_q = collections.deque()
+        self.src_q = collections.deque()                 # (ready_cycle, payload int)
+        self.ext_q = collections.deque()                 # (ready_cycle, payload int)
+        self.hb_q = [collections.deque() for _ in range(self.B)]   # (ready_cycle, payload)
+        self.steps = []                                  # (layer, xs, roles, masks, facts)
+        self.needs = []                                  # (cycle, payload dict)
+        self.decisions = []                              # Source per need
+        self.hb_cmds = [[] for _ in range(self.B)]       # per bank: payload dicts
+        self.outputs = []                                # (cycle, y, error, last)
+        self.stats = []
         self.errors = []
         self.cycle = 0
-        self.w_busy_cycles = 0
+        self.log = collections.defaultdict(list)         # stall events by kind
+        self.transfers = 0
+        self.fired_count = collections.Counter()
 
-    # -- weight beats --------------------------------------------------------------------
-    def _proj_beats(self, w, planes, mult, shift, mult2, shift2) -> list[int]:
-        R, C = w.shape
-        P, L, s = self.P, self.L, self.s
-        G, Cc, nq = R // P, C // L, len(planes)
-        sl = gbs.split(w, s) & ((1 << s) - 1)                       # (n, R, C)
-        sl = sl[list(planes)].reshape(nq, G, P, Cc, L).transpose(1, 0, 3, 2, 4)
-        sl_int = _pack_rows(sl.reshape(G * nq * Cc, P * L), s)
-        o = self.woff
+    # -- host --------------------------------------------------------------------------------
+    def add_step(self, layer, xs, roles, masks, facts=None):
+        xs = np.asarray(xs, dtype=np.int64)
+        self.steps.append((layer, xs, list(roles), np.asarray(masks, bool), facts or []))
+        for i, (x, r, mk) in enumerate(zip(xs, roles, masks)):
+            self.tok_q.append(pack(data.Layout.cast(self.v.MoEToken), {
+                "x": [int(a) for a in x], "role": int(r),
+                "mask": int(sum(1 << e for e in range(self.E) if mk[e])), "layer": layer,
+                "last": int(i == len(xs) - 1)}))
 
-        def grp(v, bits):
-            return _pack_rows(np.asarray(v).reshape(G, P), bits)
-        mi, si, m2, s2 = (grp(mult, gm.MULT_BITS), grp(shift, gm.SHIFT_BITS),
-                          grp(mult2, gm.MULT_BITS), grp(shift2, gm.SHIFT_BITS))
-        beats = []
-        b = 0
-        for gi in range(G):
-            extra = ((mi[gi] << o["mult"]) | (si[gi] << o["shift"]) | (m2[gi] << o["mult2"])
-                     | (s2[gi] << o["shift2"]))
-            for q in planes:
-                for _ in range(Cc):
-                    beats.append((sl_int[b] << o["slices"]) | (q << o["plane"]) | extra)
-                    b += 1
-        return beats
+    def resident_mask(self, layer):
+        return np.array([(layer, e) in self.slot_of for e in range(self.E)])
 
-    def beats_for(self, req) -> list[int]:
-        kind, shared, e, mode = req["kind"], req["shared"], req["expert"], req["mode"]
-        key = (int(kind), shared, e, int(mode))
-        if key in self.beat_cache:
-            return self.beat_cache[key]
-        L_ = self.layer
-        z = np.zeros
-        if int(kind) == ReqKind.ROUTER.value:
-            beats = self._proj_beats(L_.router, range(self.n), z(self.E), z(self.E), z(self.E),
-                                     z(self.E))
+    # -- the environment --------------------------------------------------------------------
+    def _decide(self, need):
+        l, e, prec = need["layer"], need["expert"], R(need["precision"])
+        res = (l, e) in self.slot_of
+        p = self.policy
+        if p == "lpddr":
+            hb = False
+        elif p in ("hb", "split"):
+            hb = res
         else:
-            j = self.E + e if shared else e
-            planes = range(self.n) if int(mode) == gm.Precision.FULL else range(self.keep)
-            beats = (self._proj_beats(L_.wg[j], planes, L_.gate_mult[j], L_.gate_shift[j],
-                                      z(self.I), z(self.I))
-                     + self._proj_beats(L_.wu[j], planes, L_.up_mult[j], L_.up_shift[j],
-                                        L_.prod_mult[j], L_.prod_shift[j])
-                     + self._proj_beats(L_.wd[j], planes, L_.down_mult[j], L_.down_shift[j],
-                                        L_.out_mult, L_.out_shift))
-        self.beat_cache[key] = beats
-        return beats
+            hb = res and self.rand.random() < 0.7
+        slot = self.slot_of.get((l, e), 0)
+        fault = None
+        if self.fault and self.rand.random() < self.fault[1]:
+            fault = self.fault[0]
+            if fault == "hb_refused":
+                hb, slot = True, self._free_slot()
+        src = gb.Source(hb, slot)
+        self.decisions.append((src, fault))
+        d0, d1 = self.decision_delay
+        delay = self.rand.randint(d0, d1) if d1 else 0
+        self.src_q.append((self.cycle + delay, pack(data.Layout.cast(self.v.ExpertSource),
+                                                    {"hb": int(hb), "slot": slot})))
+        n, k = self.n, self.k
+        need_planes = range(k) if prec is R.DRAFT else range(n)
+        ext = [q for q in need_planes if not (hb and q < k)]
+        if ext:
+            self._queue_ext(l, e, ext, fault if fault in ("ext_error", "ext_early_last") else None)
+        return delay
 
-    # -- tokens ------------------------------------------------------------------------------
-    def add_token(self, x, mode, mask):
-        res = gm.forward(self.layer, x, mode, mask)
-        self.tokens.append((x, mode, mask, res))
-        self.tok_queue.append(pack(self.tok_layout, {
-            "x": [int(v) for v in x], "mode": int(mode),
-            "mask": int(sum(1 << e for e in range(self.E) if mask[e]))}))
+    def _free_slot(self):
+        used = set(self.slot_of.values())
+        free = [s for s in range(self.cfg.tag_slots) if s not in used]
+        return free[0] if free else None
 
+    def _queue_ext(self, layer, e, planes, fault):
+        cfg = self.cfg
+        key = (layer, e)
+        if key not in self.words:
+            lay = self.layers[layer]
+            self.words[key] = gl.expert_slice_words(cfg, lay.wg[e], lay.wu[e], lay.wd[e])
+        words = self.words[key]
+        fw, B, sv = cfg.fill_words, self.B, self.sv_bits
+        off = self.extbeat_off
+        beats = []
+        for seg, q, c, ws in gl.weight_beats(cfg, words, planes):
+            for b0 in range(0, B, fw):
+                w = 0
+                for i in range(fw):
+                    w |= ws[b0 + i] << (i * sv)
+                beats.append([w, q, seg.row0 + c, b0])
+        cut = None
+        if fault:
+            cut = self.rand.randrange(len(beats))
+        t0 = self.cycle + self.ext_latency
+        for i, (w, q, row, b0) in enumerate(beats):
+            last = i == len(beats) - 1
+            err = 0
+            if cut is not None and i == cut:
+                last, err = True, int(fault == "ext_error")
+            raw = ((w << off["words"]) | (q << off["plane"]) | (row << off["row"])
+                   | (b0 << off["bank"]) | (int(last) << off["last"]) | (err << off["error"]))
+            self.ext_q.append((t0, raw))
+            if cut is not None and i == cut:
+                break
+
+    def _hb_words(self, cmd):
+        region, slot, offset, count = cmd["region"], cmd["slot"], cmd["offset"], cmd["count"]
+        return region, slot, offset, count
+
+    def _hb_serve(self, b, cmd):
+        cfg = self.cfg
+        off = self.hbbeat_off
+        t0 = self.cycle + self.hb_latency
+        region, slot, offset, count = self._hb_words(cmd)
+        if region == 0:                                    # EXPERT
+            img = self.slots.get(slot)
+            if img is None or offset + count > cfg.slot_words:
+                self.hb_q[b].append((t0, (1 << off["last"]) | (1 << off["error"])))
+                return
+            words = img[b, offset:offset + count]
+        else:
+            if offset + count > cfg.dense_words:
+                self.hb_q[b].append((t0, (1 << off["last"]) | (1 << off["error"])))
+                return
+            words = self.dense[b, offset:offset + count]
+        for i, w in enumerate(words):
+            raw = (int(w) << off["sv"]) | (int(i == count - 1) << off["last"])
+            self.hb_q[b].append((t0, raw))
+
+    # -- the cycle loop ----------------------------------------------------------------------
     async def start(self):
         d = self.dut
-        lay = self.layer
-        d.cfg.value = pack(config_layout(), {"lut": [int(v) for v in lay.lut],
-                                             "sm_mult": lay.sm_mult, "sm_shift": lay.sm_shift})
-        d.tok__valid.value = 0
-        d.tok__payload.value = 0                # no X from idle inputs (Icarus)
-        d.w__valid.value = 0
-        d.w__payload.value = 0
-        d.req__ready.value = 0
-        d.o__ready.value = 0
+        for name in ("tok", "source", "ext") + tuple(f"hb_data__{b}" for b in range(self.B)):
+            getattr(d, f"{name}__valid").value = 0
+            getattr(d, f"{name}__payload").value = 0
+        for name in ("need", "o", "stats") + tuple(f"hb_cmd__{b}" for b in range(self.B)):
+            getattr(d, f"{name}__ready").value = 0
         await start_clock_and_reset(d)
         cocotb.start_soon(self._run())
+        if knob("moe_trace", False):
+            cocotb.start_soon(self._trace())
+
+    async def _trace(self):
+        """Debug: the issue stage's job and buffer positions whenever they change."""
+        d = self.dut
+        last = None
+        self.trace = []
+        while True:
+            await RisingEdge(d.clk)
+            await ReadOnly()
+            cur = tuple(int(getattr(d.issue, n).value) for n in
+                        ("pi", "j", "hb_free", "ext_free", "hbn", "extn", "issue_state"))
+            if cur[:4] != (last or (None,) * 7)[:4]:
+                self.trace.append((self.cycle,) + cur)
+            last = cur
 
     def _chance(self, p):
         return p > 0 and self.rand.random() < p
 
     async def _run(self):
+        """One coroutine drives and samples every port each cycle; a signal
+        is written only when its value changes (handle writes and reads
+        through VPI are the simulation's main cost)."""
         d = self.dut
-        w_item = tok_item = None
-        w_fired = tok_fired = False
-        pend = {"req": None, "o": None}
+        B = self.B
+        v = self.v
+        lay = data.Layout.cast
+
+        class In_:
+            __slots__ = ("valid", "payload", "ready", "item", "fired", "vset", "queue", "timed",
+                         "name")
+
+            def __init__(s, prefix, queue, timed, name):
+                s.valid = getattr(d, f"{prefix}__valid")
+                s.payload = getattr(d, f"{prefix}__payload")
+                s.ready = getattr(d, f"{prefix}__ready")
+                s.item, s.fired, s.vset = None, False, False
+                s.queue, s.timed, s.name = queue, timed, name
+
+        ins = [In_("tok", self.tok_q, False, "tok"), In_("source", self.src_q, True, "source"),
+               In_("ext", self.ext_q, True, "ext")]
+        ins += [In_(f"hb_data__{b}", self.hb_q[b], True, f"hb{b}") for b in range(B)]
+        outs = [("need", d.need__valid, d.need__payload, d.need__ready, lay(v.ExpertNeed)),
+                ("o", d.o__valid, d.o__payload, d.o__ready, lay(v.MoEOutput)),
+                ("stats", d.stats__valid, d.stats__payload, d.stats__ready, lay(v.PassStats))]
+        outs += [(f"hb_cmd{b}", getattr(d, f"hb_cmd__{b}__valid"),
+                  getattr(d, f"hb_cmd__{b}__payload"), getattr(d, f"hb_cmd__{b}__ready"),
+                  lay(v.HBRead)) for b in range(B)]
+        pend = [None] * len(outs)
+        rset = [None] * len(outs)
+        log = self.log
+        idle, bp = self.idle, self.bp
+        rnd = self.rand.random
         while True:
             await RisingEdge(d.clk)
-            self.cycle += 1
-            if w_fired:
-                w_item = None
-            if tok_fired:
-                tok_item = None
-            if w_item is None and self.w_queue and not self._chance(self.w_idle):
-                w_item = self.w_queue.popleft()
-                d.w__payload.value = w_item
-            d.w__valid.value = w_item is not None
-            if tok_item is None and self.tok_queue and not self._chance(self.tok_idle):
-                tok_item = self.tok_queue.popleft()
-                d.tok__payload.value = tok_item
-            d.tok__valid.value = tok_item is not None
-            req_rdy = not self._chance(self.req_bp)
-            o_rdy = not self._chance(self.o_bp)
-            d.req__ready.value = req_rdy
-            d.o__ready.value = o_rdy
+            cyc = self.cycle = self.cycle + 1
+            for s in ins:
+                if s.fired:
+                    s.item = None
+                    s.fired = False
+                q = s.queue
+                if s.item is None and q:
+                    t, raw = q[0] if s.timed else (0, q[0])
+                    if t <= cyc:
+                        if idle and rnd() < idle:
+                            log[s.name + "_idle"].append(cyc)
+                        else:
+                            q.popleft()
+                            s.item = raw
+                            s.payload.value = raw
+                want = s.item is not None
+                if want != s.vset:
+                    s.valid.value = want
+                    s.vset = want
+            rdy = []
+            for i, o in enumerate(outs):
+                r = not (bp and rnd() < bp)
+                rdy.append(r)
+                if r != rset[i]:
+                    o[3].value = r
+                    rset[i] = r
             await ReadOnly()
-            w_fired = w_item is not None and bool(d.w__ready.value)
-            if w_fired:
-                self.w_busy_cycles += 1
-            tok_fired = tok_item is not None and bool(d.tok__ready.value)
-            if tok_fired:
-                self.tok_cycles.append(self.cycle)
-            for name, rdy, layout in (("req", req_rdy, self.req_layout),
-                                      ("o", o_rdy, self.out_layout)):
-                valid = bool(getattr(d, f"{name}__valid").value)
-                raw = getattr(d, f"{name}__payload").value.to_unsigned() if valid else None
-                if pend[name] is not None and (not valid or raw != pend[name]):
-                    self.errors.append(f"{name}: valid dropped or payload changed before ready "
-                                       f"at cycle {self.cycle}")
-                if valid and rdy:
-                    pl = {key: (v.value if isinstance(v, enum.Enum) else v)
-                          for key, v in unpack(layout, raw).items()}
-                    if name == "req":
-                        self.requests.append((self.cycle, pl))
-                        self.w_queue.extend(self.beats_for(pl))
-                    else:
-                        self.outputs.append((self.cycle, pl["y"]))
-                    pend[name] = None
+            for s in ins:
+                if not s.ready.value.is_resolvable:
+                    raise AssertionError(f"{s.name}.ready is {s.ready.value} at cycle {cyc}")
+                if s.item is not None and s.ready.value:
+                    s.fired = True
+                    self.transfers += 1
+                    self.fired_count[s.name] += 1
+            for i, (name, valid, payload, _, layout) in enumerate(outs):
+                if not valid.value.is_resolvable:
+                    raise AssertionError(f"{name}.valid is {valid.value} at cycle {cyc}")
+                if not valid.value:
+                    if pend[i] is not None:
+                        self.errors.append(f"{name}: valid dropped before ready at cycle {cyc}")
+                        pend[i] = None
+                    continue
+                raw = payload.value.to_unsigned()
+                if pend[i] is not None and raw != pend[i]:
+                    self.errors.append(f"{name}: payload changed before ready at cycle {cyc}")
+                if rdy[i]:
+                    pend[i] = None
+                    self.transfers += 1
+                    self._take(name, unpack(layout, raw))
                 else:
-                    pend[name] = raw if valid else None
+                    pend[i] = raw
+                    log[name + "_bp"].append(cyc)
 
-    # -- checking ----------------------------------------------------------------------------
-    async def drain(self):
-        # generous: 20x the FULL analytic count per token, plus stalls
-        per_token = 20 * gm.analytic_cycles(
-            hidden=self.H, ffn=self.I, experts=self.E, top_k=self.k, shared=self.S,
-            slice_bits=self.s, draft_keep=self.keep, pes=self.P, lanes=self.L) + 500
-        last_progress, done = self.cycle, len(self.outputs)
-        while len(self.outputs) < len(self.tokens):
+    def _take(self, name, pl):
+        if name == "need":
+            pl = {k: (x.value if hasattr(x, "value") else x) for k, x in pl.items()}
+            self.needs.append((self.cycle, pl))
+            delay = self._decide(pl)
+            self.log["decision_delay"].append((self.cycle, delay))
+        elif name == "o":
+            self.outputs.append((self.cycle, pl["y"], pl["error"], pl["last"]))
+        elif name == "stats":
+            self.stats.append((self.cycle, pl))
+        else:
+            b = int(name[6:])
+            pl = {k: (x.value if hasattr(x, "value") else x) for k, x in pl.items()}
+            self.hb_cmds[b].append((self.cycle, pl))
+            self._hb_serve(b, pl)
+
+    # -- checking ------------------------------------------------------------------------
+    def n_tokens(self):
+        return sum(len(s[1]) for s in self.steps)
+
+    async def drain(self, limit=None):
+        last_progress, done = self.cycle, 0
+        limit = limit or 20000 + 40 * self.cfg.expert_rows * self.cfg.planes
+        while len(self.outputs) < self.n_tokens() or len(self.stats) < self._passes():
             await RisingEdge(self.dut.clk)
-            if len(self.outputs) != done:
-                last_progress, done = self.cycle, len(self.outputs)
-            if self.cycle - last_progress > per_token:
+            prog = len(self.outputs) + len(self.stats) + len(self.needs)
+            if prog != done:
+                last_progress, done = self.cycle, prog
+            if self.cycle - last_progress > limit:
+                self.dut._log.error("state at timeout: %s", self.debug_state())
+                for row in getattr(self, "trace", [])[-60:]:
+                    self.dut._log.error("trace %s", row)
+                for b in range(self.B):
+                    self.dut._log.error("bank %d commands %s", b, [(c, x["region"], x["slot"],
+                                        x["offset"], x["count"]) for c, x in self.hb_cmds[b][-40:]])
+                self.dut._log.error("decisions %s", [(n["expert"], n["tokens"], n["precision"],
+                                    s_.hb, s_.slot) for (_, n), (s_, _f) in
+                                    zip(self.needs[-20:], self.decisions[-20:])])
                 raise AssertionError(
-                    f"timeout: {len(self.outputs)} of {len(self.tokens)} outputs, "
-                    f"{len(self.requests)} requests, {len(self.w_queue)} beats queued "
-                    f"(seed {cocotb.RANDOM_SEED})")
-        for _ in range(20):
+                    f"timeout at cycle {self.cycle}: {len(self.outputs)} of {self.n_tokens()} "
+                    f"outputs, {len(self.stats)} of {self._passes()} passes, {len(self.needs)} "
+                    f"announcements (seed {cocotb.RANDOM_SEED})")
+        for _ in range(30):
             await RisingEdge(self.dut.clk)
 
-    def expected_requests(self):
-        out = []
-        for x, mode, mask, res in self.tokens:
-            out.append((ReqKind.ROUTER.value, 0, 0, int(gm.Precision.FULL)))
-            out += [(ReqKind.EXPERT.value, 1, s, int(mode)) for s in range(self.S)]
-            out += [(ReqKind.EXPERT.value, 0, e, int(mode)) for e in res.sel]
+    def debug_state(self):
+        """Internal FSM states and a few registers (for a timeout report)."""
+        out = {}
+        for path in ("issue.issue_state", "issue.running", "issue.in_router", "issue.j",
+                     "issue.pi", "issue.up_inflight", "issue.slack", "issue.t", "issue.rem",
+                     "scheduler.scheduler_state", "scheduler.ps", "scheduler.announced",
+                     "scheduler.decided__0", "scheduler.decided__1", "scheduler.level",
+                     "hb_reader.hb_reader_state", "hb_reader.j", "hb_reader.ph",
+                     "hb_reader.acc", "ext_writer.ext_state", "ext_writer.running",
+                     "ext_writer.j", "softmax.softmax_state", "output.output_state",
+                     "tokens.tokens_state", "tokens.valid", "vector_unit.ser_valid",
+                     "vector_unit.bi", "topk.o__valid", "hb_reader.pad0", "hb_reader.pad1",
+                     "issue.q", "issue.c", "issue.grp", "issue.proj", "issue.hb_pos",
+                     "issue.ext_pos", "issue.hb_free", "issue.ext_free", "issue.hbn",
+                     "issue.extn", "issue.tp", "issue.ent", "issue.src", "ext_writer.pe",
+                     "ext_writer.planes", "ext_writer.p0", "ext_writer.proj", "ext_writer.grp",
+                     "hb_buffer.wp__0", "hb_buffer.wp__1", "ext_buffer.wp__0", "ext_buffer.wp__1",
+                     "issue.s1_valid", "issue.s2_valid", "pe_array.o__valid",
+                     "vector_unit.i__ready", "issue.fifo.inner_level", "issue.fifo.r_rdy",
+                     "pe_array.tags.inner_level", "pe_array.tags.r_rdy", "pe_array.out.skid_valid",
+                     "ext_buffer.wp__2", "ext_buffer.wp__3", "hb_reader.rp0.raw.inner_level",
+                     "hb_reader.rp0.pq.inner_level", "hb_reader.rp1.pq.inner_level",
+                     "vector_unit.ser", "vector_unit.ends", "output.out_done",
+                     "hb_reader.out_loaded", "hb_reader.lut_loaded", "softmax.ready",
+                     "hb_reader.const_busy", "hb_reader.loaded0", "hb_reader.loaded1",
+                     "vector_unit.gates_ready", "vector_unit.softmax_idle",
+                     "vector_unit.topk_idle", "issue.sel_done", "issue.no_routed__1"):
+            h = self.dut
+            try:
+                for part in path.split("."):
+                    h = getattr(h, part)
+                out[path] = hex(int(h.value))
+            except Exception:
+                out[path] = "?"
+        out["queues"] = {"tok": len(self.tok_q), "src": len(self.src_q), "ext": len(self.ext_q),
+                         "hb": [len(q) for q in self.hb_q]}
+        for b in range(self.B):
+            served = self.fired_count[f"hb{b}"]
+            tot, rows = 0, []
+            for cyc, c in self.hb_cmds[b]:
+                n = 1 if (c["region"] == 0 and c["slot"] not in self.slots) else c["count"]
+                rows.append((cyc, c["region"], c["slot"], c["offset"], c["count"], tot))
+                tot += n
+            out[f"hb{b}_served"] = served
+            out[f"hb{b}_last_cmds"] = rows[-6:]
+        for path in ("hb_reader.recvd0", "hb_reader.recvd1", "hb_reader.dq0.inner_level",
+                     "hb_reader.dq0.r_rdy", "hb_reader.rp0.cmdq.inner_level",
+                     "hb_reader.rp0.unpack_state", "hb_reader.rp0.ri", "hb_reader.rp0.cur",
+                     "hb_reader.rp0.have"):
+            h = self.dut
+            try:
+                for part in path.split("."):
+                    h = getattr(h, part)
+                out[path] = hex(int(h.value))
+            except Exception:
+                out[path] = "?"
         return out
 
-    def check(self):
+    def _passes(self):
+        return sum(-(-len(s[1]) // self.T) for s in self.steps)
+
+    def golden(self):
+        """Golden results per step, with the recorded decisions as sources."""
+        out, plans = [], []
+        di = 0
+        for layer, xs, roles, masks, _ in self.steps:
+            lay = self.layers[layer]
+            res = gb.batched_forward(lay, xs, roles, masks, batch_tokens=self.T)
+            srcs = []
+            for plan in res.passes:
+                s = {}
+                for job in plan.routed:
+                    src, fault = self.decisions[di] if di < len(self.decisions) else (gb.LPDDR, None)
+                    s[job.expert] = (src, fault)
+                    di += 1
+                srcs.append(s)
+            res2 = gb.batched_forward(lay, xs, roles, masks, batch_tokens=self.T,
+                                      sources=[{e: v[0] for e, v in s.items()} for s in srcs])
+            assert np.array_equal(res.y, res2.y)
+            out.append(res2)
+            plans.append(srcs)
+        return out, plans
+
+    def check(self, *, faults=False):
         errors = list(self.errors)
-        if len(self.outputs) != len(self.tokens):
-            errors.append(f"{len(self.outputs)} outputs for {len(self.tokens)} tokens")
-        for i, ((_, y), (x, mode, mask, res)) in enumerate(zip(self.outputs, self.tokens)):
-            exp = [int(v) ^ 1 if self.mutate else int(v) for v in res.y]
-            if list(y) != exp:
-                bad = [h for h in range(self.H) if y[h] != exp[h]]
-                errors.append(f"token {i} ({'DRAFT' if mode else 'FULL'}): {len(bad)} outputs "
-                              f"differ, first y[{bad[0]}]={y[bad[0]]} expected {exp[bad[0]]}")
-        got = [(int(r["kind"]), r["shared"], r["expert"], int(r["mode"])) for _, r in self.requests]
-        exp = self.expected_requests()
-        if got != exp:
-            first = next((i for i, (a, b) in enumerate(zip(got, exp)) if a != b),
-                         min(len(got), len(exp)))
-            errors.append(f"weight requests differ from the golden routing at request {first} "
-                          f"of {len(exp)}: got {got[first:first + 3]} expected {exp[first:first + 3]}")
-        if self.w_queue:
-            errors.append(f"{len(self.w_queue)} weight beats left unconsumed")
-        if int(self.dut.error.value):
-            errors.append("the DUT raised its sticky PE error flag")
+        cfg = self.cfg
+        results, srcs = self.golden()
+        # outputs, token by token
+        oi = 0
+        faulted_passes = 0
+        for si, ((layer, xs, roles, masks, _), res) in enumerate(zip(self.steps, results)):
+            for pi, plan in enumerate(res.passes):
+                fault = any(f for _, f in srcs[si][pi].values())
+                faulted_passes += fault
+                n = len(plan.roles)
+                for t in range(n):
+                    if oi >= len(self.outputs):
+                        errors.append(f"missing output {oi}")
+                        break
+                    _, y, err, last = self.outputs[oi]
+                    exp = [int(a) ^ 1 if self.mutate else int(a) for a in res.y[plan.first + t]]
+                    exp_last = int(plan.first + t == len(xs) - 1)
+                    if last != exp_last:
+                        errors.append(f"output {oi}: last={last}, expected {exp_last}")
+                    if fault:
+                        if not err:
+                            errors.append(f"output {oi}: a faulted pass must flag error")
+                    else:
+                        if err:
+                            errors.append(f"output {oi} (step {si} pass {pi}): unexpected error")
+                        if list(y) != exp:
+                            bad = [h for h in range(cfg.hidden) if y[h] != exp[h]]
+                            errors.append(f"output {oi} (step {si} pass {pi} token {t}, "
+                                          f"{R(plan.roles[t]).name}): {len(bad)} outputs differ, "
+                                          f"first y[{bad[0]}]={y[bad[0]]} expected {exp[bad[0]]}")
+                    oi += 1
+        if len(self.outputs) != self.n_tokens():
+            errors.append(f"{len(self.outputs)} outputs for {self.n_tokens()} tokens")
+        errors += self.check_announcements(results)
+        errors += self.check_hb_reads(results, srcs)
+        errors += self.check_stats(results, srcs, faults)
         if errors:
             raise AssertionError(f"{len(errors)} mismatches (seed {cocotb.RANDOM_SEED}); first: "
-                                 + "; ".join(errors[:5]))
+                                 + "; ".join(errors[:6]))
+        return results, srcs
 
-    def draft_mask_violations(self):
-        return mask_violations([r for _, r in self.requests],
-                               [(mode, mask) for _, mode, mask, _ in self.tokens])
+    def check_announcements(self, results):
+        errors = []
+        exp = []
+        for (layer, *_), res in zip(self.steps, results):
+            for plan in res.passes:
+                got_pass = [(layer, j.expert, len(j.tokens), int(j.precision)) for j in plan.routed]
+                if len({x[1] for x in got_pass}) != len(got_pass):
+                    errors.append("golden plan repeats an expert")          # cannot happen
+                exp += got_pass
+        got = [(p["layer"], p["expert"], p["tokens"], p["precision"]) for _, p in self.needs]
+        if got != exp:
+            i = next((i for i, (a, b) in enumerate(zip(got, exp)) if a != b), min(len(got), len(exp)))
+            errors.append(f"announcements differ from the golden plan at {i} of {len(exp)}: "
+                          f"got {got[i:i + 2]} expected {exp[i:i + 2]}")
+        return errors
+
+    def needed_hb_words(self, layer, plan, srcs):
+        """Per bank, the set of HB words the contract lets a pass read."""
+        cfg = self.cfg
+        d = gl.dense_layout(cfg)
+        idx = d.record_index
+        out = []
+        for b in range(self.B):
+            need = set()
+            need |= {(1, None, d.router_base(layer) + w) for w in range(d.router_words)}
+            w0, nw, _ = gb.record_words(cfg, idx["out"],
+                                        cfg.hidden // cfg.pes + 1 + len(gb.lut_share(cfg, b)))
+            need |= {(1, None, d.params_base(layer) + w0 + w) for w in range(nw)}
+            for job in plan.jobs:
+                f, c = gb.expert_record_range(cfg, job.expert)
+                w0, nw, _ = gb.record_words(cfg, f, c)
+                need |= {(1, None, d.params_base(layer) + w0 + w) for w in range(nw)}
+                if job.shared:
+                    base = d.shared_base(layer, job.expert - cfg.experts)
+                    need |= {(1, None, base + gl.interleaved_offset(seg, q, c, cfg.planes))
+                             for seg in gl.segments(cfg) for q in job.hb_planes
+                             for c in range(seg.chunks)}
+                else:
+                    src = srcs.get(job.expert, (gb.LPDDR, None))[0]
+                    if src.hb:
+                        need |= {(0, src.slot, w) for w in range(cfg.slot_words)}
+            out.append(need)
+        return out
+
+    def check_hb_reads(self, results, srcs):
+        """Every HB word a pass reads is one it needs, read once; every
+        needed word is read (so no expert's weights are requested twice
+        within a pass, and nothing is fetched on the side)."""
+        errors = []
+        passes = []
+        for si, ((layer, *_), res) in enumerate(zip(self.steps, results)):
+            for pi, plan in enumerate(res.passes):
+                passes.append(self.needed_hb_words(layer, plan, srcs[si][pi]))
+        self.hb_reads_checked = 0
+        for b in range(self.B):
+            pi = 0
+            left = set(passes[0][b]) if passes else set()
+            for cyc, cmd in self.hb_cmds[b]:
+                while not left and pi + 1 < len(passes):
+                    pi += 1
+                    left = set(passes[pi][b])
+                words = {(cmd["region"], cmd["slot"] if cmd["region"] == 0 else None,
+                          cmd["offset"] + w) for w in range(cmd["count"])}
+                extra = words - left
+                if extra:
+                    errors.append(f"bank {b} pass {pi}: read of words not needed or read before "
+                                  f"in this pass at cycle {cyc}: {sorted(extra)[:3]}")
+                left -= words
+                self.hb_reads_checked += len(words)
+            if left or pi + 1 != len(passes):
+                errors.append(f"bank {b}: {len(left)} needed HB words never read "
+                              f"(pass {pi} of {len(passes)})")
+        return errors
+
+    def check_stats(self, results, srcs, faults):
+        errors = []
+        cfg = self.cfg
+        i = 0
+        for si, ((layer, *_), res) in enumerate(zip(self.steps, results)):
+            for pi, plan in enumerate(res.passes):
+                if i >= len(self.stats):
+                    errors.append(f"missing stats of pass {i}")
+                    return errors
+                _, st = self.stats[i]
+                s = {e: v[0] for e, v in srcs[si][pi].items()}
+                fault = any(f for _, f in srcs[si][pi].values())
+                tr = gb.pass_traffic(cfg, gb.with_sources(self.layers[layer], plan, s))
+                exp = {"hb_words": sum(tr.hb_words), "ext_beats": tr.ext_beats,
+                       "mac_beats": tr.mac_beats, "experts": len(plan.routed),
+                       "expert_tokens": sum(len(j.tokens) for j in plan.routed),
+                       "tokens": len(plan.roles), "error": int(fault)}
+                for key, val in exp.items():
+                    if fault and key in ("hb_words", "ext_beats"):
+                        continue
+                    if st[key] != val:
+                        errors.append(f"pass {i} stats: {key}={st[key]}, expected {val}")
+                i += 1
+        return errors
+
+    def sample_coverage(self, name, results, srcs, fault_kind="none"):
+        st, sj, sp = _coverage()
+        T = self.T
+
+        def size_bin(x):
+            return "1" if x == 1 else ("T" if x == T else "some")
+        o_bp = set(self.log["o_bp"])
+        tok_idle = set(self.log["tok_idle"])
+        hb_idle = any(self.log[f"hb{b}_idle"] for b in range(self.B))
+        ext_idle = bool(self.log["ext_idle"])
+        delays = [dl for _, dl in self.log["decision_delay"]]
+        di = 0
+        for si, ((layer, xs, roles, masks, facts), res) in enumerate(zip(self.steps, results)):
+            for pi, plan in enumerate(res.passes):
+                for t in range(len(plan.roles)):
+                    gi = plan.first + t
+                    mk = masks[gi]
+                    mkind = ("none" if not mk.any() else "all" if mk.all() or
+                             (mk == self.resident_mask(layer)).all() and mk.sum() > 1
+                             else "one" if mk.sum() == 1 else "some")
+                    st({"role": R(roles[gi]).name, "mask": mkind,
+                        "pass_size": size_bin(len(plan.roles)),
+                        "experts": "some" if plan.sel[t] or plan.jobs else "none",
+                        "o_bp": bool(o_bp), "tok_idle": bool(tok_idle)})
+                for job in plan.jobs:
+                    if job.shared:
+                        source = "shared"
+                        delay = False
+                    else:
+                        src = srcs[si][pi][job.expert][0]
+                        source = ("split" if src.hb and job.precision is not R.DRAFT else
+                                  "hb" if src.hb else "lpddr")
+                        delay = di < len(delays) and delays[di] > 0
+                        di += 1
+                    sj({"source": source, "precision": job.precision.name,
+                        "tokens": size_bin(len(job.tokens)), "delay": delay,
+                        "hb_idle": hb_idle, "ext_idle": ext_idle})
+                fault = next((f for _, f in srcs[si][pi].values() if f), None)
+                sp({"fault": fault or "none", "error": bool(fault)})
+        write_coverage("moe_layer", run=f"{name} {self.cfg.slice_bits}-{self.cfg.pes}-"
+                       f"{self.cfg.batch_tokens}", transactions=self.transfers)
 
 
-def mask_violations(requests, tokens):
-    """Routed experts requested for a DRAFT token outside its allowed mask,
-    as ``(token, expert)``; independent of the golden model (the routing
-    property itself). ``requests`` are request payload dicts in order (each
-    token's begin with its ROUTER request), ``tokens`` ``(mode, mask)``."""
-    viol = []
-    t = -1
-    for r in requests:
-        if r["kind"] == ReqKind.ROUTER.value:
-            t += 1
-            continue
-        mode, mask = tokens[t]
-        if mode == gm.Precision.DRAFT and not r["shared"] and not mask[r["expert"]]:
-            viol.append((t, r["expert"]))
-    return viol
+# ---------------------------------------------------------------------------------------------
+# stimulus
 
 
-def _random_run(tb, count):
-    """Queue ``count`` FULL and ``count`` DRAFT tokens in random order."""
-    modes = [gm.Precision.FULL] * count + [gm.Precision.DRAFT] * count
-    tb.rand.shuffle(modes)
-    for mode in modes:
-        x = gm.random_tokens(tb.np_rng, tb.layer, 1)[0]
+def _mask(tb, layer, kind):
+    res = tb.resident_mask(layer)
+    ids = np.flatnonzero(res)
+    m = np.zeros(tb.E, bool)
+    if kind == "one" and len(ids):
+        m[tb.rand.choice(list(ids))] = True
+    elif kind == "all":
+        m = res.copy()
+    elif kind == "some" and len(ids):
+        pick = tb.np_rng.choice(ids, size=int(tb.np_rng.integers(1, len(ids) + 1)), replace=False)
+        m[pick] = True
+    return m
+
+
+def random_steps(tb, tokens_per_mode, *, roles=(R.FULL, R.DRAFT, R.VERIFY), max_step=None,
+                 layers=None, mixed=0.3):
+    """Steps of 1 .. 1.5 T tokens (so also steps of two passes), mostly one
+    role per step (as the controller sends them), sometimes mixed."""
+    T = tb.T
+    max_step = max_step or max(1, T + T // 2)
+    left = {r: tokens_per_mode for r in roles}
+    layers = layers or list(range(tb.cfg.layers))
+    while any(v > 0 for v in left.values()):
+        n = tb.rand.randint(1, max_step)
+        if tb.rand.random() < 0.3:
+            n = tb.rand.choice([1, T])
+        layer = tb.rand.choice(layers)
+        if tb.rand.random() < mixed:
+            rs = [tb.rand.choice(roles) for _ in range(n)]
+        else:
+            r = tb.rand.choice([r for r in roles if left[r] > 0])
+            rs = [r] * n
+        xs = gm.random_tokens(tb.np_rng, tb.layers[layer], n)
         if tb.rand.random() < 0.05:
-            x[:] = tb.rand.choice((-128, 127))
-        mask = gm.random_mask(tb.np_rng, tb.E)
-        tb.add_token(x, mode, mask)
+            xs[:] = tb.rand.choice((-128, 127))
+        masks = [_mask(tb, layer, tb.rand.choice(["none", "one", "all", "some", "some"]))
+                 for _ in range(n)]
+        tb.add_step(layer, xs, rs, masks)
+        for r in rs:
+            left[r] -= 1
 
 
-async def _random_test(dut, stress):
-    tb = MoETB(dut, stress=stress, w_idle=0.25, o_bp=0.3, req_bp=0.3, tok_idle=0.3)
+async def _run_random(dut, name, *, stress=False, policy="random", faults=None):
+    tb = MoETB(dut, stress=stress, idle=0.2, bp=0.25, policy=policy, decision_delay=(0, 12),
+               ext_latency=12)
+    if faults:
+        tb.fault = faults
     await tb.start()
-    _random_run(tb, knob("moe_tokens", 40))
+    random_steps(tb, knob("moe_tokens", 20))
+    await tb.drain()
+    results, srcs = tb.check(faults=bool(faults))
+    tb.sample_coverage(name, results, srcs)
+    counts = collections.Counter(R(r).name for s in tb.steps for r in s[2])
+    dut._log.info("%s: %d tokens bit-exact (%s), %d passes, %d announcements, %d HB words "
+                  "checked once each, %d transfers", name, tb.n_tokens(), dict(counts),
+                  len(tb.stats), len(tb.needs), tb.hb_reads_checked, tb.transfers)
+    return tb
+
+
+@cocotb.test()
+async def random_batches(dut):
+    """Random steps (1 .. 1.5 T tokens, roles FULL/DRAFT/VERIFY, masks
+    none/one-hot/all/some of the resident experts), random HB / split /
+    LPDDR decisions after random delays, random idle and back-pressure on
+    every port: outputs, announcements, HB reads and counters against the
+    golden batched layer."""
+    await _run_random(dut, "random")
+
+
+@cocotb.test()
+async def stress_batches(dut):
+    """As random_batches on a layer whose requantisers saturate often."""
+    await _run_random(dut, "stress", stress=True)
+
+
+@cocotb.test()
+async def faults(dut):
+    """Faults end streams cleanly: an HB read of a slot that is not resident
+    (one error beat), an LPDDR command cut short by an error beat, or by an
+    early last. The pass's outputs carry ``error``; every other pass is bit
+    exact and the datapath carries on without a reset."""
+    tb = MoETB(dut, idle=0.1, bp=0.1, policy="random", decision_delay=(0, 4), ext_latency=8)
+    await tb.start()
+    for kind in ("hb_refused", "ext_error", "ext_early_last"):
+        if kind == "hb_refused" and tb._free_slot() is None:
+            continue
+        tb.fault = (kind, 0.15)
+        random_steps(tb, knob("moe_fault_tokens", 12), roles=(R.FULL, R.VERIFY))
+        await tb.drain()
+        tb.fault = None
+    results, srcs = tb.check(faults=True)
+    tb.sample_coverage("faults", results, srcs)
+    nf = sum(1 for s in srcs for p in s for v in p.values() if v[1])
+    assert nf > 0, "no fault was injected"
+    dut._log.info("faults: %d faulted jobs flagged, %d tokens, others bit-exact", nf, tb.n_tokens())
+
+
+@cocotb.test()
+async def split_equals_full(dut):
+    """Split VERIFY equals FULL bit for bit: the same tokens run once as FULL
+    with every expert from LPDDR and once as VERIFY with every resident
+    expert split (MSB planes from HB, LSB planes from LPDDR, concurrently);
+    the two output streams are identical (and equal to the golden layer)."""
+    tb = MoETB(dut, idle=0.1, bp=0.1, policy="lpddr", decision_delay=(0, 3))
+    await tb.start()
+    layer = 0
+    steps = []
+    for _ in range(knob("moe_split_steps", 4)):
+        n = tb.rand.randint(1, tb.T)
+        steps.append(gm.random_tokens(tb.np_rng, tb.layers[layer], n))
+    none = np.zeros((tb.T, tb.E), bool)
+    for xs in steps:
+        tb.add_step(layer, xs, [R.FULL] * len(xs), none[:len(xs)])
+    await tb.drain()
+    first = len(tb.outputs)
+    tb.policy = "split"
+    for xs in steps:
+        tb.add_step(layer, xs, [R.VERIFY] * len(xs), none[:len(xs)])
     await tb.drain()
     tb.check()
-    viol = tb.draft_mask_violations()
-    assert not viol, f"DRAFT used experts outside the allowed mask: {viol[:5]}"
-    nd = sum(1 for t in tb.tokens if t[1] == gm.Precision.DRAFT)
-    sat = sum(int(np.sum(np.abs(t[3].y) >= 127)) for t in tb.tokens)
-    dut._log.info("%s: %d tokens (%d FULL, %d DRAFT) bit-exact, %d requests, %d saturated outputs",
-                  "stress" if stress else "random", len(tb.tokens), len(tb.tokens) - nd, nd,
-                  len(tb.requests), sat)
-
-
-@cocotb.test()
-async def random_tokens(dut):
-    """Random calibrated layer, random tokens in FULL and DRAFT with random
-    allowed masks (including fewer than k and none), random stalls on all
-    streams; outputs and weight requests against the golden layer."""
-    await _random_test(dut, stress=False)
-
-
-@cocotb.test()
-async def stress_tokens(dut):
-    """As random_tokens with requantisation multipliers scaled up to 4x, so
-    that every requantiser saturates often."""
-    await _random_test(dut, stress=True)
-
-
-@cocotb.test()
-async def draft_mask(dut):
-    """DRAFT tokens only, with masks of few (often fewer than k) or no allowed
-    experts: no routed expert outside a token's mask is ever requested, and
-    outputs stay bit-exact."""
-    tb = MoETB(dut, w_idle=0.1, o_bp=0.1)
-    await tb.start()
-    rng = tb.np_rng
-    for x in gm.random_tokens(rng, tb.layer, knob("moe_tokens", 40)):
-        mask = np.zeros(tb.E, dtype=bool)
-        if tb.rand.random() > 0.1:
-            mask[rng.choice(tb.E, size=int(rng.integers(1, tb.k + 2)), replace=False)] = True
-        tb.add_token(x, gm.Precision.DRAFT, mask)
-    await tb.drain()
-    tb.check()
-    viol = tb.draft_mask_violations()
-    assert not viol, f"DRAFT used experts outside the allowed mask: {viol[:5]}"
-    routed = sum(1 for _, r in tb.requests if r["kind"] == ReqKind.EXPERT.value and not r["shared"])
-    dut._log.info("draft_mask: %d DRAFT tokens, %d routed expert requests, all allowed",
-                  len(tb.tokens), routed)
+    full = [o[1] for o in tb.outputs[:first]]
+    split = [o[1] for o in tb.outputs[first:]]
+    assert full == split, "split VERIFY differs from FULL"
+    nsplit = sum(1 for (src, _), (_, nd) in zip(tb.decisions, tb.needs) if src.hb)
+    assert nsplit > 0, "no expert ran split"
+    dut._log.info("split_equals_full: %d tokens, %d split jobs, identical", len(full), nsplit)
 
 
 @cocotb.test()
 async def throughput(dut):
-    """No stalls: cycles per token in FULL and DRAFT (all experts allowed)
-    against the analytic count; the figures go to ``$ELMOE_MEASURE_OUT``."""
-    tb = MoETB(dut)
+    """No stalls: cycles per pass for passes of 1, 4 and T tokens in FULL
+    (every expert from LPDDR), DRAFT (every expert from HB) and split VERIFY,
+    against the analytic bound; figures to ``$ELMOE_MEASURE_OUT``."""
+    cfg = Config(**params()["config"])
+    resident = [(0, e) for e in range(cfg.experts)][:cfg.tag_slots]
+    tb = MoETB(dut, policy="hb", ext_latency=knob("moe_ext_latency", 20), resident=resident)
     await tb.start()
-    count = knob("moe_throughput_tokens", 6)
+    T = tb.T
     figures = {}
-    for name, mode in (("FULL", gm.Precision.FULL), ("DRAFT", gm.Precision.DRAFT)):
-        first = len(tb.tokens)
-        for x in gm.random_tokens(tb.np_rng, tb.layer, count):
-            tb.add_token(x, mode, np.ones(tb.E, dtype=bool))
-        await tb.drain()
-        outs = [c for c, _ in tb.outputs[first:]]
-        per_token = (outs[-1] - outs[0]) / (len(outs) - 1)
-        analytic = gm.analytic_cycles(hidden=tb.H, ffn=tb.I, experts=tb.E, top_k=tb.k,
-                                      shared=tb.S, slice_bits=tb.s, draft_keep=tb.keep,
-                                      pes=tb.P, lanes=tb.L, precision=mode)
-        figures[name] = {"tokens": count, "cycles_per_token": per_token,
-                         "analytic_cycles_per_token": analytic,
-                         "efficiency": analytic / per_token,
-                         "overhead_cycles": per_token - analytic}
-    tb.check()
-    figures["DRAFT_over_FULL"] = (figures["DRAFT"]["cycles_per_token"]
-                                  / figures["FULL"]["cycles_per_token"])
-    dut._log.info("throughput: %s", figures)
+    npass = knob("moe_passes", 4)
+    sizes = sorted({1, min(4, T), T})
+    for role, policy in ((R.FULL, "lpddr"), (R.DRAFT, "hb"), (R.VERIFY, "split")):
+        for size in sizes:
+            tb.policy = policy
+            s0, o0 = len(tb.steps), len(tb.stats)
+            allowed = tb.resident_mask(0)
+            for _ in range(npass):
+                xs = gm.random_tokens(tb.np_rng, tb.layers[0], size)
+                tb.add_step(0, xs, [role] * size, [allowed] * size)
+            await tb.drain()
+            results, srcs = tb.check()
+            ends = [c for c, st in tb.stats[o0:]]
+            bounds = []
+            for res, s in zip(results[s0:], srcs[s0:]):
+                for plan, src in zip(res.passes, s):
+                    tr = gb.pass_traffic(tb.cfg, gb.with_sources(tb.layers[0], plan,
+                                                                 {e: v[0] for e, v in src.items()}))
+                    bounds.append((tr.bound, tr.hb_beats, tr.ext_beats, tr.mac_beats,
+                                   sum(tr.hb_words)))
+            stats = [st for _, st in tb.stats[o0:]]
+            # steady state: the interval between consecutive pass completions
+            per_pass = (ends[-1] - ends[0]) / (len(ends) - 1)
+            bound = float(np.mean([b[0] for b in bounds[1:]]))
+            figures[f"{role.name}_T{size}"] = {
+                "tokens_per_pass": size, "passes": len(ends),
+                "cycles_per_pass": per_pass, "bound_cycles_per_pass": bound,
+                "efficiency": bound / per_pass,
+                "hb_beats_per_pass": float(np.mean([b[1] for b in bounds])),
+                "ext_beats_per_pass": float(np.mean([b[2] for b in bounds])),
+                "mac_beats_per_pass": float(np.mean([b[3] for b in bounds])),
+                "hb_words_per_token": float(np.mean([st["hb_words"] for st in stats])) / size,
+                "ext_beats_per_token": float(np.mean([st["ext_beats"] for st in stats])) / size,
+                "experts_per_pass": float(np.mean([st["experts"] for st in stats])),
+                "tokens_per_expert": float(sum(st["expert_tokens"] for st in stats)
+                                           / max(1, sum(st["experts"] for st in stats))),
+                "counter_cycles_per_pass": float(np.mean([st["cycles"] for st in stats]))}
+            dut._log.info("%s_T%d: %.1f cycles/pass, bound %.1f, efficiency %.3f", role.name,
+                          size, per_pass, bound, bound / per_pass)
     out = os.environ.get("ELMOE_MEASURE_OUT")
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps({"params": tb.p, "figures": figures}, indent=2))
+        Path(out).write_text(json.dumps({"config": tb.cfg.to_dict(), "figures": figures},
+                                        indent=2))
+
+
+@cocotb.test(skip=os.environ.get("ELMOE_SPEED") is None)
+async def speed_probe(dut):
+    import time
+    from cocotb.triggers import ClockCycles
+    await start_clock_and_reset(dut)
+    t = time.time()
+    await ClockCycles(dut.clk, 20000)
+    a = time.time() - t
+    t = time.time()
+    for _ in range(20000):
+        await RisingEdge(dut.clk)
+        await ReadOnly()
+    b = time.time() - t
+    dut._log.info("speed: idle %.0f cycles/s, edge+readonly %.0f cycles/s", 20000 / a, 20000 / b)

@@ -1,10 +1,16 @@
-"""pytest entry points: the MoE layer datapath in cocotb against the golden
-integer MoE layer (FULL and DRAFT, random stalls, cycles per token).
+"""pytest entry points: the token-batched MoE datapath in cocotb against the
+golden batched layer (random batches, faults, split == FULL, throughput).
 
-Default run: three parameter sets (tiny; a shared expert with 2-bit slices
-and a 2-of-4-plane draft; the default size) with a modest token count each.
-``pytest -m slow`` runs the full count: at least 500 tokens per mode per
-parameter set.
+Parameter sets (one simulator build each, shared by all tests of the set):
+``tiny`` (T=4, 2 PEs x 4 lanes, s=4, k=2 of 8 experts), ``shared-s2`` (tiny
+with a shared expert, 2-bit slices: 4 planes, 2 in HB, and k=3) and
+``default`` (T=16, 4 PEs x 16 lanes).
+
+The default run (``pytest -m moe``) builds ``tiny`` once per simulator:
+random batches, stress, faults, split VERIFY == FULL, the golden mutation.
+``pytest -m "moe and slow"`` adds the two other sets, the throughput
+benchmark at ``default`` and the full count: at least 500 tokens per role
+per set (random + stress, 250 each).
 """
 
 import json
@@ -13,8 +19,7 @@ import pytest
 
 from elmoe3d.blocks import get_block
 from elmoe3d.config import preset
-from elmoe3d.golden import moe_layer as gm
-from elmoe3d.sim.harness import SimulationFailed, simulate
+from elmoe3d.sim.harness import SimulationFailed, simulate, simulator_available
 
 from conftest import sim_params
 
@@ -22,121 +27,98 @@ pytestmark = pytest.mark.moe
 
 BLOCK = get_block("moe_layer")
 
-# (id, Config overrides, tokens per mode per random test in the default run)
 SETS = {
-    "tiny": ({"hidden": 16, "ffn": 32, "experts": 8, "top_k": 2, "pes": 2, "lanes": 4}, 30),
-    "shared-s2": ({"hidden": 16, "ffn": 16, "experts": 8, "top_k": 3, "shared_experts": 1,
-                   "pes": 2, "lanes": 8, "slice_bits": 2}, 40),
-    "default": ({}, 8),
+    "tiny": preset("tiny"),
+    "shared-s2": preset("tiny").replace(shared_experts=1, slice_bits=2, top_k=3, hb_words=16384),
+    "default": preset("default"),
 }
-# full count (slow): 2 random tests x FULL/DRAFT x this many tokens >= 500 per mode
+#: tokens per role per random test in the default run, per set
+TOKENS = {"tiny": 16, "shared-s2": 12, "default": 6}
+#: slow: two random tests x this many tokens per role >= 500 per role per set
 SLOW_TOKENS = 250
 
 
-def _params(name):
-    over = SETS[name][0]
-    base = BLOCK.params(preset("default"))
-    keys = {"hidden": "hidden", "ffn": "ffn", "experts": "experts", "top_k": "top_k",
-            "shared_experts": "shared", "pes": "pes", "lanes": "lanes",
-            "slice_bits": "slice_bits"}
-    return {**base, **{keys[k]: v for k, v in over.items()}}
+#: The C++ of this design takes minutes to compile at Verilator's -Os and
+#: the testbench (Python, every port every cycle) dominates the run time,
+#: so the builds are -O0; Icarus gets ``always_comb`` (see the harness).
+BUILD = {"extra_build_args": ["-CFLAGS", "-O0"], "icarus_always_comb": True}
 
 
-def _run(name, simulator, testcase, env=None, **kw):
-    return simulate(BLOCK.factory, block=BLOCK.name, params=_params(name), top=BLOCK.top,
-                    simulator=simulator, test_module="elmoe3d.tb.test_moe_layer",
-                    testcase=testcase, env=env or {}, **kw)
+def _run(name, testcase, env=None, simulator="verilator", **kw):
+    return simulate(BLOCK.factory, block=BLOCK.name, params=BLOCK.params(SETS[name]),
+                    top=BLOCK.top, simulator=simulator, test_module="elmoe3d.tb.test_moe_layer",
+                    testcase=testcase, env=env or {}, **BUILD, **kw)
 
 
-@pytest.mark.parametrize("simulator", sim_params())
-def test_moe_random_shared(simulator):
-    """A shared expert, 2-bit slices, DRAFT keeping 2 of 4 planes; on every
-    simulator (fewer tokens on Icarus, which is much slower)."""
-    tokens = SETS["shared-s2"][1] if simulator == "verilator" else 4
-    _run("shared-s2", simulator, "random_tokens,stress_tokens,draft_mask",
-         {"ELMOE_MOE_TOKENS": str(tokens)})
+def test_moe_random_tiny():
+    """Random batches, a saturation-heavy layer, faults and split VERIFY ==
+    FULL at ``tiny`` (the default run; the other sets run under ``slow``)."""
+    _run("tiny", "random_batches,stress_batches,faults,split_equals_full",
+         {"ELMOE_MOE_TOKENS": str(TOKENS["tiny"])})
 
 
-@pytest.mark.parametrize("name", ["tiny", "default"])
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["shared-s2", "default"])
 def test_moe_random(name):
-    _run(name, "verilator", "random_tokens,stress_tokens,draft_mask",
-         {"ELMOE_MOE_TOKENS": str(SETS[name][1])})
+    """As the default run on the shared-expert/2-bit set and at ``default``
+    (one Verilator build each: minutes of C++, hence ``slow``)."""
+    _run(name, "random_batches,stress_batches,faults,split_equals_full",
+         {"ELMOE_MOE_TOKENS": str(TOKENS[name])})
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("simulator", sim_params())
+def test_moe_icarus_and_verilator(simulator):
+    """``tiny`` on every simulator (one token per role on Icarus, which
+    runs this design far slower; the slow run adds the shared-expert set).
+    ``slow``: on the shared machine this Icarus run had not finished after
+    37 minutes, so it is not yet part of ``make test`` (see
+    docs/blocks/moe_layer.md, status)."""
+    if simulator == "verilator":
+        pytest.skip("covered by test_moe_random_tiny")
+    _run("tiny", "random_batches", {"ELMOE_MOE_TOKENS": "1"}, simulator=simulator)
+
+
+@pytest.mark.slow
+def test_moe_icarus_shared_s2():
+    """The shared-expert/2-bit set on Icarus (few tokens)."""
+    ok, why = simulator_available("icarus")
+    if not ok:
+        pytest.skip(why)
+    _run("shared-s2", "random_batches", {"ELMOE_MOE_TOKENS": "2"}, simulator="icarus")
+
+
+@pytest.mark.slow
 def test_moe_throughput_default(measured_dir):
-    """Cycles per token at the default size; efficiency (analytic/measured)
-    must be at least 0.9 in FULL and DRAFT."""
+    """The throughput benchmark (``slow``: the default build takes minutes):
+    cycles per pass at the default size for passes of 1, 4 and 16 tokens in
+    FULL, DRAFT and split VERIFY against the analytic bound, written to
+    ``build/measured/moe_cycles.json``; the issue's bar (efficiency >= 0.9)
+    and the amortisation (weight beats per token fall with T) are checked."""
     out = measured_dir / "moe_cycles.json"
-    _run("default", "verilator", "throughput", {"ELMOE_MEASURE_OUT": str(out)})
+    _run("default", "throughput", {"ELMOE_MEASURE_OUT": str(out)})
     fig = json.loads(out.read_text())["figures"]
-    for mode in ("FULL", "DRAFT"):
-        f = fig[mode]
-        assert f["cycles_per_token"] >= f["analytic_cycles_per_token"], mode
-        assert f["efficiency"] >= 0.9, f"{mode}: efficiency {f['efficiency']:.3f} < 0.9"
+    for key, f in fig.items():
+        assert f["cycles_per_pass"] >= f["bound_cycles_per_pass"] * 0.999, key
+        assert f["efficiency"] >= 0.9, f"{key}: efficiency {f['efficiency']:.3f} < 0.9"
+    # one weight load per expert per pass: weight beats per token fall with T
+    for mode in ("FULL", "DRAFT", "VERIFY"):
+        key = "ext_beats_per_token" if mode != "DRAFT" else "hb_words_per_token"
+        assert fig[f"{mode}_T16"][key] < fig[f"{mode}_T4"][key] < fig[f"{mode}_T1"][key], mode
 
 
 def test_moe_golden_mutation_fails():
     """A wrong golden layer (bit 0 of every expected output flipped) must
-    make the testbench fail: the comparison is live."""
+    make the testbench fail, for the right reason."""
     with pytest.raises(SimulationFailed) as exc:
-        _run("shared-s2", "verilator", "random_tokens",
-             {"ELMOE_MOE_TOKENS": "2", "ELMOE_GOLDEN_MUTATION": "1"})
-    # ... and fail for the right reason: the output comparison, not a crash
+        _run("tiny", "random_batches", {"ELMOE_MOE_TOKENS": "2", "ELMOE_GOLDEN_MUTATION": "1"})
     log = str(exc.value).split("log=")[1].split()[0]
     text = open(log).read()
-    assert "outputs differ" in text and "weight requests differ" not in text
+    assert "outputs differ" in text and "announcements differ" not in text
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(SETS))
 def test_moe_random_full_count(name):
-    """>= 500 tokens per mode per parameter set: random_tokens and
-    stress_tokens each run ``SLOW_TOKENS`` FULL and ``SLOW_TOKENS`` DRAFT."""
-    _run(name, "verilator", "random_tokens,stress_tokens,draft_mask",
-         {"ELMOE_MOE_TOKENS": str(SLOW_TOKENS)})
-
-
-def test_mask_checker_catches_a_violation():
-    """The DRAFT-mask checker the cocotb tests use flags a routed expert
-    outside the mask (and ignores FULL tokens and shared experts)."""
-    from elmoe3d.tb.test_moe_layer import mask_violations
-    R = {"kind": 0, "shared": 0, "expert": 0, "mode": 0}
-    def ex(e, shared=0, mode=1):
-        return {"kind": 1, "shared": shared, "expert": e, "mode": mode}
-    mask = [True, False, True]
-    toks = [(gm.Precision.DRAFT, mask), (gm.Precision.FULL, mask), (gm.Precision.DRAFT, mask)]
-    reqs = [R, ex(0), ex(2), R, ex(1, mode=0), R, ex(1, shared=1), ex(1)]
-    assert mask_violations(reqs, toks) == [(2, 1)]
-    assert mask_violations(reqs[:-1], toks) == []
-
-
-def test_analytic_count_formula():
-    """The analytic count the efficiency is measured against."""
-    p = _params("default")
-    full = gm.analytic_cycles(hidden=p["hidden"], ffn=p["ffn"], experts=p["experts"],
-                              top_k=p["top_k"], shared=p["shared"], slice_bits=p["slice_bits"],
-                              draft_keep=1, pes=p["pes"], lanes=p["lanes"])
-    # router 16x64 MACs x 2 planes + 4 experts x 3 x 64x128 x 2 planes, over 64 MAC lanes
-    assert full == (16 * 64 * 2 + 4 * 3 * 64 * 128 * 2) / 64
-
-
-@pytest.mark.parametrize("over,msg", [
-    ({"top_k": 17}, "Top-k"),
-    ({"hidden": 60}, "Hidden size 60"),
-    ({"ffn": 100}, "Expert FFN width 100"),
-    ({"experts": 18}, "Routed expert count 18"),
-    ({"shared": 9}, "Shared expert count"),
-    ({"draft_keep": 2}, "Draft kept plane count"),
-])
-def test_moe_bad_params(over, msg):
-    kw = _params("default")
-    kw.update(over)
-    with pytest.raises(ValueError, match=msg):
-        BLOCK.factory(**kw)
-
-
-def test_moe_bad_param_type():
-    kw = _params("default")
-    kw["pes"] = 4.0
-    with pytest.raises(TypeError, match="PE count"):
-        BLOCK.factory(**kw)
+    """>= 500 tokens per role per set (random and stress, 250 each)."""
+    _run(name, "random_batches,stress_batches", {"ELMOE_MOE_TOKENS": str(SLOW_TOKENS)})

@@ -1,0 +1,43 @@
+"""The token-batched MoE layer datapath (block ``moe_layer``): small
+components joined by streams, composed in :mod:`.datapath`.
+
+==================  ==========================================================
+module              component
+==================  ==========================================================
+``tokens``          :class:`~.tokens.TokenStore` (passes of up to ``T`` tokens)
+``hb_reader``       :class:`~.hb_reader.HBReader`, :class:`~.hb_reader.RecordPath`
+``ext_port``        :class:`~.ext_port.ExtWriter` (LPDDR beats, checked)
+``buffers``         :class:`~.buffers.ReplayBuffer` (HB and LPDDR weight buffers)
+``scheduler``       :class:`~.scheduler.ExpertScheduler` (announce, decide, job table)
+``issue``           :class:`~.issue.Issue` (segments x tokens -> PE beats)
+``pe_array``        :class:`~.pe_array.PEArray` (``B`` bit-slice PEs)
+``vector_unit``     :class:`~.vector_unit.VectorUnit` (requantise, SiLU, combine)
+``topk``            :class:`~.topk.TopK` (streaming top-k)
+``softmax``         :class:`~.softmax.Softmax` (Q12 gates)
+``output``          :class:`~.output.OutputStage` (outputs, counters)
+==================  ==========================================================
+"""
+
+from .datapath import MoEDatapath
+
+__all__ = ["MoEDatapath", "BLOCK_SPECS"]
+
+
+def _params(cfg):
+    return {"config": cfg.to_dict()}
+
+
+def _factory(config):
+    from ...config import Config
+    return MoEDatapath(Config(**config))
+
+
+def _register():
+    from ...blocks import Block
+    return [Block("moe_layer", "elmoe3d_moe_layer",
+                  "token-batched MoE layer: router, top-k, SwiGLU experts on the bit-slice PE "
+                  "array, one weight load per expert per pass, split MSB/LSB verification",
+                  _params, _factory, order=60)]
+
+
+BLOCK_SPECS = _register()

@@ -1,0 +1,211 @@
+"""Geometry and small hardware helpers shared by the batched MoE datapath's
+components: :class:`Geom` (every size the components need, derived once
+from a :class:`~elmoe3d.config.Config`), pipelined integer arithmetic
+(:func:`mul_pipe`, :func:`requant_pipe`, :func:`delay`) and a priority
+encoder.
+
+Why the arithmetic is written out
+---------------------------------
+The datapath must close timing at 125 MHz on an ECP5 without DSP blocks
+(the synthesis flow maps multipliers to LUTs). Yosys turns a ``*`` into one
+combinational array, 30-40 LUT levels deep for a 28 x 16 product. Here a
+product is a sum of partial products ``a * b[i] << i`` added by a tree with
+a register after every level: each stage is one carry chain (the AND of
+the partial product folds into the first adder's LUTs). A requantisation
+``clamp((v * M + 2**(sh-1)) >> sh, -128, 127)`` shifts by ``sh - 1`` in two
+registered 3-level barrel stages and rounds last: ``(q + 1) >> 1`` of the
+shifted value equals the rounded result exactly, and only the low 10 bits
+of ``q`` (plus an all-sign-bits test) decide the clamped INT8.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
+
+from ...config import Config
+from ...golden import layout as gl
+from ...golden import moe_layer as gm
+from ...golden.bitslice import acc_width
+
+__all__ = ["Geom", "geom", "pow2ceil", "mul_pipe", "requant_pipe", "delay", "lowest_set",
+           "zext", "MUL_BITS"]
+
+MUL_BITS = gm.MULT_BITS
+
+
+def pow2ceil(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class Geom:
+    """Every size of the batched datapath for one Config (see ``docs/blocks/moe_layer.md``)."""
+    cfg: Config
+    s: int                 # slice bits
+    n: int                 # planes
+    k: int                 # HB planes = DRAFT planes
+    L: int                 # lanes
+    B: int                 # PEs = HB banks
+    H: int
+    I: int
+    E: int
+    K: int                 # top-k
+    S: int                 # shared experts
+    T: int                 # tokens per pass
+    W: int                 # PE result width
+    sv: int                # slice-vector bits
+    fw: int                # words per ExtBeat
+    rows: int              # expert rows per bank per plane
+    router_words: int      # n planes of the router, per bank
+    c_in: int              # chunks of a GATE/UP/ROUTER row (H/L)
+    c_down: int            # chunks of a DOWN row (I/L)
+    g_router: int          # E/B
+    g_in: int              # I/B
+    g_down: int            # H/B
+    hb_depth: int          # HB weight buffer words per bank
+    ext_depth: int         # LPDDR weight buffer words per bank
+    accw: int              # combine accumulator width
+    jobs: int              # most jobs in a pass: S + E
+
+    @property
+    def dense(self):
+        return gl.dense_layout(self.cfg)
+
+
+def pe_result_width(cfg: Config) -> int:
+    """Width of the PE's result for this Config (``PEResult.value``)."""
+    import inspect
+    if len(inspect.signature(acc_width).parameters) > 1:
+        return acc_width(cfg.max_len, cfg.lanes)
+    return acc_width(cfg.max_len)
+
+
+def geom(cfg: Config, *, hb_depth: int | None = None, ext_depth: int | None = None) -> Geom:
+    """The :class:`Geom` of a Config. Buffer depths default to
+    ``hb = pow2ceil(max(router_words, k * expert_rows, 2 * n * chunks))`` (a
+    whole router run, an HB slot, two segments) and
+    ``ext = pow2ceil(2 * n * expert_rows)`` (two experts of look-ahead, so
+    the LPDDR port keeps running while the PEs work on a heavy expert)."""
+    n, k = cfg.planes, cfg.hb_planes_eff
+    H, I, E, L, B = cfg.hidden, cfg.ffn, cfg.experts, cfg.lanes, cfg.pes
+    router_words = n * E * H // (B * L)
+    cmax = max(H, I) // L
+    hb = pow2ceil(max(router_words, k * cfg.expert_rows, 2 * n * cmax)) if hb_depth is None \
+        else hb_depth
+    ext = pow2ceil(2 * n * cfg.expert_rows) if ext_depth is None else ext_depth
+    for name, v, need in (("HB buffer depth", hb, max(router_words, 2 * n * cmax)),
+                          ("LPDDR buffer depth", ext, 2 * n * cmax)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an integer, not {v!r}")
+        if v < need or v & (v - 1):
+            raise ValueError(f"{name} must be a power of two of at least {need} words, not {v!r}")
+    S = cfg.shared_experts
+    accw = ((S + 1) * gm.GATE_ONE * 128).bit_length() + 1
+    return Geom(cfg, cfg.slice_bits, n, k, L, B, H, I, E, cfg.top_k, S, cfg.batch_tokens,
+                pe_result_width(cfg), cfg.slice_vector_bits, cfg.fill_words, cfg.expert_rows,
+                router_words, H // L, I // L, E // B, I // B, H // B, hb, ext, accw, S + E)
+
+
+def zext(v, width: int):
+    """``v`` cut or zero-extended to exactly ``width`` bits (for address
+    fields in a ``Cat``: a slice never widens a narrower value)."""
+    v = v.as_value() if hasattr(v, "as_value") else v
+    if len(v) >= width:
+        return v[:width]
+    return Cat(v, Const(0, width - len(v)))
+
+
+def delay(m: Module, sig, stages: int, name: str):
+    """``sig`` delayed by ``stages`` registers (free running)."""
+    cur = sig
+    for i in range(stages):
+        nxt = Signal.like(cur, name=f"{name}_d{i + 1}")
+        m.d.sync += nxt.eq(cur)
+        cur = nxt
+    return cur
+
+
+def mul_pipe(m: Module, a, b, name: str, *, b_signed: bool = False):
+    """Pipelined product ``a * b``: partial products over the bits of ``b``
+    added by a tree with a register after every level (free running).
+    Returns ``(product, latency)``; ``a`` is signed or unsigned as its shape
+    says, ``b`` is read as ``b_signed``."""
+    wb = len(b)
+    pps = []
+    for i in range(wb):
+        pp = Mux(b[i], a, 0)
+        term = pp << i
+        if b_signed and i == wb - 1:
+            term = -term
+        pps.append(term)
+    lat = 0
+    level = 0
+    while len(pps) > 1 or lat == 0:
+        nxt = []
+        for i in range(0, len(pps), 2):
+            v = pps[i] + pps[i + 1] if i + 1 < len(pps) else pps[i]
+            r = Signal(v.shape(), name=f"{name}_l{level}_{i // 2}")
+            m.d.sync += r.eq(v)
+            nxt.append(r)
+        pps = nxt
+        lat += 1
+        level += 1
+    return pps[0], lat
+
+
+#: Stages of :func:`requant_pipe` after the product: two barrel stages, one clamp.
+REQUANT_LATENCY_TAIL = 3
+
+
+def requant_pipe(m: Module, v, mult, shift, name: str):
+    """Pipelined ``clamp((v * mult + 2**(shift-1)) >> shift, -128, 127)``
+    (:func:`elmoe3d.golden.moe_layer.requant`, ``shift`` in 1..47). ``v``
+    signed, ``mult`` unsigned 16 bits, ``shift`` unsigned 6 bits; all read in
+    the cycle ``v`` is presented. Returns ``(INT8 signal, latency)``."""
+    prod, lat = mul_pipe(m, v, mult, f"{name}_mul")
+    sh = delay(m, shift, lat, f"{name}_sh")
+    s1 = Signal(6, name=f"{name}_s1")
+    m.d.comb += s1.eq(sh - 1)
+    # barrel, low three bits of the shift
+    qa = Signal(prod.shape(), name=f"{name}_qa")
+    s1b = Signal(3, name=f"{name}_s1b")
+    m.d.sync += [qa.eq(prod >> s1[:3]), s1b.eq(s1[3:])]
+    qb = Signal(prod.shape(), name=f"{name}_qb")
+    m.d.sync += qb.eq(qa >> Cat(Const(0, 3), s1b))
+    # clamp: q in [-512, 511] iff bits 9.. all equal the sign
+    width = len(qb)
+    neg = qb[width - 1]
+    hi = qb[9:]
+    in_range = (hi == 0) | (hi == (1 << len(hi)) - 1) if len(hi) > 0 else Const(1)
+    low = Signal(signed(10), name=f"{name}_low")
+    m.d.comb += low.eq(qb[:10])
+    r = Signal(signed(10), name=f"{name}_r")
+    m.d.comb += r.eq((low + 1) >> 1)
+    out = Signal(signed(8), name=name)
+    m.d.sync += out.eq(Mux(in_range, Mux(r > 127, 127, Mux(r < -128, -128, r)),
+                           Mux(neg, -128, 127)))
+    return out, lat + REQUANT_LATENCY_TAIL
+
+
+def lowest_set(m: Module, vec, name: str):
+    """``(any, index)`` of the lowest set bit of ``vec`` (a combinational
+    tree: ``log2(len(vec))`` levels of a 2:1 choice)."""
+    def tree(lo, hi):
+        if hi - lo == 1:
+            return vec[lo], Const(0, 1)
+        mid = lo + pow2ceil(hi - lo) // 2
+        if mid >= hi:
+            mid = lo + (hi - lo) // 2
+        a_any, a_idx = tree(lo, mid)
+        b_any, b_idx = tree(mid, hi)
+        wbits = max(1, (pow2ceil(hi - lo) - 1).bit_length())
+        idx = Mux(a_any, a_idx, b_idx + (mid - lo))
+        return a_any | b_any, idx[:wbits] if len(idx) > wbits else idx
+    w = len(vec)
+    a, i = tree(0, w)
+    anyb = Signal(name=f"{name}_any")
+    idx = Signal(range(max(2, w)), name=f"{name}_idx")
+    m.d.comb += [anyb.eq(a), idx.eq(i)]
+    return anyb, idx

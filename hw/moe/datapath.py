@@ -1,0 +1,190 @@
+"""The token-batched MoE layer datapath: its components joined by streams.
+
+See ``docs/blocks/moe_layer.md`` for the whole picture and
+``docs/architecture.md`` "Batched datapath" for the contract with the
+Elastic-SD controller, HB and the external-memory stream engine.
+
+::
+
+    tok ──> TokenStore ──x──> Issue ──ArrayBeat──> PEArray ──ArrayResult──> VectorUnit ──y──> OutputStage ──> o, stats
+                 │              ^  ^                                          │   │ ^
+                 │      HB buffer  LPDDR buffer                      logits   │   │ gates
+                 │              ^  ^                                          v   │
+                 │      HBReader  ExtWriter <── ext                         TopK ──> Softmax
+                 │       ^  │ records,constants ──> VectorUnit                │
+    hb_cmd/hb_data <─────┘  │                                                 v
+                 └────────> ExpertScheduler (job table) <── source, ──> need
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Module, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ...config import Config
+from ..vocab import vocab
+from .buffers import ReplayBuffer
+from .common import geom
+from .ext_port import ExtWriter
+from .hb_reader import HBReader
+from .issue import Issue
+from .output import OutputStage
+from .pe_array import PEArray
+from .scheduler import ExpertScheduler
+from .softmax import Softmax
+from .tokens import TokenStore
+from .topk import TopK
+from .vector_unit import VectorUnit
+
+__all__ = ["MoEDatapath"]
+
+
+class MoEDatapath(wiring.Component):
+    """Token-batched MoE layer: router, top-k, softmax, SwiGLU experts on
+    ``B`` bit-slice PEs, gated combine; one weight load per expert per pass
+    of up to ``T`` tokens; split verification over two weight ports.
+
+    Parameters
+    ----------
+    cfg : Config
+        Geometry (``hidden``, ``ffn``, ``experts``, ``top_k``,
+        ``shared_experts``, ``pes``, ``lanes``, ``slice_bits``,
+        ``hb_planes``, ``batch_tokens``, the HB map and the AXI beat).
+    hb_depth, ext_depth : int, optional
+        Weight-buffer words per bank (powers of two; defaults in
+        :func:`elmoe3d.hw.moe.common.geom`).
+
+    Members
+    -------
+    tok : ``In(stream.Signature(MoEToken))``
+    need : ``Out(stream.Signature(ExpertNeed))``
+    source : ``In(stream.Signature(ExpertSource))``
+    hb_cmd : ``Out(stream.Signature(HBRead)).array(B)``
+    hb_data : ``In(stream.Signature(HBBeat)).array(B)``
+    ext : ``In(stream.Signature(ExtBeat))``
+    o : ``Out(stream.Signature(MoEOutput))``
+    stats : ``Out(stream.Signature(PassStats))``
+
+    Every input ``ready`` and output ``valid`` comes from registers.
+
+    Raises
+    ------
+    TypeError, ValueError
+        For a Config of the wrong kind or a buffer depth that is not a power
+        of two large enough, naming it.
+    """
+
+    def __init__(self, cfg: Config, *, hb_depth: int | None = None,
+                 ext_depth: int | None = None):
+        if not isinstance(cfg, Config):
+            raise TypeError(f"cfg must be a Config, not {cfg!r}")
+        self.cfg = cfg
+        self.g = g = geom(cfg, hb_depth=hb_depth, ext_depth=ext_depth)
+        v = vocab(cfg)
+        super().__init__({
+            "tok": In(stream.Signature(v.MoEToken)),
+            "need": Out(stream.Signature(v.ExpertNeed)),
+            "source": In(stream.Signature(v.ExpertSource)),
+            "hb_cmd": Out(stream.Signature(v.HBRead)).array(g.B),
+            "hb_data": In(stream.Signature(v.HBBeat)).array(g.B),
+            "ext": In(stream.Signature(v.ExtBeat)),
+            "o": Out(stream.Signature(v.MoEOutput)),
+            "stats": Out(stream.Signature(v.PassStats)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        g = self.g
+        B = g.B
+        ts = m.submodules.tokens = TokenStore(g)
+        topk = m.submodules.topk = TopK(g)
+        sm = m.submodules.softmax = Softmax(g)
+        sch = m.submodules.scheduler = ExpertScheduler(g)
+        hbr = m.submodules.hb_reader = HBReader(g)
+        extw = m.submodules.ext_writer = ExtWriter(g)
+        hbb = m.submodules.hb_buffer = ReplayBuffer(banks=B, width=g.sv, depth=g.hb_depth)
+        extb = m.submodules.ext_buffer = ReplayBuffer(banks=B, width=g.sv, depth=g.ext_depth)
+        iss = m.submodules.issue = Issue(g, hbb.pbits, extb.pbits)
+        pea = m.submodules.pe_array = PEArray(g)
+        vu = m.submodules.vector_unit = VectorUnit(g)
+        out = m.submodules.output = OutputStage(g)
+        cycle = Signal(g.cfg.stat_bits)
+        m.d.sync += cycle.eq(cycle + 1)
+        c = m.d.comb
+
+        # boundary streams
+        wiring.connect(m, wiring.flipped(self.tok), ts.tok)
+        wiring.connect(m, sch.need, wiring.flipped(self.need))
+        wiring.connect(m, wiring.flipped(self.source), sch.source)
+        for b in range(B):
+            wiring.connect(m, hbr.hb_cmd[b], wiring.flipped(self.hb_cmd[b]))
+            wiring.connect(m, wiring.flipped(self.hb_data[b]), hbr.hb_data[b])
+        wiring.connect(m, wiring.flipped(self.ext), extw.ext)
+        wiring.connect(m, out.o, wiring.flipped(self.o))
+        wiring.connect(m, out.stats, wiring.flipped(self.stats))
+
+        # token store -> consumers
+        for p in range(2):
+            c += [topk.roles[p].eq(ts.roles[p]), topk.masks[p].eq(ts.masks[p]),
+                  sch.count[p].eq(ts.count[p]), sch.layer[p].eq(ts.layer[p]),
+                  sch.roles[p].eq(ts.roles[p]), hbr.layer[p].eq(ts.layer[p]),
+                  iss.count[p].eq(ts.count[p]), iss.roles[p].eq(ts.roles[p])]
+        c += [sch.pass_valid.eq(ts.valid), sch.pass_seq.eq(ts.seq),
+              hbr.pass_valid.eq(ts.valid), hbr.pass_seq.eq(ts.seq),
+              iss.pass_valid.eq(ts.valid), iss.step_last.eq(ts.step_last),
+              ts.x_addr.eq(iss.x_addr), iss.x_data.eq(ts.x_data),
+              ts.release.eq(iss.release), ts.release_par.eq(iss.release_par)]
+
+        # routing: vector unit -> top-k -> softmax (and the scheduler's snoop)
+        c += [topk.i_valid.eq(vu.logit_valid), topk.i.eq(vu.logit),
+              vu.topk_last_ok.eq(topk.last_ok), vu.topk_idle.eq(topk.idle)]
+        wiring.connect(m, topk.o, sm.i)
+        c += [sch.sel_valid.eq(topk.o.valid & topk.o.ready), sch.sel.eq(topk.o.payload)]
+        c += [sm.sm_we.eq(hbr.sm_we), sm.sm_par.eq(hbr.sm_par), sm.sm_mult.eq(hbr.sm_mult),
+              sm.sm_shift.eq(hbr.sm_shift), sm.sm_clear.eq(vu.done),
+              sm.sm_clear_par.eq(vu.done_par), sm.g_addr.eq(vu.g_addr),
+              vu.g_data.eq(sm.g_data), vu.gates_ready.eq(sm.ready), vu.softmax_idle.eq(sm.idle)]
+
+        # job table readers: HB reader, LPDDR writer, issue
+        for r, cons in enumerate((hbr, extw, iss)):
+            c += [sch.rd_addr[r].eq(cons.rd_addr), cons.rd_entry.eq(sch.rd_entry[r]),
+                  cons.rd_src.eq(sch.rd_src[r])]
+            for p in range(2):
+                c += [cons.decided[p].eq(sch.decided[p]), cons.total[p].eq(sch.total[p])]
+            c += [cons.total_valid.eq(sch.total_valid), cons.epoch.eq(sch.epoch)]
+        for p in range(2):
+            c += [iss.no_routed[p].eq(sch.no_routed[p]), iss.experts[p].eq(sch.experts[p]),
+                  iss.expert_tokens[p].eq(sch.expert_tokens[p]),
+                  iss.hb_words[p].eq(hbr.words[p]), iss.ext_beats[p].eq(extw.beats[p])]
+        c += [iss.sel_done.eq(sch.sel_done), iss.hb_error.eq(hbr.error),
+              iss.ext_error.eq(extw.error), iss.cycle.eq(cycle), out.cycle.eq(cycle)]
+
+        # weight buffers
+        for b in range(B):
+            c += [hbr.buf_space[b].eq(hbb.space[b]), hbb.we[b].eq(hbr.buf_we[b]),
+                  hbb.wdata[b].eq(hbr.buf_wdata[b]), iss.hb_data[b].eq(hbb.rd_data[b]),
+                  iss.hb_wp[b].eq(hbb.wp[b]),
+                  extw.buf_space[b].eq(extb.space[b]), extb.we[b].eq(extw.buf_we[b]),
+                  extb.wdata[b].eq(extw.buf_wdata[b]), iss.ext_data[b].eq(extb.rd_data[b]),
+                  iss.ext_wp[b].eq(extb.wp[b])]
+        c += [hbb.rd_pos.eq(iss.hb_pos), hbb.free.eq(iss.hb_free),
+              extb.rd_pos.eq(iss.ext_pos), extb.free.eq(iss.ext_free)]
+
+        # constants and parameters: HB reader -> vector unit
+        for b in range(B):
+            wiring.connect(m, hbr.params[b], vu.params[b])
+            c += [vu.out_we[b].eq(hbr.out_we[b]), vu.out_addr[b].eq(hbr.out_addr[b]),
+                  vu.out_data[b].eq(hbr.out_data[b])]
+        c += [vu.lut_we.eq(hbr.lut_we), vu.lut_addr.eq(hbr.lut_addr), vu.lut_data.eq(hbr.lut_data),
+              vu.lut_loaded.eq(hbr.lut_loaded), vu.out_loaded.eq(hbr.out_loaded),
+              hbr.pass_done.eq(vu.done), hbr.pass_done_par.eq(vu.done_par)]
+
+        # compute chain
+        wiring.connect(m, iss.o, pea.i)
+        wiring.connect(m, pea.o, vu.i)
+        c += [vu.h_addr.eq(iss.h_addr), iss.h_data.eq(vu.h_data), iss.up_done.eq(vu.up_done)]
+        wiring.connect(m, iss.summary, out.summary)
+        c += [out.done.eq(vu.done), out.done_error.eq(vu.done_error), vu.y_addr.eq(out.y_addr),
+              out.y_data.eq(vu.y_data), vu.out_done.eq(out.out_done)]
+        return m

@@ -1,0 +1,154 @@
+"""LPDDR port: the ``ExtBeat`` stream from the external-memory stream engine
+into the LPDDR weight buffer, job by job.
+
+For every job of a pass, in job order, whose decision leaves planes on
+LPDDR (``p0 .. p0+planes-1``: ``0 ..`` for an LPDDR job, ``k ..`` for a split
+one), the port expects exactly those planes of that expert in the order of
+:func:`elmoe3d.golden.layout.weight_beats` with banks fastest: per segment,
+per plane, per chunk, ``B / fill_words`` beats of ``fill_words`` words
+(banks ``bank .. bank+fill_words-1``), the last one with ``last``. Each beat
+is checked against that order (``plane``, ``row``, ``bank``, ``last``); a
+beat with ``error`` or an early ``last`` ends the job's command, and the
+port writes zero words for the rest of the job so that the issue stage
+still finds every word it expects and the next job starts on the next
+command. Every such case flags the pass.
+
+Throughput: one beat per cycle while every bank's buffer has space
+(``ready`` is the AND of the buffer's registered ``space``).
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Array, Cat, Module, Mux, Signal, unsigned
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..vocab import CMD_ID_BITS, TokenRole, bits, ext_beat
+from .common import pow2ceil, zext
+from .payloads import job_entry, job_source
+
+__all__ = ["ExtWriter"]
+
+
+class ExtWriter(wiring.Component):
+    """LPDDR beats into the LPDDR weight buffer, checked against the job order.
+
+    Members
+    -------
+    rd_addr : ``Out``; rd_entry, rd_src : ``In`` (job-table read port)
+    decided, total, total_valid, epoch : ``In`` per buffer (scheduler)
+    ext : ``In(stream.Signature(ExtBeat))``
+    buf_space : ``In.array(B)``; buf_we, buf_wdata : ``Out.array(B)``
+    error : ``Out(2)``; beats : ``Out.array(2)``
+        Per buffer: a beat out of order, with ``error``, or a misplaced
+        ``last``; LPDDR beats received.
+    """
+
+    def __init__(self, g):
+        self.g = g
+        cfg = g.cfg
+        self.jb = bits(pow2ceil(g.jobs))
+        self.ExtBeat = ext_beat(g.sv, g.fw, g.n, g.rows, g.B, CMD_ID_BITS)
+        super().__init__({
+            "rd_addr": Out(unsigned(1 + self.jb)), "rd_entry": In(job_entry(g)),
+            "rd_src": In(job_source(g)),
+            "decided": In(unsigned(g.jobs.bit_length())).array(2),
+            "total": In(unsigned(g.jobs.bit_length())).array(2), "total_valid": In(2),
+            "epoch": In(2),
+            "ext": In(stream.Signature(self.ExtBeat)),
+            "buf_space": In(1).array(g.B), "buf_we": Out(1).array(g.B),
+            "buf_wdata": Out(unsigned(g.sv)).array(g.B),
+            "error": Out(2), "beats": Out(unsigned(cfg.stat_bits)).array(2),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        g = self.g
+        B, fw, n, k = g.B, g.fw, g.n, g.k
+        groups = B // fw
+        pe = Signal()
+        j = Signal(range(g.jobs + 1))
+        m.d.comb += self.rd_addr.eq(Cat(zext(j, self.jb), pe))
+        decided = Array(self.decided)
+        total = Array(self.total)
+        # walk: projection (0 GATE, 1 UP, 2 DOWN), group, plane, chunk, bank group
+        proj = Signal(range(3))
+        grp = Signal(range(max(g.g_in, g.g_down) + 1))
+        q = Signal(range(n + 1))
+        c = Signal(range(max(g.c_in, g.c_down) + 1))
+        bg = Signal(range(max(2, groups)))
+        row0 = Signal(range(g.rows + 1))
+        p0 = Signal(range(n + 1))
+        planes = Signal(range(n + 1))
+        pad = Signal()
+        chunks = Mux(proj == 2, g.c_down, g.c_in)
+        ngroups = Mux(proj == 2, g.g_down, g.g_in)
+        last_c = c == chunks - 1
+        last_q = q == planes - 1
+        last_g = grp == ngroups - 1
+        last_bg = bg == groups - 1
+        last_beat = last_bg & last_c & last_q & last_g & (proj == 2)
+
+        space = self.buf_space[0]
+        for b in range(1, B):
+            space = space & self.buf_space[b]
+        beat = self.ExtBeat(self.ext.payload)
+        running = Signal()
+        m.d.comb += self.ext.ready.eq(running & ~pad & space)
+        take = self.ext.valid & self.ext.ready
+        adv = Signal()
+        m.d.comb += adv.eq(take | (running & pad & space))
+        for b in range(B):
+            m.d.comb += [self.buf_we[b].eq(adv & (bg == b // fw)),
+                         self.buf_wdata[b].eq(Mux(pad, 0, beat.words[b % fw]))]
+        bad = Signal()
+        m.d.comb += bad.eq((beat.plane != p0 + q) | (beat.row != row0 + c)
+                           | (beat.bank != bg * fw) | (beat.last != last_beat))
+        with m.If(take):
+            with m.If(beat.error | bad):
+                m.d.sync += self.error.bit_select(pe, 1).eq(1)
+            # an error or an early last ends the command: pad the rest of the job
+            with m.If((beat.error | beat.last) & ~last_beat):
+                m.d.sync += pad.eq(1)
+        for p in range(2):
+            with m.If(take & (pe == p)):
+                m.d.sync += self.beats[p].eq(self.beats[p] + 1)
+
+        with m.If(adv):
+            m.d.sync += bg.eq(bg + 1)
+            with m.If(last_bg):
+                m.d.sync += [bg.eq(0), c.eq(c + 1)]
+                with m.If(last_c):
+                    m.d.sync += [c.eq(0), q.eq(q + 1)]
+                    with m.If(last_q):
+                        m.d.sync += [q.eq(0), grp.eq(grp + 1), row0.eq(row0 + chunks)]
+                        with m.If(last_g):
+                            m.d.sync += [grp.eq(0), proj.eq(proj + 1)]
+                            with m.If(proj == 2):
+                                m.d.sync += [running.eq(0), pad.eq(0), j.eq(j + 1)]
+
+        ent = job_entry(g)(self.rd_entry)
+        src = job_source(g)(self.rd_src)
+        need = Mux(ent.precision == TokenRole.DRAFT, k, n)
+        my_epoch = Signal(2)
+        fresh = self.epoch.bit_select(pe, 1) != my_epoch.bit_select(pe, 1)
+        with m.FSM(name="ext"):
+            with m.State("IDLE"):
+                with m.If(~running & fresh & (j < decided[pe])):
+                    m.next = "READ"
+                with m.Elif(~running & fresh & self.total_valid.bit_select(pe, 1)
+                            & (j == total[pe])):
+                    m.d.sync += [pe.eq(~pe), j.eq(0), self.error.bit_select(~pe, 1).eq(0),
+                                 my_epoch.bit_select(pe, 1).eq(self.epoch.bit_select(pe, 1)),
+                                 self.beats[0].eq(Mux(pe, 0, self.beats[0])),
+                                 self.beats[1].eq(Mux(pe, self.beats[1], 0))]
+            with m.State("READ"):
+                m.d.sync += [proj.eq(0), grp.eq(0), q.eq(0), c.eq(0), bg.eq(0), row0.eq(0),
+                             pad.eq(0), p0.eq(Mux(src.hb, k, 0)),
+                             planes.eq(Mux(src.hb, need - k, need))]
+                with m.If(ent.shared | (src.hb & (ent.precision == TokenRole.DRAFT))):
+                    m.d.sync += j.eq(j + 1)          # nothing on LPDDR
+                with m.Else():
+                    m.d.sync += running.eq(1)
+                m.next = "IDLE"
+        return m

@@ -1,0 +1,465 @@
+"""HB reader: every HB read of a pass, on one ``HBRead`` stream per bank
+(bank ``b`` feeds PE ``b``), and the split of the returned words between the
+HB weight buffer and the requantisation-record path.
+
+Per pass (buffer ``par``, layer ``l``), in this order, each command to all
+``B`` banks at once (each bank's ``HBRead`` handshakes on its own):
+
+1. ROUTER: the router, all ``n`` planes (``dense_layout.router_base(l)``,
+   ``router_words``) -> weight buffer;
+2. CONST: the bank's output-requantisation records and the softmax record
+   (bank 0: also the SiLU table, contiguous after them) -> record path;
+3. per job, as soon as its decision is in: its records (``per_expert``
+   records of expert ``j``; routed ``j = e``, shared ``j = E + s``) ->
+   record path; then its HB planes -> weight buffer: an HB-sourced expert
+   from its slot (``k`` planes, offset 0, the whole slot: the slot's planes
+   are segment-interleaved, so this is the consumption order); a shared
+   expert from the dense region, all ``n`` planes in one read, or — when
+   every token of the pass is DRAFT — planes ``0 .. k-1`` of each segment,
+   one read per segment (the issue stage never skips a word it was sent).
+
+Errors end streams cleanly: an ``HBBeat`` with ``error`` (HB refuses a read
+of a slot that is not resident) or a ``last`` before the command's count
+ends the command; the reader writes zero words for the rest so that every
+consumer still sees the count it expects, and flags the pass (the outputs
+of the pass carry ``error``). A command whose count-th word lacks ``last``
+is flagged too.
+
+The pass constants of buffer ``par`` stay until the vector unit reports
+the pass done (``pass_done``); the next pass in that buffer waits for it.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.wiring import In, Out
+
+from ...golden import moe_batched as gb
+from ..vocab import HBRegionKind, TokenRole, bits, hb_beat, hb_read
+from .common import pow2ceil, zext
+from .payloads import job_entry, job_source, seg_params
+
+__all__ = ["HBReader", "RecordPath", "rec_cmd"]
+
+
+def rec_cmd(g) -> data.StructLayout:
+    """A record command: ``const`` (pass constants) or a job's records,
+    ``skip`` records of the first word, ``nrec`` records, buffer ``par``."""
+    return data.StructLayout({"const": 1, "skip": unsigned(max(1, bits(max(1, g.sv // 32)))),
+                              "nrec": unsigned(max(g.dense.record_index["per_expert"],
+                                                   g.g_down + 65).bit_length()),
+                              "par": 1})
+
+
+class RecordPath(wiring.Component):
+    """One bank's requantisation records: words in, records out.
+
+    Words (``word``) queue in a FIFO deep enough for two jobs' records, so
+    the HB stream is never held up by the one-record-per-cycle unpacker.
+    Per command (``cmd``): skip ``skip`` records of the first word, take
+    ``nrec`` records, drop the rest of the last word. A job's records become
+    one ``SegParams`` per segment row (GATE: one record; UP: ``up_rq`` and
+    ``prod_rq``; DOWN: one) on ``params``; the pass constants are written
+    to the output-requantisation store (``out_*``), the softmax record
+    (``sm_*``) and the SiLU table (``lut_*``); ``const_done`` pulses after a
+    constant command's last record.
+    """
+
+    def __init__(self, g, bank: int):
+        self.g, self.bank = g, bank
+        cb = g.cfg.slice_vector_bits
+        self.raw_depth = pow2ceil(2 * (-(-g.dense.record_index["per_expert"] * 32 // cb) + 1)
+                                  + -(-(g.g_down + 65) * 32 // cb))
+        super().__init__({
+            "word": In(stream.Signature(unsigned(cb))),
+            "cmd": In(stream.Signature(rec_cmd(g))),
+            "params": Out(stream.Signature(seg_params())),
+            "out_we": Out(1), "out_addr": Out(unsigned(1 + bits(g.g_down))),
+            "out_data": Out(unsigned(22)),
+            "sm_we": Out(1), "sm_par": Out(1), "sm_mult": Out(16), "sm_shift": Out(6),
+            "lut_we": Out(1), "lut_addr": Out(unsigned(7)), "lut_data": Out(32),
+            "const_done": Out(1), "const_par": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        g = self.g
+        sv = g.sv
+        raw = m.submodules.raw = SyncFIFOBuffered(width=sv, depth=self.raw_depth)
+        cmdq = m.submodules.cmdq = SyncFIFOBuffered(width=rec_cmd(g).size, depth=4)
+        pq = m.submodules.pq = SyncFIFOBuffered(width=data.Layout.cast(seg_params()).size, depth=16)
+        m.d.comb += [raw.w_data.eq(self.word.payload), raw.w_en.eq(self.word.valid),
+                     self.word.ready.eq(raw.w_rdy),
+                     cmdq.w_data.eq(self.cmd.payload), cmdq.w_en.eq(self.cmd.valid),
+                     self.cmd.ready.eq(cmdq.w_rdy),
+                     self.params.payload.eq(pq.r_data), self.params.valid.eq(pq.r_rdy),
+                     pq.r_en.eq(self.params.ready)]
+        cur = Signal(rec_cmd(g))
+        ri = Signal.like(cur.nrec)
+        rec = Signal(32)
+        rec_valid = Signal()
+        take = Signal()                     # the former takes `rec` this cycle
+
+        # ---- unpacker ---------------------------------------------------------------
+        with m.FSM(name="unpack"):
+            with m.State("IDLE"):
+                with m.If(cmdq.r_rdy):
+                    m.d.comb += cmdq.r_en.eq(1)
+                    m.d.sync += [cur.eq(cmdq.r_data), ri.eq(0)]
+                    m.next = "RUN"
+            with m.State("RUN"):
+                if sv >= 32:
+                    R = sv // 32
+                    lane = Signal(range(max(2, R)))
+                    started = Signal()
+                    cur_lane = Mux(started, lane, cur.skip) if R > 1 else Const(0, 1)
+                    m.d.comb += [rec.eq(raw.r_data.word_select(cur_lane, 32) if R > 1
+                                        else raw.r_data),
+                                 rec_valid.eq(raw.r_rdy)]
+                    with m.If(rec_valid & take):
+                        m.d.sync += [ri.eq(ri + 1), started.eq(1)]
+                        if R > 1:
+                            m.d.sync += lane.eq(cur_lane + 1)
+                        end_word = (cur_lane == R - 1) if R > 1 else Const(1)
+                        with m.If(end_word | (ri == cur.nrec - 1)):
+                            m.d.comb += raw.r_en.eq(1)
+                            if R > 1:
+                                m.d.sync += lane.eq(0)
+                        with m.If(ri == cur.nrec - 1):
+                            m.d.sync += started.eq(0)
+                            m.next = "IDLE"
+                else:
+                    P = 32 // sv
+                    acc = Signal(32)
+                    have = Signal(range(P + 1))
+                    m.d.comb += [rec.eq(acc), rec_valid.eq(have == P)]
+                    with m.If((have < P) & raw.r_rdy):
+                        m.d.comb += raw.r_en.eq(1)
+                        m.d.sync += [acc.eq(Cat(acc[sv:], raw.r_data)), have.eq(have + 1)]
+                    with m.If(rec_valid & take):
+                        m.d.sync += [ri.eq(ri + 1), have.eq(0)]
+                        with m.If(ri == cur.nrec - 1):
+                            m.next = "IDLE"
+
+        # ---- former -----------------------------------------------------------------
+        Gi, Gd = g.g_in, g.g_down
+        mult, shift = rec[:16], rec[16:22]
+        held = Signal(22)
+        is_up = (ri >= Gi) & (ri < 3 * Gi)
+        up_second = ri[0] ^ (Gi & 1)          # (ri - Gi) odd: the row's prod_rq
+        emit = Signal()
+        pp = seg_params()(pq.w_data)
+        m.d.comb += [pq.w_en.eq(emit)]
+        m.d.comb += [self.out_addr.eq(Cat(zext(ri, bits(Gd)), cur.par)), self.out_data.eq(rec[:22]),
+                     self.sm_par.eq(cur.par), self.sm_mult.eq(mult), self.sm_shift.eq(shift),
+                     self.lut_addr.eq(Cat(zext(ri - Gd - 1, 6), cur.par)), self.lut_data.eq(rec),
+                     self.const_par.eq(cur.par)]
+        with m.If(cur.const):
+            m.d.comb += take.eq(1)
+            with m.If(rec_valid):
+                m.d.comb += [self.out_we.eq(ri < Gd),
+                             self.const_done.eq(ri == cur.nrec - 1)]
+                if self.bank == 0:
+                    m.d.comb += [self.sm_we.eq(ri == Gd), self.lut_we.eq(ri > Gd)]
+        with m.Else():
+            with m.If(is_up & ~up_second):
+                m.d.comb += take.eq(1)
+                with m.If(rec_valid):
+                    m.d.sync += held.eq(rec[:22])
+            with m.Else():
+                m.d.comb += take.eq(pq.w_rdy)
+                with m.If(rec_valid & pq.w_rdy):
+                    m.d.comb += emit.eq(1)
+                with m.If(is_up):
+                    m.d.comb += [pp.mult.eq(held[:16]), pp.shift.eq(held[16:22]),
+                                 pp.mult2.eq(mult), pp.shift2.eq(shift)]
+                with m.Else():
+                    m.d.comb += [pp.mult.eq(mult), pp.shift.eq(shift)]
+        return m
+
+
+class HBReader(wiring.Component):
+    """Per-pass HB commands for all banks and the return-word demux.
+
+    Members
+    -------
+    pass_valid, pass_seq, layer : ``In`` (token store)
+    rd_addr : ``Out``; rd_entry, rd_src : ``In`` (job-table read port)
+    decided, total, total_valid, epoch : ``In`` per buffer (scheduler)
+    hb_cmd : ``Out(stream.Signature(HBRead)).array(B)``
+    hb_data : ``In(stream.Signature(HBBeat)).array(B)``
+        ``ready`` comes from registers only (the destination's space).
+    buf_space : ``In.array(B)``; buf_we, buf_wdata : ``Out.array(B)``
+        The HB weight buffer.
+    params : ``Out(stream.Signature(SegParams)).array(B)``
+    out_we/out_addr/out_data (per bank), lut_*, sm_* : ``Out``
+        Writes of the pass constants.
+    out_loaded, lut_loaded : ``Out(2)``
+        The constants of a buffer are complete (cleared by ``pass_done``).
+    pass_done, pass_done_par : ``In(1)``
+    error : ``Out(2)``; words : ``Out.array(2)``
+        Per buffer: a command ended short / without ``last``; HB words received.
+    """
+
+    def __init__(self, g):
+        self.g = g
+        cfg = g.cfg
+        self.jb = bits(pow2ceil(g.jobs))
+        HBRead = hb_read(cfg.tag_slots, cfg.slot_words, cfg.dense_words, cfg.planes)
+        self.HBRead = HBRead
+        super().__init__({
+            "pass_valid": In(2), "pass_seq": In(2),
+            "layer": In(unsigned(cfg.layer_bits)).array(2),
+            "rd_addr": Out(unsigned(1 + self.jb)), "rd_entry": In(job_entry(g)),
+            "rd_src": In(job_source(g)),
+            "decided": In(unsigned(g.jobs.bit_length())).array(2),
+            "total": In(unsigned(g.jobs.bit_length())).array(2), "total_valid": In(2),
+            "epoch": In(2),
+            "hb_cmd": Out(stream.Signature(HBRead)).array(g.B),
+            "hb_data": In(stream.Signature(hb_beat(g.s, g.L))).array(g.B),
+            "buf_space": In(1).array(g.B), "buf_we": Out(1).array(g.B),
+            "buf_wdata": Out(unsigned(g.sv)).array(g.B),
+            "params": Out(stream.Signature(seg_params())).array(g.B),
+            "out_we": Out(1).array(g.B), "out_addr": Out(unsigned(1 + bits(g.g_down))).array(g.B),
+            "out_data": Out(unsigned(22)).array(g.B),
+            "lut_we": Out(1), "lut_addr": Out(unsigned(7)), "lut_data": Out(32),
+            "sm_we": Out(1), "sm_par": Out(1), "sm_mult": Out(16), "sm_shift": Out(6),
+            "out_loaded": Out(2), "lut_loaded": Out(2),
+            "pass_done": In(1), "pass_done_par": In(1),
+            "error": Out(2), "words": Out(unsigned(cfg.stat_bits)).array(2),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        g = self.g
+        cfg = g.cfg
+        B, E, S, n, k = g.B, g.E, g.S, g.n, g.k
+        d = g.dense
+        idx = d.record_index
+        per = idx["per_expert"]
+        jb = self.jb
+
+        # ---- constants ------------------------------------------------------------------
+        layers = range(cfg.layers)
+        router_base = Array(Const(d.router_base(l), 16) for l in layers)
+        params_base = Array(Const(d.params_base(l), 16) for l in layers)
+        shared_base = Array(Const(d.shared_base(l, s), 16) for l in layers for s in range(max(S, 1)))
+        const_cmd = []
+        for b in range(B):
+            nrec = g.g_down + 1 + len(gb.lut_share(cfg, b))
+            w0, words, skip = gb.record_words(cfg, idx["out"], nrec)
+            const_cmd.append((w0, words, skip, nrec))
+        rec_cmds = [gb.record_words(cfg, *gb.expert_record_range(cfg, j)) for j in range(E + S)]
+        rec_w0 = Array(Const(c[0], 16) for c in rec_cmds)
+        rec_wn = Array(Const(c[1], 16) for c in rec_cmds)
+        rec_skip = Array(Const(c[2], 8) for c in rec_cmds)
+
+        # ---- per-bank destination queues and record paths --------------------------------
+        dest_l = data.StructLayout({"rec": 1, "count": unsigned(16), "par": 1})
+        dq = [SyncFIFOBuffered(width=dest_l.size, depth=4) for _ in range(B)]
+        rps = [RecordPath(g, b) for b in range(B)]
+        for b in range(B):
+            m.submodules[f"dq{b}"] = dq[b]
+            m.submodules[f"rp{b}"] = rps[b]
+            wiring.connect(m, rps[b].params, wiring.flipped(self.params[b]))
+            m.d.comb += [self.out_we[b].eq(rps[b].out_we), self.out_addr[b].eq(rps[b].out_addr),
+                         self.out_data[b].eq(rps[b].out_data)]
+        r0 = rps[0]
+        m.d.comb += [self.lut_we.eq(r0.lut_we), self.lut_addr.eq(r0.lut_addr),
+                     self.lut_data.eq(r0.lut_data), self.sm_we.eq(r0.sm_we),
+                     self.sm_par.eq(r0.sm_par), self.sm_mult.eq(r0.sm_mult),
+                     self.sm_shift.eq(r0.sm_shift)]
+
+        # ---- constants' life --------------------------------------------------------------
+        const_busy = Signal(2)
+        bank_loaded = [Signal(2, name=f"loaded{b}") for b in range(B)]
+        for b in range(B):
+            with m.If(rps[b].const_done):
+                m.d.sync += bank_loaded[b].bit_select(rps[b].const_par, 1).eq(1)
+        all_loaded = bank_loaded[0]
+        for b in range(1, B):
+            all_loaded = all_loaded & bank_loaded[b]
+        m.d.comb += [self.out_loaded.eq(all_loaded), self.lut_loaded.eq(bank_loaded[0])]
+        with m.If(self.pass_done):
+            m.d.sync += const_busy.bit_select(self.pass_done_par, 1).eq(0)
+            for b in range(B):
+                m.d.sync += bank_loaded[b].bit_select(self.pass_done_par, 1).eq(0)
+
+        # ---- command sequencer ------------------------------------------------------------
+        ph = Signal()
+        my_seq = Signal(2)
+        layer = Signal.like(self.layer[0])
+        j = Signal(range(g.jobs + 1))
+        ent = Signal(job_entry(g))
+        src = Signal(job_source(g))
+        acc = Signal(B)
+        kind = Signal(range(4))            # 0 ROUTER, 1 CONST, 2 REC, 3 WEIGHTS
+        # per-segment reads of a DRAFT-only shared expert
+        sproj = Signal(range(3))
+        sgrp = Signal(range(max(g.g_in, g.g_down) + 1))
+        srow = Signal(range(g.rows + 1))
+        schunks = Mux(sproj == 2, g.c_down, g.c_in)
+        sgroups = Mux(sproj == 2, g.g_down, g.g_in)
+        s_last = (sproj == 2) & (sgrp == sgroups - 1)
+        seg_reads = Signal()
+        active = Signal()
+        jx = Signal(range(E + S + 1))
+        m.d.comb += jx.eq(Mux(ent.shared, E + ent.expert, ent.expert))
+        m.d.comb += self.rd_addr.eq(Cat(zext(j, jb), ph))
+        decided = Array(self.decided)
+        total = Array(self.total)
+        fire = Signal(B)
+        # The command payloads are computed from registers that hold still
+        # while a command is active and are registered themselves: a command
+        # is offered from its second active cycle.
+        armed = Signal()
+        m.d.sync += armed.eq(active & ~(active & (acc | fire).all()))
+        for b in range(B):
+            c = Signal(self.HBRead, name=f"cmd{b}")
+            m.d.sync += self.hb_cmd[b].payload.eq(c)
+            w0, words, skip, nrec = const_cmd[b]
+            dent = dest_l(dq[b].w_data)
+            rc = rec_cmd(g)(rps[b].cmd.payload)
+            need_rc = (kind == 1) | (kind == 2)
+            with m.Switch(kind):
+                with m.Case(0):
+                    m.d.comb += [c.region.eq(HBRegionKind.DENSE), c.offset.eq(router_base[layer]),
+                                 c.count.eq(g.router_words), dent.count.eq(g.router_words)]
+                with m.Case(1):
+                    m.d.comb += [c.region.eq(HBRegionKind.DENSE),
+                                 c.offset.eq(params_base[layer] + w0), c.count.eq(words),
+                                 dent.rec.eq(1), dent.count.eq(words),
+                                 rc.const.eq(1), rc.skip.eq(skip), rc.nrec.eq(nrec)]
+                with m.Case(2):
+                    m.d.comb += [c.region.eq(HBRegionKind.DENSE),
+                                 c.offset.eq(params_base[layer] + rec_w0[jx]),
+                                 c.count.eq(rec_wn[jx]), dent.rec.eq(1), dent.count.eq(rec_wn[jx]),
+                                 rc.const.eq(0), rc.skip.eq(rec_skip[jx]), rc.nrec.eq(per)]
+                with m.Case(3):
+                    sbase = shared_base[layer * max(S, 1) + ent.expert] if S else 0
+                    with m.If(ent.shared & seg_reads):
+                        m.d.comb += [c.region.eq(HBRegionKind.DENSE),
+                                     c.offset.eq(sbase + srow * n),
+                                     c.count.eq(k * schunks), dent.count.eq(k * schunks)]
+                    with m.Elif(ent.shared):
+                        m.d.comb += [c.region.eq(HBRegionKind.DENSE), c.offset.eq(sbase),
+                                     c.count.eq(n * g.rows), dent.count.eq(n * g.rows)]
+                    with m.Else():
+                        m.d.comb += [c.region.eq(HBRegionKind.EXPERT), c.slot.eq(src.slot),
+                                     c.offset.eq(0), c.count.eq(k * g.rows),
+                                     dent.count.eq(k * g.rows)]
+            m.d.comb += [dent.par.eq(ph), rc.par.eq(ph)]
+            room = dq[b].w_rdy & (~need_rc | rps[b].cmd.ready)
+            m.d.comb += self.hb_cmd[b].valid.eq(active & armed & ~acc[b] & room)
+            hs = self.hb_cmd[b].valid & self.hb_cmd[b].ready
+            m.d.comb += [fire[b].eq(hs), dq[b].w_en.eq(hs), rps[b].cmd.valid.eq(hs & need_rc)]
+        done_all = (acc | fire) == (1 << B) - 1
+        with m.If(active):
+            m.d.sync += acc.eq(acc | fire)
+            with m.If(done_all):
+                m.d.sync += [acc.eq(0), active.eq(0)]
+
+        words = Array(self.words)
+        my_epoch = Signal(2)
+        fresh = self.epoch.bit_select(ph, 1) != my_epoch.bit_select(ph, 1)
+        with m.FSM(name="hb_reader"):
+            with m.State("IDLE"):
+                with m.If(self.pass_valid.bit_select(ph, 1)
+                          & (self.pass_seq.bit_select(ph, 1) != my_seq.bit_select(ph, 1))
+                          & ~const_busy.bit_select(ph, 1)):
+                    m.d.sync += [my_seq.bit_select(ph, 1).eq(self.pass_seq.bit_select(ph, 1)),
+                                 layer.eq(Mux(ph, self.layer[1], self.layer[0])),
+                                 kind.eq(0), active.eq(1), j.eq(0),
+                                 const_busy.bit_select(ph, 1).eq(1),
+                                 self.error.bit_select(ph, 1).eq(0), words[ph].eq(0)]
+                    m.next = "ROUTER"
+            with m.State("ROUTER"):
+                with m.If(active & done_all):
+                    m.d.sync += [kind.eq(1), active.eq(1)]
+                    m.next = "CONST"
+            with m.State("CONST"):
+                with m.If(active & done_all):
+                    m.next = "JOB_WAIT"
+            with m.State("JOB_WAIT"):
+                with m.If(fresh & (j < decided[ph])):
+                    m.next = "JOB_READ"
+                with m.Elif(fresh & self.total_valid.bit_select(ph, 1) & (j == total[ph])):
+                    m.d.sync += [ph.eq(~ph),
+                                 my_epoch.bit_select(ph, 1).eq(self.epoch.bit_select(ph, 1))]
+                    m.next = "IDLE"
+            with m.State("JOB_READ"):
+                m.d.sync += [ent.eq(self.rd_entry), src.eq(self.rd_src), kind.eq(2),
+                             active.eq(1), sproj.eq(0), sgrp.eq(0), srow.eq(0),
+                             seg_reads.eq(self.rd_entry.precision == TokenRole.DRAFT)]
+                m.next = "REC"
+            with m.State("REC"):
+                with m.If(active & done_all):
+                    with m.If(ent.shared | src.hb):
+                        m.d.sync += [kind.eq(3), active.eq(1)]
+                        m.next = "WEIGHTS"
+                    with m.Else():
+                        m.d.sync += j.eq(j + 1)
+                        m.next = "JOB_WAIT"
+            with m.State("WEIGHTS"):
+                with m.If(active & done_all):
+                    with m.If(ent.shared & seg_reads & ~s_last):
+                        m.d.sync += [active.eq(1), srow.eq(srow + schunks), sgrp.eq(sgrp + 1)]
+                        with m.If(sgrp == sgroups - 1):
+                            m.d.sync += [sgrp.eq(0), sproj.eq(sproj + 1)]
+                    with m.Else():
+                        m.d.sync += j.eq(j + 1)
+                        m.next = "JOB_WAIT"
+
+        # ---- return-word demux per bank ---------------------------------------------------
+        beats = [[], []]
+        for b in range(B):
+            head = dest_l(dq[b].r_data)
+            hv = dq[b].r_rdy
+            beat = hb_beat(g.s, g.L)(self.hb_data[b].payload)
+            recvd = Signal(16, name=f"recvd{b}")
+            left = Signal(16, name=f"left{b}")
+            pad = Signal(name=f"pad{b}")
+            word = Signal(g.sv, name=f"word{b}")
+            m.d.comb += word.eq(beat.sv.slices.as_value())
+            dst_ok = Mux(head.rec, rps[b].word.ready, self.buf_space[b])
+            m.d.comb += self.hb_data[b].ready.eq(hv & ~pad & dst_ok)
+            take = self.hb_data[b].valid & self.hb_data[b].ready
+            write = Signal(name=f"write{b}")
+            m.d.comb += write.eq((take & ~beat.error) | (pad & dst_ok))
+            m.d.comb += [rps[b].word.valid.eq(write & head.rec),
+                         rps[b].word.payload.eq(Mux(pad, 0, word)),
+                         self.buf_we[b].eq(write & ~head.rec),
+                         self.buf_wdata[b].eq(Mux(pad, 0, word))]
+            for p in range(2):
+                beats[p].append(take & ~beat.error & (head.par == p))
+            with m.If(take):
+                with m.If(beat.error):
+                    m.d.sync += self.error.bit_select(head.par, 1).eq(1)
+                    with m.If(recvd < head.count):
+                        m.d.sync += [pad.eq(1), left.eq(head.count - recvd)]
+                    with m.Else():
+                        m.d.comb += dq[b].r_en.eq(1)
+                        m.d.sync += recvd.eq(0)
+                with m.Elif(recvd + 1 == head.count):
+                    m.d.comb += dq[b].r_en.eq(1)
+                    m.d.sync += recvd.eq(0)
+                    with m.If(~beat.last):
+                        m.d.sync += self.error.bit_select(head.par, 1).eq(1)
+                with m.Elif(beat.last):
+                    m.d.sync += [self.error.bit_select(head.par, 1).eq(1), pad.eq(1),
+                                 left.eq(head.count - recvd - 1)]
+                with m.Else():
+                    m.d.sync += recvd.eq(recvd + 1)
+            with m.If(pad & dst_ok):
+                m.d.sync += left.eq(left - 1)
+                with m.If(left == 1):
+                    m.d.comb += dq[b].r_en.eq(1)
+                    m.d.sync += [pad.eq(0), recvd.eq(0)]
+        for p in range(2):
+            got = Signal(range(B + 1), name=f"got{p}")
+            m.d.comb += got.eq(sum(beats[p]))
+            with m.If(got != 0):
+                m.d.sync += self.words[p].eq(self.words[p] + got)
+        return m

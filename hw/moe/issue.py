@@ -1,0 +1,416 @@
+"""Issue stage: walks a pass's router and jobs segment by segment and token
+by token, reads weights from the two replay buffers and activations from
+the token store (``x``) or the vector unit (``h``), and feeds the PE array
+one beat per cycle.
+
+Order of a pass (buffer ``par``)
+--------------------------------
+1. The **router**, token-major: for every token, all ``E / B`` router
+   segments (planes ``0 .. n-1``, FULL), replayed from the HB buffer, so
+   each token's logits leave the vector unit together (streaming top-k).
+2. The **jobs** in job-table order (shared, then routed in announce
+   order), each as soon as its decision is in; per job, per segment
+   (GATE groups, UP groups, DOWN groups), per token of the job: the
+   token's planes (``k`` for a DRAFT token, ``n`` otherwise), each plane's
+   chunks. Plane ``q`` comes from the HB buffer when ``q`` is below the
+   job's HB plane count (a shared job: the planes its precision needs; an
+   HB-sourced one: ``k``; an LPDDR one: 0), else from the LPDDR buffer; the
+   segment is freed in both buffers after its last token. Every word a port
+   delivers is read by at least one token (a job needs all ``n`` planes only
+   if one of its tokens does), so freeing a segment never skips a word that
+   has not arrived.
+3. One END beat (a dot product of zeros) whose tag tells the vector unit
+   that the pass is complete; the pass summary goes to the output stage and
+   the token buffer is released.
+
+PE modes: the router FULL; a DRAFT token DRAFT (the PE adds the LSB
+augmentation on plane ``k-1``); a FULL or VERIFY token FULL.
+
+Split verification
+------------------
+A FULL/VERIFY token of a split job reads planes ``0 .. k-1`` of each
+segment from the HB buffer and planes ``k .. n-1`` from the LPDDR buffer,
+which the two ports fill concurrently, and the PE accumulates them as one
+FULL dot product. That *is* the sum of the two partial sums: the PE adds
+``(slice field * activation) << field_shift(plane)`` per plane whatever the
+mode, so its FULL result over planes ``0 .. n-1`` equals its MSB-mode result
+over ``0 .. k-1`` plus its LSB-mode result over ``k .. n-1``, exactly
+(``golden.bitslice.pe_dot``; ``tests/test_moe_units.py`` proves it on the
+golden PE and ``split_equals_full`` on the RTL). One dot product instead of
+two partial ones keeps one result per segment row for the vector unit and
+keeps each dot product in one mode, as the PE's beat rule requires.
+
+Hazards: a DOWN beat of the ``j``-th token of a job needs that token's
+``h`` (written by the vector unit after its last UP result). UP results
+leave in issue order, so it suffices that at most ``T_e - 1 - j`` UP
+dot products are still in flight (``up_inflight``: +1 per issued UP dot
+product, -1 per ``up_done`` pulse). The last shared job waits for the
+pass's routing before its DOWN segments (it is the last job of tokens that
+selected no routed expert).
+
+Pipeline: I0 decides a beat and presents the memory addresses, I1 has the
+memory outputs (registered as they are), I2 forms the beat into a FIFO; a
+beat launches only while at most three beats are in I1, I2 and the FIFO,
+so nothing stalls between I0 and the FIFO.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.wiring import In, Out
+
+from ..vocab import PEMode, TokenRole, bits
+from .common import lowest_set, pow2ceil, zext
+from .payloads import Kind, array_beat, job_entry, job_source, pass_summary
+
+__all__ = ["Issue"]
+
+#: Beats in flight after I0 (I1, I2 and the FIFO) at most.
+CREDITS = 4
+#: The FIFO is deeper than the credits: a buffered FIFO refuses a write
+#: while its inner memory is full even if its output register is empty, so
+#: its ``level`` alone does not guarantee ``w_rdy``.
+FIFO_DEPTH = 8
+
+
+class Issue(wiring.Component):
+    """The beat sequencer of the batched datapath (see the module doc).
+
+    Members
+    -------
+    pass_valid, count, roles, step_last : ``In`` (token store)
+    x_addr : ``Out``; x_data : ``In``; release, release_par : ``Out``
+    rd_addr : ``Out``; rd_entry, rd_src : ``In`` (job table)
+    decided, total, total_valid, epoch, sel_done, no_routed, experts, expert_tokens : ``In``
+    hb_pos, hb_free : ``Out``; hb_data, hb_wp : ``In`` (HB buffer)
+    ext_pos, ext_free : ``Out``; ext_data, ext_wp : ``In`` (LPDDR buffer)
+    h_addr : ``Out``; h_data : ``In`` (vector unit)
+    up_done : ``In(1)``
+    hb_error, hb_words, ext_error, ext_beats, cycle : ``In`` (counters)
+    o : ``Out(stream.Signature(ArrayBeat))``
+    summary : ``Out(stream.Signature(PassSummary))``
+    """
+
+    def __init__(self, g, hb_pbits: int, ext_pbits: int):
+        self.g = g
+        cfg = g.cfg
+        T, L = g.T, g.L
+        self.tb, self.cb = bits(T), bits(max(g.c_in, g.c_down))
+        self.cbx = bits(g.c_in)
+        self.jb = bits(pow2ceil(g.jobs))
+        sb = cfg.stat_bits
+        super().__init__({
+            "pass_valid": In(2), "count": In(unsigned(T.bit_length())).array(2),
+            "roles": In(data.ArrayLayout(TokenRole, T)).array(2), "step_last": In(2),
+            "x_addr": Out(unsigned(1 + self.tb + self.cbx)),
+            "x_data": In(data.ArrayLayout(unsigned(8), L)),
+            "release": Out(1), "release_par": Out(1),
+            "rd_addr": Out(unsigned(1 + self.jb)), "rd_entry": In(job_entry(g)),
+            "rd_src": In(job_source(g)),
+            "decided": In(unsigned(g.jobs.bit_length())).array(2),
+            "total": In(unsigned(g.jobs.bit_length())).array(2), "total_valid": In(2),
+            "epoch": In(2), "sel_done": In(2), "no_routed": In(unsigned(T)).array(2),
+            "experts": In(unsigned((g.E + g.S).bit_length())).array(2),
+            "expert_tokens": In(unsigned((T * (g.E + g.S)).bit_length())).array(2),
+            "hb_pos": Out(unsigned(hb_pbits)), "hb_free": Out(unsigned(hb_pbits)),
+            "hb_data": In(unsigned(g.sv)).array(g.B), "hb_wp": In(unsigned(hb_pbits)).array(g.B),
+            "ext_pos": Out(unsigned(ext_pbits)), "ext_free": Out(unsigned(ext_pbits)),
+            "ext_data": In(unsigned(g.sv)).array(g.B),
+            "ext_wp": In(unsigned(ext_pbits)).array(g.B),
+            "h_addr": Out(unsigned(self.tb + bits(g.c_down))),
+            "h_data": In(data.ArrayLayout(unsigned(8), L)),
+            "up_done": In(1),
+            "hb_error": In(2), "hb_words": In(unsigned(sb)).array(2),
+            "ext_error": In(2), "ext_beats": In(unsigned(sb)).array(2),
+            "cycle": In(unsigned(sb)),
+            "o": Out(stream.Signature(array_beat(g))),
+            "summary": Out(stream.Signature(pass_summary(g))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        g = self.g
+        T, B, n, k, S = g.T, g.B, g.n, g.k, g.S
+        AB = array_beat(g)
+        fifo = m.submodules.fifo = SyncFIFOBuffered(width=data.Layout.cast(AB).size,
+                                                    depth=FIFO_DEPTH)
+        m.d.comb += [self.o.payload.eq(fifo.r_data), self.o.valid.eq(fifo.r_rdy),
+                     fifo.r_en.eq(self.o.ready)]
+
+        # ---- pass state -------------------------------------------------------------
+        pi = Signal()
+        count = Signal.like(self.count[0])
+        roles = Signal(data.ArrayLayout(TokenRole, T))
+        step_last = Signal()
+        start = Signal.like(self.cycle)
+        mac = Signal.like(self.cycle)
+        j = Signal(range(g.jobs + 1))
+        ent = Signal(job_entry(g))
+        src = Signal(job_source(g))
+        m.d.comb += self.rd_addr.eq(Cat(zext(j, self.jb), pi))
+        decided = Array(self.decided)
+        total = Array(self.total)
+        no_routed = Mux(pi, self.no_routed[1], self.no_routed[0])
+
+        # ---- walk --------------------------------------------------------------------
+        in_router = Signal()
+        running = Signal()
+        end_req = Signal()
+        proj = Signal(Kind)                  # GATE, UP, DOWN for a job
+        grp = Signal(range(max(g.g_router, g.g_in, g.g_down) + 1))
+        q = Signal(range(n + 1))
+        c = Signal(range(max(g.c_in, g.c_down) + 1))
+        t = Signal(range(max(2, T)))
+        rem = Signal(T)                       # tokens of this segment not yet started
+        slot = Signal(range(T + 1))
+        slack = Signal(range(T + 1))
+        hbn = Signal(range(n + 1))           # job planes in the HB buffer
+        extn = Signal(range(n + 1))          # job planes in the LPDDR buffer
+        hb_seg = Signal.like(self.hb_pos)
+        ext_seg = Signal.like(self.ext_pos)
+        hb_p = Signal.like(self.hb_pos)
+        ext_p = Signal.like(self.ext_pos)
+        up_inflight = Signal(range(g.g_in * T + 2))
+        m.d.comb += [self.hb_free.eq(hb_seg), self.ext_free.eq(ext_seg),
+                     self.hb_pos.eq(hb_p), self.ext_pos.eq(ext_p)]
+
+        # Everything the launch decision looks at is a register (or one compare
+        # of registers): the "last" compares use registered limits, the next
+        # token of a segment is looked up a cycle ahead, the credit is a
+        # counter and the h-ready condition is registered for the current,
+        # the next and the first token slot. After any token or segment
+        # transition those lookahead registers settle for a cycle: a beat that
+        # would end the new token at once (a one-beat token) waits one cycle,
+        # and the first beat after an UP -> DOWN change waits one cycle (so
+        # that every UP dot product of the job is counted in `up_inflight`).
+        cl = Signal.like(c)                  # chunks - 1 of the current phase
+        gl_ = Signal.like(grp)               # groups - 1 of the current phase
+        tpl = Signal(range(n))               # planes - 1 of the current token
+        from_hb = in_router | (q < hbn)
+        hb_ok = Const(1)
+        ext_ok = Const(1)
+        for b in range(B):
+            hb_ok = hb_ok & (hb_p != self.hb_wp[b])
+            ext_ok = ext_ok & (ext_p != self.ext_wp[b])
+        avail = Mux(from_hb, hb_ok, ext_ok)
+        s1_valid, s2_valid = Signal(), Signal()
+        inflight = Signal(range(CREDITS + 2))
+        credit = inflight < CREDITS
+        is_down = ~in_router & (proj == Kind.DOWN)
+        h_ok = Signal()
+        settle = Signal()
+        bubble = Signal()
+        wait_sel = is_down & ent.shared & (ent.expert == S - 1) & ~self.sel_done.bit_select(pi, 1) \
+            if S else Const(0)
+        last_c = c == cl
+        last_q = q == tpl
+        tok_end = last_c & last_q
+        last_g = grp == gl_
+        launch = Signal()
+        m.d.comb += launch.eq(running & avail & credit & (~is_down | h_ok) & ~wait_sel
+                              & ~(settle & tok_end) & ~bubble)
+        # (as `up_inflight` below: the late `launch` only selects)
+        rd_now = fifo.r_en & fifo.r_rdy
+        inf_keep = Signal.like(inflight)
+        inf_inc = Signal.like(inflight)
+        m.d.comb += [inf_keep.eq(inflight - rd_now), inf_inc.eq(inflight + 1 - rd_now)]
+        m.d.sync += inflight.eq(Mux(launch | end_req, inf_inc, inf_keep))
+
+        # next token of the segment, one cycle ahead; the first one of the job
+        nxt_any_c, nxt_t_c = lowest_set(m, rem, "nxt")
+        nxt_any, nxt_t, nxt_draft = Signal(), Signal.like(t), Signal()
+        m.d.sync += [nxt_any.eq(nxt_any_c), nxt_t.eq(nxt_t_c),
+                     nxt_draft.eq(roles[nxt_t_c] == TokenRole.DRAFT)]
+        f_any_c, f_t_c = lowest_set(m, ent.tok_mask, "first")
+        f_t, f_draft = Signal.like(t), Signal()
+        cur_draft = Signal()
+        # h-ready for the current, the next and the first slot (up_inflight only
+        # falls during DOWN, so last cycle's count is a safe bound)
+        h_cur = up_inflight <= slack
+        h_nxt = up_inflight < slack
+        h_first = up_inflight < ent.count
+
+        def planes_l(draft):
+            return Mux(in_router, n - 1, Mux(draft, k - 1, n - 1))
+
+        # beat contents (registered into I1)
+        mode = Signal(PEMode)
+        m.d.comb += mode.eq(Mux(~in_router & cur_draft, PEMode.DRAFT, PEMode.FULL))
+        D = array_beat(g)
+        s1 = Signal(D)
+        s1_ext, s1_h = Signal(), Signal()
+        dsc = s1.desc
+        m.d.comb += [self.x_addr.eq(Cat(zext(c, self.cbx), zext(t, self.tb), pi)),
+                     self.h_addr.eq(Cat(zext(c, bits(g.c_down)), zext(t, self.tb)))]
+        m.d.sync += s1_valid.eq(launch | end_req)
+        with m.If(launch):
+            m.d.sync += [s1.mode.eq(mode), s1.keep.eq(k), s1.last.eq(tok_end),
+                         s1_ext.eq(~from_hb), s1_h.eq(is_down),
+                         dsc.kind.eq(Mux(in_router, Kind.ROUTER, proj)), dsc.end.eq(0),
+                         dsc.par.eq(pi), dsc.group.eq(grp), dsc.token.eq(t),
+                         dsc.expert.eq(ent.expert), dsc.routed.eq(~ent.shared),
+                         dsc.first.eq(Mux(ent.shared, ent.expert == 0, ent.first_mask.bit_select(t, 1))),
+                         dsc.last.eq(Mux(ent.shared, (ent.expert == S - 1) & no_routed.bit_select(t, 1),
+                                         ent.last_mask.bit_select(t, 1))),
+                         dsc.seg_last.eq(~rem.any())]
+            m.d.sync += [s1.sv[b].plane.eq(q) for b in range(B)]
+            m.d.sync += mac.eq(mac + 1)
+        with m.Elif(end_req):
+            # a one-beat MSB dot product of zeros (a legal beat sequence)
+            m.d.sync += [s1.mode.eq(PEMode.MSB), s1.keep.eq(1), s1.last.eq(1), s1_ext.eq(0),
+                         s1_h.eq(0), dsc.kind.eq(Kind.ROUTER), dsc.end.eq(1), dsc.par.eq(pi),
+                         dsc.seg_last.eq(0)]
+            m.d.sync += [s1.sv[b].plane.eq(0) for b in range(B)]
+        s1_zero = Signal()
+        m.d.sync += s1_zero.eq(~launch)
+        # I1 -> I2: memory outputs registered as they are
+        s2 = Signal(D)
+        s2_ext, s2_h, s2_zero = Signal(), Signal(), Signal()
+        s2_hb = [Signal(g.sv, name=f"s2_hb{b}") for b in range(B)]
+        s2_xd = [Signal(g.sv, name=f"s2_xd{b}") for b in range(B)]
+        s2_x = Signal(8 * g.L)
+        s2_hh = Signal(8 * g.L)
+        m.d.sync += [s2_valid.eq(s1_valid), s2.eq(s1), s2_ext.eq(s1_ext), s2_h.eq(s1_h),
+                     s2_zero.eq(s1_zero), s2_x.eq(self.x_data), s2_hh.eq(self.h_data)]
+        m.d.sync += [s2_hb[b].eq(self.hb_data[b]) for b in range(B)]
+        m.d.sync += [s2_xd[b].eq(self.ext_data[b]) for b in range(B)]
+        beat = D(fifo.w_data)
+        m.d.comb += [fifo.w_en.eq(s2_valid), beat.mode.eq(s2.mode), beat.keep.eq(s2.keep),
+                     beat.last.eq(s2.last), beat.desc.eq(s2.desc),
+                     beat.act.eq(Mux(s2_zero, 0, Mux(s2_h, s2_hh, s2_x)))]
+        for b in range(B):
+            m.d.comb += [beat.sv[b].plane.eq(s2.sv[b].plane),
+                         beat.sv[b].slices.eq(Mux(s2_zero, 0, Mux(s2_ext, s2_xd[b], s2_hb[b])))]
+
+        # ---- walk updates -------------------------------------------------------------------
+        with m.If(launch):
+            with m.If(from_hb):
+                m.d.sync += hb_p.eq(hb_p + 1)
+            with m.Else():
+                m.d.sync += ext_p.eq(ext_p + 1)
+        up_inc = launch & tok_end & ~in_router & (proj == Kind.UP)
+        # both outcomes computed from registers, `up_inc` (late: it follows
+        # `launch`) only selects one (no carry chain after the launch logic)
+        upd_keep = Signal.like(up_inflight)
+        upd_inc = Signal.like(up_inflight)
+        m.d.comb += [upd_keep.eq(up_inflight - self.up_done),
+                     upd_inc.eq(up_inflight + 1 - self.up_done)]
+        m.d.sync += up_inflight.eq(Mux(up_inc, upd_inc, upd_keep))
+        # segment lengths in each buffer, and the next segment starts
+        hb_len = Signal.like(hb_seg)
+        ext_len = Signal.like(ext_seg)
+        hb_nxt = Signal.like(hb_seg)
+        ext_nxt = Signal.like(ext_seg)
+        m.d.sync += [hb_nxt.eq(hb_seg + hb_len), ext_nxt.eq(ext_seg + ext_len)]
+        m.d.sync += [settle.eq(0), bubble.eq(0), h_ok.eq(h_cur)]
+
+        def start_token(tt, draft, sl, h):
+            m.d.sync += [t.eq(tt), q.eq(0), c.eq(0), tpl.eq(planes_l(draft)), cur_draft.eq(draft),
+                         slot.eq(sl), slack.eq(Mux(in_router, 0, ent.count - 1 - sl)),
+                         settle.eq(1), h_ok.eq(h)]
+
+        def set_phase(kind):
+            ch = g.c_down if kind == Kind.DOWN else g.c_in
+            gr = g.g_down if kind == Kind.DOWN else g.g_in
+            m.d.sync += [proj.eq(kind), cl.eq(ch - 1), gl_.eq(gr - 1),
+                         hb_len.eq(hbn * ch), ext_len.eq(extn * ch)]
+
+        with m.If(launch):
+            m.d.sync += c.eq(c + 1)
+            with m.If(last_c):
+                m.d.sync += [c.eq(0), q.eq(q + 1)]
+            with m.If(in_router):
+                with m.If(last_c & last_q):
+                    m.d.sync += [q.eq(0), grp.eq(grp + 1)]
+                    with m.If(last_g):                        # token done
+                        m.d.sync += [grp.eq(0), hb_p.eq(hb_seg), settle.eq(1)]
+                        with m.If(t == count - 1):
+                            m.d.sync += [running.eq(0), in_router.eq(0),
+                                         hb_seg.eq(hb_seg + g.router_words)]
+                        with m.Else():
+                            m.d.sync += t.eq(t + 1)
+            with m.Elif(tok_end):
+                with m.If(nxt_any):                           # next token of the segment
+                    start_token(nxt_t, nxt_draft, slot + 1, h_nxt)
+                    m.d.sync += [rem.eq(rem & ~(Const(1, T) << nxt_t)), hb_p.eq(hb_seg),
+                                 ext_p.eq(ext_seg)]
+                with m.Else():                                # segment done
+                    m.d.sync += [hb_seg.eq(hb_nxt), ext_seg.eq(ext_nxt), hb_p.eq(hb_nxt),
+                                 ext_p.eq(ext_nxt), grp.eq(grp + 1)]
+                    start_token(f_t, f_draft, 0, h_first)
+                    m.d.sync += rem.eq(ent.tok_mask & ~(Const(1, T) << f_t))
+                    with m.If(last_g):
+                        m.d.sync += grp.eq(0)
+                        with m.Switch(proj):
+                            with m.Case(Kind.GATE):
+                                set_phase(Kind.UP)
+                            with m.Case(Kind.UP):
+                                set_phase(Kind.DOWN)
+                                m.d.sync += bubble.eq(1)
+                            with m.Case(Kind.DOWN):
+                                m.d.sync += [running.eq(0), j.eq(j + 1)]
+
+        summ = self.summary.payload
+        my_epoch = Signal(2)
+        fresh = self.epoch.bit_select(pi, 1) != my_epoch.bit_select(pi, 1)
+        with m.FSM(name="issue"):
+            with m.State("IDLE"):
+                with m.If(self.pass_valid.bit_select(pi, 1)):
+                    m.d.sync += [count.eq(Mux(pi, self.count[1], self.count[0])),
+                                 roles.eq(Mux(pi, self.roles[1], self.roles[0])),
+                                 step_last.eq(self.step_last.bit_select(pi, 1)),
+                                 start.eq(self.cycle), mac.eq(0), j.eq(0),
+                                 in_router.eq(1), running.eq(1), grp.eq(0), q.eq(0), c.eq(0),
+                                 t.eq(0), tpl.eq(n - 1), cl.eq(g.c_in - 1),
+                                 gl_.eq(g.g_router - 1), hb_p.eq(hb_seg), slack.eq(0),
+                                 cur_draft.eq(0), settle.eq(1)]
+                    m.next = "ROUTER"
+            with m.State("ROUTER"):
+                with m.If(~running):
+                    m.next = "JOB_WAIT"
+            with m.State("JOB_WAIT"):
+                with m.If(~running & fresh & (j < decided[pi])):
+                    m.next = "JOB_READ"
+                with m.Elif(~running & fresh & self.total_valid.bit_select(pi, 1)
+                            & (j == total[pi])):
+                    m.next = "END"
+            with m.State("JOB_READ"):
+                e, s_ = self.rd_entry, self.rd_src
+                need = Mux(e.precision == TokenRole.DRAFT, k, n)
+                nh = Mux(e.shared, need, Mux(s_.hb, k, 0))
+                m.d.sync += [ent.eq(self.rd_entry), src.eq(self.rd_src), hbn.eq(nh),
+                             extn.eq(Mux(e.shared, 0, need - nh)), grp.eq(0)]
+                m.next = "JOB_FIRST"
+            with m.State("JOB_FIRST"):
+                set_phase(Kind.GATE)
+                m.d.sync += [f_t.eq(f_t_c), f_draft.eq(roles[f_t_c] == TokenRole.DRAFT)]
+                m.next = "JOB_START"
+            with m.State("JOB_START"):
+                start_token(f_t, f_draft, 0, h_first)
+                m.d.sync += [rem.eq(ent.tok_mask & ~(Const(1, T) << f_t)),
+                             hb_p.eq(hb_seg), ext_p.eq(ext_seg), running.eq(1)]
+                m.next = "JOB_WAIT"
+            with m.State("END"):
+                # the summary is offered once the beat FIFO has room (which only
+                # grows while nothing launches); its handshake launches the END beat
+                m.d.comb += [self.summary.valid.eq(credit),
+                             end_req.eq(credit & self.summary.ready)]
+                m.d.comb += [summ.count.eq(count), summ.step_last.eq(step_last),
+                             summ.zero_mask.eq(no_routed if not S else 0),
+                             summ.error.eq(self.hb_error.bit_select(pi, 1)
+                                           | self.ext_error.bit_select(pi, 1)),
+                             summ.start.eq(start),
+                             summ.hb_words.eq(Mux(pi, self.hb_words[1], self.hb_words[0])),
+                             summ.ext_beats.eq(Mux(pi, self.ext_beats[1], self.ext_beats[0])),
+                             summ.mac_beats.eq(mac),
+                             summ.experts.eq(Mux(pi, self.experts[1], self.experts[0])),
+                             summ.expert_tokens.eq(Mux(pi, self.expert_tokens[1],
+                                                       self.expert_tokens[0]))]
+                with m.If(end_req):
+                    m.d.comb += [self.release.eq(1), self.release_par.eq(pi)]
+                    m.d.sync += [pi.eq(~pi),
+                                 my_epoch.bit_select(pi, 1).eq(self.epoch.bit_select(pi, 1))]
+                    m.next = "IDLE"
+        return m

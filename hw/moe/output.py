@@ -1,0 +1,121 @@
+"""Output stage: a pass's outputs, token by token, once the vector unit has
+written its last ``y``, then the pass's counters.
+
+The issue stage hands over a pass summary when it issues the pass's END
+beat (token count, end of step, tokens that ran no expert, errors and
+counters so far); the vector unit pulses ``done`` when the END element
+leaves its last stage (every write of the pass is in ``y``). The stage then
+reads each token's ``y`` (``H / L`` words) into the output register — zeros
+for a token that ran no expert — and offers it on ``o`` (``last`` on the
+step's last token, ``error`` if the pass lost data). After the last token's
+reads it tells the vector unit that ``y`` is free again (``out_done``), and
+after the last transfer it offers the pass's ``PassStats`` on ``stats``.
+
+Throughput: ``H / L + 1`` cycles per token when ``o`` is always ready.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Module, Mux, Signal, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.wiring import In, Out
+
+from ..vocab import bits, moe_output, pass_stats
+from .common import zext
+from .payloads import pass_summary
+
+__all__ = ["OutputStage"]
+
+
+class OutputStage(wiring.Component):
+    """Outputs and counters of each pass.
+
+    Members
+    -------
+    summary : ``In(stream.Signature(PassSummary))``
+    done, done_error : ``In(1)`` (vector unit)
+    y_addr : ``Out``; y_data : ``In`` (the vector unit's ``y`` memory)
+    out_done : ``Out(2)``
+        Passes whose ``y`` has been read (modulo 4).
+    cycle : ``In`` (free-running cycle counter)
+    o : ``Out(stream.Signature(MoEOutput))``
+    stats : ``Out(stream.Signature(PassStats))``
+    """
+
+    def __init__(self, g):
+        self.g = g
+        cfg = g.cfg
+        self.tb, self.cb = bits(g.T), bits(g.c_in)
+        super().__init__({
+            "summary": In(stream.Signature(pass_summary(g))),
+            "done": In(1), "done_error": In(1),
+            "y_addr": Out(unsigned(self.tb + self.cb)),
+            "y_data": In(data.ArrayLayout(unsigned(8), g.L)),
+            "out_done": Out(2), "cycle": In(unsigned(cfg.stat_bits)),
+            "o": Out(stream.Signature(moe_output(g.H))),
+            "stats": Out(stream.Signature(pass_stats(cfg.stat_bits, g.T, g.E + g.S))),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        g = self.g
+        T, C, L = g.T, g.c_in, g.L
+        sq = m.submodules.sq = SyncFIFOBuffered(width=data.Layout.cast(pass_summary(g)).size,
+                                                depth=2)
+        m.d.comb += [sq.w_data.eq(self.summary.payload), sq.w_en.eq(self.summary.valid),
+                     self.summary.ready.eq(sq.w_rdy)]
+        dq = m.submodules.dq = SyncFIFOBuffered(width=1, depth=8)   # >= passes in flight + 2
+        m.d.comb += [dq.w_data.eq(self.done_error), dq.w_en.eq(self.done)]
+        cur = Signal(pass_summary(g))
+        err = Signal()
+        t = Signal(range(T + 1))
+        c = Signal(range(C + 1))
+        rd_valid = Signal()
+        rd_c = Signal.like(c)
+        y = Signal(8 * g.H)
+        m.d.comb += self.y_addr.eq(Cat(zext(c, self.cb), zext(t, self.tb)))
+        with m.If(rd_valid):
+            m.d.sync += y.word_select(rd_c, 8 * L).eq(self.y_data)
+        m.d.sync += [rd_valid.eq(0), rd_c.eq(c)]
+        o = self.o.payload
+        zero = cur.zero_mask.bit_select(t, 1)
+        m.d.comb += [o.y.eq(Mux(zero, 0, y)), o.error.eq(err),
+                     o.last.eq(cur.step_last & (t == cur.count - 1))]
+        st = self.stats.payload
+        m.d.comb += [st.cycles.eq(self.cycle - cur.start), st.hb_words.eq(cur.hb_words),
+                     st.ext_beats.eq(cur.ext_beats), st.mac_beats.eq(cur.mac_beats),
+                     st.experts.eq(cur.experts), st.expert_tokens.eq(cur.expert_tokens),
+                     st.tokens.eq(cur.count), st.error.eq(err)]
+        cycles = Signal.like(self.cycle)
+        with m.FSM(name="output") as fsm:
+            with m.State("WAIT"):
+                with m.If(sq.r_rdy & dq.r_rdy):
+                    m.d.comb += [sq.r_en.eq(1), dq.r_en.eq(1)]
+                    m.d.sync += [cur.eq(sq.r_data), err.eq(dq.r_data | pass_summary(g)(sq.r_data).error),
+                                 t.eq(0), c.eq(0), cycles.eq(self.cycle)]
+                    m.next = "READ"
+            with m.State("READ"):
+                m.d.sync += [rd_valid.eq(1), c.eq(c + 1)]
+                with m.If(c == C - 1):
+                    with m.If(t == cur.count - 1):
+                        m.d.sync += self.out_done.eq(self.out_done + 1)
+                    m.next = "LAST_WORD"
+            with m.State("LAST_WORD"):
+                m.next = "SEND"
+            with m.State("SEND"):
+                with m.If(self.o.ready):
+                    m.d.sync += [t.eq(t + 1), c.eq(0)]
+                    with m.If(t == cur.count - 1):
+                        m.next = "STATS"
+                    with m.Else():
+                        m.next = "READ"
+            with m.State("STATS"):
+                m.d.comb += st.cycles.eq(cycles - cur.start)
+                with m.If(self.stats.ready):
+                    m.next = "WAIT"
+        # valid as expressions of the state register, outside the FSM's
+        # processes (Icarus 11 leaves an `always @*` that reads only registers
+        # unevaluated after reset, so a valid set inside a state read X)
+        m.d.comb += [self.o.valid.eq(fsm.ongoing("SEND")), self.stats.valid.eq(fsm.ongoing("STATS"))]
+        return m

@@ -1,0 +1,112 @@
+"""Named payloads that travel *inside* the batched MoE datapath (between its
+components); the boundary types are in :mod:`elmoe3d.hw.vocab`. Each is a
+cached ``data.Struct`` constructor of a :class:`~elmoe3d.hw.moe.common.Geom`."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from amaranth.hdl import signed, unsigned
+from amaranth.lib import data, enum
+
+from ...golden import moe_layer as gm
+from ..vocab import PEMode, TokenRole, bits, slice_vector, struct
+
+__all__ = ["Kind", "desc", "array_beat", "array_result", "seg_params", "logit", "topk_result",
+           "job_entry", "job_source", "pass_summary"]
+
+
+class Kind(enum.Enum, shape=2):
+    """What a dot product computes (the projection of its segment)."""
+    ROUTER = 0
+    GATE = 1
+    UP = 2
+    DOWN = 3
+
+
+@lru_cache(maxsize=None)
+def desc(g) -> type:
+    """``Desc``: the tag of one ``(segment, token)`` dot product, from the
+    issue stage through the PE array to the vector unit."""
+    return struct("Desc", {
+        "kind": Kind, "end": unsigned(1), "par": unsigned(1),
+        "group": unsigned(bits(max(g.g_router, g.g_in, g.g_down))),
+        "token": unsigned(bits(g.T)), "expert": unsigned(bits(g.E)),
+        "routed": unsigned(1), "first": unsigned(1), "last": unsigned(1),
+        "seg_last": unsigned(1)})
+
+
+@lru_cache(maxsize=None)
+def array_beat(g) -> type:
+    """``ArrayBeat``: one beat for all ``B`` PEs (shared activations, mode,
+    keep and last; one slice vector per PE) and the dot product's tag."""
+    return struct("ArrayBeat", {"act": data.ArrayLayout(signed(8), g.L),
+                                "sv": data.ArrayLayout(slice_vector(g.s, g.L), g.B),
+                                "mode": PEMode,
+                                "keep": unsigned(g.n.bit_length()), "last": unsigned(1),
+                                "desc": desc(g)})
+
+
+@lru_cache(maxsize=None)
+def array_result(g) -> type:
+    """``ArrayResult``: the ``B`` results of one dot product and its tag."""
+    return struct("ArrayResult", {"value": data.ArrayLayout(signed(g.W), g.B),
+                                  "error": unsigned(1), "desc": desc(g)})
+
+
+@lru_cache(maxsize=None)
+def seg_params() -> type:
+    """``SegParams``: requantisation of one segment row (``mult``/``shift``)
+    and, for an UP row, the product requantisation (``mult2``/``shift2``)."""
+    return struct("SegParams", {"mult": unsigned(gm.MULT_BITS), "shift": unsigned(gm.SHIFT_BITS),
+                                "mult2": unsigned(gm.MULT_BITS),
+                                "shift2": unsigned(gm.SHIFT_BITS)})
+
+
+@lru_cache(maxsize=None)
+def logit(g) -> type:
+    """``Logit``: one router logit from the vector unit to top-k."""
+    return struct("Logit", {"token": unsigned(bits(g.T)), "expert": unsigned(bits(g.E)),
+                            "value": signed(g.W), "par": unsigned(1), "last": unsigned(1)})
+
+
+@lru_cache(maxsize=None)
+def topk_result(g) -> type:
+    """``TopKResult``: a token's selected experts best first, their logits
+    and how many (``count <= k``)."""
+    return struct("TopKResult", {"token": unsigned(bits(g.T)), "par": unsigned(1),
+                                 "count": unsigned(g.K.bit_length()),
+                                 "sel": data.ArrayLayout(unsigned(bits(g.E)), g.K),
+                                 "logit": data.ArrayLayout(signed(g.W), g.K)})
+
+
+@lru_cache(maxsize=None)
+def job_entry(g) -> type:
+    """``JobEntry``: one job of a pass in the job table (shared or routed
+    expert, its tokens, first/last-job masks, token count, precision)."""
+    return struct("JobEntry", {"shared": unsigned(1),
+                               "expert": unsigned(bits(max(g.E, g.S, 2))),
+                               "tok_mask": unsigned(g.T), "first_mask": unsigned(g.T),
+                               "last_mask": unsigned(g.T), "count": unsigned(g.T.bit_length()),
+                               "precision": TokenRole})
+
+
+@lru_cache(maxsize=None)
+def job_source(g) -> type:
+    """``JobSource``: the decision of a job (``hb``, ``slot``); shared jobs
+    read the dense region (``hb`` = 1)."""
+    return struct("JobSource", {"hb": unsigned(1), "slot": unsigned(bits(g.cfg.tag_slots))})
+
+
+@lru_cache(maxsize=None)
+def pass_summary(g) -> type:
+    """``PassSummary``: what the output stage needs of a pass once its
+    issue ends (token count, step end, tokens with no expert, errors and
+    counters gathered so far)."""
+    sb = g.cfg.stat_bits
+    return struct("PassSummary", {"count": unsigned(g.T.bit_length()), "step_last": unsigned(1),
+                                  "zero_mask": unsigned(g.T), "error": unsigned(1),
+                                  "start": unsigned(sb), "hb_words": unsigned(sb),
+                                  "ext_beats": unsigned(sb), "mac_beats": unsigned(sb),
+                                  "experts": unsigned((g.E + g.S).bit_length()),
+                                  "expert_tokens": unsigned((g.T * (g.E + g.S)).bit_length())})

@@ -1,0 +1,282 @@
+"""Expert scheduler: groups a pass's tokens by expert, announces every
+needed routed expert once to the Elastic-SD controller, takes its source
+decisions and keeps the pass's job table.
+
+The announce handshake (the controller's contract, ``docs/architecture.md``
+"Batched datapath")
+-------------------------------------------------------------------------
+For each pass the scheduler sends, on ``need``, one ``ExpertNeed``
+``{layer, expert, tokens, precision}`` per routed expert that at least one
+token of the pass selected, in order of decreasing ``tokens``, ties to the
+lower expert index (:func:`elmoe3d.golden.moe_batched.plan_pass`). It
+accepts, on ``source``, one ``ExpertSource`` ``{hb, slot}`` per
+announcement, in announcement order (``source.ready`` is high only while an
+announced expert is undecided; announcing does not wait for decisions).
+``hb = 1`` reads planes ``0 .. k-1`` of the expert from HB slot ``slot``
+and — when ``precision`` is FULL or VERIFY — planes ``k .. n-1`` from LPDDR
+(split); ``hb = 0`` reads every needed plane from LPDDR. For every decided
+expert with LPDDR planes the LPDDR port must then deliver exactly those
+planes, in decision order, as one command's beats. Shared experts are not
+announced (the dense HB region holds them).
+
+Job table
+---------
+Jobs of pass buffer ``par``: the ``S`` shared jobs at indices ``0 .. S-1``
+(written when the pass starts: they need no routing, so the issue stage
+can run them while routing and decisions proceed), then the routed jobs in
+announce order. Each entry holds the job's token mask, the tokens for
+which it is the first and the last job (the combine starts and ends
+there), its token count and precision; a second table holds the decision.
+``decided[par]`` counts entries whose decision is in; ``total[par]`` is
+valid once every routed expert is announced. Three read ports serve the HB
+reader, the LPDDR writer and the issue stage.
+
+Timing: routing results (``sel``) are collected into a ``T x E`` selection
+matrix per buffer as they come; after a pass's last token: two cycles of
+column popcounts, then one announcement per four cycles (plus the
+controller's ``ready``) and two cycles per empty token-count level.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..vocab import TokenRole, bits, expert_need, expert_source
+from .common import lowest_set, pow2ceil, zext
+from .payloads import job_entry, job_source, topk_result
+
+__all__ = ["ExpertScheduler", "READERS"]
+
+#: Job-table read ports: HB reader, LPDDR writer, issue stage.
+READERS = 3
+
+
+class ExpertScheduler(wiring.Component):
+    """Selection matrix, announcements, decisions and the job table.
+
+    Members
+    -------
+    pass_valid, pass_seq, count, layer, roles : ``In`` (token store)
+    sel_valid : ``In(1)``; sel : ``In(TopKResult)``
+        A token's routing (a snoop of the top-k output, one per cycle at most).
+    need : ``Out(stream.Signature(ExpertNeed))``
+    source : ``In(stream.Signature(ExpertSource))``
+    rd_addr : ``In.array(3)``; rd_entry, rd_src : ``Out.array(3)``
+        Job-table reads ``{par, job}``, data one cycle later.
+    epoch : ``Out(2)``
+        Toggles when the scheduler starts a pass in a buffer (its counters
+        are then fresh): a job-table reader takes a buffer's jobs only once
+        its epoch has moved on from the pass it last finished there.
+    decided, total, total_valid, sel_done, no_routed : ``Out`` per buffer
+    experts, expert_tokens : ``Out`` per buffer (routed jobs, sum of their tokens)
+    """
+
+    def __init__(self, g):
+        self.g = g
+        cfg = g.cfg
+        self.jb = bits(pow2ceil(g.jobs))
+        J = g.jobs
+        super().__init__({
+            "pass_valid": In(2), "pass_seq": In(2),
+            "count": In(unsigned(g.T.bit_length())).array(2),
+            "layer": In(unsigned(cfg.layer_bits)).array(2),
+            "roles": In(data.ArrayLayout(TokenRole, g.T)).array(2),
+            "sel_valid": In(1), "sel": In(topk_result(g)),
+            "need": Out(stream.Signature(expert_need(cfg.layer_bits, cfg.expert_bits, g.T))),
+            "source": In(stream.Signature(expert_source(cfg.tag_slots))),
+            "rd_addr": In(unsigned(1 + self.jb)).array(READERS),
+            "rd_entry": Out(job_entry(g)).array(READERS),
+            "rd_src": Out(job_source(g)).array(READERS),
+            "decided": Out(unsigned(J.bit_length())).array(2),
+            "total": Out(unsigned(J.bit_length())).array(2),
+            "total_valid": Out(2), "sel_done": Out(2), "epoch": Out(2),
+            "no_routed": Out(unsigned(g.T)).array(2),
+            "experts": Out(unsigned((g.E + g.S).bit_length())).array(2),
+            "expert_tokens": Out(unsigned((g.T * (g.E + g.S)).bit_length())).array(2),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        g = self.g
+        T, E, S, K = g.T, g.E, g.S, g.K
+        jb = self.jb
+        jmem = m.submodules.jobs = memory.Memory(shape=job_entry(g), depth=2 << jb, init=[])
+        smem = m.submodules.srcs = memory.Memory(shape=job_source(g), depth=2 << jb, init=[])
+        jw, sw = jmem.write_port(), smem.write_port()
+        for r in range(READERS):
+            jr, sr = jmem.read_port(), smem.read_port()
+            m.d.comb += [jr.addr.eq(self.rd_addr[r]), sr.addr.eq(self.rd_addr[r]),
+                         self.rd_entry[r].eq(jr.data), self.rd_src[r].eq(sr.data)]
+
+        # ---- selection matrix (always collecting) -------------------------------------
+        rows = [[Signal(E, name=f"sel{p}_{t}") for t in range(T)] for p in range(2)]
+        done_tok = [Signal(range(T + 1), name=f"done_tok{p}") for p in range(2)]
+        sel_bits = Signal(E)
+        expr = Const(0, E)
+        for r in range(K):
+            expr = expr | Mux(r < self.sel.count, Const(1, E) << self.sel.sel[r], 0)
+        m.d.comb += sel_bits.eq(expr)
+        with m.If(self.sel_valid):
+            for p in range(2):
+                with m.If(self.sel.par == p):
+                    m.d.sync += done_tok[p].eq(done_tok[p] + 1)
+                    for t in range(T):
+                        with m.If(self.sel.token == t):
+                            m.d.sync += rows[p][t].eq(sel_bits)
+
+        # ---- the pass being scheduled ------------------------------------------------
+        ps = Signal()
+        my_seq = Signal(2)
+        count = Signal.like(self.count[0])
+        layer = Signal.like(self.layer[0])
+        is_d = Signal(T)
+        is_v = Signal(T)
+        pmask = Signal(T)
+        cur_rows = [Signal(E, name=f"row{t}") for t in range(T)]
+        col = [Signal(T, name=f"col{e}") for e in range(E)]
+        cnt = [Signal(range(T + 1), name=f"cnt{e}") for e in range(E)]
+        anyv = Signal(E)
+        anyf = Signal(E)
+        rem = [Signal(range(K + 1), name=f"rem{t}") for t in range(T)]
+        seen = Signal(T)
+        done_e = Signal(E)
+        level = Signal(range(T + 1))
+        announced = Signal(range(E + 1))
+        sidx = Signal(range(S + 1))
+        pick = Signal(range(max(2, E)))
+
+        decided = Array(self.decided)
+        total = Array(self.total)
+        n_exp = Array(self.experts)
+        n_tok = Array(self.expert_tokens)
+
+        # decisions: accepted while an announced expert is undecided
+        m.d.comb += self.source.ready.eq(decided[ps] < S + announced)
+        with m.If(self.source.valid & self.source.ready):
+            m.d.sync += decided[ps].eq(decided[ps] + 1)
+            m.d.comb += [sw.addr.eq(Cat(zext(decided[ps], jb), ps)), sw.data.eq(self.source.payload),
+                         sw.en.eq(1)]
+
+        prec_all = Mux(is_v.any(), TokenRole.VERIFY, Mux((~is_d & pmask).any(), TokenRole.FULL,
+                                                            TokenRole.DRAFT))
+        # ORDER takes two cycles per step: the candidates of the current level
+        # are registered, then the lowest one is picked (a compare per expert
+        # and a priority tree in one cycle would be too deep for 125 MHz)
+        cand = Signal(E)
+        c_any, c_idx = lowest_set(m, cand, "cand")
+        colsel = Array(col)
+        cntsel = Array(cnt)
+        ncol = Signal(T)
+        m.d.comb += ncol.eq(colsel[pick])
+        last_of = Cat(*[ncol[t] & (rem[t] == 1) for t in range(T)])
+
+        with m.FSM(name="scheduler"):
+            with m.State("IDLE"):
+                with m.If(self.pass_valid.bit_select(ps, 1)
+                          & (self.pass_seq.bit_select(ps, 1) != my_seq.bit_select(ps, 1))):
+                    m.d.sync += [my_seq.bit_select(ps, 1).eq(self.pass_seq.bit_select(ps, 1)),
+                                 self.epoch.bit_select(ps, 1).eq(~self.epoch.bit_select(ps, 1)),
+                                 count.eq(self.count[0]), layer.eq(self.layer[0]),
+                                 decided[ps].eq(0), announced.eq(0), sidx.eq(0),
+                                 self.total_valid.bit_select(ps, 1).eq(0),
+                                 self.sel_done.bit_select(ps, 1).eq(0),
+                                 n_exp[ps].eq(0), n_tok[ps].eq(0), done_e.eq(0)]
+                    for t in range(T):
+                        rl = Mux(ps, self.roles[1][t], self.roles[0][t])
+                        m.d.sync += [is_d[t].eq(rl == TokenRole.DRAFT),
+                                     is_v[t].eq(rl == TokenRole.VERIFY)]
+                    with m.If(ps):
+                        m.d.sync += [count.eq(self.count[1]), layer.eq(self.layer[1])]
+                    m.next = "MASK"
+            with m.State("MASK"):
+                m.d.sync += [pmask.eq(Cat(*[t < count for t in range(T)])),
+                             is_d.eq(is_d & Cat(*[t < count for t in range(T)])),
+                             is_v.eq(is_v & Cat(*[t < count for t in range(T)]))]
+                m.next = "SHARED" if S else "WAIT_SEL"
+            if S:
+                with m.State("SHARED"):
+                    ent = job_entry(g)(jw.data)
+                    m.d.comb += [jw.addr.eq(Cat(zext(sidx, jb), ps)), jw.en.eq(1),
+                                 ent.shared.eq(1), ent.expert.eq(sidx), ent.tok_mask.eq(pmask),
+                                 ent.first_mask.eq(Mux(sidx == 0, pmask, 0)), ent.last_mask.eq(0),
+                                 ent.count.eq(count), ent.precision.eq(prec_all),
+                                 sw.addr.eq(Cat(zext(sidx, jb), ps)), sw.en.eq(1),
+                                 job_source(g)(sw.data).hb.eq(1)]
+                    m.d.sync += [sidx.eq(sidx + 1), decided[ps].eq(decided[ps] + 1)]
+                    with m.If(sidx == S - 1):
+                        m.next = "WAIT_SEL"
+            with m.State("WAIT_SEL"):
+                dt = Mux(ps, done_tok[1], done_tok[0])
+                with m.If(dt == count):
+                    for t in range(T):
+                        m.d.sync += cur_rows[t].eq(Mux(pmask[t], Mux(ps, rows[1][t], rows[0][t]), 0))
+                    m.next = "COLS"
+            with m.State("COLS"):
+                for e in range(E):
+                    ce = Cat(*[cur_rows[t][e] for t in range(T)])
+                    m.d.sync += [col[e].eq(ce), anyv[e].eq((ce & is_v).any()),
+                                 anyf[e].eq((ce & ~is_d).any())]
+                for t in range(T):
+                    m.d.sync += rem[t].eq(sum(cur_rows[t][e] for e in range(E)))
+                m.d.sync += [seen.eq(Mux(S > 0, pmask, 0)),
+                             self.no_routed[0].eq(Mux(ps, self.no_routed[0],
+                                                      Cat(*[(cur_rows[t] == 0) & pmask[t]
+                                                            for t in range(T)]))),
+                             self.no_routed[1].eq(Mux(ps, Cat(*[(cur_rows[t] == 0) & pmask[t]
+                                                                for t in range(T)]),
+                                                      self.no_routed[1]))]
+                m.next = "COUNT"
+            with m.State("COUNT"):
+                for e in range(E):
+                    m.d.sync += cnt[e].eq(sum(col[e][t] for t in range(T)))
+                m.d.sync += [level.eq(count), self.sel_done.bit_select(ps, 1).eq(1)]
+                m.next = "ORDER"
+            with m.State("ORDER"):
+                m.d.sync += cand.eq(Cat(*[(cnt[e] == level) & ~done_e[e] for e in range(E)]))
+                m.next = "PICK"
+            with m.State("PICK"):
+                with m.If(c_any):
+                    m.d.sync += [pick.eq(c_idx), done_e.bit_select(c_idx, 1).eq(1)]
+                    m.next = "OFFER"
+                with m.Elif(level <= 1):
+                    m.d.sync += [total[ps].eq(S + announced),
+                                 self.total_valid.bit_select(ps, 1).eq(1)]
+                    m.next = "WAIT_DEC"
+                with m.Else():
+                    m.d.sync += level.eq(level - 1)
+                    m.next = "ORDER"
+            with m.State("OFFER"):
+                m.d.sync += [self.need.valid.eq(1),
+                             self.need.payload.layer.eq(layer),
+                             self.need.payload.expert.eq(pick),
+                             self.need.payload.tokens.eq(level),
+                             self.need.payload.precision.eq(
+                                 Mux(anyv.bit_select(pick, 1), TokenRole.VERIFY,
+                                     Mux(anyf.bit_select(pick, 1), TokenRole.FULL,
+                                         TokenRole.DRAFT)))]
+                m.next = "ANNOUNCE"
+            with m.State("ANNOUNCE"):
+                with m.If(self.need.ready):
+                    ent = job_entry(g)(jw.data)
+                    m.d.comb += [jw.addr.eq(Cat(zext(S + announced, jb), ps)), jw.en.eq(1),
+                                 ent.shared.eq(0), ent.expert.eq(pick), ent.tok_mask.eq(ncol),
+                                 ent.first_mask.eq(ncol & ~seen), ent.last_mask.eq(last_of),
+                                 ent.count.eq(self.need.payload.tokens),
+                                 ent.precision.eq(self.need.payload.precision)]
+                    m.d.sync += [self.need.valid.eq(0), announced.eq(announced + 1),
+                                 seen.eq(seen | ncol),
+                                 n_exp[ps].eq(n_exp[ps] + 1),
+                                 n_tok[ps].eq(n_tok[ps] + self.need.payload.tokens)]
+                    for t in range(T):
+                        m.d.sync += rem[t].eq(rem[t] - ncol[t])
+                    m.next = "ORDER"
+            with m.State("WAIT_DEC"):
+                with m.If(decided[ps] == total[ps]):
+                    for p in range(2):
+                        with m.If(ps == p):
+                            m.d.sync += done_tok[p].eq(0)
+                    m.d.sync += ps.eq(~ps)
+                    m.next = "IDLE"
+        return m

@@ -1,0 +1,173 @@
+"""Integer softmax of each token's selected logits into Q12 gate weights
+(:func:`elmoe3d.golden.moe_layer.gate_weights`), written into the gate table
+the vector unit reads for the combine.
+
+Per token (``m <= k`` selected logits ``l_0 >= l_1 >= ...``):
+
+1. ``m`` exponents, one per cycle through a pipeline:
+   ``d = l_0 - l_r`` -> ``d * SM_MULT`` (partial-product tree) -> ``>> SM_SHIFT``
+   (two barrel stages) -> ``min(., 255)`` -> ``EXP2_Q15[t & 15] >> (t >> 4)``;
+2. ``k`` restoring dividers in parallel, ``(e_r << 12) // sum(e)``, one
+   quotient bit per cycle (13 cycles);
+3. one write of the token's ``k`` gates and experts into the gate table,
+   and its bit of ``ready`` set.
+
+About ``m + 8 + 14`` cycles per token; the router spends ``E H n / (B L)``
+cycles per token, so the softmax keeps pace at every preset. ``sm_mult`` /
+``sm_shift`` come from the pass's softmax record (two sets, one per pass
+buffer), loaded by the HB reader.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.wiring import In, Out
+
+from ...golden import moe_layer as gm
+from ..vocab import bits
+from .common import delay, mul_pipe
+from .payloads import topk_result
+
+__all__ = ["Softmax", "gate_row"]
+
+F = gm.GATE_FRAC
+
+
+def gate_row(g) -> data.StructLayout:
+    """A gate-table row: ``gate[k]`` (Q12) and ``sel[k]`` (expert) in rank order."""
+    return data.StructLayout({"gate": data.ArrayLayout(unsigned(F + 1), g.K),
+                              "sel": data.ArrayLayout(unsigned(bits(g.E)), g.K)})
+
+
+class Softmax(wiring.Component):
+    """Gate weights of every token of a pass.
+
+    Members
+    -------
+    i : ``In(stream.Signature(TopKResult))``
+        Through an internal FIFO of ``T`` entries.
+    sm_we, sm_par, sm_mult, sm_shift : ``In``
+        Load the softmax record of pass buffer ``sm_par``.
+    sm_clear, sm_clear_par : ``In(1)``
+        The pass in buffer ``sm_clear_par`` is done: its record is stale.
+    g_addr : ``In`` token; g_data : ``Out(gate_row)``
+        Gate-table read, one cycle later.
+    ready : ``Out(T)``
+        Token ``t``'s gates are in the table (cleared when its next result
+        arrives).
+    idle : ``Out(1)``
+        No token waiting or in progress.
+    """
+
+    def __init__(self, g):
+        self.g = g
+        super().__init__({
+            "i": In(stream.Signature(topk_result(g))),
+            "sm_we": In(1), "sm_par": In(1), "sm_mult": In(gm.MULT_BITS),
+            "sm_shift": In(gm.SHIFT_BITS),
+            "sm_clear": In(1), "sm_clear_par": In(1),
+            "g_addr": In(range(max(2, g.T))), "g_data": Out(gate_row(g)),
+            "ready": Out(g.T), "idle": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        g = self.g
+        K, T, W = g.K, g.T, g.W
+        fifo = m.submodules.fifo = SyncFIFOBuffered(width=len(self.i.payload.as_value()),
+                                                    depth=max(2, T))
+        m.d.comb += [fifo.w_data.eq(self.i.payload), fifo.w_en.eq(self.i.valid),
+                     self.i.ready.eq(fifo.w_rdy)]
+        head = Signal(topk_result(g))
+        m.d.comb += head.eq(fifo.r_data)
+
+        mem = m.submodules.table = memory.Memory(shape=gate_row(g), depth=max(2, T), init=[])
+        wp, rp = mem.write_port(), mem.read_port()
+        m.d.comb += [rp.addr.eq(self.g_addr), self.g_data.eq(rp.data)]
+
+        sm_m = Array(Signal(gm.MULT_BITS, name=f"sm_mult{p}") for p in range(2))
+        sm_s = Array(Signal(gm.SHIFT_BITS, name=f"sm_shift{p}") for p in range(2))
+        sm_ok = Signal(2)
+        with m.If(self.sm_we):
+            m.d.sync += [sm_m[self.sm_par].eq(self.sm_mult), sm_s[self.sm_par].eq(self.sm_shift),
+                         sm_ok.bit_select(self.sm_par, 1).eq(1)]
+        with m.If(self.sm_clear):
+            m.d.sync += sm_ok.bit_select(self.sm_clear_par, 1).eq(0)
+
+        cur = Signal(topk_result(g))
+        mult = Signal(gm.MULT_BITS)
+        shift = Signal(gm.SHIFT_BITS)
+        # exponent pipeline
+        launch = Signal()
+        lr = Signal(range(K + 1))
+        d = Signal(unsigned(W + 1))
+        d_valid = Signal()
+        d_rank = Signal(range(K))
+        logits = Array(cur.logit[r] for r in range(K))
+        m.d.sync += [d.eq(cur.logit[0] - logits[lr]), d_valid.eq(launch), d_rank.eq(lr)]
+        prod, lat = mul_pipe(m, d, mult, "sm_mul")
+        pv = delay(m, d_valid, lat, "sm_pv")
+        pr = delay(m, d_rank, lat, "sm_pr")
+        ta = Signal(prod.shape())
+        tb = Signal(prod.shape())
+        m.d.sync += [ta.eq(prod >> shift[:3]), tb.eq(ta >> Cat(Const(0, 3), shift[3:]))]
+        v2, r2 = delay(m, pv, 2, "sm_v2"), delay(m, pr, 2, "sm_r2")
+        t8 = Signal(8)
+        m.d.sync += t8.eq(Mux(tb > gm.T_MAX, gm.T_MAX, tb[:8]))
+        v3, r3 = delay(m, v2, 1, "sm_v3"), delay(m, r2, 1, "sm_r3")
+        exp2 = Array(Const(int(v), 16) for v in gm.EXP2_Q15)
+        e_now = Signal(16)
+        m.d.sync += e_now.eq(exp2[t8[:4]] >> t8[4:])
+        v4, r4 = delay(m, v3, 1, "sm_v4"), delay(m, r3, 1, "sm_r4")
+
+        e_val = Array(Signal(16, name=f"e{r}") for r in range(K))
+        esum = Signal(16 + K.bit_length())
+        got = Signal(range(K + 1))
+        with m.If(v4):
+            m.d.sync += [e_val[r4].eq(e_now), esum.eq(esum + e_now), got.eq(got + 1)]
+
+        # dividers
+        rem = [Signal(16 + F + 1, name=f"rem{r}") for r in range(K)]
+        quo = [Signal(F + 1, name=f"q{r}") for r in range(K)]
+        dv = Signal(len(esum) + F)
+        step = Signal(range(F + 2))
+        ready = Signal(T)
+        m.d.comb += self.ready.eq(ready)
+
+        row = Signal(gate_row(g))
+        for r in range(K):
+            m.d.comb += [row.gate[r].eq(Mux(r < cur.count, quo[r], 0)), row.sel[r].eq(cur.sel[r])]
+        m.d.comb += [wp.addr.eq(cur.token), wp.data.eq(row)]
+
+        with m.FSM(name="softmax"):
+            with m.State("LOAD"):
+                m.d.comb += self.idle.eq(fifo.level == 0)   # (r_rdy lags a write)
+                with m.If(fifo.r_rdy & sm_ok.bit_select(head.par, 1)):
+                    m.d.comb += fifo.r_en.eq(1)
+                    m.d.sync += [cur.eq(head), mult.eq(sm_m[head.par]), shift.eq(sm_s[head.par]),
+                                 lr.eq(0), got.eq(0), esum.eq(0),
+                                 ready.bit_select(head.token, 1).eq(0)]
+                    m.next = "EXP"
+            with m.State("EXP"):
+                with m.If(lr < cur.count):
+                    m.d.comb += launch.eq(1)
+                    m.d.sync += lr.eq(lr + 1)
+                with m.If(got == cur.count):
+                    m.d.sync += [dv.eq(esum << F), step.eq(0)]
+                    for r in range(K):
+                        m.d.sync += [rem[r].eq(e_val[r] << F), quo[r].eq(0)]
+                    m.next = "DIV"
+            with m.State("DIV"):
+                for r in range(K):
+                    ge = rem[r] >= dv
+                    m.d.sync += [rem[r].eq(Mux(ge, rem[r] - dv, rem[r])), quo[r].eq(Cat(ge, quo[r]))]
+                m.d.sync += [dv.eq(dv >> 1), step.eq(step + 1)]
+                with m.If(step == F):
+                    m.next = "WRITE"
+            with m.State("WRITE"):
+                m.d.comb += wp.en.eq(1)
+                m.d.sync += ready.bit_select(cur.token, 1).eq(1)
+                m.next = "LOAD"
+        return m

@@ -1,0 +1,292 @@
+"""Vector unit: everything between a PE result and the layer output, one
+element per cycle in a fixed-latency pipeline that never stalls after its
+entry.
+
+An ``ArrayResult`` (``B`` values of one dot product) is taken apart into
+``B`` elements, element ``b`` being row ``group * B + b`` of its projection.
+At the entry (E0) an element waits until what it needs is there (its
+segment's requantisation parameters, the pass's SiLU table / output
+records, its token's gate weights, a free output buffer, room in top-k);
+from then on it flows:
+
+=====  ==================================================================
+stage  work
+=====  ==================================================================
+E0     router logits go to top-k; parameters are popped after a segment's
+       last token; the gate-table read is issued
+A0     element registered (value, parameters, tag); the gate of its token
+       for its expert selected
+A0-A7  ``q1 = rq(value, mult, shift)`` (partial-product tree, two barrel
+       stages, clamp)
+A7     reads issued: SiLU table (GATE), ``silu`` of the row (UP), the
+       output record of the row (DOWN)
+A8     GATE: ``silu = LUT[q1]`` written; UP/DOWN: ``b = silu`` or the gate
+A8-A11 ``p = q1 * b`` (UP: ``silu * u``; DOWN: ``gate * d``)
+A11    DOWN: ``acc = (first ? 0 : acc) + p`` written (unless last)
+A12-19 ``q2 = rq(UP: p, prod_rq | DOWN last: acc, out_rq)``
+A19    UP: ``h`` written, and after the segment row's last bank an
+       ``up_done`` pulse; DOWN last: ``y`` written; END: ``done`` pulse
+=====  ==================================================================
+
+Every multiply is a partial-product tree with a register per level and
+every memory output is registered before logic (``common.py``), so the
+longest path is one carry chain: the unit is built for 125 MHz.
+
+Memories (``T`` tokens): ``silu`` and ``acc`` (one entry per token and
+row), ``h`` and ``y`` (``L``-element words with byte enables, read by the
+issue and output stages), the SiLU table and the output records (two sets,
+one per pass buffer).
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ...golden import moe_layer as gm
+from ..vocab import bits
+from .common import delay, mul_pipe, requant_pipe, zext
+from .payloads import Kind, array_result, logit, seg_params
+from .softmax import gate_row
+
+__all__ = ["VectorUnit", "LATENCY"]
+
+#: Stages from A0 to the writes (A19).
+LATENCY = 19
+
+
+class VectorUnit(wiring.Component):
+    """Requantisation, SiLU, SwiGLU product, gated combine, output
+    requantisation (see the module doc).
+
+    Members
+    -------
+    i : ``In(stream.Signature(ArrayResult))``
+    params : ``In(stream.Signature(SegParams)).array(B)``
+    out_we, out_addr, out_data : ``In.array(B)``; lut_we, lut_addr, lut_data : ``In``
+        Pass constants (from the HB reader); ``lut_loaded``, ``out_loaded``
+        ``In(2)`` say they are complete.
+    logit_valid, logit : ``Out``; topk_last_ok, topk_idle : ``In`` (top-k)
+    g_addr : ``Out``; g_data, gates_ready : ``In``; softmax_idle : ``In`` (softmax)
+    h_addr : ``In``; h_data : ``Out`` (issue stage)
+    y_addr : ``In``; y_data : ``Out``; out_done : ``In(2)`` (output stage)
+    up_done : ``Out(1)``
+    done, done_par, done_error : ``Out(1)``
+        A pass's END element passed the last stage: every write of the pass
+        is done.
+    """
+
+    def __init__(self, g):
+        self.g = g
+        T, B, L = g.T, g.B, g.L
+        self.tb = bits(T)
+        super().__init__({
+            "i": In(stream.Signature(array_result(g))),
+            "params": In(stream.Signature(seg_params())).array(B),
+            "out_we": In(1).array(B), "out_addr": In(unsigned(1 + bits(g.g_down))).array(B),
+            "out_data": In(unsigned(22)).array(B),
+            "lut_we": In(1), "lut_addr": In(unsigned(7)), "lut_data": In(32),
+            "lut_loaded": In(2), "out_loaded": In(2),
+            "logit_valid": Out(1), "logit": Out(logit(g)),
+            "topk_last_ok": In(1), "topk_idle": In(1),
+            "g_addr": Out(range(max(2, T))), "g_data": In(gate_row(g)),
+            "gates_ready": In(T), "softmax_idle": In(1),
+            "h_addr": In(unsigned(self.tb + bits(g.c_down))),
+            "h_data": Out(data.ArrayLayout(unsigned(8), L)),
+            "y_addr": In(unsigned(self.tb + bits(g.c_in))),
+            "y_data": Out(data.ArrayLayout(unsigned(8), L)),
+            "out_done": In(2),
+            "up_done": Out(1),
+            "done": Out(1), "done_par": Out(1), "done_error": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        g = self.g
+        T, B, L, K, W = g.T, g.B, g.L, g.K, g.W
+        tb = self.tb
+        rb = bits(max(g.E, g.I, g.H))
+
+        # ---- memories ----------------------------------------------------------------------
+        def mem(name, shape, depth, gran=None):
+            mm = m.submodules[name] = memory.Memory(shape=shape, depth=depth, init=[])
+            w = mm.write_port(granularity=gran) if gran else mm.write_port()
+            return mm, w
+        silu_m, silu_w = mem("silu", signed(8), T << bits(g.I))
+        silu_r = silu_m.read_port(transparent_for=(silu_w,))
+        acc_m, acc_w = mem("acc", signed(g.accw), T << bits(g.H))
+        acc_r = acc_m.read_port(transparent_for=(acc_w,))
+        h_m, h_w = mem("h", unsigned(8 * L), T << bits(g.c_down), gran=8)
+        h_r = h_m.read_port()
+        y_m, y_w = mem("y", unsigned(8 * L), T << bits(g.c_in), gran=8)
+        y_r = y_m.read_port()
+        lut_m, lut_w = mem("lut", unsigned(32), 128)
+        lut_r = lut_m.read_port()
+        m.d.comb += [h_r.addr.eq(self.h_addr), self.h_data.eq(h_r.data),
+                     y_r.addr.eq(self.y_addr), self.y_data.eq(y_r.data),
+                     lut_w.addr.eq(self.lut_addr), lut_w.data.eq(self.lut_data),
+                     lut_w.en.eq(self.lut_we)]
+        out_r = []
+        for b in range(B):
+            om, ow = mem(f"outrq{b}", unsigned(22), 2 << bits(g.g_down))
+            r = om.read_port()
+            out_r.append(r)
+            m.d.comb += [ow.addr.eq(self.out_addr[b]), ow.data.eq(self.out_data[b]),
+                         ow.en.eq(self.out_we[b])]
+
+        # ---- serializer and entry (E0) ------------------------------------------------------
+        ser = Signal(array_result(g))
+        ser_valid = Signal()
+        bi = Signal(range(max(2, B)))
+        dsc = ser.desc
+        kind = dsc.kind
+        is_end = dsc.end
+        is_router = (kind == Kind.ROUTER) & ~is_end
+        need_params = ~is_router & ~is_end
+        pvalid = Array(p.valid for p in self.params)[bi]
+        phead = Signal(seg_params())
+        m.d.comb += phead.eq(Array(p.payload for p in self.params)[bi])
+        lut_ok = self.lut_loaded.bit_select(dsc.par, 1)
+        out_ok = self.out_loaded.bit_select(dsc.par, 1)
+        ends = Signal(2)
+        y_free = ends == self.out_done
+        last_logit = (dsc.group == g.g_router - 1) & (bi == B - 1)
+        ok = Signal()
+        m.d.comb += ok.eq(Mux(is_end, self.softmax_idle & self.topk_idle,
+                              Mux(is_router, ~last_logit | self.topk_last_ok,
+                                  pvalid
+                                  & Mux(kind == Kind.GATE, lut_ok, 1)
+                                  & Mux(kind == Kind.DOWN,
+                                        (~dsc.routed | self.gates_ready.bit_select(dsc.token, 1))
+                                        & (~dsc.last | (y_free & out_ok)), 1))))
+        adv = Signal()
+        m.d.comb += adv.eq(ser_valid & ok)
+        done_res = adv & (is_end | (bi == B - 1))
+        m.d.comb += self.i.ready.eq(~ser_valid | done_res)
+        with m.If(adv):
+            m.d.sync += bi.eq(bi + 1)
+        with m.If(done_res):
+            m.d.sync += [ser_valid.eq(0), bi.eq(0)]
+        with m.If(self.i.valid & self.i.ready):
+            m.d.sync += [ser.eq(self.i.payload), ser_valid.eq(1), bi.eq(0)]
+        for b in range(B):
+            m.d.comb += self.params[b].ready.eq(adv & (bi == b) & need_params & dsc.seg_last)
+        value = Signal(signed(W))
+        m.d.comb += value.eq(Array(ser.value[b] for b in range(B))[bi])
+        # logits straight to top-k
+        lg = self.logit
+        m.d.comb += [self.logit_valid.eq(adv & is_router), lg.token.eq(dsc.token),
+                     lg.expert.eq(dsc.group * B + bi), lg.value.eq(value), lg.par.eq(dsc.par),
+                     lg.last.eq(last_logit)]
+        m.d.comb += self.g_addr.eq(dsc.token)
+        pass_err = Signal()
+        with m.If(adv & ~is_end):
+            m.d.sync += pass_err.eq(pass_err | ser.error)
+        with m.If(adv & is_end):
+            m.d.sync += [pass_err.eq(0), ends.eq(ends + 1)]
+
+        # ---- A0 -------------------------------------------------------------------------
+        a_valid = Signal()
+        a_kind = Signal(Kind)
+        a_end, a_par, a_routed, a_first, a_last = (Signal(name=f"a_{n}") for n in
+                                                   ("end", "par", "routed", "first", "last"))
+        a_err = Signal()
+        a_tok = Signal(range(max(2, T)))
+        a_row = Signal(rb)
+        a_grp = Signal.like(dsc.group)
+        a_b = Signal.like(bi)
+        a_exp = Signal.like(dsc.expert)
+        a_val = Signal(signed(W))
+        a_p = Signal(seg_params())
+        m.d.sync += [a_valid.eq(adv & ~is_router), a_kind.eq(kind), a_end.eq(is_end),
+                     a_par.eq(dsc.par), a_routed.eq(dsc.routed), a_first.eq(dsc.first),
+                     a_last.eq(dsc.last), a_err.eq(pass_err | ser.error), a_tok.eq(dsc.token),
+                     a_row.eq(dsc.group * B + bi), a_grp.eq(dsc.group), a_b.eq(bi),
+                     a_exp.eq(dsc.expert), a_val.eq(value), a_p.eq(phead)]
+        # gate of this token for this expert (routed DOWN), in Q12
+        gsel = Const(gm.GATE_ONE, gm.GATE_FRAC + 1)
+        for r in reversed(range(K)):
+            gsel = Mux(self.g_data.sel[r] == a_exp, self.g_data.gate[r], gsel)
+        gate = Signal(gm.GATE_FRAC + 1)
+        m.d.sync += gate.eq(Mux(a_routed, gsel, gm.GATE_ONE))   # at A1
+
+        # ---- A0..A7: q1 = rq(value) ----------------------------------------------------------
+        q1, lat1 = requant_pipe(m, a_val, a_p.mult, a_p.shift, "rq1")
+        assert lat1 == 7, lat1
+
+        def carry(sig, n, name):
+            return delay(m, sig, n, name)
+        c7 = {nme: carry(sig, 7, nme) for nme, sig in
+              (("v7", a_valid), ("k7", a_kind), ("e7", a_end), ("p7", a_par), ("f7", a_first),
+               ("l7", a_last), ("r7", a_err), ("t7", a_tok), ("w7", a_row), ("g7", a_grp),
+               ("b7", a_b), ("rt7", a_routed))}
+        m27 = carry(a_p.mult2, 7, "m2_7")
+        s27 = carry(a_p.shift2, 7, "s2_7")
+        gate7 = carry(gate, 6, "gate7")
+        code = Signal(8)
+        m.d.comb += code.eq(q1.as_unsigned() ^ 0x80)
+        m.d.comb += [lut_r.addr.eq(Cat(code[2:8], c7["p7"])),
+                     silu_r.addr.eq(Cat(zext(c7["w7"], bits(g.I)), zext(c7["t7"], tb)))]
+        for b in range(B):
+            m.d.comb += out_r[b].addr.eq(Cat(zext(c7["g7"], bits(g.g_down)), c7["p7"]))
+
+        # ---- A8 -------------------------------------------------------------------------
+        c8 = {k8: carry(v, 1, k8 + "_8") for k8, v in c7.items()}
+        q1_8 = carry(q1, 1, "q1_8")
+        code8 = carry(code, 1, "code8")
+        m2_8, s2_8, gate8 = carry(m27, 1, "m2_8"), carry(s27, 1, "s2_8"), carry(gate7, 1, "gate8")
+        silu_new = Signal(signed(8))
+        m.d.comb += silu_new.eq(lut_r.data.word_select(code8[:2], 8))
+        m.d.comb += [silu_w.addr.eq(Cat(zext(c8["w7"], bits(g.I)), zext(c8["t7"], tb))),
+                     silu_w.data.eq(silu_new),
+                     silu_w.en.eq(c8["v7"] & (c8["k7"] == Kind.GATE) & ~c8["e7"])]
+        bop = Signal(signed(14))
+        m.d.comb += bop.eq(Mux(c8["k7"] == Kind.UP, silu_r.data, gate8))
+        outrec = Signal(22)
+        m.d.comb += outrec.eq(Array(r.data for r in out_r)[c8["b7"]])
+        prod, latm = mul_pipe(m, bop, q1_8, "mul_s", b_signed=True)
+        assert latm == 3, latm
+        c11 = {k1: carry(v, 3, k1 + "_11") for k1, v in c8.items()}
+        m2_11, s2_11 = carry(m2_8, 3, "m2_11"), carry(s2_8, 3, "s2_11")
+        out_9 = Signal(22)
+        m.d.sync += out_9.eq(outrec)
+        out_11 = carry(out_9, 2, "out_11")
+        # acc read issued at A10
+        c10 = {k0: carry(v, 2, k0 + "_10") for k0, v in c8.items()}
+        m.d.comb += acc_r.addr.eq(Cat(zext(c10["w7"], bits(g.H)), zext(c10["t7"], tb)))
+
+        # ---- A11: combine ------------------------------------------------------------------
+        is_down11 = c11["v7"] & (c11["k7"] == Kind.DOWN) & ~c11["e7"]
+        acc_new = Signal(signed(g.accw))
+        m.d.comb += acc_new.eq(Mux(c11["f7"], 0, acc_r.data) + prod)
+        m.d.comb += [acc_w.addr.eq(Cat(zext(c11["w7"], bits(g.H)), zext(c11["t7"], tb))),
+                     acc_w.data.eq(acc_new), acc_w.en.eq(is_down11 & ~c11["l7"])]
+        v2 = Signal(signed(max(g.accw, len(prod))))
+        m2, s2 = Signal(16), Signal(6)
+        m.d.sync += [v2.eq(Mux(c11["k7"] == Kind.DOWN, acc_new, prod)),
+                     m2.eq(Mux(c11["k7"] == Kind.DOWN, out_11[:16], m2_11)),
+                     s2.eq(Mux(c11["k7"] == Kind.DOWN, out_11[16:22], s2_11))]
+        c12 = {k2: carry(v, 1, k2 + "_12") for k2, v in c11.items()}
+
+        # ---- A12..A19: q2 = rq(v2) -----------------------------------------------------------
+        q2, lat2 = requant_pipe(m, v2, m2, s2, "rq2")
+        assert lat2 == 7, lat2
+        c19 = {k9: carry(v, 7, k9 + "_19") for k9, v in c12.items()}
+
+        # ---- A19: writes -------------------------------------------------------------------
+        v19 = c19["v7"] & ~c19["e7"]
+        row19, tok19 = c19["w7"], c19["t7"]
+        lane_bits = bits(L)
+        lane_en = (Const(1, L) << row19[:lane_bits]) if L > 1 else Const(1, 1)
+        word = Cat(*[q2.as_unsigned()] * L)
+        m.d.comb += [h_w.addr.eq(Cat(zext(row19 >> lane_bits, bits(g.c_down)), zext(tok19, tb))),
+                     h_w.data.eq(word),
+                     h_w.en.eq(Mux(v19 & (c19["k7"] == Kind.UP), lane_en, 0)),
+                     y_w.addr.eq(Cat(zext(row19 >> lane_bits, bits(g.c_in)), zext(tok19, tb))),
+                     y_w.data.eq(word),
+                     y_w.en.eq(Mux(v19 & (c19["k7"] == Kind.DOWN) & c19["l7"], lane_en, 0))]
+        m.d.comb += [self.up_done.eq(v19 & (c19["k7"] == Kind.UP) & (c19["b7"] == B - 1)),
+                     self.done.eq(c19["v7"] & c19["e7"]), self.done_par.eq(c19["p7"]),
+                     self.done_error.eq(c19["r7"])]
+        return m

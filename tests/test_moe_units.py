@@ -1,0 +1,394 @@
+"""The batched MoE datapath's components on their own (Amaranth's simulator):
+pipelined arithmetic against the golden integer primitives, streaming top-k
+against ``golden.moe_layer.route``, the softmax against ``gate_weights``,
+the replay buffer's rules, the record path against ``layout.dense_records``
+and the scheduler's announce order against ``golden.moe_batched.plan_pass``."""
+
+import numpy as np
+import pytest
+from amaranth.hdl import Module, Signal, signed
+from amaranth.sim import Simulator
+
+from elmoe3d.config import preset
+from elmoe3d.golden import layout as gl
+from elmoe3d.golden import moe_batched as gb
+from elmoe3d.golden import moe_layer as gm
+from elmoe3d.hw.moe.buffers import ReplayBuffer
+from elmoe3d.hw.moe.common import geom, lowest_set, mul_pipe, requant_pipe
+from elmoe3d.hw.moe.hb_reader import RecordPath
+from elmoe3d.hw.moe.scheduler import ExpertScheduler
+from elmoe3d.hw.moe.softmax import Softmax
+from elmoe3d.hw.moe.topk import TopK
+from elmoe3d.hw.vocab import TokenRole
+
+pytestmark = pytest.mark.moe
+
+
+def _sim(dut, bench, cycles=None):
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+
+
+@pytest.mark.parametrize("width", [23, 28])
+def test_requant_pipe_matches_golden(width):
+    """Random operands plus the corners: saturation both ways, shift 1 and
+    47, multiplier 0 and 65535, the most negative input."""
+    m = Module()
+    v, mult, sh = Signal(signed(width)), Signal(16), Signal(6)
+    out, lat = requant_pipe(m, v, mult, sh, "rq")
+    rng = np.random.default_rng(width)
+    N = 2000
+    lo, hi = -(1 << (width - 1)), (1 << (width - 1)) - 1
+    vs = rng.integers(lo, hi + 1, N)
+    vs[:300] = rng.integers(-4000, 4000, 300)
+    ms = rng.integers(0, 1 << 16, N)
+    ss = rng.integers(1, 48, N)
+    corners = [(lo, 65535, 1), (hi, 65535, 1), (lo, 65535, 47), (hi, 1, 47), (-1, 1, 1),
+               (1, 1, 1), (0, 0, 5), (-3, 1, 1), (3, 1, 1), (5, 1, 1), (-5, 1, 1)]
+    for i, c in enumerate(corners):
+        vs[i], ms[i], ss[i] = c
+    exp = gm.requant(vs, ms, ss)
+    got = []
+
+    async def bench(ctx):
+        for i in range(N + lat):
+            if i < N:
+                ctx.set(v, int(vs[i]))
+                ctx.set(mult, int(ms[i]))
+                ctx.set(sh, int(ss[i]))
+            await ctx.tick()
+            if i >= lat - 1:
+                got.append(ctx.get(out))
+    _sim(m, bench)
+    assert lat == 7
+    assert np.array_equal(np.array(got[:N]), exp)
+
+
+@pytest.mark.parametrize("b_signed", [False, True])
+def test_mul_pipe(b_signed):
+    m = Module()
+    a = Signal(signed(14))
+    b = Signal(signed(8)) if b_signed else Signal(13)
+    p, lat = mul_pipe(m, a, b, "mm", b_signed=b_signed)
+    rng = np.random.default_rng(int(b_signed))
+    A = rng.integers(-8192, 8192, 500)
+    Bv = rng.integers(-128, 128, 500) if b_signed else rng.integers(0, 8192, 500)
+    A[:4], Bv[:4] = [-8192, 8191, -8192, 0], ([-128, -128, 127, 5] if b_signed else [8191, 8191, 0, 5])
+    got = []
+
+    async def bench(ctx):
+        for i in range(500 + lat):
+            if i < 500:
+                ctx.set(a, int(A[i]))
+                ctx.set(b, int(Bv[i]))
+            await ctx.tick()
+            if i >= lat - 1:
+                got.append(ctx.get(p))
+    _sim(m, bench)
+    assert np.array_equal(np.array(got[:500]), A * Bv)
+
+
+def test_lowest_set():
+    m = Module()
+    vec = Signal(13)
+    anyb, idx = lowest_set(m, vec, "ls")
+
+    async def bench(ctx):
+        for x in list(range(0, 1 << 13, 37)) + [1 << 12, 0]:
+            ctx.set(vec, x)
+            assert ctx.get(anyb) == (x != 0)
+            if x:
+                assert ctx.get(idx) == (x & -x).bit_length() - 1
+    sim = Simulator(m)
+    sim.add_testbench(bench)
+    sim.run()
+
+
+@pytest.mark.parametrize("s,k", [(4, 1), (2, 1), (2, 2), (2, 3), (1, 4)])
+def test_split_partial_sums_add_to_full(s, k):
+    """The equivalence the split job relies on, on the golden PE
+    (``bitslice.pe_dot``, the PE's arithmetic beat by beat): a FULL dot
+    product over planes 0..n-1 (0..k-1 from HB, k..n-1 from LPDDR) equals
+    the MSB-mode partial sum over 0..k-1 plus the LSB-mode partial sum over
+    k..n-1, and the FULL weights' dot product."""
+    from elmoe3d.golden import bitslice as gbs
+    rng = np.random.default_rng(s * 10 + k)
+    n = 8 // s
+    for _ in range(200):
+        C = int(rng.integers(1, 5))
+        L = 4
+        w = rng.integers(-128, 128, (C, L))
+        a = rng.integers(-128, 128, (C, L))
+        w[0, 0], a[0, 0] = -128, -128
+        planes = gbs.split(w, s) & ((1 << s) - 1)
+        planes[0] = gbs.split(w, s)[0]
+        def beats(qs):
+            return ([a[c] for q in qs for c in range(C)], [planes[q][c] for q in qs for c in range(C)],
+                    [q for q in qs for c in range(C)])
+        full = gbs.pe_dot(*beats(range(n)), s, gbs.Mode.FULL, None)
+        msb = gbs.pe_dot(*beats(range(k)), s, gbs.Mode.MSB, k)
+        lsb = gbs.pe_dot(*beats(range(k, n)), s, gbs.Mode.LSB, k)
+        assert full == msb + lsb == int(np.sum(a * w))
+
+
+def _g(name="tiny", **over):
+    return geom(preset(name).replace(**over))
+
+
+@pytest.mark.parametrize("over", [{}, {"top_k": 1}, {"experts": 16, "top_k": 5, "hb_words": 8192}])
+def test_topk_matches_route(over):
+    """Ties (many equal logits) go to the lower index; DRAFT tokens only
+    admit their allowed experts; fewer allowed than k gives fewer."""
+    g = _g(**over)
+    dut = TopK(g)
+    rng = np.random.default_rng(1)
+    E, K, T = g.E, g.K, g.T
+    cases = []
+    for i in range(60):
+        lg = rng.integers(-50, 50, E) if i % 3 else rng.integers(-2, 2, E)
+        role = TokenRole.DRAFT if i % 2 else TokenRole.FULL
+        mask = rng.random(E) < [0.0, 0.2, 0.6, 1.0][i % 4]
+        cases.append((lg, role, mask))
+    got = []
+
+    async def bench(ctx):
+        ctx.set(dut.o.ready, 1)
+        for i, (lg, role, mask) in enumerate(cases):
+            t, par = i % T, (i // T) % 2
+            ctx.set(dut.roles[par][t], role)
+            ctx.set(dut.masks[par][t], int(sum(1 << e for e in range(E) if mask[e])))
+            for e in range(E):
+                while e == E - 1 and not ctx.get(dut.last_ok):
+                    ctx.set(dut.i_valid, 0)
+                    await ctx.tick()
+                    if ctx.get(dut.o.valid):
+                        got.append(ctx.get(dut.o.payload))
+                ctx.set(dut.i_valid, 1)
+                ctx.set(dut.i, {"token": t, "expert": e, "value": int(lg[e]), "par": par,
+                                "last": int(e == E - 1)})
+                await ctx.tick()
+                if ctx.get(dut.o.valid):
+                    got.append(ctx.get(dut.o.payload))
+            ctx.set(dut.i_valid, 0)
+        for _ in range(4):
+            await ctx.tick()
+            if ctx.get(dut.o.valid):
+                got.append(ctx.get(dut.o.payload))
+    _sim(dut, bench)
+    assert len(got) == len(cases)
+    for (lg, role, mask), r in zip(cases, got):
+        exp = gm.route(lg, K, mask if role == TokenRole.DRAFT else None)
+        cnt = int(r.count)
+        assert [int(r.sel[i]) for i in range(cnt)] == exp
+        assert [int(r.logit[i]) for i in range(cnt)] == [int(lg[e]) for e in exp]
+
+
+def test_softmax_matches_gate_weights():
+    g = _g(experts=16, top_k=5, hb_words=8192)
+    dut = Softmax(g)
+    rng = np.random.default_rng(2)
+    K = g.K
+    cases = []
+    for i in range(24):
+        m = int(rng.integers(0, K + 1))
+        lg = sorted(rng.integers(-3000, 3000, m).tolist(), reverse=True)
+        if i % 5 == 0 and m:
+            lg = [lg[0]] * m                            # all equal
+        sel = rng.choice(g.E, size=m, replace=False).tolist()
+        cases.append((lg, sel))
+    sm_mult, sm_shift = 23000, 12
+
+    async def bench(ctx):
+        ctx.set(dut.sm_we, 1)
+        ctx.set(dut.sm_par, 0)
+        ctx.set(dut.sm_mult, sm_mult)
+        ctx.set(dut.sm_shift, sm_shift)
+        await ctx.tick()
+        ctx.set(dut.sm_we, 0)
+        for i, (lg, sel) in enumerate(cases):
+            t = i % g.T
+            pad = K - len(lg)
+            ctx.set(dut.i.payload, {"token": t, "par": 0, "count": len(lg),
+                                    "sel": sel + [0] * pad, "logit": lg + [0] * pad})
+            ctx.set(dut.i.valid, 1)
+            await ctx.tick().until(dut.i.ready)
+            ctx.set(dut.i.valid, 0)
+            await ctx.tick().until(dut.idle)
+            assert ctx.get(dut.ready) >> t & 1
+            ctx.set(dut.g_addr, t)
+            await ctx.tick()
+            row = ctx.get(dut.g_data)
+            exp = gm.gate_weights(lg, sm_mult, sm_shift)
+            assert [int(row.gate[r]) for r in range(len(lg))] == list(exp)
+            assert [int(row.sel[r]) for r in range(len(lg))] == sel
+    _sim(dut, bench)
+
+
+def test_replay_buffer_rules():
+    """Space is wp - free < depth; a word can be read the cycle after its
+    write and read again (replayed) until it is freed."""
+    dut = ReplayBuffer(banks=2, width=8, depth=8)
+
+    async def bench(ctx):
+        ctx.set(dut.free, 0)
+        for i in range(8):
+            assert ctx.get(dut.space[0]) and ctx.get(dut.space[1])
+            ctx.set(dut.we[0], 1)
+            ctx.set(dut.wdata[0], 10 + i)
+            ctx.set(dut.we[1], i < 3)
+            ctx.set(dut.wdata[1], 20 + i)
+            await ctx.tick()
+        ctx.set(dut.we[0], 0)
+        ctx.set(dut.we[1], 0)
+        assert ctx.get(dut.wp[0]) == 8 and not ctx.get(dut.space[0])
+        assert ctx.get(dut.wp[1]) == 3 and ctx.get(dut.space[1])
+        for rep in range(2):                                   # replay positions 2..5
+            for pos in range(2, 6):
+                ctx.set(dut.rd_pos, pos)
+                await ctx.tick()
+                assert ctx.get(dut.rd_data[0]) == 10 + pos
+        ctx.set(dut.free, 3)
+        assert ctx.get(dut.space[0])
+        ctx.set(dut.we[0], 1)
+        ctx.set(dut.wdata[0], 99)
+        await ctx.tick()
+        ctx.set(dut.we[0], 0)
+        ctx.set(dut.rd_pos, 8)
+        await ctx.tick()
+        assert ctx.get(dut.rd_data[0]) == 99
+    _sim(dut, bench)
+
+
+@pytest.mark.parametrize("name,over", [("tiny", {}), ("default", {})])
+def test_record_path(name, over):
+    """A job's records become one SegParams per segment row (UP rows pair
+    up_rq with prod_rq), from an unaligned start; the pass constants land
+    in the output store, the softmax record and the SiLU table."""
+    cfg = preset(name).replace(**over)
+    g = geom(cfg)
+    dut = RecordPath(g, 0)
+    lay = gm.make_layer(np.random.default_rng(3), hidden=cfg.hidden, ffn=cfg.ffn,
+                        experts=cfg.experts, top_k=cfg.top_k, shared=cfg.shared_experts,
+                        slice_bits=cfg.slice_bits, calib_tokens=8, stress=True)
+    recs = gl.dense_records(cfg, lay, 0)
+    sv = cfg.slice_vector_bits
+    area = 0
+    for i, r in enumerate(recs):
+        area |= r << (32 * i)
+    d = gl.dense_layout(cfg)
+    words = [(area >> (w * sv)) & ((1 << sv) - 1) for w in range(d.param_words)]
+    job = 1
+    first, per = gb.expert_record_range(cfg, job)
+    w0, nw, skip = gb.record_words(cfg, first, per)
+    cf = d.record_index["out"]
+    nrc = cfg.hidden // cfg.pes + 1 + 64
+    cw0, cnw, cskip = gb.record_words(cfg, cf, nrc)
+    Gi, Gd = cfg.ffn // cfg.pes, cfg.hidden // cfg.pes
+    exp = []
+    for gi in range(Gi):
+        exp.append((lay.gate_mult[job][gi * cfg.pes], lay.gate_shift[job][gi * cfg.pes], 0, 0))
+    for gi in range(Gi):
+        r = gi * cfg.pes
+        exp.append((lay.up_mult[job][r], lay.up_shift[job][r], lay.prod_mult[job][r],
+                    lay.prod_shift[job][r]))
+    for gi in range(Gd):
+        exp.append((lay.down_mult[job][gi * cfg.pes], lay.down_shift[job][gi * cfg.pes], 0, 0))
+    got, outs, luts, sms = [], {}, {}, []
+
+    async def bench(ctx):
+        ctx.set(dut.params.ready, 1)
+        for c in ({"const": 1, "skip": cskip, "nrec": nrc, "par": 1},
+                  {"const": 0, "skip": skip, "nrec": per, "par": 0}):
+            ctx.set(dut.cmd.payload, c)
+            ctx.set(dut.cmd.valid, 1)
+            await ctx.tick()
+        ctx.set(dut.cmd.valid, 0)
+        feed = words[cw0:cw0 + cnw] + words[w0:w0 + nw]
+        i = 0
+        for _ in range(4000):
+            if i < len(feed):
+                ctx.set(dut.word.payload, feed[i])
+                ctx.set(dut.word.valid, 1)
+            else:
+                ctx.set(dut.word.valid, 0)
+            if ctx.get(dut.out_we):
+                outs[ctx.get(dut.out_addr)] = ctx.get(dut.out_data)
+            if ctx.get(dut.lut_we):
+                luts[ctx.get(dut.lut_addr)] = ctx.get(dut.lut_data)
+            if ctx.get(dut.sm_we):
+                sms.append((ctx.get(dut.sm_mult), ctx.get(dut.sm_shift)))
+            if ctx.get(dut.params.valid):
+                p = ctx.get(dut.params.payload)
+                got.append((p.mult, p.shift, p.mult2, p.shift2))
+            ready = ctx.get(dut.word.ready)
+            await ctx.tick()
+            if i < len(feed) and ready:
+                i += 1
+    _sim(dut, bench)
+    assert got == [tuple(int(x) for x in e) for e in exp]
+    gbits = max(1, (Gd - 1).bit_length())
+    assert {k & ((1 << gbits) - 1): v for k, v in outs.items()} == {
+        gi: int(lay.out_mult[gi * cfg.pes]) | int(lay.out_shift[gi * cfg.pes]) << 16
+        for gi in range(Gd)}
+    assert sms == [(lay.sm_mult, lay.sm_shift)]
+    assert len(luts) == 64 and all((a >> 6) == 1 for a in luts)          # buffer 1
+    table = [luts[(1 << 6) | i] for i in range(64)]
+    entries = [((table[i // 4] >> (8 * (i % 4))) & 0xFF) for i in range(256)]
+    assert [x - 256 if x > 127 else x for x in entries] == list(lay.lut)
+
+
+def test_scheduler_announces_heavy_first():
+    """The scheduler's announce order, token counts and precisions equal the
+    golden pass plan; decisions are taken in order and fill the job table."""
+    cfg = preset("tiny").replace(batch_tokens=8, hb_words=8192)
+    g = geom(cfg)
+    dut = ExpertScheduler(g)
+    rng = np.random.default_rng(4)
+    lay = gm.make_layer(rng, hidden=cfg.hidden, ffn=cfg.ffn, experts=cfg.experts,
+                        top_k=cfg.top_k, calib_tokens=8)
+    roles = [gb.Role(int(r)) for r in rng.integers(0, 3, 8)]
+    xs = gm.random_tokens(rng, lay, 8)
+    masks = rng.random((8, cfg.experts)) < 0.5
+    plan = gb.plan_pass(lay, xs, roles, masks)
+    needs, entries = [], []
+
+    async def bench(ctx):
+        ctx.set(dut.count[0], 8)
+        ctx.set(dut.layer[0], 1)
+        for t, r in enumerate(roles):
+            ctx.set(dut.roles[0][t], TokenRole(int(r)))
+        ctx.set(dut.pass_valid, 1)
+        ctx.set(dut.pass_seq, 1)
+        await ctx.tick()
+        for t in range(8):
+            s = plan.sel[t]
+            ctx.set(dut.sel_valid, 1)
+            ctx.set(dut.sel, {"token": t, "par": 0, "count": len(s),
+                              "sel": s + [0] * (cfg.top_k - len(s)),
+                              "logit": [0] * cfg.top_k})
+            await ctx.tick()
+        ctx.set(dut.sel_valid, 0)
+        ctx.set(dut.need.ready, 1)
+        ctx.set(dut.source.valid, 1)
+        dec = 0
+        for _ in range(200):
+            ctx.set(dut.source.payload, {"hb": dec % 2, "slot": dec})
+            if ctx.get(dut.need.valid):
+                p = ctx.get(dut.need.payload)
+                needs.append((p.layer, p.expert, p.tokens, int(p.precision.value)))
+            took = ctx.get(dut.source.ready)
+            await ctx.tick()
+            dec += took
+        assert ctx.get(dut.total_valid) & 1 and ctx.get(dut.decided[0]) == ctx.get(dut.total[0])
+        for j in range(ctx.get(dut.total[0])):
+            ctx.set(dut.rd_addr[2], j)
+            await ctx.tick()
+            entries.append((ctx.get(dut.rd_entry[2]), ctx.get(dut.rd_src[2])))
+    _sim(dut, bench)
+    exp = [(1, j.expert, len(j.tokens), int(j.precision)) for j in plan.routed]
+    assert needs == exp
+    for i, ((e, s), job) in enumerate(zip(entries, plan.routed)):
+        assert e.expert == job.expert and e.tok_mask == sum(1 << t for t in job.tokens)
+        assert (s.hb, s.slot) == (i % 2, i)
