@@ -218,12 +218,16 @@ def pe_vectors(dut, *, dots: int = 12, seed: int = 1) -> dict:
         keep = 1
         planes = gbs.split(w, s)                     # (n, len)
         seq = list(range(n)) if mode == gbs.Mode.FULL else list(range(keep))
-        for c in range(chunks):
-            for j, q in enumerate(seq):
+        # the dot-product rule (golden.bitslice.check_beats): plane-major,
+        # every chunk of a plane before the next plane
+        for j, q in enumerate(seq):
+            for c in range(chunks):
                 beats.append(pack(in_l, {
                     "act": [int(x) for x in act[c * L:(c + 1) * L]],
-                    "slices": [int(x) & ((1 << s) - 1) for x in planes[q][c * L:(c + 1) * L]],
-                    "plane": q, "mode": int(mode), "keep": keep,
+                    "sv": {"slices": [int(x) & ((1 << s) - 1)
+                                      for x in planes[q][c * L:(c + 1) * L]],
+                           "plane": q},
+                    "mode": int(mode), "keep": keep,
                     "last": int(c == chunks - 1 and j == len(seq) - 1)}))
         if mode == gbs.Mode.FULL:
             v = int(np.dot(act, w))
