@@ -166,25 +166,46 @@ class ReadSession(wiring.Component):
             "ram_data": In(self.sv_bits), "start": Out(1), "start_ok": Out(1),
         })
 
+    def decoded_layout(self):
+        """What the register slice holds: the command's checks that depend on
+        the command alone, computed in front of the slice (so the cycle that
+        accepts a read only adds the residency check)."""
+        S, SW, D, W = self.S, self.SW, self.D, self.W
+        return data.StructLayout({
+            "in_range": 1,                   # 1 <= count, offset + count <= region size
+            "onehot": S + 1,                 # the region (bit S = dense; 0 = no such slot)
+            "addr": range(W),                # absolute address of the first word
+            "left": range(max(SW, D) + 1),   # count - 1
+            "one": 1,                        # count == 1
+            "plane": self.read_t.as_shape()["plane"].shape})
+
     def elaborate(self, platform):
         m = Module()
         S, SW, D, W = self.S, self.SW, self.D, self.W
-        m.submodules.slice = sl = RegisterSlice(self.read_t)
-        wiring.connect(m, wiring.flipped(self.cmd), sl.i)
 
-        # -- decode (from the slice's registers) into the next session ------------
+        # -- command checks that need only the command, in front of the slice ------
+        c = self.cmd.payload
+        dl = self.decoded_layout()
+        pre = Signal(dl)
+        c_exp = c.region == HBRegionKind.EXPERT
+        c_end = Signal(range(max(SW, D) * 2 + 2))
+        m.d.comb += [
+            c_end.eq(c.offset + c.count),
+            pre.in_range.eq((c.count != 0) & (c_end <= Mux(c_exp, SW, D))),
+            # a slot number past S names no region (as in golden/hb_map.region_index)
+            pre.onehot.eq(Mux(c_exp, Mux(c.slot < S, _onehot(c.slot, S + 1), 0),
+                              1 << S)),
+            pre.addr.eq(Mux(c_exp, D + c.slot * SW, 0) + c.offset),
+            pre.left.eq(c.count - 1), pre.one.eq(c.count == 1), pre.plane.eq(c.plane)]
+        m.submodules.slice = sl = RegisterSlice(dl)
+        m.d.comb += [sl.i.valid.eq(self.cmd.valid), sl.i.payload.eq(pre),
+                     self.cmd.ready.eq(sl.i.ready)]
+
+        # -- accept into the next session (from the slice's registers) -----------------
         p = sl.o.payload
-        is_exp = p.region == HBRegionKind.EXPERT
-        ridx = Mux(is_exp, p.slot, S)
-        oh = Signal(S + 1)
-        m.d.comb += oh.eq(_onehot(ridx, S + 1))
-        size = Mux(is_exp, SW, D)
-        end = Signal(range(max(SW, D) * 2 + 2))
-        m.d.comb += end.eq(p.offset + p.count)
+        oh = p.onehot
         ok = Signal()
-        m.d.comb += ok.eq((p.count != 0) & (end <= size) & (oh & self.open_mask).any())
-        base = Signal(range(W))
-        m.d.comb += base.eq(Mux(is_exp, D + p.slot * SW, 0))
+        m.d.comb += ok.eq(p.in_range & (oh & self.open_mask).any())
 
         n_valid, n_err, n_last = Signal(), Signal(), Signal()
         n_addr = Signal(range(W))
@@ -222,8 +243,8 @@ class ReadSession(wiring.Component):
         with m.If(c_take & ~n_take):
             m.d.sync += [n_valid.eq(0), n_oh.eq(0)]
         with m.If(n_take):
-            m.d.sync += [n_valid.eq(1), n_err.eq(~ok), n_last.eq(~ok | (p.count == 1)),
-                         n_addr.eq(base + p.offset), n_left.eq(p.count - 1),
+            m.d.sync += [n_valid.eq(1), n_err.eq(~ok), n_last.eq(~ok | p.one),
+                         n_addr.eq(p.addr), n_left.eq(p.left),
                          n_plane.eq(p.plane), n_oh.eq(Mux(ok, oh, 0))]
 
         # -- pipeline to the output FIFO (matches the SRAM's READ_LATENCY) --------
@@ -657,11 +678,18 @@ class HBBank(wiring.Component):
         m.d.comb += self.probe_fill_wait.eq(fill_want & ~fill_go)
         fgo = [Signal(name=f"fgo{b}") for b in range(B)]
         kv_go = [Signal(name=f"kv_go{b}") for b in range(B)]
+        # A read loses its bank to a fill only in the fill's slot: outside it
+        # the fill goes only to a group no read wants. So the read grant is
+        # read_req & ~kv_req & ~fgo without waiting for fill_go (a shorter
+        # path into the read sessions).
+        fill_slot_win = Signal()
+        m.d.comb += fill_slot_win.eq(fill_want & slot_now)
         for b in range(B):
             s = sess[b]
             m.d.comb += [fgo[b].eq(fill_go & head.group[b // FW]),
                          kv_go[b].eq(kv_req[b] & ~fgo[b]),
-                         s.go.eq(read_req[b] & ~kv_req[b] & ~fgo[b])]
+                         s.go.eq(read_req[b] & ~kv_req[b]
+                                 & ~(fill_slot_win & head.group[b // FW]))]
             kv_rd = kv_go[b] & ~k_write
             kv_wr = kv_go[b] & k_write
             m.d.sync += [ram_ren[b].eq(s.go | kv_rd),

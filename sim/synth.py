@@ -459,7 +459,8 @@ def fpga_target(component, name: str, top: str, workdir: Path, target: str, *,
 
 def synth_block(component, top: str, workdir: Path | None = None, *, name: str | None = None,
                 targets=("generic",), fmax: bool | None = None, seeds: list[int] | None = None,
-                fmax_max_cells: int | None = None, progress=None) -> dict:
+                fmax_max_cells: int | None = None, generic: bool = True,
+                progress=None) -> dict:
     """Verilog + generic synthesis (+ FPGA targets) of one component.
 
     ``targets`` names any of :data:`TARGETS`; ``fmax=True`` is short for
@@ -469,6 +470,11 @@ def synth_block(component, top: str, workdir: Path | None = None, *, name: str |
     count exceeds ``fmax_max_cells``. Result: the generic figures at top
     level, and one dict per FPGA target under its name. ``name`` is the block
     name that selects the target clock (default: ``top``).
+
+    ``generic=False`` skips the generic Yosys run (no cells, transistors or
+    depth at top level, and ``fmax_max_cells`` is not applied): the FPGA
+    figures do not depend on it, and on a large block (``hb_bank``) it takes
+    longer than the ECP5 synthesis. Its cache is kept for a later run.
     """
     if fmax:
         targets = tuple(dict.fromkeys(("generic", *targets, "ecp5")))
@@ -482,14 +488,18 @@ def synth_block(component, top: str, workdir: Path | None = None, *, name: str |
         workdir = Path(tmp.name)
     try:
         workdir.mkdir(parents=True, exist_ok=True)
-        vfile = _write(component, top, workdir / f"{top}.v")
-        key = {"verilog_sha256": _sha(vfile), "generic": load_target("generic")}
-        out = dict(_cached(workdir, "generic", key, lambda: yosys_generic(vfile, top, workdir)))
+        out = {}
+        if generic:
+            vfile = _write(component, top, workdir / f"{top}.v")
+            key = {"verilog_sha256": _sha(vfile), "generic": load_target("generic")}
+            out = dict(_cached(workdir, "generic", key,
+                               lambda: yosys_generic(vfile, top, workdir)))
         for t in targets:
             if t == "generic":
                 continue
             out[t] = fpga_target(component, name, top, workdir, t, seeds=seeds,
-                                 max_cells=fmax_max_cells, cells=out["cells"], progress=progress)
+                                 max_cells=fmax_max_cells, cells=out.get("cells"),
+                                 progress=progress)
         return out
     finally:
         if tmp is not None:

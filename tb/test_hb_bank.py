@@ -40,6 +40,8 @@ import os
 from pathlib import Path
 
 import cocotb
+from amaranth.hdl import unsigned
+from amaranth.lib import data
 from cocotb.triggers import ReadOnly, RisingEdge
 
 from ..config import Config
@@ -116,7 +118,13 @@ class HBTB:
         r, v = self.rand, self.v
         self.rd_cmd = [StreamSource(d, f"rd_cmd__{b}", v.HBRead.as_shape(), d.clk, cnt,
                                     idle=self.idle, rand=r) for b in range(self.B)]
-        self.rd = [StreamSink(d, f"rd__{b}", v.HBBeat.as_shape(), d.clk, cnt,
+        # HBBeat with ``sv`` as one integer (slices, then the plane above
+        # them), as the scoreboard reads it; tb/common.unpack now decodes a
+        # nested named Struct into a dict
+        hb = v.HBBeat.as_shape()
+        flat = data.StructLayout({name: unsigned(f.width) for name, f in hb})
+        assert all(flat[name].offset == f.offset for name, f in hb)
+        self.rd = [StreamSink(d, f"rd__{b}", flat, d.clk, cnt,
                               backpressure=(lambda b=b: self.pe_stall[b]()), rand=r)
                    for b in range(self.B)]
         self.fill = StreamSource(d, "fill", v.FillBeat.as_shape(), d.clk, cnt,

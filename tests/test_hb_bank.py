@@ -222,6 +222,44 @@ def test_hb_params_from_config():
         HBBank(**p)
 
 
+def test_hb_read_of_slot_past_s_is_refused():
+    """With S not a power of two the slot field can name slot S, which is no
+    region (golden/hb_map.region_index -> None): its read is one error beat.
+    (The RTL before this test decoded slot S as the dense region and read
+    words above the slots with error = 0 once the dense region was resident.)
+    Amaranth's simulator, top-level ports only: no preset has such an S."""
+    from amaranth.sim import Simulator
+    from elmoe3d.hw.vocab import FillBeatKind, HBRegionKind
+    dut = HBBank(banks=1, words=16, slots=3, slot_words=2, dense_words=4, lanes=1,
+                 slice_bits=4, fill_words=1, fill_depth=2, out_depth=3)
+    got = {}
+
+    async def tb(ctx):
+        for kind in (FillBeatKind.DATA, FillBeatKind.COMMIT):   # dense row 0, commit
+            ctx.set(dut.fill.valid, 1)
+            ctx.set(dut.fill.payload.kind, kind)
+            ctx.set(dut.fill.payload.region, HBRegionKind.DENSE)
+            await ctx.tick().until(dut.fill.ready)
+        ctx.set(dut.fill.valid, 0)
+        await ctx.tick().until(dut.dense_valid)
+        cmd = dut.rd_cmd[0]
+        ctx.set(cmd.valid, 1)
+        ctx.set(cmd.payload.region, HBRegionKind.EXPERT)
+        ctx.set(cmd.payload.slot, 3)
+        ctx.set(cmd.payload.count, 1)
+        await ctx.tick().until(cmd.ready)
+        ctx.set(cmd.valid, 0)
+        ctx.set(dut.rd[0].ready, 1)
+        beat, = await ctx.tick().sample(dut.rd[0].payload).until(dut.rd[0].valid)
+        got.update(error=beat.error, last=beat.last, sv=beat.sv.slices.as_value().value)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(tb)
+    sim.run_until(2e-6)
+    assert got == {"error": 1, "last": 1, "sv": 0}
+
+
 def test_hb_bandwidth(measured_dir):
     """Bandwidth at the default geometry (written for the report and the
     system model): reads alone, reads with a fill stream, PEs half ready."""

@@ -126,7 +126,27 @@ def test_area_grows_with_lanes(tmp_path):
 
 
 @pytest.mark.cli
+def test_no_generic_skips_the_generic_run(tmp_path, capsys):
+    """`--no-generic`: FPGA figures only, no generic Yosys run (its cache file
+    is not written), the same ECP5 area as with it."""
+    from elmoe3d.cli import main
+    out = tmp_path / "r.json"
+    argv = ["synth", "--preset", "tiny", "--blocks", "mac_int8", "--target", "ecp5", "--no-pnr",
+            "--workdir", str(tmp_path / "w")]
+    assert main(argv + ["--no-generic", "--json", str(out)]) == 0
+    assert "generic synthesis skipped" in capsys.readouterr().out
+    r = json.loads(out.read_text())["blocks"]["mac_int8"]
+    assert "cells" not in r and r["ecp5"]["lut4"] > 0
+    assert not (tmp_path / "w" / "mac_int8" / "generic.json").exists()
+    assert main(argv + ["--json", str(out)]) == 0
+    full = json.loads(out.read_text())["blocks"]["mac_int8"]
+    assert full["cells"] > 0 and full["ecp5"]["lut4"] == r["ecp5"]["lut4"]
+
+
+@pytest.mark.cli
 @pytest.mark.parametrize("argv,msg", [
+    (["synth", "--no-generic"], "--no-generic needs an FPGA target"),
+    (["synth", "--no-generic", "--fmax", "--sweep"], "--no-generic cannot be combined"),
     (["synth", "--target", "virtex"], "unknown target 'virtex'"),
     (["synth", "--seeds", "a"], "--seeds needs comma-separated integers"),
     (["fpga", "--board", "nope"], "invalid choice: 'nope'"),

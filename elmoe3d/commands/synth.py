@@ -28,6 +28,10 @@ def register(p):
                    help="also place and route on ECP5-85F (same as adding ecp5 to --target)")
     p.add_argument("--no-pnr", action="store_true",
                    help="FPGA area only: skip nextpnr (no Fmax)")
+    p.add_argument("--no-generic", action="store_true",
+                   help="skip the generic Yosys synthesis (no cells/transistors/depth): FPGA "
+                        "figures only, e.g. `--fmax --no-generic` for a large block such as "
+                        "hb_bank, whose generic run takes longer than its ECP5 synthesis")
     p.add_argument("--seeds", default=None, metavar="N,N",
                    help="nextpnr seeds (default: the constraints file's, three seeds)")
     p.add_argument("--sweep", action="store_true",
@@ -65,8 +69,10 @@ def parse_seeds(text: str | None) -> list[int] | None:
 
 def run_synth(cfg, blocks, workroot: Path, *, targets=("generic",), fmax: bool = False,
               pnr: bool = True, seeds=None, sweep: bool = False, progress=None,
-              fmax_max_cells: int | None = None, sweep_pnr: bool | None = None) -> dict:
-    """Synthesise ``blocks`` at ``cfg`` on ``targets``; returns ``{name: result}``."""
+              fmax_max_cells: int | None = None, sweep_pnr: bool | None = None,
+              generic: bool = True) -> dict:
+    """Synthesise ``blocks`` at ``cfg`` on ``targets``; returns ``{name: result}``
+    (``generic=False``: FPGA targets only, see ``sim.synth.synth_block``)."""
     from ..sim.synth import synth_block
     progress = progress or Progress(len(blocks), quiet=True)
     targets = parse_targets(",".join(targets), fmax)
@@ -76,7 +82,7 @@ def run_synth(cfg, blocks, workroot: Path, *, targets=("generic",), fmax: bool =
         progress(f"synthesising {b.name}" + (f" ({', '.join(fpga)})" if fpga else ""))
         r = synth_block(b.build(cfg), b.top, workroot / b.name, name=b.name,
                         targets=targets if pnr else ("generic",), seeds=seeds,
-                        fmax_max_cells=fmax_max_cells, progress=progress)
+                        fmax_max_cells=fmax_max_cells, generic=generic, progress=progress)
         if not pnr:
             from ..sim.synth import fpga_target
             for t in fpga:
@@ -135,6 +141,8 @@ def generic_table(results: dict):
     headers = ["block", "cells", "FFs", "transistors", "depth"] + (["SRAM kbit"] if sram else [])
     rows = []
     for name, r in results.items():
+        if "cells" not in r:      # --no-generic
+            continue
         rows.append([name, r["cells"], r["flip_flops"], _tr(r), r["logic_depth"]]
                     + ([round(r.get("sram_bits", 0) / 1024, 1)] if sram else []))
     return headers, rows
@@ -227,7 +235,8 @@ def ratio_lines(results: dict) -> list[str]:
 
 
 def text_report(results: dict, targets) -> str:
-    out = [text_table(*generic_table(results))]
+    gh, grows = generic_table(results)
+    out = [text_table(gh, grows)] if grows else ["(generic synthesis skipped: --no-generic)"]
     for t in targets:
         if t == "generic":
             continue
@@ -262,8 +271,14 @@ def run(args) -> int:
     targets = parse_targets(args.target, args.fmax)
     seeds = parse_seeds(args.seeds)
     out = writable_file(args.json) if args.json else None
+    if args.no_generic and (args.sweep or args.peers):
+        raise ValueError("--no-generic cannot be combined with --sweep or --peers "
+                         "(they report generic figures)")
+    if args.no_generic and targets == ("generic",):
+        raise ValueError("--no-generic needs an FPGA target (--fmax or --target ecp5/ice40)")
     results = run_synth(cfg, blocks, Path(args.workdir), targets=targets, pnr=not args.no_pnr,
-                        seeds=seeds, sweep=args.sweep, progress=Progress(len(blocks)))
+                        seeds=seeds, sweep=args.sweep, progress=Progress(len(blocks)),
+                        generic=not args.no_generic)
     print(text_report(results, targets))
     doc = {"config": cfg.to_dict(), "targets": list(targets), "blocks": results}
     if args.peers:
