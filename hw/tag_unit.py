@@ -91,8 +91,9 @@ chosen victim against a direct search of the current state.
 Per-slot updates are local: every slot computes its own saturating
 ``hot + amount``, ``hot - (hot >> d)`` and pin increment, and its own write
 enable from the registered tag match, its state bits and the one-hot
-decoded opcode and slot of the command. Freeing a slot clears only its
-"holds a tag" bit (its other fields are unobservable until the next
+decoded opcode and slot of the command (the TOUCH *response* instead picks
+the matched slot's hotness and adds ``amount`` once, after the pick). Freeing
+a slot clears only its "holds a tag" bit (its other fields are unobservable until the next
 ALLOCATE overwrites them). Every response field is an OR of per-opcode terms
 gated by the registered one-hot opcode; the timing class of the command
 (single-cycle / two-cycle / settling) and the "state quiet for P cycles"
