@@ -91,9 +91,8 @@ chosen victim against a direct search of the current state.
 Per-slot updates are local: every slot computes its own saturating
 ``hot + amount``, ``hot - (hot >> d)`` and pin increment, and its own write
 enable from the registered tag match, its state bits and the one-hot
-decoded opcode and slot of the command (the TOUCH *response* instead picks
-the matched slot's hotness and adds ``amount`` once, after the pick). Freeing
-a slot clears only its "holds a tag" bit (its other fields are unobservable until the next
+decoded opcode and slot of the command. Freeing a slot clears only its
+"holds a tag" bit (its other fields are unobservable until the next
 ALLOCATE overwrites them). Every response field is an OR of per-opcode terms
 gated by the registered one-hot opcode; the timing class of the command
 (single-cycle / two-cycle / settling) and the "state quiet for P cycles"
@@ -496,9 +495,6 @@ class TagUnit(wiring.Component):
             m.d.comb += lk_m[s].eq(fast_lk & held_m[s])
         q = two_rsp_q
         r = self.x_rsp
-        lk_hot = pick(lk_m, hot, self.hot_bits)      # 0 unless LOOKUP/TOUCH hits a held slot
-        touch_sat = Signal(self.hot_bits)
-        m.d.comb += touch_sat.eq(self._saturating_add(lk_hot, x.amount))
         m.d.comb += [
             r.op.eq(x.op),
             r.error.eq(Mux(two, two_code_q, one_code)),
@@ -510,9 +506,9 @@ class TagUnit(wiring.Component):
             r.evicted.eq((g_alloc & v_evict) | (g_two & q.evicted)),
             r.evicted_tag.eq(field((g_alloc & v_evict, Array(tags)[v_idx]),
                                    (g_two, q.evicted_tag), width=tb_)),
-            # select the matched slot's hotness first, add after: one adder
-            # behind the OR tree instead of S adders in front of it
-            r.value.eq(Mux(I[Op.TOUCH], Mux(m_any, touch_sat, 0), lk_hot)
+            # the opcode choice folded into each slot's term, before the OR over slots
+            r.value.eq(pick(lk_m, [Mux(I[Op.TOUCH], hot_new[s], hot[s]) for s in range(S)],
+                            self.hot_bits)
                        | field((g_stats, stat_sel), (g_two, q.value), width=vb_)),
             r.slot_mask.eq(Mux(g_mask, x.slot_mask & Cat(*held), 0)),
         ]
