@@ -71,6 +71,13 @@ TagOp = hv.TagOpcode
 VALUE_BITS = 32
 
 
+def _clamp(v, hi: int):
+    """``min(v, hi)`` for an unsigned value; ``v`` itself when it cannot
+    exceed ``hi`` (no constant comparison in the Verilog: Verilator's lint
+    flags those)."""
+    return v if (1 << len(v)) - 1 <= hi else Mux(v > hi, hi, v)
+
+
 def _bits(n):
     return max(1, (int(n) - 1).bit_length())
 
@@ -495,7 +502,7 @@ class EsdCtrl(wiring.Component):
                 with m.Else():
                     m.next = "EXT_SPLIT"
             with m.State("TOUCH"):
-                amt = Mux(ann.count > hot_max, hot_max, ann.count)
+                amt = _clamp(ann.count, hot_max)
                 with m.If(tag(TagOp.TOUCH, tag=tag_of, amount=amt)):
                     m.next = "TOUCH_RSP"
             with m.State("TOUCH_RSP"):
@@ -503,7 +510,7 @@ class EsdCtrl(wiring.Component):
                 with m.If(tag_i.valid):
                     m.next = "EV_TOUCH"
             with m.State("EV_TOUCH"):
-                amt = Mux(ann.count > hot_max, hot_max, ann.count)
+                amt = _clamp(ann.count, hot_max)
                 with m.If(emit(EK.TOUCH, **P_, expert=ann.expert, slot=c_slot, value=amt)):
                     m.d.sync += bump("touches")
                     m.next = "TOUCH_NEXT"
@@ -524,7 +531,7 @@ class EsdCtrl(wiring.Component):
                     m.next = "SOURCE_OUT"
             # miss: ALLOCATE a victim
             with m.State("ALLOCATE"):
-                amt = Mux(ann.count > hot_max, hot_max, ann.count)
+                amt = _clamp(ann.count, hot_max)
                 with m.If(tag(TagOp.ALLOCATE, tag=tag_of, planes=khb, amount=amt)):
                     m.next = "ALLOCATE_RSP"
             with m.State("ALLOCATE_RSP"):
@@ -533,7 +540,7 @@ class EsdCtrl(wiring.Component):
                     m.d.sync += trsp.eq(tag_i.payload)
                     m.next = "EV_ALLOCATE"
             with m.State("EV_ALLOCATE"):
-                amt = Mux(ann.count > hot_max, hot_max, ann.count)
+                amt = _clamp(ann.count, hot_max)
                 ok = trsp.error == hv.TagErrorCode.OK
                 code = Mux(ok, Mux(trsp.evicted, gesd.AllocResult.EVICT, gesd.AllocResult.FREE),
                            gesd.AllocResult.NO_VICTIM)

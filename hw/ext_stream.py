@@ -141,6 +141,11 @@ class ExtGeometry:
         self.out_depth = 8
 
 
+def _ge(value, const: int):
+    """``value >= const`` for an unsigned value (constant 1 when ``const`` is 0)."""
+    return value >= const if const > 0 else Const(1, 1)
+
+
 class CommandCheck(wiring.Component):
     """Command stage: range check and the walk descriptor of one command.
 
@@ -184,9 +189,11 @@ class CommandCheck(wiring.Component):
                     p = self.i.payload
                     m.d.sync += c.eq(p)
                     m.d.sync += [
-                        e_ok.eq((p.addr[:g.lbb] == 0 if g.lbb else 1) & (p.addr >= g.lpddr_base)
+                        # (comparisons with a zero base are left out: always true, and
+                        # Verilator's lint flags them)
+                        e_ok.eq((p.addr[:g.lbb] == 0 if g.lbb else 1) & _ge(p.addr, g.lpddr_base)
                                 & (p.addr <= hi_lim) if hi_lim >= g.lpddr_base else 0),
-                        d_in.eq((p.addr >= g.dense_base) & (p.addr < g.dense_base + dense_span)),
+                        d_in.eq(_ge(p.addr, g.dense_base) & (p.addr < g.dense_base + dense_span)),
                         d_off.eq(p.addr - g.dense_base),
                     ]
                     m.next = "OFFSET"
@@ -299,7 +306,7 @@ class RunWalker(wiring.Component):
 
         nq = Signal(g.plane_bits)
         nq_v = Const(0, g.plane_bits)
-        for p in reversed(range(n)):
+        for p in reversed(range(1, n)):          # plane 0 is never after q
             nq_v = Mux(c.mask[p] & (q < p), p, nq_v)
         m.d.comb += nq.eq(nq_v)
         rb = Mux(down, g.rb_d, g.rb_g)

@@ -316,9 +316,15 @@ class HBReader(wiring.Component):
         # is offered from its second active cycle.
         armed = Signal()
         m.d.sync += armed.eq(active & ~(active & (acc | fire).all()))
+        # The command's fields but ``plane`` (HB copies it into the beats; this
+        # reader does not use it): a comb signal with a never-assigned bit
+        # becomes an empty ``always @*`` in Verilog (X on Icarus, ALWNEVER).
+        cmd_l = data.StructLayout({n: f.shape for n, f in data.Layout.cast(self.HBRead)
+                                   if n != "plane"})
         for b in range(B):
-            c = Signal(self.HBRead, name=f"cmd{b}")
-            m.d.sync += self.hb_cmd[b].payload.eq(c)
+            c = Signal(cmd_l, name=f"cmd{b}")
+            m.d.sync += [getattr(self.hb_cmd[b].payload, n).eq(getattr(c, n)) for n, _ in cmd_l]
+            m.d.sync += self.hb_cmd[b].payload.plane.eq(0)
             w0, words, skip, nrec = const_cmd[b]
             dent = dest_l(dq[b].w_data)
             rc = rec_cmd(g)(rps[b].cmd.payload)
