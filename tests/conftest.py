@@ -38,12 +38,16 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
-def sim_params():
-    """``pytest.param`` per simulator; Icarus is skipped with a reason where absent."""
+def sim_params(slow=()):
+    """``pytest.param`` per simulator; Icarus is skipped with a reason where
+    absent. Simulators named in ``slow`` are marked ``slow`` (their run is
+    left out of ``make test``, e.g. a second simulator on a long case)."""
     out = []
     for sim in ("verilator", "icarus"):
         ok, why = simulator_available(sim)
         marks = [] if ok else [pytest.mark.skip(reason=why)]
+        if sim in slow:
+            marks.append(pytest.mark.slow)
         out.append(pytest.param(sim, id=sim, marks=marks))
     return out
 

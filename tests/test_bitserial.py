@@ -105,9 +105,11 @@ def _params(over):
 @pytest.mark.parametrize("simulator", sim_params())
 @pytest.mark.parametrize("over", CASES)
 def test_bitserial_random(over, simulator):
+    """600 random dot products on Verilator, 300 on Icarus, and the buffer-fill test."""
     simulate(_factory, block="bitserial", params=_params(over), top="elmoe3d_bitserial",
              simulator=simulator, test_module="elmoe3d.tb.test_bitserial",
-             testcase="random_vectors,one_beat_dots_fill_the_buffer")
+             testcase="random_vectors,one_beat_dots_fill_the_buffer",
+             env={"ELMOE_BITSERIAL_DOTS": "600" if simulator == "verilator" else "300"})
 
 
 @pytest.mark.parametrize("over", CASES[:2])
@@ -125,7 +127,7 @@ def test_bitserial_throughput(over, measured_dir):
 def test_bitserial_testbench_can_fail():
     """A golden model with one bit flipped makes the scoreboard fail."""
     from elmoe3d.sim.harness import SimulationFailed
-    over = {"lanes": 4, "digit_bits": 2, "max_len": 64}
+    over = CASES[2].values[0]                     # the b1-L4 build, shared with the random run
     with pytest.raises(SimulationFailed):
         simulate(_factory, block="bitserial", params=_params(over), top="elmoe3d_bitserial",
                  test_module="elmoe3d.tb.test_bitserial", testcase="random_vectors",

@@ -108,12 +108,14 @@ def test_esd_ctrl_catches_wrong_golden(tmp_path):
 
 def _report(tmp_path, measured_dir, traces, steps):
     """The report's runs (AR and SD forced by the host, batch 1, 4, 16) on the
-    RTL, one simulation per geometry; writes ``build/measured/esd_ctrl_report.json``."""
+    controller joined with the real tag unit (the joined `default` test's
+    build), one simulation per geometry; writes
+    ``build/measured/esd_ctrl_report.json``."""
     from elmoe3d.commands import decode as dec
     runs = dec.report_runs(steps=steps, traces=traces)
     cases = [dict(script=r["run"].script, events=r["run"].events, counters=r["counters"],
                   faults={}, name=f"{r['trace']} B{r['batch']} {r['mode']}") for r in runs]
-    res = _simulate(tmp_path, runs[0]["cfg"], cases)
+    res = _simulate(tmp_path, runs[0]["cfg"], cases, dut=JOINED)
     outs = [dict(trace=r["trace"], batch=r["batch"], mode=r["mode"], steps=steps,
                  rtl=o["counters"], cycles=o["cycles"], events=o["events"])
             for r, o in zip(runs, res)]
@@ -127,7 +129,8 @@ def _report(tmp_path, measured_dir, traces, steps):
 
 def test_esd_ctrl_report(tmp_path, measured_dir):
     """`default` geometry, the synthetic Zipf trace, batch 1, 4 and 16 in AR
-    and in Elastic-SD: trace, responses and counters equal the golden's."""
+    and in Elastic-SD, through the real tag unit: trace, responses and
+    counters equal the golden's."""
     from elmoe3d.commands.decode import report_traces
     name = report_traces(quick=True)[0][0]
     runs, outs = _report(tmp_path, measured_dir, [name], 24)
@@ -201,7 +204,9 @@ def _join_cases(cfg, steps, batches=(1, 4, 16), tokens=400):
     return runs, cases
 
 
-DEFAULT_JOIN = preset("default").replace(kv_words_per_token=2)
+#: the `default` preset as it is: the report's runs (test_esd_ctrl_report)
+#: share this simulator build
+DEFAULT_JOIN = preset("default")
 
 
 def test_esd_tag_join_default(tmp_path, measured_dir):

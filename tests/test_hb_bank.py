@@ -27,8 +27,13 @@ def _run(cfg, simulator, testcase, env=None):
                     testcase=testcase, env=env)
 
 
-@pytest.mark.parametrize("simulator", sim_params())
-@pytest.mark.parametrize("geom", list(GEOMS))
+#: (geometry, simulator) of the default run: both geometries on Verilator,
+#: ``tiny`` on Icarus; Icarus at ``default`` (a second build, a 90 s run) is ``slow``
+RANDOM_CASES = [pytest.param(g, p, id=f"{g}-{p.id}", marks=p.marks)
+                for g in GEOMS for p in sim_params(slow=("icarus",) if g == "default" else ())]
+
+
+@pytest.mark.parametrize("geom,simulator", RANDOM_CASES)
 def test_hb_random(geom, simulator):
     """>= 10,000 random transactions per geometry under Verilator (fewer under
     Icarus), plus the directed reproducers of issue 10."""
@@ -38,11 +43,11 @@ def test_hb_random(geom, simulator):
          {"ELMOE_HB_TX": str(tx), "ELMOE_RUN_TAG": f"{geom}-{simulator}"})
 
 
-@pytest.mark.parametrize("simulator", sim_params())
+@pytest.mark.parametrize("simulator", sim_params(slow=("verilator",)))
 def test_hb_random_b4_fw2(simulator, monkeypatch):
     """4 banks with 2 words per fill beat (bank groups of 2), the geometry of
     main's failing CI run (old test, s4-B4-fw2, Icarus, seed 833615558),
-    replayed at that seed."""
+    replayed at that seed (on Icarus, where it failed; Verilator under ``slow``)."""
     monkeypatch.setenv("COCOTB_RANDOM_SEED", "833615558")
     _run(preset("tiny").replace(pes=4, axi_data_bits=32), simulator,
          "random_traffic,torn_expert_regression,fill_behind_open_read,malformed_fills",

@@ -55,22 +55,35 @@ EXTRA = [pytest.param("pe", "default", {"slice_bits": 2, "lanes": 8, "max_len": 
                       id="plain-s2-L8")]
 
 
-@pytest.mark.parametrize("simulator", sim_params())
-@pytest.mark.parametrize("block,geometry,over", CASES + EXTRA)
+def _cross(cases, slow_icarus=()):
+    """``cases`` x simulators; Icarus on the case ids in ``slow_icarus`` is
+    ``slow`` (a second simulator on an extra geometry: left out of ``make test``)."""
+    return [pytest.param(*c.values, sim.values[0], id=f"{c.id}-{sim.id}",
+                         marks=[*c.marks, *sim.marks])
+            for c in cases
+            for sim in sim_params(slow=("icarus",) if c.id in slow_icarus else ())]
+
+
+@pytest.mark.parametrize("block,geometry,over,simulator",
+                         _cross(CASES + EXTRA, slow_icarus={c.id for c in EXTRA}))
 def test_pe_random(block, geometry, over, simulator):
     """Random volume (10,000 dot products on Verilator at the default and the
-    tiny geometry) plus the directed tests, with functional coverage."""
+    tiny geometry) plus the directed tests, with functional coverage. Icarus
+    runs the four blocks at both geometries; the extra slice widths run on
+    Icarus under ``slow``."""
     volume = VOLUME if simulator == "verilator" and over is None else SHORT
     _run(block, geometry, over, simulator, f"random_vectors,{DIRECTED}",
          env={"ELMOE_PE_DOTS": str(volume)})
 
 
-@pytest.mark.parametrize("simulator", sim_params())
+@pytest.mark.parametrize("simulator", sim_params(slow=("icarus",)))
 @pytest.mark.parametrize("block,geometry,over", CASES[0::2] + EXTRA[:2])
 def test_pe_throughput(block, geometry, over, simulator, measured_dir):
     """1 beat/cycle, DRAFT = k/n of FULL, single-beat dot products at full
     rate, every latency equal to the documented one; figures written to
-    ``build/measured/throughput-<block>-<params>-<simulator>.json``."""
+    ``build/measured/throughput-<block>-<params>-<simulator>.json``. The
+    figures are cycle counts of the same Verilog: Icarus repeats them under
+    ``slow``."""
     tag = "-".join(f"{k}{v}" for k, v in (over or {}).items()) or geometry
     out = measured_dir / f"throughput-{block}-{tag}-{simulator}.json"
     _run(block, geometry, over, simulator, "throughput", env={"ELMOE_MEASURE_OUT": str(out)})
@@ -82,9 +95,12 @@ def test_pe_throughput(block, geometry, over, simulator, measured_dir):
         assert f["input_cycles"] == f["beats"], name
 
 
+# L16-n4095 has its own build (42 s) for one test: the default run has its
+# Amaranth-simulator reproducer (test_repro_max_len_4095_lanes_16); here ``slow``
 REPRO = [pytest.param("pe", "default", None, id="pe-default"),
          pytest.param("pe", "default", {"lanes": 4, "max_len": 7}, id="pe-L4-n7"),
-         pytest.param("pe", "default", {"lanes": 16, "max_len": 4095}, id="pe-L16-n4095"),
+         pytest.param("pe", "default", {"lanes": 16, "max_len": 4095}, id="pe-L16-n4095",
+                      marks=pytest.mark.slow),
          EXTRA[0], EXTRA[1]]
 
 
