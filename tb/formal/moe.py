@@ -62,8 +62,9 @@ from ...hw.moe.scheduler import ExpertScheduler
 from ...hw.moe.topk import TopK
 from .common import stream_rules_all
 
-__all__ = ["BUGS", "FORMAL_CONFIG", "WRAPPERS", "PEArrayFormal", "TopKFormal", "SchedulerFormal", "IssueFormal",
-           "OutputStageFormal", "RecordPathFormal", "HBReaderFormal", "MoEDatapathFormal"]
+__all__ = ["BUGS", "FORMAL_CONFIG", "WRAPPERS", "PEArrayFormal", "TopKFormal", "SchedulerFormal",
+           "IssueFormal", "OutputStageFormal", "RecordPathFormal", "HBReaderFormal",
+           "MoEDatapathFormal"]
 
 BUGS = ("drop_valid", "payload")
 
@@ -77,14 +78,14 @@ FORMAL_CONFIG = Config(lanes=4, pes=2, max_len=64, hb_words=1024, tag_slots=4, l
 
 
 def _members(sig):
-    for name, member in sig.members.items():
-        yield name, member
+    return sig.members.items()
 
 
 class _UnitFormal(wiring.Component):
     """Pass-through of a component's ports with the stream rules on every
-    stream port, an optional planted bug on the first output stream, and a
-    ``Cover`` of every output waiting (the rules are not vacuous)."""
+    stream port, an optional planted bug on the first covered output stream,
+    and a ``Cover`` of every covered output waiting (the rules are not
+    vacuous)."""
 
     #: Output streams whose waiting is covered (``None``: every output).
     COVERS = None
