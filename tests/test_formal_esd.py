@@ -14,8 +14,9 @@ pytestmark = [pytest.mark.formal, pytest.mark.esd, pytest.mark.skipif(not _ok, r
 #: k-induction length: the rules close at k = 3 (every output leaves through a
 #: register slice or the trace FIFO's output register), so the proof is unbounded.
 PROVE_K = 3
-#: cover depth: every output is seen waiting by step 16 (host_rsp 3, kv_req 8,
-#: dp_source 16: ROUND, STEP, the datapath step, a pass, a LOOKUP_PIN round trip).
+#: cover depth: every output is seen waiting by step 16 (host_rsp 3, trace 4,
+#: kv_req 5, tag_cmd and dp_step 8, ext_cmd 15, dp_source 16: ROUND, STEP, the
+#: datapath step, a pass, an announcement, the tag round trips).
 COVER_DEPTH = 20
 #: BMC depth of the planted bugs (they fail within a few cycles of a stall).
 BUG_DEPTH = 8
