@@ -132,3 +132,34 @@ def test_bitserial_testbench_can_fail():
         simulate(_factory, block="bitserial", params=_params(over), top="elmoe3d_bitserial",
                  test_module="elmoe3d.tb.test_bitserial", testcase="random_vectors",
                  env={"ELMOE_GOLDEN_MUTATION": "1", "ELMOE_BITSERIAL_DOTS": "40"})
+
+
+# ---- formal: the stream rules on both ports (the generic wrapper of tb/formal/moe.py) ----
+
+from elmoe3d.sim.formal import formal_available, run_sby  # noqa: E402
+
+_fok, _fwhy = formal_available()
+
+
+def _formal(bug=None):
+    from elmoe3d.tb.formal.moe import _UnitFormal
+    return _UnitFormal(BitSerialMAC(lanes=2, digit_bits=2, max_len=4), bug=bug)
+
+
+@pytest.mark.formal
+@pytest.mark.skipif(not _fok, reason=_fwhy)
+def test_bitserial_formal_stream_rules():
+    """Stream rules on ``i`` (assumed) and ``o`` (asserted), k-induction at
+    k = 3 (an unbounded proof); ``o`` is reachable while it waits."""
+    f = _formal()
+    assert run_sby(f, name="bitserial_rules", depth=3, mode="prove").status == "PASS"
+    assert len(f.covered) == 2
+    assert run_sby(_formal(), name="bitserial_cover", depth=16, mode="cover").status == "PASS"
+
+
+@pytest.mark.formal
+@pytest.mark.skipif(not _fok, reason=_fwhy)
+@pytest.mark.parametrize("bug", ["drop_valid", "payload"])
+def test_bitserial_formal_catches_bug(bug):
+    r = run_sby(_formal(bug), name=f"bitserial_bug_{bug}", depth=18, expect="FAIL")
+    assert r.status == "FAIL"
