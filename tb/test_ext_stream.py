@@ -730,10 +730,21 @@ class ExtTB:
 
 
 async def _random_run(tb, n_cmds, target, batch=20):
+    """Batches of random commands until both targets are met. Every
+    ``(plane_mask, fill)`` pair is also sent once, as an expert command at
+    a random place among the first commands (16 masks x 2 at 4 planes: the
+    plane-mask coverpoint is reached in every run, not by luck)."""
+    sweep = [(m, f) for m in range(1 << tb.cfg.planes) for f in (0, 1)]
+    tb.rand.shuffle(sweep)
     sent = 0
-    while sent < n_cmds or len(tb.ar) < target:
+    while sent < n_cmds or len(tb.ar) < target or sweep:
         for _ in range(batch):
-            tb.random_command()
+            if sweep and tb.rand.random() < 0.5:
+                m, f = sweep.pop()
+                tb.send(ge.command(addr=tb.expert_addr(), plane_mask=m, fill=f,
+                                   slot=tb.rand.randrange(tb.cfg.tag_slots)))
+            else:
+                tb.random_command()
             sent += 1
         await tb.drain(quiet=0)
     await tb.drain()
