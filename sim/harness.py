@@ -300,8 +300,8 @@ def simulate(factory, *, block: str, params: dict, test_module: str, top: str | 
         raise failed(f"simulation produced no results ({sim_error or e}); {where}") from None
     if nfailed or ntests == 0:
         bad = ", ".join(k for k, ok in cases.items() if not ok)
-        raise failed(f"{nfailed} of {ntests} cocotb tests failed{f' ({bad})' if bad else ''}; "
-                     f"{where}")
+        raise failed(f"{nfailed} of {ntests} cocotb tests failed; {where}"
+                     + (f"; failed: {bad}" if bad else ""))
     if sim_error is not None:
         raise failed(f"simulator error {sim_error!r}; {where}")
     return SimResult(ntests, nfailed, run_dir, build_dir, seed, wave_file, seconds, cases)
