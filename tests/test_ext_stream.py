@@ -9,18 +9,21 @@ The cocotb tests of a geometry (random volume, directed, stock RAM, defect
 build (:data:`RUNS`); each pytest test below reports the verdict of its own
 cocotb test from that run's ``results.xml``. The run starts with the first
 test of its group that pytest reaches (its duration includes the whole
-run; the others then take no time). ``xdist_group`` keeps a group on one
-worker under ``make test`` (``--dist loadgroup``).
+run; the others then take no time). Under xdist the run happens once per
+session too (a file lock and a verdict file, see :func:`_verdict`).
 """
 
+import contextlib
+import fcntl
 import json
+import os
 
 import pytest
 
 from elmoe3d.blocks import get_block
 from elmoe3d.config import preset
 from elmoe3d.hw.ext_stream import ExtStream, ext_params
-from elmoe3d.sim.harness import SimulationFailed, simulate
+from elmoe3d.sim.harness import SimulationFailed, build_root, simulate
 
 from conftest import ROOT, sim_params
 
@@ -100,19 +103,42 @@ _DONE = {}
 
 
 def _verdict(runs, simulator, name, case):
-    """Run the group's cocotb tests once (cached), then fail if ``case`` failed."""
+    """Run the group's cocotb tests once, then fail if ``case`` failed.
+
+    Once per session even across xdist workers: the first worker to reach a
+    group runs it under a file lock and leaves the verdicts in a file named
+    by the xdist test-run id; a worker that reaches the group later waits for
+    the lock and reads them. (``xdist_group`` with ``--dist loadgroup`` does
+    not keep a group on one worker with pytest 9.2 and pytest-xdist 3.8: the
+    group suffix never reaches the node ids, so the run would repeat.)"""
     key = (id(runs), simulator, name)
     if key not in _DONE:
         group = runs[(simulator, name)]
         env = {k: v for knobs in group.values() for k, v in knobs.items()}
-        try:
-            _DONE[key] = _run(name, simulator, ",".join(group), env)
-        except SimulationFailed as e:
-            _DONE[key] = e
-    r = _DONE[key]
-    if isinstance(r, SimulationFailed) and not r.cases.get(case, False):
-        raise SimulationFailed(f"cocotb test {case} failed: {r}")
-    assert case in (r.cases or {}), f"cocotb test {case} did not run"
+        run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+        shared = None
+        if run_id:
+            tag = "slow" if runs is RUNS_SLOW else "default"
+            shared = build_root() / f".ext-{tag}-{simulator}-{name}-{run_id}.json"
+            shared.parent.mkdir(parents=True, exist_ok=True)
+        with (open(shared.with_suffix(".lock"), "w") if shared else contextlib.nullcontext()) \
+                as lock:
+            if lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            if shared and shared.exists():
+                got = json.loads(shared.read_text())
+                _DONE[key] = (got["cases"], got["error"])
+            else:
+                try:
+                    _DONE[key] = (_run(name, simulator, ",".join(group), env).cases, None)
+                except SimulationFailed as e:
+                    _DONE[key] = (e.cases, str(e))
+                if shared:
+                    shared.write_text(json.dumps({"cases": _DONE[key][0],
+                                                  "error": _DONE[key][1]}))
+    cases, error = _DONE[key]
+    if not cases.get(case, False):
+        raise SimulationFailed(f"cocotb test {case} failed or did not run: {error}")
 
 
 def _params(runs, case):
@@ -121,7 +147,6 @@ def _params(runs, case):
         if case not in group:
             continue
         marks = [m for p in sim_params() if p.values[0] == sim for m in p.marks]
-        marks.append(pytest.mark.xdist_group(f"ext-{sim}-{name}"))
         out.append(pytest.param(sim, name, id=f"{sim}-{name}", marks=marks))
     return out
 
