@@ -657,8 +657,8 @@ class ExtStream(wiring.Component):
     ``fill`` and ``rsp`` from FIFO output registers.
 
     Latency and throughput (measured, ``tests/test_ext_stream.py -k bandwidth``):
-    the first AR handshake comes 16 cycles after ``cmd`` is accepted at
-    ``default`` (19 at ``tiny``; range check, two walkers' register slices, the cutter's
+    the first AR handshake comes 15 cycles after the ``cmd`` handshake at
+    ``default`` (18 at ``tiny``; range check, two walkers' register slices, the cutter's
     look-ahead and the AR register); a beat reaches
     ``pe``/``fill`` 4 cycles after its R handshake; one R beat per cycle while
     the outputs have room, back to back across commands, as long as

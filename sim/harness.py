@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["SIMULATORS", "simulate", "simulator_available", "verilator_bin_dir",
-           "write_verilog", "SimResult", "SimulationFailed", "build_root"]
+           "write_verilog", "SimResult", "SimulationFailed", "build_root", "testcase_verdicts"]
 
 SIMULATORS = ("verilator", "icarus")
 TIMESCALE = ("1ns", "1ps")
@@ -49,7 +49,10 @@ _VERILATOR_ARGS = ["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-Wno-UN
 
 class SimulationFailed(AssertionError):
     """A cocotb test failed (or the simulator died); the message names the
-    seed, the log and, with waves, the wave file."""
+    seed, the log and, with waves, the wave file. ``cases`` holds the
+    verdict of each cocotb test that reported one (see :attr:`SimResult.cases`)."""
+
+    cases: dict = {}
 
 
 @dataclass
@@ -61,6 +64,24 @@ class SimResult:
     seed: int
     waves: Path | None
     seconds: float
+    #: ``{cocotb test name: passed}`` from ``results.xml`` (one run of several
+    #: testcases can then stand for several pytest tests)
+    cases: dict | None = None
+
+
+def testcase_verdicts(results: Path) -> dict:
+    """``{test name: passed}`` of every test case in a cocotb ``results.xml``
+    (an empty dict when the file is missing or unreadable)."""
+    from xml.etree import ElementTree
+    try:
+        root = ElementTree.parse(results).getroot()
+    except (OSError, ElementTree.ParseError):
+        return {}
+    out = {}
+    for case in root.iter("testcase"):
+        bad = case.find("failure") is not None or case.find("error") is not None
+        out[case.get("name", "")] = not bad
+    return out
 
 
 def build_root() -> Path:
@@ -291,12 +312,20 @@ def simulate(factory, *, block: str, params: dict, test_module: str, top: str | 
         wave_file = cands[0] if cands else None
     where = (f"block={block} simulator={simulator} seed={seed} log={run_dir / 'sim.log'}"
              + (f" waves={wave_file}" if wave_file else " (rerun with WAVES=1 for waves)"))
+    cases = testcase_verdicts(results)
+
+    def failed(msg):
+        e = SimulationFailed(msg)
+        e.cases = cases
+        return e
     try:
         ntests, nfailed = get_results(results)
     except Exception as e:  # no results file: the simulator died before cocotb wrote it
-        raise SimulationFailed(f"simulation produced no results ({sim_error or e}); {where}") from None
+        raise failed(f"simulation produced no results ({sim_error or e}); {where}") from None
     if nfailed or ntests == 0:
-        raise SimulationFailed(f"{nfailed} of {ntests} cocotb tests failed; {where}")
+        bad = ", ".join(k for k, ok in cases.items() if not ok)
+        raise failed(f"{nfailed} of {ntests} cocotb tests failed; {where}"
+                     + (f"; failed: {bad}" if bad else ""))
     if sim_error is not None:
-        raise SimulationFailed(f"simulator error {sim_error!r}; {where}")
-    return SimResult(ntests, nfailed, run_dir, build_dir, seed, wave_file, seconds)
+        raise failed(f"simulator error {sim_error!r}; {where}")
+    return SimResult(ntests, nfailed, run_dir, build_dir, seed, wave_file, seconds, cases)
