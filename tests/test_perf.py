@@ -326,15 +326,41 @@ def test_rtl_figures_fallback_and_file(tmp_path):
         "FULL": {"beats": 80, "input_cycles": 100, "cycles_per_dot": 10.0},
         "DRAFT_k1": {"beats": 40, "input_cycles": 50, "cycles_per_dot": 5.0}}}))
     (tmp_path / "hb_bandwidth.json").write_text(json.dumps({"figures": {
-        "reads_with_fills": {"words_per_cycle_per_bank": 0.9}}}))
+        "reads_with_fills": {"read_words_per_cycle_per_bank": 0.7,
+                             "fill_words_per_cycle_per_bank": 0.2}}}))
     # the name tests/test_tag_unit.py writes (default run), and the slow 1M run
     stats = {"lookups": 10, "hits": 4, "allocations": 6, "evictions": 2}
     for name, n in (("tag_unit-zipf-S32-100k.json", 100_000), ("tag_unit-zipf-S32-1M.json", 1_000_000)):
         (tmp_path / name).write_text(json.dumps({"commands": n, "rtl_stats": stats, "golden_stats": stats}))
     f = rtl_figures(tmp_path)
-    assert f["pe_efficiency"] == 0.8 and f["hb_efficiency"] == 0.9
+    assert f["pe_efficiency"] == 0.8 and f["hb_efficiency"] == pytest.approx(0.9)
     assert f["sources"]["pe"].startswith("throughput-pe")
     assert f["tag_check"]["commands"] == 1_000_000 and f["tag_check"]["rtl_equals_golden"]
+
+
+def test_rtl_figures_name_a_file_without_the_figure(tmp_path):
+    """A measured file whose figure the model reads is missing (a renamed key)
+    is not a silent fallback: the source says which figure it lacks. (Before
+    this test the model read ext_bandwidth.json's ``miss_with_fill_lat100``,
+    moe_cycles.json's ``FULL`` and hb_bandwidth.json's ``words_per_cycle_per_bank``
+    - keys the benches no longer write - and fell back to 1.0 silently.)"""
+    for name in ("ext_bandwidth.json", "moe_cycles.json", "hb_bandwidth.json"):
+        (tmp_path / name).write_text(json.dumps({"figures": {"old_name": {}}}))
+    f = rtl_figures(tmp_path)
+    assert f["ext_efficiency"] == f["hb_efficiency"] == f["moe_full_efficiency"] == 1.0
+    assert f["sources"]["ext"] == "fallback: ext_bandwidth.json has no full_with_fill_lat100"
+    assert f["sources"]["moe"].startswith("fallback: moe_cycles.json has no")
+    assert f["sources"]["hb"].startswith("fallback: hb_bandwidth.json has no")
+    (tmp_path / "ext_bandwidth.json").write_text(json.dumps({"figures": {
+        "full_with_fill_lat100": {"beats_per_cycle_steady": 0.98}}}))
+    (tmp_path / "moe_cycles.json").write_text(json.dumps({"figures": {
+        "FULL_T1": {"efficiency": 0.99}, "DRAFT_T1": {"efficiency": 0.97},
+        "FULL_T4": {"efficiency": 0.95}, "DRAFT_T4": {"efficiency": 0.93},
+        "FULL_T16": {"efficiency": 0.9}}}))                  # no DRAFT_T16: T = 4 is used
+    f = rtl_figures(tmp_path)
+    assert f["ext_efficiency"] == 0.98 and f["sources"]["ext"].startswith("ext_bandwidth.json")
+    assert (f["moe_full_efficiency"], f["moe_draft_efficiency"]) == (0.95, 0.93)
+    assert "hb" in f["source"].split("fallback constants for ")[1].split(", ")
 
 
 def test_decimal_gb_and_one_lpddr_efficiency():

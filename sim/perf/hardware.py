@@ -127,6 +127,12 @@ class Hardware:
         return dataclasses.replace(self, name=f"{self.name}@{hb_gb:g}GB", hb_gb=float(hb_gb))
 
 
+#: the ext-stream bandwidth point the model uses (tb/test_ext_stream.py
+#: ``bandwidth``: every plane of an expert to the PEs and the HB fill, 100-cycle
+#: LPDDR latency)
+EXT_KEY = "full_with_fill_lat100"
+
+
 def _read(d: Path, name: str):
     try:
         return json.loads((d / name).read_text())
@@ -143,19 +149,22 @@ def rtl_figures(measured_dir: Path | None = None) -> dict:
     pe_efficiency        FULL ``beats / input_cycles`` of the PE      throughput-pe-default-      1.0
                          (1.0 = a slice vector per cycle, no bubbles) verilator.json (test_pe)
     draft_cycle_ratio    DRAFT_k1 / FULL cycles per dot product       same                        0.5
-    moe_full_efficiency  analytic / measured cycles per token, FULL   moe_cycles.json             1.0
-    moe_draft_efficiency same, DRAFT                                  (test_moe_layer)            1.0
-    hb_efficiency        words per cycle per bank while fills run     hb_bandwidth.json           1.0
-                                                                      (test_hb_bank)
-    ext_efficiency       AXI beats per cycle, misses with fill,       ext_bandwidth.json          1.0
-                         100-cycle memory latency                     (test_ext_stream)
+    moe_full_efficiency  analytic / measured cycles per pass, FULL,   moe_cycles.json             1.0
+                         the largest T measured in FULL and DRAFT     (test_moe_layer, slow)
+    moe_draft_efficiency same, DRAFT                                                              1.0
+    hb_efficiency        read + fill words per cycle per bank while   hb_bandwidth.json           1.0
+                         a fill stream runs (PEs always ready)        (test_hb_bank)
+    ext_efficiency       AXI beats per cycle, every plane to the PEs  ext_bandwidth.json          1.0
+                         and the HB fill, 100-cycle memory latency    (test_ext_stream)
     tag_check            tag-unit RTL STATS == golden on a Zipf trace tag_unit-zipf-S32-*.json   (none)
                                                                   (test_tag_unit; the largest)
     ==================== ============================================ =========================== ========
 
     The compute rates are scaled by ``pe_efficiency * moe_*_efficiency``, HB
     bandwidth by ``hb_efficiency`` and the chip's external stream by
-    ``ext_efficiency``. ``sources`` names the file or "fallback" per key, and
+    ``ext_efficiency``. ``sources`` names the file (and figure) or "fallback"
+    per key -- "fallback: <file> has no <figure>" when the file exists but
+    not the figure the model reads -- and
     ``source`` summarises them in one line.
     """
     d = Path(measured_dir) if measured_dir else REPO_ROOT / "build" / "measured"
@@ -178,29 +187,42 @@ def rtl_figures(measured_dir: Path | None = None) -> dict:
         pass
     f = _read(d, "moe_cycles.json")
     try:
-        a, b = f["figures"]["FULL"]["efficiency"], f["figures"]["DRAFT"]["efficiency"]
+        # the points are <ROLE>_T<tokens per pass>: the largest pass measured
+        # in both FULL and DRAFT (verification batches tokens)
+        fig = f["figures"]
+        t = max(int(k.split("_T")[1]) for k in fig if k.startswith("FULL_T")
+                and f"DRAFT_T{k.split('_T')[1]}" in fig)
+        a, b = fig[f"FULL_T{t}"]["efficiency"], fig[f"DRAFT_T{t}"]["efficiency"]
         if ok(a) and ok(b):
             out.update(moe_full_efficiency=a, moe_draft_efficiency=b)
-            src["moe"] = "moe_cycles.json"
-    except (TypeError, KeyError):
-        pass
+            src["moe"] = f"moe_cycles.json (FULL_T{t}, DRAFT_T{t})"
+    except (TypeError, KeyError, ValueError, IndexError):
+        if f is not None:
+            src["moe"] = "fallback: moe_cycles.json has no FULL_T<n>/DRAFT_T<n> pair"
     f = _read(d, "hb_bandwidth.json")
     try:
-        v = f["figures"]["reads_with_fills"]["words_per_cycle_per_bank"]
+        # the model charges HB reads and fills to the same bandwidth
+        # (systems.py: (reads + fills) / hb_bw): the array's words per cycle
+        # per bank, reads plus fill words, while a fill stream runs
+        r = f["figures"]["reads_with_fills"]
+        v = r["read_words_per_cycle_per_bank"] + r["fill_words_per_cycle_per_bank"]
         if ok(v):
             out["hb_efficiency"] = v
-            src["hb"] = "hb_bandwidth.json"
+            src["hb"] = "hb_bandwidth.json (reads_with_fills: read + fill words)"
     except (TypeError, KeyError):
-        pass
+        if f is not None:
+            src["hb"] = ("fallback: hb_bandwidth.json has no reads_with_fills."
+                         "read/fill_words_per_cycle_per_bank")
     f = _read(d, "ext_bandwidth.json")
     try:
-        v = f["figures"]["miss_with_fill_lat100"]["beats_per_cycle_steady"] / \
+        v = f["figures"][EXT_KEY]["beats_per_cycle_steady"] / \
             f.get("bus_peak_beats_per_cycle", 1.0)
         if ok(v):
             out["ext_efficiency"] = v
-            src["ext"] = "ext_bandwidth.json"
+            src["ext"] = f"ext_bandwidth.json ({EXT_KEY})"
     except (TypeError, KeyError, ZeroDivisionError):
-        pass
+        if f is not None:
+            src["ext"] = f"fallback: ext_bandwidth.json has no {EXT_KEY}"
     # the tag-unit tests write tag_unit-zipf-S32-100k.json (default) and -1M.json (slow)
     best = None
     for path in sorted(d.glob("tag_unit-zipf-S32-*.json")) if d.is_dir() else []:
@@ -220,8 +242,8 @@ def rtl_figures(measured_dir: Path | None = None) -> dict:
         except (TypeError, KeyError):
             pass
     out["sources"] = src
-    used = [k for k, v in src.items() if v != "fallback"]
-    missing = [k for k, v in src.items() if v == "fallback"]
+    used = [k for k, v in src.items() if not v.startswith("fallback")]
+    missing = [k for k, v in src.items() if v.startswith("fallback")]
     out["source"] = (f"build/measured ({', '.join(used) or 'none'})" +
                      (f"; fallback constants for {', '.join(missing)}" if missing else ""))
     return out
