@@ -399,11 +399,22 @@ class MoETB:
         return sum(len(s[1]) for s in self.steps)
 
     async def drain(self, limit=None):
-        last_progress, done = self.cycle, 0
-        limit = limit or 20000 + 40 * self.cfg.expert_rows * self.cfg.planes
+        """Run until every output and every pass's counters are out. A hang
+        is ``limit`` cycles without a handshake on any port. (Counting only
+        outputs and announcements as progress, as before, timed out in the
+        middle of a legal pass of 16 tokens at ``default``: such a pass
+        computes for about 50,000 cycles before its first output, more than
+        that limit; the "T = 16 hang" at ``default``.) The longest legal
+        stretch without a handshake is the replay of the two weight buffers
+        to every token of a pass after their last word arrived."""
+        from ..hw.moe.common import geom
+        g = geom(self.cfg)
+        last_progress, done = self.cycle, -1
+        limit = limit or (20000 + 40 * self.cfg.expert_rows * self.cfg.planes
+                          + 2 * self.T * (g.hb_depth + g.ext_depth))
         while len(self.outputs) < self.n_tokens() or len(self.stats) < self._passes():
             await RisingEdge(self.dut.clk)
-            prog = len(self.outputs) + len(self.stats) + len(self.needs)
+            prog = self.transfers
             if prog != done:
                 last_progress, done = self.cycle, prog
             if self.cycle - last_progress > limit:
@@ -417,7 +428,8 @@ class MoETB:
                                     s_.hb, s_.slot) for (_, n), (s_, _f) in
                                     zip(self.needs[-20:], self.decisions[-20:])])
                 raise AssertionError(
-                    f"timeout at cycle {self.cycle}: {len(self.outputs)} of {self.n_tokens()} "
+                    f"no handshake on any port for {limit} cycles, at cycle {self.cycle}: "
+                    f"{len(self.outputs)} of {self.n_tokens()} "
                     f"outputs, {len(self.stats)} of {self._passes()} passes, {len(self.needs)} "
                     f"announcements (seed {cocotb.RANDOM_SEED})")
         for _ in range(30):

@@ -1,10 +1,10 @@
 """Output stage: a pass's outputs, token by token, once the vector unit has
 written its last ``y``, then the pass's counters.
 
-The issue stage hands over a pass summary when it issues the pass's END
-beat (token count, end of step, tokens that ran no expert, errors and
-counters so far); the vector unit pulses ``done`` when the END element
-leaves its last stage (every write of the pass is in ``y``). The stage then
+The issue stage hands over a pass summary with the pass's END beat (token
+count, step end, no-expert tokens, LPDDR error and counters); the vector
+unit pulses ``done`` when END leaves its last stage (every ``y`` written,
+every HB word in: HB words and error are latched then). The stage then
 reads each token's ``y`` (``H / L`` words) into the output register — zeros
 for a token that ran no expert — and offers it on ``o`` (``last`` on the
 step's last token, ``error`` if the pass lost data). After the last token's
