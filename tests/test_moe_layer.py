@@ -33,7 +33,7 @@ SETS = {
     "default": preset("default"),
 }
 #: tokens per role per random test in the default run, per set
-TOKENS = {"tiny": 16, "shared-s2": 12, "default": 6}
+TOKENS = {"tiny": 12, "shared-s2": 12, "default": 6}
 #: slow: two random tests x this many tokens per role >= 500 per role per set
 SLOW_TOKENS = 250
 
@@ -109,15 +109,19 @@ def test_moe_throughput_default(measured_dir):
     ``build/measured/moe_cycles.json``; the issue's bar (efficiency >= 0.9)
     and the amortisation (weight beats per token fall with T) are checked."""
     out = measured_dir / "moe_cycles.json"
+    if out.exists():
+        out.unlink()              # this run's points only (ELMOE_MOE_POINTS may select some)
     _run("default", "throughput", {"ELMOE_MEASURE_OUT": str(out)})
     fig = json.loads(out.read_text())["figures"]
+    assert fig, "no throughput point measured"
     for key, f in fig.items():
         assert f["cycles_per_pass"] >= f["bound_cycles_per_pass"] * 0.999, key
         assert f["efficiency"] >= 0.9, f"{key}: efficiency {f['efficiency']:.3f} < 0.9"
     # one weight load per expert per pass: weight beats per token fall with T
     for mode in ("FULL", "DRAFT", "VERIFY"):
         key = "ext_beats_per_token" if mode != "DRAFT" else "hb_words_per_token"
-        assert fig[f"{mode}_T16"][key] < fig[f"{mode}_T4"][key] < fig[f"{mode}_T1"][key], mode
+        if all(f"{mode}_T{t}" in fig for t in (1, 4, 16)):
+            assert fig[f"{mode}_T16"][key] < fig[f"{mode}_T4"][key] < fig[f"{mode}_T1"][key], mode
 
 
 def test_moe_golden_mutation_fails():
