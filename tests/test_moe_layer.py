@@ -64,9 +64,12 @@ def test_moe_late_hb_words_seed3():
     SiLU table had arrived, so its counters lacked those words (pass 18
     ``hb_words`` 173 instead of 228) and its end could clear the
     constants' "loaded" flags early. Fixed by taking the HB count at the
-    vector unit's ``done`` and letting END wait for the constants;
-    ``late_constants`` (in the default run) provokes the same race on
-    purpose at any seed."""
+    vector unit's ``done`` and letting END wait for the constants. The
+    steps are those of the failing run; its cycle-level idle/back-pressure
+    draws follow the design's timing, which changed with the issue credits
+    (4 -> 5), so the exact race may no longer recur here: ``late_constants``
+    (in the default run) provokes it on purpose at any seed (8 counter
+    mismatches before the fix)."""
     _run("tiny", "random_batches", {"ELMOE_MOE_TOKENS": "16"}, seed=3)
 
 
