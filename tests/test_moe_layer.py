@@ -33,7 +33,7 @@ SETS = {
     "default": preset("default"),
 }
 #: tokens per role per random test in the default run, per set
-TOKENS = {"tiny": 16, "shared-s2": 12, "default": 6}
+TOKENS = {"tiny": 12, "shared-s2": 12, "default": 6}
 #: slow: two random tests x this many tokens per role >= 500 per role per set
 SLOW_TOKENS = 250
 
@@ -50,12 +50,27 @@ def _run(name, testcase, env=None, simulator="verilator", **kw):
                     testcase=testcase, env=env or {}, **BUILD, **kw)
 
 
-@pytest.mark.xfail(strict=False, reason="failed once on CI-like run before the HBRead.plane fix (pass stats hb_words 140 vs 228), passed after it; under investigation, see the stop note")
 def test_moe_random_tiny():
-    """Random batches, a saturation-heavy layer, faults and split VERIFY ==
-    FULL at ``tiny`` (the default run; the other sets run under ``slow``)."""
-    _run("tiny", "random_batches,stress_batches,faults,split_equals_full",
+    """Random batches, a saturation-heavy layer, faults, split VERIFY ==
+    FULL and late pass constants at ``tiny`` (the default run; the other
+    sets run under ``slow``)."""
+    _run("tiny", "random_batches,stress_batches,faults,split_equals_full,late_constants",
          {"ELMOE_MOE_TOKENS": str(TOKENS["tiny"])})
+
+
+def test_moe_late_hb_words_seed3():
+    """Regression, replayed at the seed that found it (3, 16 tokens per
+    role): a pass that ran no expert ended its issue before HB bank 0's
+    SiLU table had arrived, so its counters lacked those words (pass 18
+    ``hb_words`` 173 instead of 228) and its end could clear the
+    constants' "loaded" flags early. Fixed by taking the HB count at the
+    vector unit's ``done`` and letting END wait for the constants. The
+    steps are those of the failing run; its cycle-level idle/back-pressure
+    draws follow the design's timing, which changed with the issue credits
+    (4 -> 5), so the exact race may no longer recur here: ``late_constants``
+    (in the default run) provokes it on purpose at any seed (8 counter
+    mismatches before the fix)."""
+    _run("tiny", "random_batches", {"ELMOE_MOE_TOKENS": "16"}, seed=3)
 
 
 @pytest.mark.slow
@@ -97,15 +112,19 @@ def test_moe_throughput_default(measured_dir):
     ``build/measured/moe_cycles.json``; the issue's bar (efficiency >= 0.9)
     and the amortisation (weight beats per token fall with T) are checked."""
     out = measured_dir / "moe_cycles.json"
+    if out.exists():
+        out.unlink()              # this run's points only (ELMOE_MOE_POINTS may select some)
     _run("default", "throughput", {"ELMOE_MEASURE_OUT": str(out)})
     fig = json.loads(out.read_text())["figures"]
+    assert fig, "no throughput point measured"
     for key, f in fig.items():
         assert f["cycles_per_pass"] >= f["bound_cycles_per_pass"] * 0.999, key
         assert f["efficiency"] >= 0.9, f"{key}: efficiency {f['efficiency']:.3f} < 0.9"
     # one weight load per expert per pass: weight beats per token fall with T
     for mode in ("FULL", "DRAFT", "VERIFY"):
         key = "ext_beats_per_token" if mode != "DRAFT" else "hb_words_per_token"
-        assert fig[f"{mode}_T16"][key] < fig[f"{mode}_T4"][key] < fig[f"{mode}_T1"][key], mode
+        if all(f"{mode}_T{t}" in fig for t in (1, 4, 16)):
+            assert fig[f"{mode}_T16"][key] < fig[f"{mode}_T4"][key] < fig[f"{mode}_T1"][key], mode
 
 
 def test_moe_golden_mutation_fails():

@@ -156,8 +156,8 @@ class MoEDatapath(wiring.Component):
         for p in range(2):
             c += [iss.no_routed[p].eq(sch.no_routed[p]), iss.experts[p].eq(sch.experts[p]),
                   iss.expert_tokens[p].eq(sch.expert_tokens[p]),
-                  iss.hb_words[p].eq(hbr.words[p]), iss.ext_beats[p].eq(extw.beats[p])]
-        c += [iss.sel_done.eq(sch.sel_done), iss.hb_error.eq(hbr.error),
+                  out.hb_words[p].eq(hbr.words[p]), iss.ext_beats[p].eq(extw.beats[p])]
+        c += [iss.sel_done.eq(sch.sel_done), out.hb_error.eq(hbr.error),
               iss.ext_error.eq(extw.error), iss.cycle.eq(cycle), out.cycle.eq(cycle)]
 
         # weight buffers
@@ -185,6 +185,7 @@ class MoEDatapath(wiring.Component):
         wiring.connect(m, pea.o, vu.i)
         c += [vu.h_addr.eq(iss.h_addr), iss.h_data.eq(vu.h_data), iss.up_done.eq(vu.up_done)]
         wiring.connect(m, iss.summary, out.summary)
-        c += [out.done.eq(vu.done), out.done_error.eq(vu.done_error), vu.y_addr.eq(out.y_addr),
+        c += [out.done.eq(vu.done), out.done_par.eq(vu.done_par),
+              out.done_error.eq(vu.done_error), vu.y_addr.eq(out.y_addr),
               out.y_data.eq(vu.y_data), vu.out_done.eq(out.out_done)]
         return m

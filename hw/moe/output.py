@@ -1,10 +1,10 @@
 """Output stage: a pass's outputs, token by token, once the vector unit has
 written its last ``y``, then the pass's counters.
 
-The issue stage hands over a pass summary when it issues the pass's END
-beat (token count, end of step, tokens that ran no expert, errors and
-counters so far); the vector unit pulses ``done`` when the END element
-leaves its last stage (every write of the pass is in ``y``). The stage then
+The issue stage hands over a pass summary with the pass's END beat (token
+count, step end, no-expert tokens, LPDDR error and counters); the vector
+unit pulses ``done`` when END leaves its last stage (every ``y`` written,
+every HB word in: HB words and error are latched then). The stage then
 reads each token's ``y`` (``H / L`` words) into the output register — zeros
 for a token that ran no expert — and offers it on ``o`` (``last`` on the
 step's last token, ``error`` if the pass lost data). After the last token's
@@ -34,7 +34,12 @@ class OutputStage(wiring.Component):
     Members
     -------
     summary : ``In(stream.Signature(PassSummary))``
-    done, done_error : ``In(1)`` (vector unit)
+    done, done_par, done_error : ``In(1)`` (vector unit)
+    hb_words : ``In.array(2)``; hb_error : ``In(2)`` (HB reader, per buffer)
+        Taken with ``done``: every HB word of a pass has arrived by then
+        (the vector unit's END waits for the pass constants, every other
+        word is consumed before it), and the reader clears a buffer's
+        counter only for the next pass in that buffer, after ``done``.
     y_addr : ``Out``; y_data : ``In`` (the vector unit's ``y`` memory)
     out_done : ``Out(2)``
         Passes whose ``y`` has been read (modulo 4).
@@ -49,7 +54,8 @@ class OutputStage(wiring.Component):
         self.tb, self.cb = bits(g.T), bits(g.c_in)
         super().__init__({
             "summary": In(stream.Signature(pass_summary(g))),
-            "done": In(1), "done_error": In(1),
+            "done": In(1), "done_par": In(1), "done_error": In(1),
+            "hb_words": In(unsigned(cfg.stat_bits)).array(2), "hb_error": In(2),
             "y_addr": Out(unsigned(self.tb + self.cb)),
             "y_data": In(data.ArrayLayout(unsigned(8), g.L)),
             "out_done": Out(2), "cycle": In(unsigned(cfg.stat_bits)),
@@ -65,8 +71,14 @@ class OutputStage(wiring.Component):
                                                 depth=2)
         m.d.comb += [sq.w_data.eq(self.summary.payload), sq.w_en.eq(self.summary.valid),
                      self.summary.ready.eq(sq.w_rdy)]
-        dq = m.submodules.dq = SyncFIFOBuffered(width=1, depth=8)   # >= passes in flight + 2
-        m.d.comb += [dq.w_data.eq(self.done_error), dq.w_en.eq(self.done)]
+        sb = g.cfg.stat_bits
+        # per done pass: error, HB words (>= passes in flight + 2 entries)
+        dq = m.submodules.dq = SyncFIFOBuffered(width=1 + sb, depth=8)
+        hbw = Mux(self.done_par, self.hb_words[1], self.hb_words[0])
+        m.d.comb += [dq.w_data.eq(Cat(self.done_error | self.hb_error.bit_select(self.done_par, 1),
+                                      hbw)),
+                     dq.w_en.eq(self.done)]
+        hb_words = Signal(sb)
         cur = Signal(pass_summary(g))
         err = Signal()
         t = Signal(range(T + 1))
@@ -83,7 +95,7 @@ class OutputStage(wiring.Component):
         m.d.comb += [o.y.eq(Mux(zero, 0, y)), o.error.eq(err),
                      o.last.eq(cur.step_last & (t == cur.count - 1))]
         st = self.stats.payload
-        m.d.comb += [st.cycles.eq(self.cycle - cur.start), st.hb_words.eq(cur.hb_words),
+        m.d.comb += [st.cycles.eq(self.cycle - cur.start), st.hb_words.eq(hb_words),
                      st.ext_beats.eq(cur.ext_beats), st.mac_beats.eq(cur.mac_beats),
                      st.experts.eq(cur.experts), st.expert_tokens.eq(cur.expert_tokens),
                      st.tokens.eq(cur.count), st.error.eq(err)]
@@ -92,7 +104,9 @@ class OutputStage(wiring.Component):
             with m.State("WAIT"):
                 with m.If(sq.r_rdy & dq.r_rdy):
                     m.d.comb += [sq.r_en.eq(1), dq.r_en.eq(1)]
-                    m.d.sync += [cur.eq(sq.r_data), err.eq(dq.r_data | pass_summary(g)(sq.r_data).error),
+                    m.d.sync += [cur.eq(sq.r_data),
+                                 err.eq(dq.r_data[0] | pass_summary(g)(sq.r_data).error),
+                                 hb_words.eq(dq.r_data[1:]),
                                  t.eq(0), c.eq(0), cycles.eq(self.cycle)]
                     m.next = "READ"
             with m.State("READ"):

@@ -101,12 +101,15 @@ def job_source(g) -> type:
 @lru_cache(maxsize=None)
 def pass_summary(g) -> type:
     """``PassSummary``: what the output stage needs of a pass once its
-    issue ends (token count, step end, tokens with no expert, errors and
-    counters gathered so far)."""
+    issue ends (token count, step end, tokens with no expert, the LPDDR
+    error and counters, final by then). The HB word count and HB error are
+    taken later, when the vector unit reports the pass done (the last
+    records and constants of a pass may still be arriving when its issue
+    ends)."""
     sb = g.cfg.stat_bits
     return struct("PassSummary", {"count": unsigned(g.T.bit_length()), "step_last": unsigned(1),
                                   "zero_mask": unsigned(g.T), "error": unsigned(1),
-                                  "start": unsigned(sb), "hb_words": unsigned(sb),
+                                  "start": unsigned(sb),
                                   "ext_beats": unsigned(sb), "mac_beats": unsigned(sb),
                                   "experts": unsigned((g.E + g.S).bit_length()),
                                   "expert_tokens": unsigned((g.T * (g.E + g.S)).bit_length())})

@@ -153,7 +153,11 @@ class VectorUnit(wiring.Component):
         y_free = ends == self.out_done
         last_logit = (dsc.group == g.g_router - 1) & (bi == B - 1)
         ok = Signal()
-        m.d.comb += ok.eq(Mux(is_end, self.softmax_idle & self.topk_idle,
+        # END also waits for the pass's constants: a pass that runs no
+        # expert never waits for them otherwise, and its `done` clears their
+        # "loaded" flags (a constant arriving later would set them again for
+        # the next pass in this buffer) and ends its HB word count.
+        m.d.comb += ok.eq(Mux(is_end, self.softmax_idle & self.topk_idle & lut_ok & out_ok,
                               Mux(is_router, ~last_logit | self.topk_last_ok,
                                   pvalid
                                   & Mux(kind == Kind.GATE, lut_ok, 1)

@@ -180,14 +180,13 @@ class IssueFormal(_UnitFormal):
     """:class:`Issue` (PE beats on ``o``, the pass summary on ``summary``).
 
     Contract assumed: the summary's payload is not all registers - it copies
-    the pass counters of its neighbours (``hb_error``, ``ext_error``,
-    ``hb_words``, ``ext_beats``, ``experts``, ``expert_tokens``,
-    ``no_routed``) as they are; those are assumed to hold while the summary
+    the pass counters of its neighbours (``ext_error``, ``ext_beats``,
+    ``experts``, ``expert_tokens``, ``no_routed``; the HB count and error
+    are latched by the output stage since moe-t16) as they are; those are assumed to hold while the summary
     waits (in the layer they belong to the pass being ended, whose buffer is
     released only by the summary's handshake)."""
 
-    HOLD = ("hb_error", "ext_error", "hb_words", "ext_beats", "experts", "expert_tokens",
-            "no_routed")
+    HOLD = ("ext_error", "ext_beats", "experts", "expert_tokens", "no_routed")
 
     def __init__(self, cfg: Config, *, bug=None):
         g = _g(cfg)
