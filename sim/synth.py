@@ -330,6 +330,13 @@ def fpga_area(vfile: Path, top: str, workdir: Path, target: str) -> dict:
                "dsp": _count(stat, "SB_MAC16"),
                "spram": _count(stat, "SB_SPRAM256KA")}
     res["cells_by_type"] = by_type
+    return _fit(res, c)
+
+
+def _fit(res: dict, c: dict) -> dict:
+    """``fits`` / ``fit_reason`` of Yosys's cell counts against the target's
+    capacity (a first check: the packer can still need more logic cells than
+    LUT4s, see :func:`_pnr_overuse`)."""
     cap = c["capacity"]
     over = [f"{res[k]} {k.upper()} > {cap[k]}" for k in ("lut4", "ff", "ebr", "dsp")
             if res[k] > cap[k]]
@@ -337,6 +344,20 @@ def fpga_area(vfile: Path, top: str, workdir: Path, target: str) -> dict:
     if over:
         res["fit_reason"] = f"does not fit {c['device']}: " + ", ".join(over)
     return res
+
+
+_UTIL_LINE = re.compile(r"^Info:\s+(\w+):\s+(\d+)/\s*(\d+)\s+\d+%", re.M)
+
+
+def _pnr_overuse(log: Path) -> list[str]:
+    """Resources nextpnr's packer needs more of than the device has (its
+    utilisation table, e.g. ``ICESTORM_LC: 5961/5280``): a design whose LUT4
+    count fits can still need more logic cells once LUTs, flip-flops and
+    carries are packed (iCE40: one of each per cell)."""
+    if not log.is_file():
+        return []
+    return [f"{used} {kind} > {cap}" for kind, used, cap in _UTIL_LINE.findall(log.read_text())
+            if int(used) > int(cap)]
 
 
 _FMAX_LINE = re.compile(r"Max frequency for clock\s+'([^']+)':\s*([\d.]+)\s*MHz")
@@ -443,7 +464,15 @@ def fpga_target(component, name: str, top: str, workdir: Path, target: str, *,
                                 lambda s=seed: place_and_route(wfile, wtop, workdir, target,
                                                                mhz=mhz, seed=s)))
         except SynthError as e:
-            res["fmax_skipped"] = f"place and route failed: {e}"
+            over = _pnr_overuse(workdir / f"{target}_seed{seed}_nextpnr.log")
+            if over:
+                res["fits"] = False
+                res["fit_reason"] = (f"does not fit {c['device']} after packing, with the "
+                                     f"{wrap_cls.__name__} wrapper's port registers: "
+                                     + ", ".join(over))
+                res["fmax_skipped"] = res["fit_reason"]
+            else:
+                res["fmax_skipped"] = f"place and route failed: {e}"
             return res
     f = [r["fmax_mhz"] for r in runs]
     med = statistics.median(f)

@@ -58,6 +58,7 @@ def test_moe_random_tiny():
          {"ELMOE_MOE_TOKENS": str(TOKENS["tiny"])})
 
 
+@pytest.mark.slow
 def test_moe_late_hb_words_seed3():
     """Regression, replayed at the seed that found it (3, 16 tokens per
     role): a pass that ran no expert ended its issue before HB bank 0's
@@ -69,7 +70,7 @@ def test_moe_late_hb_words_seed3():
     draws follow the design's timing, which changed with the issue credits
     (4 -> 5), so the exact race may no longer recur here: ``late_constants``
     (in the default run) provokes it on purpose at any seed (8 counter
-    mismatches before the fix)."""
+    mismatches before the fix); this replay is ``slow``."""
     _run("tiny", "random_batches", {"ELMOE_MOE_TOKENS": "16"}, seed=3)
 
 

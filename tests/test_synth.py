@@ -59,7 +59,6 @@ def test_wrapper_times_every_path(tmp_path):
     assert cp["logic_levels"] > 2
 
 
-@pytest.mark.xfail(strict=False, reason="known failure since the pipelined PE landed (its area/flop figures changed); tracked in the stop note, to be fixed, not waived")
 def test_tiny_pe_on_every_target(tmp_path):
     b = get_block("pe")
     r = fl.synth_block(b.build(preset("tiny")), b.top, tmp_path, name="pe",
@@ -69,7 +68,14 @@ def test_tiny_pe_on_every_target(tmp_path):
     assert r["cells"] > 100 and r["flip_flops"] > 10 and r["logic_depth"] > 5
     assert sum(r["cells_by_type"].values()) == r["cells"]
     e = r["ecp5"]
-    assert e["lut4"] > 0 and e["ff"] == r["flip_flops"] and e["dsp"] == 0
+    assert e["lut4"] > 0 and e["dsp"] == 0
+    # the same flip-flops, except memory bits: the generic flow maps the PE's
+    # result FIFO to flip-flops, ECP5 to distributed RAM (TRELLIS_DPR16X4,
+    # 16 x 4 bits each; tiny PE: 838 generic FFs = 538 FFs + 7 DPR16X4)
+    if e["dist_ram"] == 0:
+        assert e["ff"] == r["flip_flops"]
+    else:
+        assert e["ff"] < r["flip_flops"] <= e["ff"] + 64 * e["dist_ram"]
     assert e["target_mhz"] == 200 and "ecp5-85f.json" in e["target_from"]
     assert len(e["fmax_seeds"]) == 3 and e["fmax_mhz"] == sorted(e["fmax_seeds"])[1]
     assert e["meets_target"] == (e["fmax_mhz"] >= 200)
@@ -110,22 +116,40 @@ def test_memory_still_maps_to_block_ram(tmp_path):
     assert r["ecp5"]["pnr_utilization"].get("DP16KD") == r["ecp5"]["ebr"]
 
 
-@pytest.mark.xfail(strict=False, reason="known failure since the pipelined PE landed (its area/flop figures changed); tracked in the stop note, to be fixed, not waived")
 def test_too_big_for_ice40_is_reported(tmp_path):
+    """The INT8 MAC at 32 lanes: its 4,772 LUT4s are under the UP5K's 5,280,
+    but packed with its flip-flops and carries, and the scan wrapper's port
+    registers, it needs 5,961 logic cells; nextpnr fails, and the flow reports
+    that it does not fit (before this test: fits = True and "place and route
+    failed")."""
     b = get_block("mac_int8")
     r = fl.fpga_target(b.build(preset("default").replace(lanes=32)), "mac_int8", b.top,
-                       tmp_path, "ice40")
-    assert not r["fits"] and "does not fit iCE40UP5K" in r["fit_reason"]
-    assert "LUT4" in r["fit_reason"] and "fmax_mhz" not in r
+                       tmp_path, "ice40", seeds=[1])
+    assert r["lut4"] <= 5280
+    assert not r["fits"] and "does not fit iCE40UP5K after packing, with the ScanWrapped" in r["fit_reason"]
+    assert "ICESTORM_LC > 5280" in r["fit_reason"] and "fmax_mhz" not in r
 
 
-@pytest.mark.xfail(strict=False, reason="known failure since the pipelined PE landed (its area/flop figures changed); tracked in the stop note, to be fixed, not waived")
+def test_capacity_check_names_the_resource():
+    """The cell-count check (before place and route) names each resource over."""
+    c = fl.load_target("ice40")
+    r = fl._fit({"lut4": 6000, "ff": 10, "ebr": 31, "dsp": 0}, c)
+    assert not r["fits"]
+    assert r["fit_reason"] == "does not fit iCE40UP5K: 6000 LUT4 > 5280, 31 EBR > 30"
+    assert fl._fit({"lut4": 5280, "ff": 5280, "ebr": 30, "dsp": 8}, c)["fits"]
+
+
 def test_area_grows_with_lanes(tmp_path):
+    """The PE's area has a fixed part (control, result FIFO, accumulator) and
+    a per-lane part (multipliers, adder tree): 4 more lanes add cells, and 8
+    more lanes add about twice as many (tiny: 2672, 3895, 6586 cells at 4, 8,
+    16 lanes; increments 1223 and 2691)."""
     b = get_block("pe")
     p = b.params(preset("tiny"))
-    small = fl.synth_block(b.factory(**{**p, "lanes": 4}), b.top, tmp_path / "a")
-    big = fl.synth_block(b.factory(**{**p, "lanes": 8}), b.top, tmp_path / "b")
-    assert 1.6 < big["cells"] / small["cells"] < 2.4
+    c = {L: fl.synth_block(b.factory(**{**p, "lanes": L}), b.top, tmp_path / f"L{L}")["cells"]
+         for L in (4, 8, 16)}
+    d1, d2 = c[8] - c[4], c[16] - c[8]
+    assert d1 > 0 and 1.6 < d2 / d1 < 2.6, c
 
 
 @pytest.mark.cli
