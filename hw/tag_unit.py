@@ -336,6 +336,7 @@ class TagUnit(wiring.Component):
 
         # ---- victim: free-running pipelined argmin over the slot state ---------
         kb = self.hot_bits + 1
+        v_hot = Signal(S)                        # one-hot of the root's index
         nodes = []
         for s in range(S):
             cand, key = Signal(name=f"v0_cand{s}"), Signal(kb, name=f"v0_key{s}")
@@ -355,6 +356,8 @@ class TagUnit(wiring.Component):
                 i_ = Signal(self.index_bits, name=f"v{level + 1}_idx{j // 2}")
                 dom += [c_.eq(lc | rc), k_.eq(Mux(take_r, rk, lk)), i_.eq(Mux(take_r, ri, li))]
                 nxt.append((c_, k_, i_))
+                if last:                         # the root's index, also one-hot
+                    m.d.sync += v_hot.eq(Cat(Mux(take_r, ri, li) == s for s in range(S)))
             if len(nodes) % 2:
                 lc, lk, li = nodes[-1]
                 if reg:                          # keep the odd leaf in step with its level
@@ -591,7 +594,7 @@ class TagUnit(wiring.Component):
                         | (go(Op.INVALIDATE_SLOT) & sel_h[s] & pins_zero[s])
                         | (go(Op.ABORT) & x_sel[s] & pend_e[s])
                         | (mask_go & x.slot_mask[s]))
-            m.d.comb += alloc[s].eq(alloc_go & (v_idx == s))
+            m.d.comb += alloc[s].eq(alloc_go & v_hot[s])
             # after the command: the cycle's disabled frees, then its commit strobe
             m.d.comb += commit_eff[s].eq(cm[s] & ~dis[s]
                                          & ((held[s] & ~res[s] & ~free_cmd) | alloc[s]))
@@ -618,6 +621,12 @@ class TagUnit(wiring.Component):
         alloc_c = x_is[Op.ALLOCATE] & ~a_res_q & ~a_pend_q & v_cand
         abort_c = x_is[Op.ABORT] & ~two_any_q
         lk = fire & lk_c
+        # slots freed by ``disabled`` for "statistics quiet" only (kv1_any): the
+        # ALLOCATE term without ``fire`` - exact whenever a STATS can use it (it
+        # then follows a command that executed), and off the ``fire`` path
+        alloc_nf = x_valid & alloc_c
+        kv_nf = any_of([held[s] & dis[s] for s in range(S)]) | (alloc_nf & any_of(
+            [v_hot[s] & dis[s] for s in range(S)]))
         kv = Cat((held[s] | alloc[s]) & dis[s] for s in range(S))
         new = {"lookups": lk, "hits": lk & m_hit, "pending": lk & m_pend,
                "allocations": alloc_go, "evictions": alloc_go & v_evict,
@@ -643,13 +652,11 @@ class TagUnit(wiring.Component):
             # AND with ``fire``); it only makes STATS wait
             m.d.sync += [inc_any.eq((fire & (lk_c | alloc_c | abort_c)) | self.commit.valid
                                     | ce_q.any()),
-                         kv_q.eq(kv), kv1_any.eq(kv.any()), kv2_any.eq(kv1_any)]
+                         kv_q.eq(kv), kv1_any.eq(kv_nf), kv2_any.eq(kv1_any)]
         # ---- x_go for the next cycle ---------------------------------------------
         # "statistics quiet" next cycle; exact whenever the next x_ command is a
         # STATS (it then follows a command that executed or an empty x_, so the
         # terms below need no ``fire``)
-        alloc_nf = x_valid & alloc_c
-        kv_nf = any_of([held[s] & dis[s] for s in range(S)]) | (alloc_nf & dis.bit_select(v_idx, 1))
         counted_nf = x_valid & (lk_c | alloc_c | abort_c)
         sq_next = Mux(x_valid & x_is[Op.RESET], ~inc_any_cm,
                       ~counted_nf & ~self.commit.valid & ~ce_q.any() & ~kv_nf & ~kv1_any
