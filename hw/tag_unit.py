@@ -110,8 +110,11 @@ registered one-hot vectors and are picked in the response stage, from the
 slot registers as the command left them (a TOUCH's new hotness is then the
 register itself: no adder on the response path); the timing class of the command
 (single-cycle / two-cycle / settling) and the "state quiet for P cycles"
-test are flip-flops, so ``fire`` (the command executes) is two LUT levels
-from registers and ``o.ready``. Statistics counters add their increments one
+test are flip-flops, and so is ``x_go`` ("valid and not waiting", loaded
+with its next-cycle value; the formal wrapper asserts it equals its
+definition), so ``fire`` (the command executes) is one LUT from ``x_go`` and
+``o.valid`` / ``o.ready``; the victim's index is also registered one-hot for
+the per-slot ALLOCATE write enables. Statistics counters add their increments one
 cycle after the event (effective commit strobes and slots freed by
 ``disabled``: two), saturating on the carry out.
 """

@@ -54,7 +54,8 @@ Properties (``Assert``), every cycle
 
 Reachability (``Cover``, ``mode cover``): NO_VICTIM, an eviction, a pending
 LOOKUP, a pending LOOKUP in the cycle its slot's commit strobe arrives, a
-saturated TOUCH, PIN_LIMIT, a covered slot freed, a back-pressured response.
+saturated TOUCH, PIN_LIMIT, a covered slot freed, a back-pressured response,
+a response that waited in the output queue's skid register moving up.
 
 Planted bugs (``bug=``): subclasses of :class:`TagUnit` that override one of
 its small per-slot methods, so ``hw/`` carries no test hook:
@@ -283,7 +284,7 @@ class TagUnitFormal(wiring.Component):
                   "pending lookup as its slot commits"),
             Cover(fo & (p_op == Op.TOUCH.value) & o.hit & (o.value == hmax), "saturated touch"),
             Cover(fo & (o.error == Err.PIN_LIMIT), "pin limit"),
-            Cover(dut.skid_valid & dut.r_valid & self.o.ready, "output queue full and moving"),
+            Cover(dut.skid_valid & self.o.ready, "response queued behind a stalled one moves up"),
             Cover(ok & Cat(p_held[s] & ~held[s] & p_dis[s] for s in range(S)).any(),
                   "covered slot freed"),
             Cover(self.o.valid & ~self.o.ready & (self.o.payload.op == Op.LOOKUP) &
