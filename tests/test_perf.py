@@ -330,7 +330,7 @@ def test_rtl_figures_fallback_and_file(tmp_path):
                              "fill_words_per_cycle_per_bank": 0.2}}}))
     # the name tests/test_tag_unit.py writes (default run), and the slow 1M run
     stats = {"lookups": 10, "hits": 4, "allocations": 6, "evictions": 2}
-    for name, n in (("tag_unit-zipf-S32-100k.json", 100_000), ("tag_unit-zipf-S32-1M.json", 1_000_000)):
+    for name, n in (("tag_unit-zipf-S16-5k.json", 5_000), ("tag_unit-zipf-S16-1M.json", 1_000_000)):
         (tmp_path / name).write_text(json.dumps({"commands": n, "rtl_stats": stats, "golden_stats": stats}))
     f = rtl_figures(tmp_path)
     assert f["pe_efficiency"] == 0.8 and f["hb_efficiency"] == pytest.approx(0.9)

@@ -156,7 +156,7 @@ def rtl_figures(measured_dir: Path | None = None) -> dict:
                          a fill stream runs (PEs always ready)        (test_hb_bank)
     ext_efficiency       AXI beats per cycle, every plane to the PEs  ext_bandwidth.json          1.0
                          and the HB fill, 100-cycle memory latency    (test_ext_stream)
-    tag_check            tag-unit RTL STATS == golden on a Zipf trace tag_unit-zipf-S32-*.json   (none)
+    tag_check            tag-unit RTL STATS == golden on a Zipf trace tag_unit-zipf-S*-*.json    (none)
                                                                   (test_tag_unit; the largest)
     ==================== ============================================ =========================== ========
 
@@ -223,9 +223,10 @@ def rtl_figures(measured_dir: Path | None = None) -> dict:
     except (TypeError, KeyError, ZeroDivisionError):
         if f is not None:
             src["ext"] = f"fallback: ext_bandwidth.json has no {EXT_KEY}"
-    # the tag-unit tests write tag_unit-zipf-S32-100k.json (default) and -1M.json (slow)
+    # the tag-unit tests write tag_unit-zipf-S<slots>-5k.json (default run) and
+    # -1M.json (slow); the one with the most commands wins
     best = None
-    for path in sorted(d.glob("tag_unit-zipf-S32-*.json")) if d.is_dir() else []:
+    for path in sorted(d.glob("tag_unit-zipf-S*-*.json")) if d.is_dir() else []:
         f = _read(d, path.name)
         try:
             n = int(f["commands"])
