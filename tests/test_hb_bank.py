@@ -29,7 +29,7 @@ def _run(cfg, simulator, testcase, env=None):
 
 #: (geometry, simulator) of the default run: both geometries on Verilator,
 #: ``tiny`` on Icarus; Icarus at ``default`` (a second build, a 90 s run) is ``slow``
-RANDOM_CASES = [pytest.param(g, p, id=f"{g}-{p.id}", marks=p.marks)
+RANDOM_CASES = [pytest.param(g, p.values[0], id=f"{g}-{p.id}", marks=p.marks)
                 for g in GEOMS for p in sim_params(slow=("icarus",) if g == "default" else ())]
 
 
