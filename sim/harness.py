@@ -152,6 +152,7 @@ def ccache_path() -> str | None:
 @contextlib.contextmanager
 def _build_env(simulator: str):
     saved = os.environ.get("MAKEFLAGS")
+    set_base = False
     flags = [] if saved is None else [saved]
     if simulator == "verilator":
         if _PCH_FIX not in (saved or ""):
@@ -159,6 +160,13 @@ def _build_env(simulator: str):
         cc = ccache_path()
         if cc and "OBJCACHE=" not in (saved or ""):
             flags.append(f"OBJCACHE={cc}")
+            # paths relative to the folder holding both the build and the
+            # Verilator/cocotb sources (the clone with its .venv): another
+            # clone of the project, e.g. CI's, then hits the same entries
+            if "CCACHE_BASEDIR" not in os.environ:
+                os.environ["CCACHE_BASEDIR"] = os.path.commonpath(
+                    [str(build_root()), str(verilator_bin_dir().parent.parent)])
+                set_base = True
     if flags:
         os.environ["MAKEFLAGS"] = " ".join(flags)
     try:
@@ -168,6 +176,8 @@ def _build_env(simulator: str):
             os.environ.pop("MAKEFLAGS", None)
         else:
             os.environ["MAKEFLAGS"] = saved
+        if set_base:
+            os.environ.pop("CCACHE_BASEDIR", None)
 
 
 @contextlib.contextmanager

@@ -76,10 +76,15 @@ def test_verilator_builds_go_through_ccache(monkeypatch):
     monkeypatch.delenv("ELMOE_CCACHE", raising=False)
     cc = harness.ccache_path()
     assert cc and os.access(cc, os.X_OK), cc
+    monkeypatch.delenv("CCACHE_BASEDIR", raising=False)
     with harness._build_env("verilator"):
         assert f"OBJCACHE={cc}" in os.environ["MAKEFLAGS"]
         assert harness._PCH_FIX in os.environ["MAKEFLAGS"]
-    assert "MAKEFLAGS" not in os.environ
+        # relative paths under the clone: another clone hits the same entries
+        base = os.environ["CCACHE_BASEDIR"]
+        assert str(harness.build_root()).startswith(base)
+        assert str(harness.verilator_bin_dir()).startswith(base)
+    assert "MAKEFLAGS" not in os.environ and "CCACHE_BASEDIR" not in os.environ
     with harness._build_env("icarus"):
         assert "OBJCACHE" not in os.environ.get("MAKEFLAGS", "")
     monkeypatch.setenv("ELMOE_CCACHE", "0")
