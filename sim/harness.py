@@ -52,7 +52,9 @@ class SimulationFailed(AssertionError):
     seed, the log and, with waves, the wave file. ``cases`` holds the
     verdict of each cocotb test that reported one (see :attr:`SimResult.cases`)."""
 
-    cases: dict = {}
+    def __init__(self, message: str, cases: dict | None = None):
+        super().__init__(message)
+        self.cases = dict(cases or {})
 
 
 @dataclass
@@ -325,9 +327,7 @@ def simulate(factory, *, block: str, params: dict, test_module: str, top: str | 
     cases = testcase_verdicts(results)
 
     def failed(msg):
-        e = SimulationFailed(msg)
-        e.cases = cases
-        return e
+        return SimulationFailed(msg, cases)
     try:
         ntests, nfailed = get_results(results)
     except Exception as e:  # no results file: the simulator died before cocotb wrote it

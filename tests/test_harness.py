@@ -40,8 +40,17 @@ def test_correct_golden_passes_and_build_is_cached():
 def test_one_flipped_golden_bit_fails():
     """A golden model with one bit flipped (bit 0 of every expected value) must
     make the PE testbench fail: the comparison is real."""
-    with pytest.raises(SimulationFailed, match=r"1 of 1 cocotb tests failed; .*seed=3"):
+    with pytest.raises(SimulationFailed, match=r"1 of 1 cocotb tests failed; .*seed=3") as e:
         _run(seed=3, env={"ELMOE_GOLDEN_MUTATION": "1"})
+    assert list(e.value.cases.values()) == [False], e.value.cases     # the case's own verdict
+
+
+def test_failure_verdicts_are_per_exception():
+    """Each :class:`SimulationFailed` carries its own ``cases`` (it once was a
+    mutable class attribute that every failure shared)."""
+    a, b = SimulationFailed("a", {"x": False}), SimulationFailed("b")
+    a.cases["y"] = True
+    assert b.cases == {} and a.cases == {"x": False, "y": True}
 
 
 def test_waves_written_when_requested():
