@@ -52,6 +52,21 @@ def sim_params(slow=()):
     return out
 
 
+def cross_sims(cases, slow=lambda case_id: ()):
+    """``cases`` (``pytest.param``s, or plain ids) x :func:`sim_params`: one
+    param per (case, simulator), id ``<case>-<simulator>``, the case's values
+    then the simulator's name, the marks of both. ``slow(case_id)`` names
+    the simulators that are ``slow`` on that case."""
+    out = []
+    for c in cases:
+        if not isinstance(c, type(pytest.param(None))):
+            c = pytest.param(c, id=str(c))
+        for sim in sim_params(slow=slow(c.id)):
+            out.append(pytest.param(*c.values, sim.values[0], id=f"{c.id}-{sim.id}",
+                                    marks=[*c.marks, *sim.marks]))
+    return out
+
+
 @pytest.fixture
 def measured_dir():
     """Where RTL tests write measured figures for the report and the system model."""

@@ -11,7 +11,7 @@ from elmoe3d.golden.hb_map import FillKind, FillResult, HBModel, HBRegion
 from elmoe3d.hw.hb_bank import HBBank, hb_params
 from elmoe3d.sim.harness import SimulationFailed, simulate
 
-from conftest import sim_params
+from conftest import cross_sims, sim_params
 
 pytestmark = pytest.mark.hb
 
@@ -29,8 +29,7 @@ def _run(cfg, simulator, testcase, env=None):
 
 #: (geometry, simulator) of the default run: both geometries on Verilator,
 #: ``tiny`` on Icarus; Icarus at ``default`` (a second build, a 90 s run) is ``slow``
-RANDOM_CASES = [pytest.param(g, p.values[0], id=f"{g}-{p.id}", marks=p.marks)
-                for g in GEOMS for p in sim_params(slow=("icarus",) if g == "default" else ())]
+RANDOM_CASES = cross_sims(GEOMS, slow=lambda g: ("icarus",) if g == "default" else ())
 
 
 @pytest.mark.parametrize("geom,simulator", RANDOM_CASES)

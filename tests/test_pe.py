@@ -14,7 +14,7 @@ from elmoe3d.blocks import get_block
 from elmoe3d.config import preset
 from elmoe3d.sim.harness import SimulationFailed, simulate
 
-from conftest import sim_params
+from conftest import cross_sims, sim_params
 
 pytestmark = pytest.mark.pe
 
@@ -53,19 +53,11 @@ EXTRA = [pytest.param("pe", "default", {"slice_bits": 2, "lanes": 8, "max_len": 
                       id="pe-s1-L4"),
          pytest.param("pe_plain", "default", {"slice_bits": 2, "lanes": 8, "max_len": 512},
                       id="plain-s2-L8")]
-
-
-def _cross(cases, slow_icarus=()):
-    """``cases`` x simulators; Icarus on the case ids in ``slow_icarus`` is
-    ``slow`` (a second simulator on an extra geometry: left out of ``make test``)."""
-    return [pytest.param(*c.values, sim.values[0], id=f"{c.id}-{sim.id}",
-                         marks=[*c.marks, *sim.marks])
-            for c in cases
-            for sim in sim_params(slow=("icarus",) if c.id in slow_icarus else ())]
+EXTRA_IDS = {c.id for c in EXTRA}
 
 
 @pytest.mark.parametrize("block,geometry,over,simulator",
-                         _cross(CASES + EXTRA, slow_icarus={c.id for c in EXTRA}))
+                         cross_sims(CASES + EXTRA, slow=lambda c: ("icarus",) if c in EXTRA_IDS else ()))
 def test_pe_random(block, geometry, over, simulator):
     """Random volume (10,000 dot products on Verilator at the default and the
     tiny geometry) plus the directed tests, with functional coverage. Icarus
