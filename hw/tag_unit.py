@@ -19,9 +19,11 @@ HB's ``slot_valid[s]`` is 1 in cycle ``t``.
 
 One cycle, in order
 -------------------
-A command *executes* in one cycle ``t`` (its response is loaded into ``o`` at
-the edge ending ``t``, so it is first valid in ``t + 1``). It sees the slot
-registers as they are at the start of ``t``; at the edge that ends ``t`` take
+A command *executes* in one cycle ``t`` (its response is completed in the
+response stage in ``t + 1`` and enters the output queue at the edge ending
+``t + 1``: first valid on ``o`` in ``t + 2`` =
+``t +`` :attr:`TagUnit.RESPONSE_DELAY`, later only if it queues behind a
+stalled response). It sees the slot registers as they are at the start of ``t``; at the edge that ends ``t`` take
 effect, in the order of :meth:`elmoe3d.golden.tag_unit.TagUnitModel.step`:
 
 1. the command;
@@ -45,11 +47,12 @@ Latency and throughput
 ``i.ready`` is a flip-flop (:class:`~elmoe3d.hw.streams.RegisterSlice` at the
 input) and ``o`` is a register: no combinational path from ``o.ready`` to
 ``i.ready``, and no input reaches an execute decision. A command accepted in
-cycle ``a`` reaches the execute stage (``x_``) in ``a + 2``. Three classes:
+cycle ``a`` reaches the execute stage (``x_``) in ``a + 2``; its response
+follows two stages later (the response stage, then ``o``). Three classes:
 
 * **single-cycle** - LOOKUP, TOUCH, DECAY, RESET, STATS and bad opcodes cannot
   fail on slot state; they execute at once: response valid
-  :attr:`TagUnit.LATENCY` = **3** cycles after the command transfer, **one
+  :attr:`TagUnit.LATENCY` = **4** cycles after the command transfer, **one
   per cycle, back to back** (each reads the slot registers its predecessor
   wrote at the previous edge; no hazard). STATS waits while a statistics
   increment may be in flight (counters add one cycle after the event;
@@ -60,19 +63,26 @@ cycle ``a`` reaches the execute stage (``x_``) in ``a + 2``. Three classes:
   first cycle in ``x_`` the response and error are computed and registered;
   they execute in a later cycle in which nothing changed the state since
   (their second, unless a commit strobe or a ``disabled`` change arrived):
-  latency **4**, one per two cycles.
+  latency **5**, one per two cycles.
 * **settling** - ALLOCATE and INVALIDATE_MASK decide from registered
   summaries of the slot state (the victim, "tag already held", "a masked
   slot is pinned"). They execute in the first cycle, from their second cycle
   in ``x_`` on, in which the slot state has been unchanged for
   :attr:`TagUnit.victim_settle` = ``P`` cycles; while they wait nothing
   executes. *State changes* are: any executed command other than LOOKUP and
-  STATS, a commit strobe, a change of ``disabled``. Latency **4** cycles when
-  the state has been quiet; ``3 + P`` right behind a state-changing command.
+  STATS, a commit strobe, a change of ``disabled``. Latency **5** cycles when
+  the state has been quiet; ``4 + P`` right behind a state-changing command.
 
 With an always-ready consumer the unit sustains **one LOOKUP/TOUCH per
-cycle**; back-pressure on ``o`` stalls execution (and so the input) only
-while the response register is full.
+cycle**. Output: a response stage that never holds, then a two-entry output
+queue (``o`` and a skid register). A command executes only in a cycle in
+which ``o`` is empty or its response is taken, so the response stage always
+finds room; back-pressure on ``o`` stalls execution (and so the input) only
+while ``o`` holds a response that is not taken. The observable rule (used
+by the testbench): a response that appears on an idle ``o`` executed
+``RESPONSE_DELAY`` = 2 cycles before; one that follows its predecessor
+without a gap executed in the cycle before the predecessor first became
+valid.
 
 Victim search as a pipelined argmin
 -----------------------------------
@@ -94,10 +104,17 @@ enable from the registered tag match, its state bits and the one-hot
 decoded opcode and slot of the command. Freeing a slot clears only its
 "holds a tag" bit (its other fields are unobservable until the next
 ALLOCATE overwrites them). Every response field is an OR of per-opcode terms
-gated by the registered one-hot opcode; the timing class of the command
+gated by the registered one-hot opcode; the LOOKUP / TOUCH terms over the
+slots (hit, pending, slot, planes, hotness) leave the execute stage as two
+registered one-hot vectors and are picked in the response stage, from the
+slot registers as the command left them (a TOUCH's new hotness is then the
+register itself: no adder on the response path); the timing class of the command
 (single-cycle / two-cycle / settling) and the "state quiet for P cycles"
-test are flip-flops, so ``fire`` (the command executes) is two LUT levels
-from registers and ``o.ready``. Statistics counters add their increments one
+test are flip-flops, and so is ``x_go`` ("valid and not waiting", loaded
+with its next-cycle value; the formal wrapper asserts it equals its
+definition), so ``fire`` (the command executes) is one LUT from ``x_go`` and
+``o.valid`` / ``o.ready``; the victim's index is also registered one-hot for
+the per-slot ALLOCATE write enables. Statistics counters add their increments one
 cycle after the event (effective commit strobes and slots freed by
 ``disabled``: two), saturating on the carry out.
 """
@@ -160,8 +177,10 @@ class TagUnit(wiring.Component):
     Attributes
     ----------
     LATENCY : int
-        3: cycles from a command transfer to its response for every
+        4: cycles from a command transfer to its response for every
         single-cycle operation (two-cycle operations: ``LATENCY + 1``).
+    RESPONSE_DELAY : int
+        2: cycles from a command's execution to its response on a free ``o``.
     victim_settle : int
         ``P``: register stages of the victim search (leaves included),
         ``1 + ceil(log2(S))``.
@@ -172,7 +191,9 @@ class TagUnit(wiring.Component):
         For a parameter of the wrong kind or value, naming it.
     """
 
-    LATENCY = 3
+    LATENCY = 4
+    #: cycles from a command's execution to its response on ``o`` (``o`` free)
+    RESPONSE_DELAY = 2
     #: comparator levels of the victim argmin tree between two registers
     LEVELS_PER_STAGE = 1
 
@@ -218,9 +239,17 @@ class TagUnit(wiring.Component):
         self.x_valid = Signal()
         self.x_cmd = Signal(self.cmd_layout)
         self.x_fire = Signal()               # the x_ command executes this cycle
+        self.x_go = Signal()                 # ... it may, once o is free (a flip-flop)
+        self.x_go_ref = Signal()             # the same from its definition (formal check)
         self.x_victim = Signal(range(S))
         self.x_error = Signal(TagErrorCode)
-        self.x_rsp = Signal(self.rsp_layout)  # the response it loads into o
+        self.x_rsp = Signal(self.rsp_layout)  # stage 1 of its response (LOOKUP / TOUCH terms: stage 2)
+        # response stage and output queue (formal wrapper)
+        self.r_valid = Signal()              # the response stage holds the command fired last cycle
+        self.r_base = Signal(self.rsp_layout)
+        self.r_rsp = Signal(self.rsp_layout)  # its final response (enters the output queue now)
+        self.skid = Signal(self.rsp_layout, name="o_skid")
+        self.skid_valid = Signal(name="o_skid_valid")
 
     def params(self) -> dict:
         return dict(slots=self.slots, layer_bits=self.layer_bits, expert_bits=self.expert_bits,
@@ -310,6 +339,7 @@ class TagUnit(wiring.Component):
 
         # ---- victim: free-running pipelined argmin over the slot state ---------
         kb = self.hot_bits + 1
+        v_hot = Signal(S)                        # one-hot of the root's index
         nodes = []
         for s in range(S):
             cand, key = Signal(name=f"v0_cand{s}"), Signal(kb, name=f"v0_key{s}")
@@ -329,6 +359,8 @@ class TagUnit(wiring.Component):
                 i_ = Signal(self.index_bits, name=f"v{level + 1}_idx{j // 2}")
                 dom += [c_.eq(lc | rc), k_.eq(Mux(take_r, rk, lk)), i_.eq(Mux(take_r, ri, li))]
                 nxt.append((c_, k_, i_))
+                if last:                         # the root's index, also one-hot
+                    m.d.sync += v_hot.eq(Cat(Mux(take_r, ri, li) == s for s in range(S)))
             if len(nodes) % 2:
                 lc, lk, li = nodes[-1]
                 if reg:                          # keep the odd leaf in step with its level
@@ -395,7 +427,12 @@ class TagUnit(wiring.Component):
 
         can_out = ~self.o.valid | self.o.ready
         waits = (settle & ~settled) | (two & ~steady) | (I[Op.STATS] & ~stats_quiet)
-        m.d.comb += fire.eq(x_valid & can_out & ~waits)
+        # ``x_go`` = "the x_ command may execute once o is free", a flip-flop
+        # loaded with the next cycle's value of ``x_valid & ~waits`` (the
+        # reference, kept for the formal wrapper, which asserts they are equal),
+        # so ``fire`` is one LUT from registers and ``o.ready``
+        x_go = self.x_go
+        m.d.comb += [self.x_go_ref.eq(x_valid & ~waits), fire.eq(x_go & can_out)]
 
         # ---- per-slot terms of the x_ command ------------------------------------------
         hit_m = [Signal(name=f"hit_m{s}") for s in range(S)]        # x.tag held, per state
@@ -495,29 +532,57 @@ class TagUnit(wiring.Component):
             m.d.comb += lk_m[s].eq(fast_lk & held_m[s])
         q = two_rsp_q
         r = self.x_rsp
+        # Stage 1 (the execute cycle): every field except the LOOKUP / TOUCH
+        # terms over the slots, which leave as two one-hot vectors (the
+        # matching slot, RESIDENT or PENDING) and are picked in stage 2.
         m.d.comb += [
             r.op.eq(x.op),
             r.error.eq(Mux(two, two_code_q, one_code)),
-            r.hit.eq(any_of([lk_m[s] & res[s] for s in range(S)]) | (g_two & q.hit)),
-            r.pending.eq(any_of([lk_m[s] & ~res[s] for s in range(S)]) | (g_two & q.pending)),
-            r.slot.eq(pick(lk_m, [Const(s, sb_) for s in range(S)], sb_)
-                      | field((g_alloc, v_idx), (g_stats, x.slot), (g_two, q.slot), width=sb_)),
-            r.planes.eq(pick(lk_m, planes, pb_) | Mux(g_two, q.planes, 0)),
+            r.hit.eq(g_two & q.hit),
+            r.pending.eq(g_two & q.pending),
+            r.slot.eq(field((g_alloc, v_idx), (g_stats, x.slot), (g_two, q.slot), width=sb_)),
+            r.planes.eq(Mux(g_two, q.planes, 0)),
             r.evicted.eq((g_alloc & v_evict) | (g_two & q.evicted)),
             r.evicted_tag.eq(field((g_alloc & v_evict, Array(tags)[v_idx]),
                                    (g_two, q.evicted_tag), width=tb_)),
-            # the opcode choice folded into each slot's term, before the OR over slots
-            r.value.eq(pick(lk_m, [Mux(I[Op.TOUCH], hot_new[s], hot[s]) for s in range(S)],
-                            self.hot_bits)
-                       | field((g_stats, stat_sel), (g_two, q.value), width=vb_)),
+            r.value.eq(field((g_stats, stat_sel), (g_two, q.value), width=vb_)),
             r.slot_mask.eq(Mux(g_mask, x.slot_mask & Cat(*held), 0)),
         ]
         err_any = Signal(name="x_err_any")
         m.d.comb += [err_any.eq(Mux(two, two_any_q, one_any)), self.x_error.eq(r.error)]
-        with m.If(fire):
-            m.d.sync += [self.o.valid.eq(1), self.o.payload.eq(self.x_rsp)]
-        with m.Elif(self.o.ready):
-            m.d.sync += self.o.valid.eq(0)
+
+        # Stage 2 (the cycle after): the response stage never holds (its
+        # content always moves into the output queue), so the slot registers
+        # it reads are exactly the state the command left: ``hot`` is the new
+        # hotness of a TOUCH (the old one of a LOOKUP, which writes nothing),
+        # ``planes`` unchanged (only ALLOCATE writes it). No adder on the path.
+        rv, rb = self.r_valid, self.r_base
+        r_lkr, r_lkp = Signal(S), Signal(S)
+        m.d.sync += [rv.eq(fire), rb.eq(r),
+                     r_lkr.eq(Cat(lk_m[s] & self._hit_state(res[s]) for s in range(S))),
+                     r_lkp.eq(Cat(lk_m[s] & ~res[s] for s in range(S)))]
+        r_lk = [r_lkr[s] | r_lkp[s] for s in range(S)]
+        fin = self.r_rsp
+        m.d.comb += [
+            fin.eq(rb),
+            fin.hit.eq(rb.hit | r_lkr.any()),
+            fin.pending.eq(rb.pending | r_lkp.any()),
+            fin.slot.eq(rb.slot | pick(r_lk, [Const(s, sb_) for s in range(S)], sb_)),
+            fin.planes.eq(rb.planes | pick(r_lk, planes, pb_)),
+            fin.value.eq(rb.value | pick(r_lk, hot, self.hot_bits)),
+        ]
+        # Output queue of two (``o`` and a skid register): a command executes
+        # only when ``o`` is free in that cycle (``can_out``), so the response
+        # stage always finds room, and ``o`` stalls execution only when full.
+        sk, sk_valid = self.skid, self.skid_valid
+        pop = self.o.valid & self.o.ready
+        with m.If(sk_valid):
+            with m.If(pop):
+                m.d.sync += [self.o.payload.eq(sk), sk_valid.eq(rv), sk.eq(fin)]
+        with m.Elif(~self.o.valid | pop):
+            m.d.sync += [self.o.valid.eq(rv), self.o.payload.eq(fin)]
+        with m.Else():
+            m.d.sync += [sk_valid.eq(rv), sk.eq(fin)]
 
         # ---- state update: per-slot write enables ---------------------------------
         def go(op):
@@ -526,13 +591,15 @@ class TagUnit(wiring.Component):
         mask_go = go(Op.INVALIDATE_MASK) & ~k_pinned_q
         reset_go = go(Op.RESET)
         commit_eff = [Signal(name=f"commit_eff{s}") for s in range(S)]
+        freed = [Signal(name=f"freed{s}") for s in range(S)]      # by the command
         for s in range(S):
-            free_cmd = (reset_go
+            free_cmd = freed[s]
+            m.d.comb += free_cmd.eq(reset_go
                         | (go(Op.INVALIDATE) & held_m[s] & pins_zero[s])
                         | (go(Op.INVALIDATE_SLOT) & sel_h[s] & pins_zero[s])
                         | (go(Op.ABORT) & x_sel[s] & pend_e[s])
                         | (mask_go & x.slot_mask[s]))
-            m.d.comb += alloc[s].eq(alloc_go & (v_idx == s))
+            m.d.comb += alloc[s].eq(alloc_go & v_hot[s])
             # after the command: the cycle's disabled frees, then its commit strobe
             m.d.comb += commit_eff[s].eq(cm[s] & ~dis[s]
                                          & ((held[s] & ~res[s] & ~free_cmd) | alloc[s]))
@@ -559,7 +626,15 @@ class TagUnit(wiring.Component):
         alloc_c = x_is[Op.ALLOCATE] & ~a_res_q & ~a_pend_q & v_cand
         abort_c = x_is[Op.ABORT] & ~two_any_q
         lk = fire & lk_c
-        kv = Cat((held[s] | alloc[s]) & dis[s] for s in range(S))
+        # slots freed by ``disabled`` for "statistics quiet" only (kv1_any): the
+        # ALLOCATE term without ``fire`` - exact whenever a STATS can use it (it
+        # then follows a command that executed), and off the ``fire`` path
+        alloc_nf = x_valid & alloc_c
+        kv_nf = any_of([held[s] & dis[s] for s in range(S)]) | (alloc_nf & any_of(
+            [v_hot[s] & dis[s] for s in range(S)]))
+        # a slot the command frees in this cycle is not freed again by the
+        # cycle's ``disabled`` (step order: command, then disabled)
+        kv = Cat(((held[s] & ~freed[s]) | alloc[s]) & dis[s] for s in range(S))
         new = {"lookups": lk, "hits": lk & m_hit, "pending": lk & m_pend,
                "allocations": alloc_go, "evictions": alloc_go & v_evict,
                "commits": any_of(ce_q),
@@ -584,7 +659,21 @@ class TagUnit(wiring.Component):
             # AND with ``fire``); it only makes STATS wait
             m.d.sync += [inc_any.eq((fire & (lk_c | alloc_c | abort_c)) | self.commit.valid
                                     | ce_q.any()),
-                         kv_q.eq(kv), kv1_any.eq(kv.any()), kv2_any.eq(kv1_any)]
+                         kv_q.eq(kv), kv1_any.eq(kv_nf), kv2_any.eq(kv1_any)]
+        # ---- x_go for the next cycle ---------------------------------------------
+        # "statistics quiet" next cycle; exact whenever the next x_ command is a
+        # STATS (it then follows a command that executed or an empty x_, so the
+        # terms below need no ``fire``)
+        counted_nf = x_valid & (lk_c | alloc_c | abort_c)
+        sq_next = Mux(x_valid & x_is[Op.RESET], ~inc_any_cm,
+                      ~counted_nf & ~self.commit.valid & ~ce_q.any() & ~kv_nf & ~kv1_any
+                      & ~inc_any_cm)
+        chg_hold = self.commit.valid | dis_change        # a state change with nothing executing
+        go_load = (c.o.valid & ~Cat(cp.op == op for op in two_ops + settle_ops).any()
+                   & ~((cp.op == Op.STATS) & ~sq_next))
+        go_hold = (x_valid & ~(settle & (chg_hold | (quiet < P - 1))) & ~(two & chg_hold)
+                   & ~(x_is[Op.STATS] & ~sq_next))
+        m.d.sync += x_go.eq(Mux(load, go_load, go_hold))
         return m
 
 

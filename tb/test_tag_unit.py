@@ -2,8 +2,11 @@
 response for response and cycle for cycle.
 
 Checking rule (the contract of :mod:`elmoe3d.hw.tag_unit`, not a replay of
-its choices): a command *executes* in the cycle before its response first
-becomes valid. The scoreboard keeps the golden model
+its choices): a command *executes* ``RESPONSE_DELAY`` (2) cycles before its
+response first becomes valid, unless that response follows the previous one
+without a gap, then in the cycle before the previous one first became valid
+(:func:`execution_cycle`; it may have waited in the output queue behind a
+stalled response). The scoreboard keeps the golden model
 (:class:`elmoe3d.golden.tag_unit.TagUnitModel`) in step with the hardware
 cycle by cycle: for every cycle ``t`` it applies the command that executed in
 ``t`` (if any), then ``disabled`` of ``t``, then the commit strobe of ``t``
@@ -49,6 +52,25 @@ from .common import golden_mutation, knob, params, rng, start_clock_and_reset
 from .coverage import write_coverage
 
 BLOCK = "tag_unit"
+#: cycles from a command's execution to its response on ``o`` when ``o`` is free
+RESPONSE_DELAY = TagUnit.RESPONSE_DELAY
+
+
+def execution_cycle(first_valid: int, pred_first_valid: int | None) -> int:
+    """The cycle in which a command executed, from when its response first
+    became valid (the contract of :mod:`elmoe3d.hw.tag_unit`): a command
+    executes only in a cycle in which ``o`` is empty or its response is
+    taken, and its response enters the two-entry output queue
+    ``RESPONSE_DELAY - 1`` cycles later. So a response that appears on an
+    idle ``o`` executed ``RESPONSE_DELAY`` cycles before; one that follows
+    its predecessor without a gap (``pred_first_valid``: the predecessor's
+    first valid cycle) executed ``RESPONSE_DELAY`` cycles before, or, if it
+    was queued behind the stalled predecessor, in the cycle in which the
+    predecessor was loaded into ``o`` (the last cycle before the stall in
+    which ``o`` was free): in both cases ``pred_first_valid - 1``."""
+    if pred_first_valid is None:
+        return first_valid - RESPONSE_DELAY
+    return pred_first_valid - RESPONSE_DELAY + 1
 
 
 class _Packer:
@@ -205,6 +227,7 @@ class TagTB:
         self.errors = []
         self.rule_violations = []
         self.error_codes = collections.Counter()
+        self.exec_events = collections.Counter()      # (op name, event of its cycle) -> count
         self.log = None                               # list of (cmd, response) when set
         self.resident_trace = None                    # list of (cycle, resident, commit) when set
         # HB / KV models
@@ -306,12 +329,13 @@ class TagTB:
         if name in SLOW_OPS or name in TWO_CYCLE_OPS:
             w = exec_cycle - entry
             wait = f"{'TWO' if name in TWO_CYCLE_OPS else name}/{w if w <= 1 else '>1'}"
+        self.exec_events[(name, event)] += 1
         self.cov.exec({"op": name, "error": err, "lookup": lookup, "event": event,
                        "victim": victim, "wait": wait})
         want = self.rsp.pack(exp)
         if self.flip:
             want ^= self.value_lsb
-        lat = exec_cycle + 1 - accept
+        lat = exec_cycle + RESPONSE_DELAY - accept
         self.latencies[(name, lat)] += 1
         self.checked += 1
         if self.log is not None:
@@ -371,6 +395,38 @@ class TagTB:
         o_prev_valid = o_prev_taken = False
         held_raw, stall_cycles = None, 0
         last_accept, last_exec = -10, -10
+        # The golden model lags the hardware: events of cycle c (commit strobe,
+        # disabled) are applied once no command can still turn out to have
+        # executed in c or before (a response queued behind a stalled one
+        # shows its execution cycle only when it reaches ``o``), and the
+        # ``resident`` / ``pending`` outputs of cycle c are compared once the
+        # model stands at the end of cycle c - 1.
+        ev = collections.deque()        # (cycle, commit, disabled, disabled of the cycle before)
+        res_chk = collections.deque()   # (cycle, resident, pending, disabled)
+        applied = [self.cycle - 1]      # events applied up to this cycle
+
+        def apply_events(upto):
+            while True:
+                # the model stands at the end of cycle applied[0]: compare the
+                # outputs of the cycle after it, then step one cycle further
+                while res_chk and res_chk[0][0] - 1 <= applied[0]:
+                    check_outputs()
+                if applied[0] >= upto:
+                    break
+                applied[0] += 1
+                while ev and ev[0][0] <= applied[0]:
+                    _, e_commit, e_dis, _ = ev.popleft()
+                    self._golden_events(e_commit, e_dis)
+
+        def check_outputs():
+            c, res_rtl, pend_rtl, dis_c = res_chk.popleft()
+            res_want = self.model.resident_mask() & ~dis_c & smask
+            pend_want = self.model.pending_mask() & ~dis_c & smask
+            if (res_rtl, pend_rtl) != (res_want, pend_want):
+                self.errors.append(f"cycle {c}: resident/pending {res_rtl:#x}/{pend_rtl:#x}, "
+                                   f"expected {res_want:#x}/{pend_want:#x}")
+
+        head_fv = None                  # first-valid cycle of the response on ``o``
         pend_seen = 0
         prev2_dis = self.dis_now
         waiting = 0
@@ -422,8 +478,10 @@ class TagTB:
             if commit_now is not None:
                 self.events_driven["commit"] += 1
             await ReadOnly()
-            # the previous cycle, on the golden side: its command, then its events
+            # the golden side: each command in its execution cycle, after the
+            # events of the cycles before it and before the events of its own
             p_commit, p_dis = prev
+            ev.append((cyc - 1, p_commit, p_dis, prev2_dis))
             ov = bool(o_valid.value)
             raw = o_payload.value.to_unsigned() if ov else None
             if ov and (not o_prev_valid or o_prev_taken):
@@ -432,14 +490,29 @@ class TagTB:
                                        f"{self.rsp.unpack(raw)}")
                     break
                 cmd, accept = self.inflight.popleft()
-                event = ("both" if p_commit is not None and p_dis != prev2_dis else
-                         "commit" if p_commit is not None else
-                         "disabled" if p_dis != prev2_dis else "none")
+                ex = execution_cycle(cyc, head_fv if o_prev_valid else None)
+                if ex <= applied[0]:
+                    self.errors.append(f"cycle {cyc}: response of {cmd} implies execution in "
+                                       f"cycle {ex}, already closed (rule of execution_cycle)")
+                    break
+                apply_events(ex - 1)
+                e = ev[0] if ev and ev[0][0] == ex else (ex, None, self.dis_now, self.dis_now)
+                e_commit, e_dis, e_dis0 = e[1], e[2], e[3]
+                event = ("both" if e_commit is not None and e_dis != e_dis0 else
+                         "commit" if e_commit is not None else
+                         "disabled" if e_dis != e_dis0 else "none")
                 entry = max(accept + 2, last_exec + 1)
-                self._golden_command(cmd, raw, accept, cyc - 1, event, entry)
-                last_exec = cyc - 1
+                if ex <= last_exec:
+                    self.errors.append(f"cycle {cyc}: response order: execution cycle {ex} "
+                                       f"not after {last_exec}")
+                self._golden_command(cmd, raw, accept, ex, event, entry)
+                last_exec = ex
+                head_fv = cyc
                 stall_cycles = 0
-            self._golden_events(p_commit, p_dis)
+            elif not ov:
+                head_fv = None
+            # no command still to come can have executed before this cycle
+            apply_events((cyc if head_fv is None else head_fv) - RESPONSE_DELAY)
             # input transfer
             if cur is not None:
                 if i_ready.value:
@@ -468,11 +541,8 @@ class TagTB:
             o_prev_valid, o_prev_taken = ov, ov and ready
             # resident / pending, every cycle
             res_rtl, pend_rtl = res_port.value.to_unsigned(), pend_port.value.to_unsigned()
-            res_want = self.model.resident_mask() & ~self.dis_now & smask
-            pend_want = self.model.pending_mask() & ~self.dis_now & smask
-            if (res_rtl, pend_rtl) != (res_want, pend_want):
-                self.errors.append(f"cycle {cyc}: resident/pending {res_rtl:#x}/{pend_rtl:#x}, "
-                                   f"expected {res_want:#x}/{pend_want:#x}")
+            res_chk.append((cyc, res_rtl, pend_rtl, self.dis_now))
+            apply_events(applied[0])
             if self.resident_trace is not None:
                 self.resident_trace.append((cyc, res_rtl, commit_now))
             pend_seen = pend_rtl
@@ -490,7 +560,8 @@ class TagTB:
         i_valid.value = 0
         dut.commit__valid.value = 0
         self.cycle += 1
-        self._golden_events(*prev)
+        ev.append((self.cycle - 1, prev[0], prev[1], prev2_dis))
+        apply_events(self.cycle - 1)
         self.report()
 
     def report(self):
@@ -752,6 +823,52 @@ async def commit_same_edge(dut):
             assert not (res >> strobe) & 1 and (nxt >> strobe) & 1, (c, res, nxt, strobe)
     assert sum(1 for _, _, s in trace if s is not None) == 4
     tb.save_coverage("commit_same_edge", 0)
+
+
+@cocotb.test()
+async def free_and_cover_same_cycle(dut):
+    """A command that frees a slot (INVALIDATE, INVALIDATE_SLOT,
+    INVALIDATE_MASK, ABORT, RESET) executing in the very cycle in which
+    ``disabled`` covers that slot: step order is command, then disabled, so
+    the slot is freed by the command and ``kv_frees`` does *not* count it
+    (regression: the RTL counted every held slot covered in the cycle, even
+    one the command freed; found by the random run at seed 854843070, STATS
+    of ``kv_frees`` one higher than the golden). The delay between the
+    command and the cover sweeps a window of cycles, so that for every
+    opcode at least one run lands in the same cycle; the test asserts it
+    did."""
+    tb = TagTB(dut)
+    await tb.start()
+    m = tb.shadow
+    kv = STAT_NAMES.index("kv_frees")
+    ops = (TagOp.INVALIDATE, TagOp.INVALIDATE_SLOT, TagOp.INVALIDATE_MASK, TagOp.ABORT,
+           TagOp.RESET)
+    for op in ops:
+        for w in range(8):
+            tb.issue(TagOp.RESET)
+            tb.barrier()
+            t = tb.rand_tag()
+            if op == TagOp.ABORT:                        # a PENDING slot, pinned by its ALLOCATE
+                s = tb.issue(TagOp.ALLOCATE, tag=t)["slot"]
+            else:                                        # a RESIDENT, unpinned slot
+                s = _fill_resident(tb, [t])[0]
+            tb.barrier()
+            tb.issue(op, tag=t, slot=s, slot_mask=1 << s)
+            for _ in range(w):                           # the cover w + 1 cycles after the
+                tb.issue(TagOp.LOOKUP, tag=t ^ 1)        # command's transfer (back to back)
+            tb.set_disabled(1 << s)
+            tb.barrier()
+            tb.set_disabled(0)
+            tb.barrier()
+            tb.issue(TagOp.STATS, slot=kv)
+            tb.barrier()
+    await tb.run()
+    for op in ops:
+        name = op_name(int(op))
+        same = tb.exec_events[(name, "disabled")] + tb.exec_events[(name, "both")]
+        assert same >= 1, (f"no {name} executed in the cycle of a disabled change "
+                           f"(the sweep missed it): {dict(tb.exec_events)}")
+    tb.save_coverage("free_and_cover_same_cycle", 0)
 
 
 @cocotb.test()

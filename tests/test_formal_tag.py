@@ -21,8 +21,9 @@ ODD = dict(SMALL, slots=3, decay_shift=0)
 # S = 2: the shortest counterexamples for the planted bugs.
 TWO = dict(SMALL, slots=2)
 
-#: BMC depths in clock cycles (a command's response comes 3 cycles after it,
-#: an ALLOCATE 4..3+P; filling every slot of S = 4 takes 4 ALLOCATEs).
+#: BMC depths in clock cycles (a command's response comes 4 cycles after it,
+#: an ALLOCATE 5..4+P; the properties check a response in the response stage,
+#: 3 cycles after its command; filling every slot of S = 4 takes 4 ALLOCATEs).
 DEPTH = 20
 DEPTH_ODD = 16
 

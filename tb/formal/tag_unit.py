@@ -14,7 +14,9 @@ Environment (``Assume``)
 Reference state of a cycle
 --------------------------
 The properties state the contract of ``docs/architecture.md`` §4 directly on
-the slot registers and the inputs, in the step order of the golden model: a
+the slot registers and the inputs (the response of a command executing in
+cycle ``t`` is checked in ``t + 1``, in the response stage, against the
+state of ``t``), in the step order of the golden model: a
 command sees the registers at the start of its cycle; then the command, the
 cycle's ``disabled`` frees and its commit strobe take effect. A held slot
 that is RESIDENT is a hit, one that is not is PENDING; the slots a command
@@ -46,12 +48,14 @@ Properties (``Assert``), every cycle
 ``no_wrap``         after a TOUCH the touched slot's hotness is
                     ``min(old + amount, max)``; after a DECAY no held slot's
                     hotness grew.
-``stream``          stream rules on ``o``; at most 4 commands inside; never
-                    a response without a command.
+``stream``          stream rules on ``o``; at most 5 commands inside; never
+                    a response without a command; the response stage
+                    always finds room in the two-entry output queue.
 
 Reachability (``Cover``, ``mode cover``): NO_VICTIM, an eviction, a pending
 LOOKUP, a pending LOOKUP in the cycle its slot's commit strobe arrives, a
-saturated TOUCH, PIN_LIMIT, a covered slot freed, a back-pressured response.
+saturated TOUCH, PIN_LIMIT, a covered slot freed, a back-pressured response,
+a response that waited in the output queue's skid register moving up.
 
 Planted bugs (``bug=``): subclasses of :class:`TagUnit` that override one of
 its small per-slot methods, so ``hw/`` carries no test hook:
@@ -126,12 +130,17 @@ class TagUnitFormal(wiring.Component):
         hot, pins = dut.state_hot, dut.state_pins
         dis = self.disabled
         hmax = (1 << dut.hot_bits) - 1
-        x, o = dut.x_cmd, dut.x_rsp
+        # x: the command executing in this cycle; o: the final response of the
+        # command that executed in the previous cycle (the response stage,
+        # entering the output queue now), checked against that cycle's state
+        x, o = dut.x_cmd, dut.r_rsp
         Op, Err = TagOpcode, TagErrorCode
 
         m.d.comb += Assume(~ResetSignal())
         ok = history_ok(m)
         stream_rules_all(m, self)
+        # the registered "may execute" equals its definition every cycle
+        m.d.comb += Assert(dut.x_go == dut.x_go_ref, "fire: x_go differs from x_valid & ~waits")
 
         # ---- reference state of this cycle (step order: disabled, commit, command)
         cm = [self.commit.valid & (self.commit.slot == s) for s in range(S)]
@@ -155,7 +164,11 @@ class TagUnitFormal(wiring.Component):
         p_tags = [past(tags[s], f"tag{s}") for s in range(S)]
         p_hot = [past(hot[s], f"hot{s}") for s in range(S)]
         p_pins = [past(pins[s], f"pins{s}") for s in range(S)]
-        p_ok = past(dut.x_fire & (o.error == Err.OK), "applied")
+        p_ok = past(dut.x_fire & (dut.x_error == Err.OK), "applied")
+        p_xtag = past(x.tag, "xtag")
+        p_tags_a = Array(p_tags)
+        p_res_e = Array([p_held[s] & p_res[s] for s in range(S)])
+        p_pend_e = Array([p_held[s] & ~p_res[s] for s in range(S)])
 
         # ---- unique / disabled_free ---------------------------------------------
         for s in range(S):
@@ -184,32 +197,39 @@ class TagUnitFormal(wiring.Component):
         m.d.comb += ref_idx.eq(Mux(ref_free, ref_free_idx, best_idx))
         t_res = Cat(res_e[s] & (tags[s] == x.tag) for s in range(S)).any()
         t_pend = Cat(pend_e[s] & (tags[s] == x.tag) for s in range(S)).any()
-        with m.If(dut.x_fire & (x.op == Op.ALLOCATE)):
-            m.d.comb += Assert((o.error == Err.RESIDENT) == t_res, "victim: RESIDENT error")
-            m.d.comb += Assert((o.error == Err.PENDING) == (t_pend & ~t_res),
+        ref_tag = Signal.like(tags[0], name="f_ref_tag")
+        m.d.comb += ref_tag.eq(Array(tags)[ref_idx])
+        pt_res, pt_pend = past(t_res, "t_res"), past(t_pend, "t_pend")
+        p_ref_any, p_ref_free = past(ref_any, "ref_any"), past(ref_free, "ref_free")
+        p_ref_idx, p_ref_tag = past(ref_idx, "ref_idx"), past(ref_tag, "ref_tag")
+        with m.If(p_fire & (p_op == Op.ALLOCATE.value)):
+            m.d.comb += Assert(dut.r_valid, "response stage: lost a command")
+            m.d.comb += Assert((o.error == Err.RESIDENT) == pt_res, "victim: RESIDENT error")
+            m.d.comb += Assert((o.error == Err.PENDING) == (pt_pend & ~pt_res),
                                "victim: PENDING error")
-            with m.If(~t_res & ~t_pend):
-                m.d.comb += Assert((o.error == Err.NO_VICTIM) == ~ref_any, "victim: NO_VICTIM")
+            with m.If(~pt_res & ~pt_pend):
+                m.d.comb += Assert((o.error == Err.NO_VICTIM) == ~p_ref_any, "victim: NO_VICTIM")
             with m.If(o.error == Err.OK):
-                m.d.comb += Assert(o.slot == ref_idx, "victim: not the specified victim")
-                m.d.comb += Assert(o.evicted == ~ref_free, "victim: evicted flag")
+                m.d.comb += Assert(o.slot == p_ref_idx, "victim: not the specified victim")
+                m.d.comb += Assert(o.evicted == ~p_ref_free, "victim: evicted flag")
                 with m.If(o.evicted):
-                    m.d.comb += Assert(o.evicted_tag == Array(tags)[ref_idx], "victim: evicted tag")
+                    m.d.comb += Assert(o.evicted_tag == p_ref_tag, "victim: evicted tag")
 
         # ---- lookup ------------------------------------------------------------------
-        with m.If(dut.x_fire & ((x.op == Op.LOOKUP) | (x.op == Op.LOOKUP_PIN) |
-                                (x.op == Op.TOUCH)) & (o.error == Err.OK)):
+        p_lk = p_fire & ((p_op == Op.LOOKUP.value) | (p_op == Op.LOOKUP_PIN.value) |
+                         (p_op == Op.TOUCH.value))
+        with m.If(p_lk & (o.error == Err.OK)):
             m.d.comb += Assert(~(o.hit & o.pending), "lookup: hit and pending")
             with m.If(o.hit | o.pending):
                 m.d.comb += Assert(o.slot < S, "lookup: slot out of range")
-                m.d.comb += Assert(Array(tags)[o.slot] == x.tag, "lookup: slot does not hold tag")
+                m.d.comb += Assert(p_tags_a[o.slot] == p_xtag, "lookup: slot does not hold tag")
             with m.If(o.hit):
-                m.d.comb += Assert(Array(res_e)[o.slot], "lookup: hit on a slot not RESIDENT")
+                m.d.comb += Assert(p_res_e[o.slot], "lookup: hit on a slot not RESIDENT")
             with m.If(o.pending):
-                m.d.comb += Assert(Array(pend_e)[o.slot], "lookup: pending on a slot not PENDING")
+                m.d.comb += Assert(p_pend_e[o.slot], "lookup: pending on a slot not PENDING")
             with m.If(~o.hit & ~o.pending):
                 for s in range(S):
-                    m.d.comb += Assert(~(held[s] & (tags[s] == x.tag)),
+                    m.d.comb += Assert(~(p_held[s] & (p_tags[s] == p_xtag)),
                                        f"lookup: miss but slot {s} holds the tag")
 
         # ---- pins_hold / commit ---------------------------------------------------------
@@ -245,19 +265,26 @@ class TagUnitFormal(wiring.Component):
         took = self.i.valid & self.i.ready
         gave = self.o.valid & self.o.ready
         m.d.sync += inflight.eq(inflight + took - gave)
-        m.d.comb += Assert(inflight <= 4, "stream: more than 4 commands inside")
+        m.d.comb += Assert(inflight <= 5, "stream: more than 5 commands inside")
+        # the response stage always finds room in the output queue (o + skid)
+        m.d.comb += Assert(~(dut.r_valid & dut.skid_valid & self.o.valid & ~self.o.ready),
+                           "stream: output queue overflow")
+        m.d.comb += Assert(dut.r_valid == p_fire, "stream: response stage out of step")
         m.d.comb += Assert(~self.o.valid | (inflight != 0), "stream: response without command")
 
         # ---- reachability -----------------------------------------------------------------
-        fo = dut.x_fire
+        fo = p_fire                      # o: the response of the previous cycle's command
+        p_cv = past(self.commit.valid, "commit_valid")
+        p_cs = past(self.commit.slot, "commit_slot")
         m.d.comb += [
             Cover(fo & (o.error == Err.NO_VICTIM), "no victim"),
-            Cover(fo & (x.op == Op.ALLOCATE) & (o.error == Err.OK) & o.evicted, "eviction"),
-            Cover(fo & (x.op == Op.LOOKUP) & o.pending, "pending lookup"),
-            Cover(fo & (x.op == Op.LOOKUP) & o.pending & self.commit.valid &
-                  (self.commit.slot == o.slot), "pending lookup as its slot commits"),
-            Cover(fo & (x.op == Op.TOUCH) & o.hit & (o.value == hmax), "saturated touch"),
+            Cover(fo & (p_op == Op.ALLOCATE.value) & (o.error == Err.OK) & o.evicted, "eviction"),
+            Cover(fo & (p_op == Op.LOOKUP.value) & o.pending, "pending lookup"),
+            Cover(fo & (p_op == Op.LOOKUP.value) & o.pending & p_cv & (p_cs == o.slot),
+                  "pending lookup as its slot commits"),
+            Cover(fo & (p_op == Op.TOUCH.value) & o.hit & (o.value == hmax), "saturated touch"),
             Cover(fo & (o.error == Err.PIN_LIMIT), "pin limit"),
+            Cover(dut.skid_valid & self.o.ready, "response queued behind a stalled one moves up"),
             Cover(ok & Cat(p_held[s] & ~held[s] & p_dis[s] for s in range(S)).any(),
                   "covered slot freed"),
             Cover(self.o.valid & ~self.o.ready & (self.o.payload.op == Op.LOOKUP) &
