@@ -480,7 +480,7 @@ class TagUnit(wiring.Component):
 
         # "two": computed every cycle, registered, issued in the second cycle
         two_rsp = Signal(self.rsp_layout)
-        two_code, two_any = errors([
+        two_conds = [
             (I[Op.LOOKUP_PIN] & lpin_full, Err.PIN_LIMIT),
             (I[Op.INVALIDATE] & m_pinned, Err.PINNED),
             (slot_op & x_slot_bad, Err.BAD_SLOT),
@@ -489,7 +489,7 @@ class TagUnit(wiring.Component):
             (I[Op.PIN] & ~x_slot_bad & s_held & s_full, Err.PIN_LIMIT),
             (I[Op.UNPIN] & ~x_slot_bad & s_held & s_zero, Err.NOT_PINNED),
             (I[Op.ABORT] & ~x_slot_bad & ~s_pend, Err.NOT_PENDING),
-        ])
+        ]
         m.d.comb += [
             two_rsp.hit.eq((lk_like & m_hit) | (I[Op.INVALIDATE_SLOT] & s_hit)),
             two_rsp.pending.eq((lk_like & m_pend) | (I[Op.INVALIDATE_SLOT] & s_pend)),
@@ -507,8 +507,13 @@ class TagUnit(wiring.Component):
                                    (I[Op.UNPIN], (s_pins - 1)[:self.pin_bits]), width=vb_)),
         ]
         two_rsp_q = Signal(self.rsp_layout)
-        two_code_q, two_any_q = Signal(4), Signal()
-        m.d.sync += [two_rsp_q.eq(two_rsp), two_code_q.eq(two_code), two_any_q.eq(two_any)]
+        # the error conditions are registered one by one and combined in the
+        # second cycle (off the first cycle's tag-match -> OR-over-slots path)
+        two_cond_q = Signal(len(two_conds), name="two_cond_q")
+        m.d.sync += [two_rsp_q.eq(two_rsp), two_cond_q.eq(Cat(c for c, _ in two_conds))]
+        two_code_q, two_any_q = Signal(4, name="two_code_q"), Signal(name="two_any_q")
+        code_q, any_q = errors([(two_cond_q[k], e) for k, (_, e) in enumerate(two_conds)])
+        m.d.comb += [two_code_q.eq(code_q), two_any_q.eq(any_q)]
 
         # the other classes: from registers and shallow terms, in the cycle they
         # execute. Every field is one flat OR of terms whose conditions carry the
