@@ -91,12 +91,13 @@ RUNS_SLOW = {
 }
 
 
-def _run(name, simulator, testcase, env=None, cfg=None):
+def _run(name, simulator, testcase, env=None, cfg=None, seed=None):
     b = get_block("ext_stream")
     cfg = cfg or CFGS[name]
+    env = dict(env or {}, ELMOE_EXT_GEOMETRY=name)
     return simulate(b.factory, block="ext_stream", params=b.params(cfg), top=b.top,
                     simulator=simulator, test_module="elmoe3d.tb.test_ext_stream",
-                    testcase=testcase, env=env)
+                    testcase=testcase, env=env, seed=seed)
 
 
 _DONE = {}
@@ -178,6 +179,24 @@ def test_ext_defect3_regression(simulator, name):
     outside the LPDDR window. On the engine before the rework each of these
     failed (commit 5683fc1: strict xfail, every case failing); now they pass."""
     _verdict(RUNS, simulator, name, "defect3")
+
+
+#: The run that found the run-tag alias (hw/ext_stream.TAG_BITS): the short
+#: command mix at `tiny`, this seed, 80 commands in batches of 40. With the
+#: 2-bit tag, the run of command 69 (4 after the empty command 65) was
+#: flushed with it: wrong responses from command 69 on, then a hang (rvalid
+#: high, rready low for 300,000 cycles). It replays only with the bench's
+#: random draws as they were when it was found.
+TAG_ALIAS_SEED = 859557248
+
+
+@pytest.mark.parametrize("simulator", [p for p in sim_params() if p.values[0] == "verilator"])
+def test_ext_tag_alias_regression(simulator):
+    """Regression: a refused or empty command's flush must not drop the runs
+    of the command 4 after it (failed on the 2-bit tag, 8448c45)."""
+    _run("tiny", simulator, "random_commands",
+         {"ELMOE_EXT_CMDS": "80", "ELMOE_EXT_LONG": "0.03", "ELMOE_EXT_BATCH": "40",
+          "ELMOE_EXT_MIN_CHECKED": "80"}, seed=TAG_ALIAS_SEED)
 
 
 @pytest.mark.parametrize("simulator,name", _params(RUNS, "golden_mutation_fails"))
