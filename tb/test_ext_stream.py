@@ -588,7 +588,7 @@ class ExtTB:
         lay = gl.lpddr_layout(cfg)
         D, rb, bb = cfg.dense_words, ge.row_bytes(cfg), ge.beat_bytes(cfg)
         beats_per_row = rb // bb
-        short_rows = max(1, 2 * cfg.axi_max_burst // beats_per_row)   # up to ~2 bursts
+        short_rows = max(1, cfg.axi_max_burst // beats_per_row) + 1   # 1-2 bursts
         slot = r.randrange(cfg.tag_slots)
         for _ in range(8):
             x = r.random()
