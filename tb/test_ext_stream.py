@@ -41,12 +41,16 @@ Scoreboard (contracts, not a replay of the RTL's choices)
 * Stream rules on ``pe``, ``fill``, ``rsp`` (valid held, payload stable
   until ready).
 
-Functional coverage (``build/coverage/ext_stream.json``): command kind,
+Functional coverage (``build/coverage/ext_stream.json``; ``transactions``
+of a run = commands checked): command kind, bursts issued, a read across 4 KiB,
 plane mask, fill, response code, fault kind, failing burst, how the PE
 stream ended, AR/R pauses and back-pressure on every output, and crosses.
 
 Parameters: ``$ELMOE_PARAMS`` = ``{"config": Config.to_dict()}``. Knobs:
-``ELMOE_EXT_CMDS`` / ``ELMOE_EXT_MIN_BURSTS`` (random run),
+``ELMOE_EXT_CMDS`` / ``ELMOE_EXT_MIN_BURSTS`` / ``ELMOE_EXT_LONG`` (fraction
+of long commands) / ``ELMOE_EXT_BATCH`` / ``ELMOE_EXT_MIN_CHECKED`` /
+``ELMOE_EXT_VOLUME_OUT`` (random run), ``ELMOE_EXT_REPLAY``,
+``ELMOE_EXT_WATCH`` / ``ELMOE_EXT_SIGS`` / ``ELMOE_EXT_DUMP`` (debug aids),
 ``ELMOE_EXT_STOCK_CMDS``, ``ELMOE_EXT_LATENCY``, ``ELMOE_EXT_ERR`` (fault
 probability per burst), ``ELMOE_EXT_BW_CMDS``, ``ELMOE_EXT_DEFECT``,
 ``ELMOE_MEASURE_OUT``, ``ELMOE_GOLDEN_MUTATION``.
