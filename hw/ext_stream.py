@@ -63,6 +63,20 @@ __all__ = ["ExtStream", "CommandCheck", "RunWalker", "BurstCutter", "BeatRouter"
            "ExtGeometry", "ext_params"]
 
 
+#: Width of the command tag that the run walkers, the router's drop and the
+#: address side's abort flush use to tell one command's runs from the next.
+#: A flush (a refused, empty or failed command ending) drops the runs of its
+#: tag in the data-side walker and the register slice in front of the
+#: router; up to 4 later commands can sit there (2 in the slice, the
+#: walker's output register, the walker's command), so the tag must not
+#: repeat within 5 commands: 3 bits. (It was 2 bits: a refused or empty
+#: command whose end step came while the walker held the command 4 after it
+#: dropped that command's run -- its beats went to the next command's run,
+#: responses were lost and the engine hung; found by the short-command mix
+#: of the random test, regression ``test_ext_tag_alias_regression``.)
+TAG_BITS = 3
+
+
 def _log2(x: int) -> int:
     return x.bit_length() - 1
 
@@ -119,14 +133,14 @@ class ExtGeometry:
             "o0": unsigned(self.ob), "dbeats": unsigned(self.run_bits),
             "pe_stream": 1, "fill_end": 1, "range_err": 1,
             "id": unsigned(self.cmd_id_bits), "slot": unsigned(self.slot_bits),
-            "tag": unsigned(2)})
+            "tag": unsigned(TAG_BITS)})
         self.run_layout = data.StructLayout({
             "addr": unsigned(self.aw), "beats": unsigned(self.run_bits),
             "room": range(self.blk + 1), "last": 1, "contig": 1, "single": 1, "plane": unsigned(self.plane_bits),
             "row0": unsigned(self.row_bits), "hb_off0": unsigned(self.ob), "to_pe": 1,
             "to_fill": 1, "last_pe": 1, "region": HBRegionKind, "pe_stream": 1,
             "fill_end": 1, "range_err": 1, "id": unsigned(self.cmd_id_bits),
-            "slot": unsigned(self.slot_bits), "tag": unsigned(2)})
+            "slot": unsigned(self.slot_bits), "tag": unsigned(TAG_BITS)})
         self.burst_layout = data.StructLayout({
             "addr": unsigned(self.aw), "len": unsigned(8), "last": 1, "end": 1})
         self.desc_layout = data.StructLayout({"len": unsigned(8), "single": 1, "last": 1,
@@ -178,7 +192,7 @@ class CommandCheck(wiring.Component):
         dv = Signal(range(max(dense_span, 2) * 2))
         steps = max(g.D, 2).bit_length()
         cnt = Signal(range(steps + 1))
-        tag = Signal(2)
+        tag = Signal(TAG_BITS)
         hbm = Const((1 << g.k) - 1, g.n)
         o = self.o.payload
         with m.If(self.o.valid & self.o.ready):
@@ -256,7 +270,7 @@ class RunWalker(wiring.Component):
         self.geo = geo
         super().__init__({"i": In(stream.Signature(geo.walk_layout)),
                           "o": Out(stream.Signature(geo.run_layout)),
-                          "flush": In(1), "flush_tag": In(2)})
+                          "flush": In(1), "flush_tag": In(TAG_BITS)})
 
     def elaborate(self, platform):
         m = Module()
@@ -485,7 +499,7 @@ class BeatRouter(wiring.Component):
             "fill_data": Out(v.FillBeat), "fill_en": Out(1), "fill_room": In(1),
             "rsp_data": Out(v.ExtResponse), "rsp_en": Out(1), "rsp_rdy": In(1),
             "failed": Out(1), "seq": Out(geo.seq_bits), "burst_done": Out(1),
-            "drop": Out(1), "drop_tag": Out(2)})
+            "drop": Out(1), "drop_tag": Out(TAG_BITS)})
 
     def elaborate(self, platform):
         m = Module()
@@ -600,7 +614,7 @@ class BeatRouter(wiring.Component):
         # in the register slice in front of `runs` are popped and dropped; the
         # walker itself is flushed in the same cycle as the end (`drop`).
         dropping = Signal()
-        dtag = Signal(2)
+        dtag = Signal(TAG_BITS)
         stale = self.runs.valid & (self.runs.payload.tag == dtag)
         with m.If(dropping & ~stale):
             m.d.sync += dropping.eq(0)
@@ -723,7 +737,7 @@ class ExtStream(wiring.Component):
         wiring.connect(m, cutter.o, bq.i)
         ar_active = Signal()                  # the address side is on a command
         ar_seq = Signal(g.seq_bits)
-        ar_tag = Signal(2)
+        ar_tag = Signal(TAG_BITS)
         m.d.comb += [ar_walk.i.payload.eq(ar_cmds.r_data),
                      ar_walk.i.valid.eq(ar_cmds.r_rdy & ~ar_active),
                      ar_cmds.r_en.eq(ar_walk.i.ready & ~ar_active)]

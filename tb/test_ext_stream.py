@@ -41,12 +41,16 @@ Scoreboard (contracts, not a replay of the RTL's choices)
 * Stream rules on ``pe``, ``fill``, ``rsp`` (valid held, payload stable
   until ready).
 
-Functional coverage (``build/coverage/ext_stream.json``): command kind,
+Functional coverage (``build/coverage/ext_stream.json``; ``transactions``
+of a run = commands checked): command kind, bursts issued, a read across 4 KiB,
 plane mask, fill, response code, fault kind, failing burst, how the PE
 stream ended, AR/R pauses and back-pressure on every output, and crosses.
 
 Parameters: ``$ELMOE_PARAMS`` = ``{"config": Config.to_dict()}``. Knobs:
-``ELMOE_EXT_CMDS`` / ``ELMOE_EXT_MIN_BURSTS`` (random run),
+``ELMOE_EXT_CMDS`` / ``ELMOE_EXT_MIN_BURSTS`` / ``ELMOE_EXT_LONG`` (fraction
+of long commands) / ``ELMOE_EXT_BATCH`` / ``ELMOE_EXT_MIN_CHECKED`` /
+``ELMOE_EXT_VOLUME_OUT`` (random run), ``ELMOE_EXT_REPLAY``,
+``ELMOE_EXT_WATCH`` / ``ELMOE_EXT_SIGS`` / ``ELMOE_EXT_DUMP`` (debug aids),
 ``ELMOE_EXT_STOCK_CMDS``, ``ELMOE_EXT_LATENCY``, ``ELMOE_EXT_ERR`` (fault
 probability per burst), ``ELMOE_EXT_BW_CMDS``, ``ELMOE_EXT_DEFECT``,
 ``ELMOE_MEASURE_OUT``, ``ELMOE_GOLDEN_MUTATION``.
@@ -91,6 +95,17 @@ def wait_no_read(cfg) -> int:
     a dense row is not a power of two of bytes."""
     rb = ge.row_bytes(cfg)
     return WAIT_NO_READ + (0 if rb & (rb - 1) == 0 else max(cfg.dense_words, 2).bit_length() + 1)
+
+#: How many bursts a command issued (coverpoint ``bursts``): none (refused,
+#: or nothing to read), one, two, several (up to ``axi_outstanding``), more
+#: than ``axi_outstanding`` (the limit on bursts in flight is reached).
+BURST_BINS = ("none", "one", "two", "several", "over_outstanding")
+
+
+def burst_bin(n, outstanding):
+    return ("none", "one", "two")[n] if n < 3 else \
+        ("several" if n <= outstanding else "over_outstanding")
+
 
 FAULTS = ("slverr", "decerr", "exokay", "early_rlast", "missing_rlast", "bad_rid")
 
@@ -297,6 +312,8 @@ def _coverage(n):
     @CoverPoint(f"{P}.fill_backpressure", xf=lambda c: c["fill_bp"], bins=yes_no)
     @CoverPoint(f"{P}.rsp_backpressure", xf=lambda c: c["rsp_bp"], bins=yes_no)
     @CoverPoint(f"{P}.cmd_idle", xf=lambda c: c["cmd_idle"], bins=yes_no)
+    @CoverPoint(f"{P}.bursts", xf=lambda c: c["bursts"], bins=list(BURST_BINS))
+    @CoverPoint(f"{P}.crosses_4k", xf=lambda c: c["crosses_4k"], bins=yes_no)
     @CoverCross(f"{P}.kindXerror", items=[f"{P}.kind", f"{P}.error"])
     @CoverCross(f"{P}.plane_maskXfill", items=[f"{P}.plane_mask", f"{P}.fill"])
     @CoverCross(f"{P}.fillXerror", items=[f"{P}.fill", f"{P}.error"])
@@ -326,6 +343,8 @@ class ExtTB:
         self.mutate = golden_mutation()
         self.cmds = []
         self.last_reader = None
+        self.last_runs = []
+        self.p_long = 1.0             # fraction of commands drawn from the long mix
         lay = gl.lpddr_layout(cfg)
         self.lo, self.hi = lay.base, lay.base + lay.total_bytes
         # memory beyond the window (a guard) so that a stray read would be seen
@@ -359,6 +378,26 @@ class ExtTB:
         self.pe = _Sink(d, "pe", v.ExtBeat.as_shape(), OnOff(rr, self.bp), self.log["pe_bp"])
         self.fill = _Sink(d, "fill", v.FillBeat.as_shape(), OnOff(rr, self.bp), self.log["fill_bp"])
         self._task = cocotb.start_soon(self._loop(fast_ram=not stock))
+        if os.environ.get("ELMOE_EXT_WATCH"):
+            cocotb.start_soon(self._watch())
+
+    async def _watch(self):
+        """Debug aid: ``ELMOE_EXT_WATCH=from,to`` logs ``ELMOE_EXT_SIGS``
+        (dotted paths, internal ones too) every cycle in that range."""
+        lo, hi = map(int, os.environ["ELMOE_EXT_WATCH"].split(","))
+        hs = []
+        for path in os.environ["ELMOE_EXT_SIGS"].split(","):
+            h = self.dut
+            for part in path.split("."):
+                h = h._id(part, extended=False)
+            hs.append((path, h))
+        while self.counter.cycle <= hi:
+            await RisingEdge(self.dut.clk)
+            await ReadOnly()
+            if self.counter.cycle >= lo:
+                self.dut._log.info("w %d %s", self.counter.cycle, " ".join(
+                    f"{p.split('.')[-1]}={int(h.value) if h.value.is_resolvable else h.value}"
+                    for p, h in hs))
 
     async def _loop(self, fast_ram):
         """The bench's whole per-cycle work (see the module docstring).
@@ -494,9 +533,19 @@ class ExtTB:
         cmd = dict(cmd, id=len(self.cmds) % (1 << hv.CMD_ID_BITS))
         self.cmds.append(cmd)
         self.cmd.send([cmd])
-        if ge.read_runs(self.cfg, cmd):
+        runs = ge.read_runs(self.cfg, cmd)
+        if runs:
             self.last_reader = (cmd["kind"], cmd["addr"])
+            self.last_runs = runs
         return cmd
+
+    def dense_ok(self, addr):
+        """A dense read may start at ``addr``: not inside the bytes the
+        previous reading command reads. (The scoreboard gives a command the
+        bursts that continue its read; a failed command's bursts are a
+        prefix of its read, so the next command must not start where that
+        prefix could stop.)"""
+        return not any(a <= addr < a + n for a, n in self.last_runs)
 
     def expert_addr(self):
         cfg = self.cfg
@@ -516,6 +565,72 @@ class ExtTB:
         return self._combos.pop()
 
     def random_command(self):
+        """A long command (``p_long``: whole experts, long dense copies,
+        refused commands) or a short one (:meth:`short_command`)."""
+        if self.p_long >= 1.0 or self.rand.random() < self.p_long:
+            return self.long_command()
+        return self.short_command()
+
+    def dense_at(self, o0, length, slot=0):
+        """A DENSE command of ``length`` rows from row ``o0``, or None when it
+        would start inside the previous reader's bytes."""
+        cfg, r = self.cfg, self.rand
+        addr = gl.lpddr_layout(cfg).dense_base + o0 * ge.row_bytes(cfg)
+        if not self.dense_ok(addr):
+            return None
+        return ge.command(kind=ExtKind.DENSE, addr=addr, length=length,
+                          plane_mask=r.randrange(1 << cfg.planes), fill=r.randrange(2), slot=slot)
+
+    def short_command(self):
+        """A short command: one or two bursts, one beat, a read across a
+        4 KiB boundary, the first and last rows of the dense image, a
+        refused command at a window edge (reads nothing), or an EXPERT with
+        no planes and no fill (reads nothing, responds OK). Dense copies
+        always fill HB. (An EXPERT command always reads whole planes:
+        1,536 beats at `default`, 192 at `tiny`; there is no short one.)"""
+        cfg, r = self.cfg, self.rand
+        lay = gl.lpddr_layout(cfg)
+        D, rb, bb = cfg.dense_words, ge.row_bytes(cfg), ge.beat_bytes(cfg)
+        beats_per_row = rb // bb
+        short_rows = max(1, cfg.axi_max_burst // beats_per_row) + 1   # 1-2 bursts
+        slot = r.randrange(cfg.tag_slots)
+        for _ in range(8):
+            x = r.random()
+            if x < 0.25:                                   # one row (1 beat at tiny)
+                c = self.dense_at(r.randrange(D), 1, slot)
+            elif x < 0.55:                                 # 1-2 bursts
+                length = r.randint(2, short_rows)
+                c = self.dense_at(r.randrange(D - length + 1), length, slot)
+            elif x < 0.7 and self.edges_4k:                # across a 4 KiB boundary
+                edge = r.choice(self.edges_4k)             # first row at or past the edge
+                before = r.randint(1, min(edge, short_rows))
+                length = r.randint(before + 1, min(D - edge + before, before + short_rows))
+                c = self.dense_at(edge - before, length, slot)
+            elif x < 0.8:                                  # the window edges of the dense image
+                length = r.randint(1, short_rows)
+                c = self.dense_at(D - length if r.random() < 0.5 else 0, length, slot)
+            elif x < 0.9:                                  # refused: every kind of limit
+                return self.refused_command(slot)
+            else:                                          # nothing to read
+                c = ge.command(addr=self.expert_addr(), plane_mask=0, fill=0, slot=slot)
+            if c is not None:
+                return self.send(c)
+        return self.refused_command(slot)
+
+    @property
+    def edges_4k(self):
+        """The first dense row at or after each 4 KiB boundary inside the dense image."""
+        if not hasattr(self, "_edges_4k"):
+            lay, rb = gl.lpddr_layout(self.cfg), ge.row_bytes(self.cfg)
+            lo, D = lay.dense_base, self.cfg.dense_words
+            hi = lo + D * rb
+            # the first row starting at or after each 4 KiB boundary inside the image
+            self._edges_4k = [-(-(b - lo) // rb)
+                              for b in range((lo // ge.AXI_4K + 1) * ge.AXI_4K, hi, ge.AXI_4K)
+                              if -(-(b - lo) // rb) < D]
+        return self._edges_4k
+
+    def long_command(self):
         cfg, r = self.cfg, self.rand
         n, hbm = cfg.planes, ge.hb_mask(cfg)
         full = (1 << n) - 1
@@ -546,22 +661,37 @@ class ExtTB:
             return self.send(c)
         lay = gl.lpddr_layout(cfg)
         D, rb = cfg.dense_words, ge.row_bytes(cfg)
-        if x < 0.87 and self.last_reader is not None and self.last_reader[0] != ExtKind.DENSE:
-            y = r.random()
-            if y < 0.1:
-                o0, length = 0, D
-            elif y < 0.3:
-                o0, length = r.randrange(D), 1
-            else:
-                o0 = r.randrange(D)
-                length = r.randint(1, min(D - o0, 48))
-            return self.send(ge.command(kind=ExtKind.DENSE, addr=lay.dense_base + o0 * rb,
-                                        length=length, plane_mask=r.randrange(1 << n),
-                                        fill=r.randrange(2), slot=slot))
-        # refused commands (RANGE), each kind of violation
+        if x < 0.87:
+            for _ in range(8):
+                y = r.random()
+                if y < 0.1:
+                    o0, length = 0, D
+                elif y < 0.3:
+                    o0, length = r.randrange(D), 1
+                else:
+                    o0 = r.randrange(D)
+                    length = r.randint(1, min(D - o0, 48))
+                c = self.dense_at(o0, length, slot)
+                if c is not None:
+                    return self.send(c)
+        return self.refused_command(slot)
+
+    def refused_command(self, slot):
+        """A command the engine must refuse (RANGE), each kind of violation."""
+        cfg, r = self.cfg, self.rand
+        n, full = cfg.planes, (1 << cfg.planes) - 1
+        lay = gl.lpddr_layout(cfg)
+        D, rb = cfg.dense_words, ge.row_bytes(cfg)
         bb = ge.beat_bytes(cfg)
-        y = r.randrange(6)
-        if y == 0:
+        y = r.randrange(8)
+        if y == 6:                                     # dense: one row past the end
+            o0 = r.randrange(D)
+            c = ge.command(kind=ExtKind.DENSE, addr=lay.dense_base + rb * o0, length=D - o0 + 1,
+                           slot=slot)
+        elif y == 7:                                   # expert: at or past the window's top
+            c = ge.command(addr=self.hi + bb * r.randrange(4), plane_mask=r.randrange(1 << n),
+                           fill=r.randrange(2), slot=slot)
+        elif y == 0:
             c = ge.command(addr=self.hi - cfg.expert_bytes + bb * r.randint(1, 4), plane_mask=full,
                            fill=1, slot=slot)
         elif y == 1 and bb > 1:
@@ -588,8 +718,34 @@ class ExtTB:
         self._wait = (ev, len(self.cmds), self.counter.cycle + timeout)
         await ev.wait()
         if not (self.cmd.empty() and len(self.rsp.received) >= len(self.cmds)):
+            got = len(self.rsp.received)
+            if os.environ.get("ELMOE_EXT_DUMP"):
+                Path(os.environ["ELMOE_EXT_DUMP"]).write_text(json.dumps(
+                    {"cmds": self.cmds, "rsp": [x for _, x in self.rsp.received],
+                     "ar": self.ar, "records": [(c, a, n, {str(k): v for k, v in f.items()})
+                                                for c, a, n, f in self.ram.records],
+                     "rbeats": self.rbeats}))
+                for path in os.environ.get("ELMOE_EXT_SIGS", "").split(","):
+                    try:
+                        h = self.dut
+                        for part in path.split("."):
+                            h = h._id(part, extended=False)
+                        self.dut._log.info("sig %s = %s", path, h.value)
+                    except Exception as e:  # noqa: BLE001 - a debug aid
+                        self.dut._log.info("sig %s: %s", path, e)
             raise AssertionError(f"timeout (seed {cocotb.RANDOM_SEED}): "
-                                 f"{len(self.rsp.received)} of {len(self.cmds)} responses")
+                                 f"{got} of {len(self.cmds)} responses; first unanswered "
+                                 f"command {got}: {self.cmds[got] if got < len(self.cmds) else None}"
+                                 f", the one before: {self.cmds[got - 1] if got else None}; "
+                                 f"{len(self.ar)} bursts, last {self.ar[-3:]}; "
+                                 f"{len(self.rbeats)} R beats, last at {self.rbeats[-1:]}; "
+                                 f"cycle {self.counter.cycle}; burst beats "
+                                 f"{sum(x[2] for x in self.ar)}; ports "
+                                 + ", ".join(f"{h}={getattr(self.dut, h).value}" for h in (
+                                     "m_axi_rvalid", "m_axi_rready", "m_axi_arvalid",
+                                     "pe__valid", "pe__ready", "fill__valid", "fill__ready",
+                                     "rsp__valid", "rsp__ready", "cmd__valid", "cmd__ready"))
+                                 + f"; faults {[r for r in getattr(self.ram, 'records', [])[-4:]]}")
         if quiet:
             await ClockCycles(self.dut.clk, quiet)
 
@@ -643,6 +799,10 @@ class ExtTB:
                     "fault": None, "fail_burst": None, "fail_beat": None,
                     "window": (self.ar[mine[0]][0] if mine else None)}
             nbeats = sum(n for _a, n, *_ in bursts)
+            fact["n_bursts"] = len(bursts)
+            fact["bursts"] = burst_bin(len(bursts), cfg.axi_outstanding)
+            fact["crosses_4k"] = (any(a // ge.AXI_4K != (a + n - 1) // ge.AXI_4K for a, n in runs)
+                                  if runs else None)
             fact["last_r"] = self.rbeats[r_at + nbeats - 1] if nbeats else None
             r_at += nbeats
             if err is not None:
@@ -725,15 +885,19 @@ class ExtTB:
                     "fill_bp": any_in("fill_bp", lo, hi),
                     "rsp_bp": any_in("rsp_bp", lo, hi),
                     "cmd_idle": i > 0 and sent[i] - sent[i - 1] > 1})
-        write_coverage("ext_stream", run=f"{name} {self.cfg.slice_bits}-{self.cfg.pes}",
-                       transactions=len(self.ar) + len(self.cmds))
+        # transactions = commands checked (every one compared against the
+        # golden model and the burst rules above)
+        geo = os.environ.get("ELMOE_EXT_GEOMETRY", f"s{self.cfg.slice_bits}-B{self.cfg.pes}")
+        write_coverage("ext_stream", run=f"{name} {cocotb.SIM_NAME.split()[0].lower()} {geo}",
+                       transactions=len(facts))
 
 
 async def _random_run(tb, n_cmds, target, batch=20):
-    """Batches of random commands until both targets are met. Every
-    ``(plane_mask, fill)`` pair is also sent once, as an expert command at
-    a random place among the first commands (16 masks x 2 at 4 planes: the
-    plane-mask coverpoint is reached in every run, not by luck)."""
+    """Batches of random commands until both targets are met (``n_cmds``
+    commands, ``target`` bursts). Every ``(plane_mask, fill)`` pair is also
+    sent once, as an expert command at a random place among the first
+    commands (16 masks x 2 at 4 planes: the plane-mask coverpoint is reached
+    in every run, not by luck)."""
     sweep = [(m, f) for m in range(1 << tb.cfg.planes) for f in (0, 1)]
     tb.rand.shuffle(sweep)
     sent = 0
@@ -752,25 +916,50 @@ async def _random_run(tb, n_cmds, target, batch=20):
 
 @cocotb.test()
 async def random_commands(dut):
-    """Random expert / dense / refused commands, read latency, pauses on AR
-    and R, back-pressure on every output, idle on ``cmd``, faults on random
-    bursts; at least ``ELMOE_EXT_CMDS`` commands and ``ELMOE_EXT_MIN_BURSTS``
-    bursts."""
+    """Random commands: a mix of short ones (``ELMOE_EXT_LONG`` is the
+    fraction drawn from the long mix: whole experts, long dense copies) --
+    one or two bursts, one beat, across a 4 KiB boundary, the dense image's
+    edges, refused at every window edge, nothing to read -- with read
+    latency, pauses on AR and R, back-pressure on every output, idle on
+    ``cmd``, faults on random bursts; at least ``ELMOE_EXT_CMDS`` commands
+    and ``ELMOE_EXT_MIN_BURSTS`` bursts. Fails unless the scoreboard checked
+    at least ``ELMOE_EXT_MIN_CHECKED`` commands; writes the counts to
+    ``ELMOE_EXT_VOLUME_OUT`` (the pytest test asserts them too)."""
     tb = ExtTB(dut, idle=0.2, backpressure=0.25, axi_pause=0.15)
+    tb.p_long = knob("ext_long", 1.0)
     await tb.start()
     target = knob("ext_min_bursts", 0)
     w0, c0 = time.monotonic(), time.process_time()
-    await _random_run(tb, knob("ext_cmds", 100), target)
+    await _random_run(tb, knob("ext_cmds", 100), target, batch=knob("ext_batch", 20))
     wall, cpu = time.monotonic() - w0, time.process_time() - c0
     exp_fill, facts = tb.check("random")
     failed = sum(1 for f in facts if f["error"] not in ("OK", "RANGE"))
-    dut._log.info("random_commands: %d commands, %d bursts, %d R beats, %d failed by faults, "
-                  "%d refused, %d PE beats, %d fill beats; %d cycles in %.1f s wall / %.1f s CPU "
-                  "(%.0f commands/s, %.0f cycles/s of CPU)", len(tb.cmds), len(tb.ar),
-                  len(tb.rbeats), failed, sum(f["error"] == "RANGE" for f in facts),
+    hist = collections.Counter(f["bursts"] for f in facts)
+    volume = {"seed": cocotb.RANDOM_SEED, "commands_sent": len(tb.cmds),
+              "commands_checked": len(facts), "bursts": len(tb.ar), "r_beats": len(tb.rbeats),
+              "cycles": tb.counter.cycle, "failed_by_faults": failed,
+              "refused": sum(f["error"] == "RANGE" for f in facts),
+              "over_outstanding": hist["over_outstanding"],
+              "commands_by_bursts": {b: hist[b] for b in BURST_BINS},
+              "across_4k": sum(bool(f["crosses_4k"]) for f in facts),
+              "pe_beats": len(tb.pe.received), "fill_beats": len(exp_fill),
+              "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
+    dut._log.info("random_commands: %d commands checked (by bursts issued: %s; %d across "
+                  "4 KiB), %d bursts, %d R beats, %d failed by faults, %d refused, %d PE beats, "
+                  "%d fill beats; %d cycles in %.1f s wall / %.1f s CPU (%.0f commands/s, "
+                  "%.0f cycles/s of CPU)", len(facts), volume["commands_by_bursts"],
+                  volume["across_4k"], len(tb.ar), len(tb.rbeats), failed, volume["refused"],
                   len(tb.pe.received), len(exp_fill), tb.counter.cycle, wall, cpu,
                   len(tb.cmds) / cpu, tb.counter.cycle / cpu)
-    assert len(tb.ar) >= target, f"{len(tb.ar)} bursts, fewer than {target}"
+    out = os.environ.get("ELMOE_EXT_VOLUME_OUT")
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(volume, indent=1))
+    need = knob("ext_min_checked", 0)
+    assert len(facts) >= need, f"the scoreboard checked {len(facts)} commands, fewer than " \
+        f"{need} (seed {cocotb.RANDOM_SEED})"
+    assert len(tb.ar) >= target, f"{len(tb.ar)} bursts, fewer than {target} " \
+        f"(seed {cocotb.RANDOM_SEED})"
     if tb.err_prob >= 0.02 and len(tb.ar) >= 500:
         assert failed > 0, "no command failed: fault injection did not happen"
 
@@ -990,3 +1179,17 @@ async def trace(dut):
                 h = getattr(h, part)
             vals.append(f"{path}={h.value}")
         dut._log.info("%d %s", tb.counter.cycle, " ".join(vals))
+
+
+@cocotb.test(skip=os.environ.get("ELMOE_EXT_REPLAY") is None)
+async def replay(dut):
+    """Debug aid: the commands of ``ELMOE_EXT_REPLAY`` (a JSON list of
+    ``ExtCommand`` dicts) with outputs always ready, no faults, latency
+    ``ELMOE_EXT_LATENCY``; then the scoreboard."""
+    tb = ExtTB(dut, err_prob=0.0, idle=knob("ext_idle", 0.0), backpressure=knob("ext_bp", 0.0),
+               axi_pause=knob("ext_axi_pause", 0.0))
+    await tb.start()
+    for c in json.loads(os.environ["ELMOE_EXT_REPLAY"]):
+        tb.send(ge.command(**{k: v for k, v in c.items() if k != "id"}))
+    await tb.drain(timeout=20_000)
+    tb.check("replay")
