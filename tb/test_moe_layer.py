@@ -894,7 +894,7 @@ async def faults(dut):
     for kind in ("hb_refused", "ext_error", "ext_early_last"):
         if kind == "hb_refused" and tb._free_slot() is None:
             continue
-        tb.fault = (kind, 0.15)
+        tb.fault = (kind, 0.3)
         random_steps(tb, knob("moe_fault_tokens", 12), roles=(R.FULL, R.VERIFY))
         await tb.drain()
         tb.fault = None

@@ -162,7 +162,7 @@ def test_moe_golden_mutation_fails():
     make the testbench fail, for the right reason."""
     with pytest.raises(SimulationFailed) as exc:
         _run("tiny-shared", "random_batches",
-             {"ELMOE_MOE_TOKENS": "2", "ELMOE_GOLDEN_MUTATION": "1"})
+             {"ELMOE_MOE_TOKENS": "1", "ELMOE_GOLDEN_MUTATION": "1"})
     log = str(exc.value).split("log=")[1].split()[0]
     text = open(log).read()
     assert "outputs differ" in text and "announcements differ" not in text
