@@ -28,6 +28,7 @@ points, e.g. ``FULL_T16,DRAFT_T1``), ``ELMOE_GOLDEN_MUTATION``.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import json
 import os
@@ -48,14 +49,26 @@ from .coverage import write_coverage
 
 R = gb.Role
 _COVER = {}
+#: handshakes checked per geometry (T, PEs, lanes) in this simulation (see ``volume``)
+_TRANSFERS = collections.Counter()
 
 
 def _coverage():
+    """The functional coverage model (cocotb-coverage, prefix ``moe_layer``).
+
+    Sampled per token (role, mask, pass size), per job (its source -- the
+    ports that carry its planes --, precision, token count, decision delay,
+    whether the HB data / LPDDR port was held idle while its pass was in
+    flight) and per pass (the fault injected, the error the RTL's counters
+    report). Cross bins that the contract makes impossible are declared
+    ``ign_bins`` (each with its reason), so they are neither misses nor
+    hits."""
     if "sample" in _COVER:
         return _COVER["sample"]
     from cocotb_coverage.coverage import CoverCross, CoverPoint
     P = "moe_layer"
     yn = [False, True]
+    faults = ["hb_refused", "ext_error", "ext_early_last"]
 
     @CoverPoint(f"{P}.role", xf=lambda c: c["role"], bins=["FULL", "DRAFT", "VERIFY"])
     @CoverPoint(f"{P}.mask", xf=lambda c: c["mask"], bins=["none", "one", "all", "some"])
@@ -68,6 +81,9 @@ def _coverage():
     def sample_token(c):
         pass
 
+    # source: shared = a shared expert (dense HB region); hb = every plane
+    # the job needs from an HB slot; split = MSB planes from HB, the others
+    # from LPDDR; lpddr = every plane from LPDDR.
     @CoverPoint(f"{P}.job.source", xf=lambda c: c["source"],
                 bins=["shared", "hb", "split", "lpddr"])
     @CoverPoint(f"{P}.job.precision", xf=lambda c: c["precision"], bins=["FULL", "DRAFT", "VERIFY"])
@@ -75,15 +91,26 @@ def _coverage():
     @CoverPoint(f"{P}.job.decision_delay", xf=lambda c: c["delay"], bins=yn)
     @CoverPoint(f"{P}.job.hb_idle", xf=lambda c: c["hb_idle"], bins=yn)
     @CoverPoint(f"{P}.job.ext_idle", xf=lambda c: c["ext_idle"], bins=yn)
-    @CoverCross(f"{P}.job.sourceXprecision", items=[f"{P}.job.source", f"{P}.job.precision"])
+    # Illegal by the contract (golden/moe_batched._planes): a FULL or VERIFY
+    # job needs all n planes and an HB slot holds only k of them (Config:
+    # hb_planes <= planes - 1 whenever planes > 1), so an HB-sourced FULL /
+    # VERIFY job is always split, never HB-only; a DRAFT job needs planes
+    # 0 .. k-1, all in the slot, so an HB-sourced DRAFT job is never split.
+    # (Only slice_bits = 8, one plane, would make HB-only FULL possible; no
+    # parameter set here has it.)
+    @CoverCross(f"{P}.job.sourceXprecision", items=[f"{P}.job.source", f"{P}.job.precision"],
+                ign_bins=[("hb", "FULL"), ("hb", "VERIFY"), ("split", "DRAFT")])
     @CoverCross(f"{P}.job.sourceXtokens", items=[f"{P}.job.source", f"{P}.job.tokens"])
     def sample_job(c):
         pass
 
-    @CoverPoint(f"{P}.fault", xf=lambda c: c["fault"],
-                bins=["none", "hb_refused", "ext_error", "ext_early_last"])
+    @CoverPoint(f"{P}.fault", xf=lambda c: c["fault"], bins=["none"] + faults)
     @CoverPoint(f"{P}.pass_error", xf=lambda c: c["error"], bins=yn)
-    @CoverCross(f"{P}.faultXpass_error", items=[f"{P}.fault", f"{P}.pass_error"])
+    # pass_error is the RTL's PassStats.error; the contract (checked in
+    # check_stats) is error == "a fault hit this pass", so a clean pass with
+    # error and a faulted pass without it are illegal.
+    @CoverCross(f"{P}.faultXpass_error", items=[f"{P}.fault", f"{P}.pass_error"],
+                ign_bins=[("none", True)] + [(f, False) for f in faults])
     def sample_pass(c):
         pass
 
@@ -99,7 +126,8 @@ class MoETB:
     """Clock, reset, host, HB banks, controller, LPDDR, monitors, scoreboard."""
 
     def __init__(self, dut, *, stress=False, idle=0.0, bp=0.0, policy="random",
-                 decision_delay=(0, 0), ext_latency=20, hb_latency=3, resident=None):
+                 decision_delay=(0, 0), ext_latency=20, hb_latency=3, resident=None,
+                 free_slots=0):
         self.dut = dut
         self.cfg = cfg = Config(**params()["config"])
         self.v = vocab(cfg)
@@ -117,7 +145,8 @@ class MoETB:
         pairs = [(l, e) for l in range(cfg.layers) for e in range(cfg.experts)]
         if resident is None:
             self.rand.shuffle(pairs)
-            resident = pairs[:cfg.tag_slots]
+            # ``free_slots`` slots hold no expert (an HB read of one is refused)
+            resident = pairs[:cfg.tag_slots - free_slots]
         self.slot_of = {p: s for s, p in enumerate(resident)}
         self.slots = {}
         for (l, e), s in self.slot_of.items():
@@ -151,12 +180,22 @@ class MoETB:
         self.cycle = 0
         self.log = collections.defaultdict(list)         # stall events by kind
         self.transfers = 0
+        self.tok_cycles = []                             # cycle each token was accepted
+        self.need_pass, self.n_passes = [], 0            # pass of each announcement to come
+        self.refused_passes = set()                      # passes with an hb_refused job
         self.fired_count = collections.Counter()
 
     # -- host --------------------------------------------------------------------------------
     def add_step(self, layer, xs, roles, masks, facts=None):
         xs = np.asarray(xs, dtype=np.int64)
         self.steps.append((layer, xs, list(roles), np.asarray(masks, bool), facts or []))
+        # the pass of every announcement to come (the router only), so that the
+        # fault injection names the empty slot for at most one job per pass
+        for p0 in range(0, len(xs), self.T):
+            plan = gb.plan_pass(self.layers[layer], xs[p0:p0 + self.T], list(roles)[p0:p0 + self.T],
+                                np.asarray(masks, bool)[p0:p0 + self.T])
+            self.need_pass += [self.n_passes] * len(plan.routed)
+            self.n_passes += 1
         for i, (x, r, mk) in enumerate(zip(xs, roles, masks)):
             self.tok_q.append(pack(data.Layout.cast(self.v.MoEToken), {
                 "x": [int(a) for a in x], "role": int(r),
@@ -182,7 +221,14 @@ class MoETB:
         if self.fault and self.rand.random() < self.fault[1]:
             fault = self.fault[0]
             if fault == "hb_refused":
-                hb, slot = True, self._free_slot()
+                # a controller never gives two experts of one pass the same
+                # slot: the empty slot goes to one job per pass at most
+                pid = self.need_pass[len(self.decisions)]
+                if pid in self.refused_passes:
+                    fault = None
+                else:
+                    self.refused_passes.add(pid)
+                    hb, slot = True, self._free_slot()
         src = gb.Source(hb, slot)
         self.decisions.append((src, fault))
         d0, d1 = self.decision_delay
@@ -218,8 +264,12 @@ class MoETB:
                     w |= ws[b0 + i] << (i * sv)
                 beats.append([w, q, seg.row0 + c, b0])
         cut = None
-        if fault:
+        if fault == "ext_error":
             cut = self.rand.randrange(len(beats))
+        elif fault == "ext_early_last" and len(beats) > 1:
+            # an early last: at the command's last beat it would be a complete,
+            # correct command (not a fault)
+            cut = self.rand.randrange(len(beats) - 1)
         t0 = self.cycle + self.ext_latency
         for i, (w, q, row, b0) in enumerate(beats):
             last = i == len(beats) - 1
@@ -312,6 +362,7 @@ class MoETB:
         ins = [In_("tok", self.tok_q, False, "tok"), In_("source", self.src_q, True, "source"),
                In_("ext", self.ext_q, True, "ext")]
         ins += [In_(f"hb_data__{b}", self.hb_q[b], True, f"hb{b}") for b in range(B)]
+        tok_in = ins[0]
         outs = [("need", d.need__valid, d.need__payload, d.need__ready, lay(v.ExpertNeed)),
                 ("o", d.o__valid, d.o__payload, d.o__ready, lay(v.MoEOutput)),
                 ("stats", d.stats__valid, d.stats__payload, d.stats__ready, lay(v.PassStats))]
@@ -359,6 +410,8 @@ class MoETB:
                     s.fired = True
                     self.transfers += 1
                     self.fired_count[s.name] += 1
+                    if s is tok_in:
+                        self.tok_cycles.append(cyc)
             for i, (name, valid, payload, _, layout) in enumerate(outs):
                 if not valid.value.is_resolvable:
                     raise AssertionError(f"{name}.valid is {valid.value} at cycle {cyc}")
@@ -661,44 +714,65 @@ class MoETB:
         return errors
 
     def sample_coverage(self, name, results, srcs, fault_kind="none"):
+        """Sample the coverage model over every token, job and pass of the
+        test. Idle and back-pressure are per pass: ``tok_idle`` if a token
+        of the pass was held back, ``o_backpressure`` if one of its outputs
+        waited, ``hb_idle`` / ``ext_idle`` if HB data / an LPDDR beat was
+        held back while the pass was in flight (its first token accepted ..
+        its counters out)."""
         st, sj, sp = _coverage()
         T = self.T
+        log = self.log
 
         def size_bin(x):
             return "1" if x == 1 else ("T" if x == T else "some")
-        o_bp = set(self.log["o_bp"])
-        tok_idle = set(self.log["tok_idle"])
-        hb_idle = any(self.log[f"hb{b}_idle"] for b in range(self.B))
-        ext_idle = bool(self.log["ext_idle"])
-        delays = [dl for _, dl in self.log["decision_delay"]]
+
+        def any_in(events, lo, hi):           # an event in (lo, hi]; events ascending
+            i = bisect.bisect_right(events, lo)
+            return i < len(events) and events[i] <= hi
+        hb_ev = sorted(c for b in range(self.B) for c in log[f"hb{b}_idle"])
+        ext_ev, tok_ev, o_ev = log["ext_idle"], log["tok_idle"], log["o_bp"]
+        tokc = self.tok_cycles
+        delays = [dl for _, dl in log["decision_delay"]]
         di = 0
+        g0 = 0                                  # global index of the step's first token
+        pi_all = 0                              # global pass index (= stats order)
         for si, ((layer, xs, roles, masks, facts), res) in enumerate(zip(self.steps, results)):
             for pi, plan in enumerate(res.passes):
-                for t in range(len(plan.roles)):
+                n = len(plan.roles)
+                g, gl_ = g0 + plan.first, g0 + plan.first + n - 1
+                end = self.stats[pi_all][0]
+                pass_err = bool(self.stats[pi_all][1]["error"])
+                tok_idle = any_in(tok_ev, tokc[g - 1] if g else -1, tokc[gl_])
+                o_bp = any_in(o_ev, self.outputs[g - 1][0] if g else -1, self.outputs[gl_][0])
+                hb_idle = any_in(hb_ev, tokc[g] - 1, end)
+                ext_idle = any_in(ext_ev, tokc[g] - 1, end)
+                for t in range(n):
                     gi = plan.first + t
                     mk = masks[gi]
                     mkind = ("none" if not mk.any() else "all" if mk.all() or
                              (mk == self.resident_mask(layer)).all() and mk.sum() > 1
                              else "one" if mk.sum() == 1 else "some")
                     st({"role": R(roles[gi]).name, "mask": mkind,
-                        "pass_size": size_bin(len(plan.roles)),
+                        "pass_size": size_bin(n),
                         "experts": "some" if plan.sel[t] or plan.jobs else "none",
-                        "o_bp": bool(o_bp), "tok_idle": bool(tok_idle)})
+                        "o_bp": o_bp, "tok_idle": tok_idle})
                 for job in plan.jobs:
                     if job.shared:
-                        source = "shared"
-                        delay = False
+                        source, delay = "shared", False
                     else:
-                        src = srcs[si][pi][job.expert][0]
-                        source = ("split" if src.hb and job.precision is not R.DRAFT else
-                                  "hb" if src.hb else "lpddr")
+                        # the golden plan carries the recorded decision's planes per port
+                        source = ("split" if job.split else "hb" if job.hb_planes else "lpddr")
                         delay = di < len(delays) and delays[di] > 0
                         di += 1
                     sj({"source": source, "precision": job.precision.name,
                         "tokens": size_bin(len(job.tokens)), "delay": delay,
                         "hb_idle": hb_idle, "ext_idle": ext_idle})
                 fault = next((f for _, f in srcs[si][pi].values() if f), None)
-                sp({"fault": fault or "none", "error": bool(fault)})
+                sp({"fault": fault or "none", "error": pass_err})
+                pi_all += 1
+            g0 += len(xs)
+        _TRANSFERS[self.cfg.batch_tokens, self.cfg.pes, self.cfg.lanes] += self.transfers
         write_coverage("moe_layer", run=f"{name} {self.cfg.slice_bits}-{self.cfg.pes}-"
                        f"{self.cfg.batch_tokens}", transactions=self.transfers)
 
@@ -722,17 +796,33 @@ def _mask(tb, layer, kind):
 
 
 def random_steps(tb, tokens_per_mode, *, roles=(R.FULL, R.DRAFT, R.VERIFY), max_step=None,
-                 layers=None, mixed=0.3):
+                 layers=None, mixed=0.3, same=0.15):
     """Steps of 1 .. 1.5 T tokens (so also steps of two passes), mostly one
-    role per step (as the controller sends them), sometimes mixed."""
+    role per step (as the controller sends them), sometimes mixed. A share
+    ``same`` of the steps are one token repeated min(T, max_step) times with
+    one mask (so every expert the pass runs has all its tokens -- all T at
+    the default step size --: for DRAFT with a one-hot mask one expert,
+    otherwise the token's top-k)."""
     T = tb.T
     max_step = max_step or max(1, T + T // 2)
     left = {r: tokens_per_mode for r in roles}
     layers = layers or list(range(tb.cfg.layers))
+    kinds = ["none", "one", "all", "some", "some"]
     while any(v > 0 for v in left.values()):
+        if same and tb.rand.random() < same:
+            layer = tb.rand.choice(layers)
+            n = min(T, max_step)
+            r = tb.rand.choice([r for r in roles if left[r] > 0])
+            xs = np.repeat(gm.random_tokens(tb.np_rng, tb.layers[layer], 1), n, axis=0)
+            mk = _mask(tb, layer, tb.rand.choice(["one", "one", "all", "some"]))
+            tb.add_step(layer, xs, [r] * n, [mk] * n)
+            left[r] -= n
+            continue
+        # (same = 0 draws exactly the steps of the earlier version of this
+        # generator, so a recorded seed replays its steps)
         n = tb.rand.randint(1, max_step)
         if tb.rand.random() < 0.3:
-            n = tb.rand.choice([1, T])
+            n = tb.rand.choice([1, min(T, max_step)])
         layer = tb.rand.choice(layers)
         if tb.rand.random() < mixed:
             rs = [tb.rand.choice(roles) for _ in range(n)]
@@ -742,20 +832,27 @@ def random_steps(tb, tokens_per_mode, *, roles=(R.FULL, R.DRAFT, R.VERIFY), max_
         xs = gm.random_tokens(tb.np_rng, tb.layers[layer], n)
         if tb.rand.random() < 0.05:
             xs[:] = tb.rand.choice((-128, 127))
-        masks = [_mask(tb, layer, tb.rand.choice(["none", "one", "all", "some", "some"]))
-                 for _ in range(n)]
+        masks = [_mask(tb, layer, tb.rand.choice(kinds)) for _ in range(n)]
         tb.add_step(layer, xs, rs, masks)
         for r in rs:
             left[r] -= 1
 
 
-async def _run_random(dut, name, *, stress=False, policy="random", faults=None):
+async def _run_random(dut, name, *, stress=False, policy="random", faults=None, hb_idle=0.2):
     tb = MoETB(dut, stress=stress, idle=0.2, bp=0.25, policy=policy, decision_delay=(0, 12),
                ext_latency=12)
+    tb.in_idle = {f"hb{b}": hb_idle for b in range(tb.B)}
     if faults:
         tb.fault = faults
     await tb.start()
-    random_steps(tb, knob("moe_tokens", 20))
+    max_step = knob("moe_max_step", 0) or None
+    if knob("moe_none_step", True):
+        # a DRAFT step with no allowed expert: its tokens run no routed expert
+        # (and, without shared experts, none at all: the router and the combine only)
+        n = tb.rand.randint(1, max_step or tb.T)
+        none = np.zeros(tb.E, bool)
+        tb.add_step(0, gm.random_tokens(tb.np_rng, tb.layers[0], n), [R.DRAFT] * n, [none] * n)
+    random_steps(tb, knob("moe_tokens", 20), max_step=max_step, same=knob("moe_same", 0.15))
     await tb.drain()
     results, srcs = tb.check(faults=bool(faults))
     tb.sample_coverage(name, results, srcs)
@@ -778,8 +875,10 @@ async def random_batches(dut):
 
 @cocotb.test()
 async def stress_batches(dut):
-    """As random_batches on a layer whose requantisers saturate often."""
-    await _run_random(dut, "stress", stress=True)
+    """As random_batches on a layer whose requantisers saturate often, with
+    HB data never held back (the other inputs idle at random), so passes
+    also run with the HB port at full rate."""
+    await _run_random(dut, "stress", stress=True, hb_idle=0.0)
 
 
 @cocotb.test()
@@ -788,12 +887,14 @@ async def faults(dut):
     (one error beat), an LPDDR command cut short by an error beat, or by an
     early last. The pass's outputs carry ``error``; every other pass is bit
     exact and the datapath carries on without a reset."""
-    tb = MoETB(dut, idle=0.1, bp=0.1, policy="random", decision_delay=(0, 4), ext_latency=8)
+    # one slot left empty: the controller's "HB" decision naming it is refused
+    tb = MoETB(dut, idle=0.1, bp=0.1, policy="random", decision_delay=(0, 4), ext_latency=8,
+               free_slots=1)
     await tb.start()
     for kind in ("hb_refused", "ext_error", "ext_early_last"):
         if kind == "hb_refused" and tb._free_slot() is None:
             continue
-        tb.fault = (kind, 0.15)
+        tb.fault = (kind, 0.3)
         random_steps(tb, knob("moe_fault_tokens", 12), roles=(R.FULL, R.VERIFY))
         await tb.drain()
         tb.fault = None
@@ -947,3 +1048,19 @@ async def speed_probe(dut):
         await ReadOnly()
     b = time.time() - t
     dut._log.info("speed: idle %.0f cycles/s, edge+readonly %.0f cycles/s", 20000 / a, 20000 / b)
+
+
+@cocotb.test()
+async def volume(dut):
+    """Run after the random tests of a simulation: their checked handshakes
+    (a *transaction* of this block: one handshake on any of its ports -- a
+    token, a source decision, an LPDDR beat, an HB read command, an HB data
+    word, an announcement, an output, a pass's counters --, every one under
+    random idle / back-pressure and checked by the scoreboard) reach
+    ``$ELMOE_MOE_MIN_TRANSFERS`` at this geometry."""
+    need = knob("moe_min_transfers", 0)
+    cfg = Config(**params()["config"])
+    got = _TRANSFERS[cfg.batch_tokens, cfg.pes, cfg.lanes]
+    dut._log.info("volume: %d transactions (handshakes) checked at T=%d, %d PEs x %d lanes",
+                  got, cfg.batch_tokens, cfg.pes, cfg.lanes)
+    assert got >= need, f"only {got} transactions checked at this geometry, need {need}"

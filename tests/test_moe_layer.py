@@ -2,15 +2,20 @@
 golden batched layer (random batches, faults, split == FULL, throughput).
 
 Parameter sets (one simulator build each, shared by all tests of the set):
-``tiny`` (T=4, 2 PEs x 4 lanes, s=4, k=2 of 8 experts), ``shared-s2`` (tiny
-with a shared expert, 2-bit slices: 4 planes, 2 in HB, and k=3) and
-``default`` (T=16, 4 PEs x 16 lanes).
+``tiny`` (T=4, 2 PEs x 4 lanes, s=4, k=2 of 8 experts), ``tiny-shared``
+(tiny with one shared expert; HB banks of 8192 words to hold it),
+``shared-s2`` (tiny with a shared expert, 2-bit slices: 4 planes, 2 in HB,
+and k=3) and ``default`` (T=16, 4 PEs x 16 lanes).
 
-The default run (``pytest -m moe``) builds ``tiny`` once per simulator:
-random batches, stress, faults, split VERIFY == FULL, the golden mutation.
-``pytest -m "moe and slow"`` adds the two other sets, the throughput
-benchmark at ``default`` and the full count: at least 500 tokens per role
-per set (random + stress, 250 each).
+The default run (``pytest -m moe``) builds two sets on Verilator:
+``tiny-shared`` (random batches, stress, faults, late constants, split
+VERIFY == FULL, the golden mutation) and ``default`` (a short random run; its
+build is the one the ``slow`` default-size tests and the throughput benchmark
+use). Each checks at least 10,000 transactions -- handshakes on the block's
+ports, see ``tb/test_moe_layer.py::volume``. ``pytest -m "moe and slow"``
+adds plain ``tiny`` and ``shared-s2``, the throughput benchmark at
+``default`` and the full count: at least 500 tokens per role per set
+(random + stress, 250 each).
 """
 
 import json
@@ -29,11 +34,14 @@ BLOCK = get_block("moe_layer")
 
 SETS = {
     "tiny": preset("tiny"),
+    "tiny-shared": preset("tiny").replace(shared_experts=1, hb_words=8192),
     "shared-s2": preset("tiny").replace(shared_experts=1, slice_bits=2, top_k=3, hb_words=16384),
     "default": preset("default"),
 }
 #: tokens per role per random test in the default run, per set
-TOKENS = {"tiny": 12, "shared-s2": 12, "default": 6}
+TOKENS = {"tiny": 12, "tiny-shared": 8, "shared-s2": 12, "default": 6}
+#: transactions (handshakes checked on the block's ports) every default-run simulation reaches
+MIN_TRANSFERS = 10000
 #: slow: two random tests x this many tokens per role >= 500 per role per set
 SLOW_TOKENS = 250
 
@@ -52,10 +60,30 @@ def _run(name, testcase, env=None, simulator="verilator", **kw):
 
 def test_moe_random_tiny():
     """Random batches, a saturation-heavy layer, faults, split VERIFY ==
-    FULL and late pass constants at ``tiny`` (the default run; the other
-    sets run under ``slow``)."""
-    _run("tiny", "random_batches,stress_batches,faults,split_equals_full,late_constants",
-         {"ELMOE_MOE_TOKENS": str(TOKENS["tiny"])})
+    FULL and late pass constants at the tiny geometry with a shared expert
+    (``tiny-shared``: the default run; plain ``tiny`` and ``shared-s2`` run
+    under ``slow``), at least 10,000 transactions."""
+    _run("tiny-shared", "random_batches,stress_batches,faults,split_equals_full,"
+         "late_constants,volume",
+         {"ELMOE_MOE_TOKENS": str(TOKENS["tiny-shared"]), "ELMOE_MOE_LATE_STEPS": "1",
+          "ELMOE_MOE_FAULT_TOKENS": "6", "ELMOE_MOE_SPLIT_STEPS": "3",
+          "ELMOE_MOE_MIN_TRANSFERS": str(MIN_TRANSFERS)})
+
+
+def test_moe_random_default():
+    """The default geometry in the default run: a DRAFT step with no
+    allowed expert, then random steps of 1 .. 2 tokens, at least one token
+    of every role (or a step of one repeated token), random masks, sources,
+    idle and back-pressure, bit-exact against the golden layer, at least
+    10,000 transactions (a FULL or VERIFY token runs top_k = 4 experts of
+    3,072 weight handshakes each -- LPDDR beats, or HB words plus LPDDR
+    beats when split --, so the two alone bring >= 12,288). Its Verilator build is the one of
+    the ``slow`` default-size tests (``test_moe_random[default]``, the full
+    count, ``test_moe_throughput_default``): same parameters, same build
+    arguments, so one build serves them all."""
+    _run("default", "random_batches,volume",
+         {"ELMOE_MOE_TOKENS": "1", "ELMOE_MOE_MAX_STEP": "2",
+          "ELMOE_MOE_MIN_TRANSFERS": str(MIN_TRANSFERS)})
 
 
 @pytest.mark.slow
@@ -71,11 +99,12 @@ def test_moe_late_hb_words_seed3():
     (4 -> 5), so the exact race may no longer recur here: ``late_constants``
     (in the default run) provokes it on purpose at any seed (8 counter
     mismatches before the fix); this replay is ``slow``."""
-    _run("tiny", "random_batches", {"ELMOE_MOE_TOKENS": "16"}, seed=3)
+    _run("tiny", "random_batches", {"ELMOE_MOE_TOKENS": "16", "ELMOE_MOE_SAME": "0",
+                                    "ELMOE_MOE_NONE_STEP": "0"}, seed=3)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["shared-s2", "default"])
+@pytest.mark.parametrize("name", ["tiny", "shared-s2", "default"])
 def test_moe_random(name):
     """As the default run on the shared-expert/2-bit set and at ``default``
     (one Verilator build each: minutes of C++, hence ``slow``)."""
@@ -92,7 +121,7 @@ def test_moe_icarus_and_verilator(simulator):
     37 minutes, so it is not yet part of ``make test`` (see
     docs/blocks/moe_layer.md, status)."""
     if simulator == "verilator":
-        pytest.skip("covered by test_moe_random_tiny")
+        pytest.skip("covered by test_moe_random[tiny]")
     _run("tiny", "random_batches", {"ELMOE_MOE_TOKENS": "1"}, simulator=simulator)
 
 
@@ -132,7 +161,8 @@ def test_moe_golden_mutation_fails():
     """A wrong golden layer (bit 0 of every expected output flipped) must
     make the testbench fail, for the right reason."""
     with pytest.raises(SimulationFailed) as exc:
-        _run("tiny", "random_batches", {"ELMOE_MOE_TOKENS": "2", "ELMOE_GOLDEN_MUTATION": "1"})
+        _run("tiny-shared", "random_batches",
+             {"ELMOE_MOE_TOKENS": "1", "ELMOE_GOLDEN_MUTATION": "1"})
     log = str(exc.value).split("log=")[1].split()[0]
     text = open(log).read()
     assert "outputs differ" in text and "announcements differ" not in text
