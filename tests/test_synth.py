@@ -110,7 +110,7 @@ def test_memory_still_maps_to_block_ram(tmp_path):
     """The wrapper sits at the ports: hb_bank's SRAM is EBR on ECP5, both in
     the block's area and in the wrapped netlist that nextpnr places."""
     b = get_block("hb_bank")
-    r = fl.synth_block(b.build(preset("tiny")), b.top, tmp_path, name="hb_bank", targets=("generic", "ecp5"),
+    r = fl.synth_block(b.build(preset("tiny")), b.top, tmp_path, name="hb_bank", targets=("ecp5",),
                        seeds=[1])
     assert r["ecp5"]["ebr"] > 0
     assert r["ecp5"]["pnr_utilization"].get("DP16KD") == r["ecp5"]["ebr"]
