@@ -328,12 +328,29 @@ class Issue(wiring.Component):
                                Mux(from_hb, ext_p, ext_p + 1)))),
             hb_p_n.eq(Mux(hb_reset, hb_seg, hb_p)),
             ext_p_n.eq(Mux(ext_reset, ext_seg, ext_p))]
-        hb_ok_l, hb_ok_n, ext_ok_l, ext_ok_n = Const(1), Const(1), Const(1), Const(1)
-        for b in range(B):
-            hb_ok_l = hb_ok_l & (hb_p_l != self.hb_wp[b])
-            hb_ok_n = hb_ok_n & (hb_p_n != self.hb_wp[b])
-            ext_ok_l = ext_ok_l & (ext_p_l != self.ext_wp[b])
-            ext_ok_n = ext_ok_n & (ext_p_n != self.ext_wp[b])
+        # each candidate compared on its own (the compares run in parallel and
+        # the choice comes after them); `p + 1 != wp` as `p != wp - 1`, with
+        # `wp - 1` registered (one cycle older: still a safe bound)
+        def none_at(pos, wps):
+            ok = Const(1)
+            for w in wps:
+                ok = ok & (pos != w)
+            return ok
+        hb_wm1 = [Signal.like(self.hb_wp[b], name=f"hb_wm1_{b}") for b in range(B)]
+        ext_wm1 = [Signal.like(self.ext_wp[b], name=f"ext_wm1_{b}") for b in range(B)]
+        m.d.sync += [hb_wm1[b].eq(self.hb_wp[b] - 1) for b in range(B)]
+        m.d.sync += [ext_wm1[b].eq(self.ext_wp[b] - 1) for b in range(B)]
+        hb_c_p, hb_c_p1 = none_at(hb_p, self.hb_wp), none_at(hb_p, hb_wm1)
+        hb_c_seg, hb_c_nxt = none_at(hb_seg, self.hb_wp), none_at(hb_nxt, self.hb_wp)
+        ext_c_p, ext_c_p1 = none_at(ext_p, self.ext_wp), none_at(ext_p, ext_wm1)
+        ext_c_seg, ext_c_nxt = none_at(ext_seg, self.ext_wp), none_at(ext_nxt, self.ext_wp)
+        hb_ok_l = Mux(in_router, Mux(tok_end & last_g, hb_c_seg, hb_c_p1),
+                      Mux(tok_end, Mux(nxt_any, hb_c_seg, hb_c_nxt), Mux(from_hb, hb_c_p1, hb_c_p)))
+        ext_ok_l = Mux(in_router, ext_c_p,
+                       Mux(tok_end, Mux(nxt_any, ext_c_seg, ext_c_nxt),
+                           Mux(from_hb, ext_c_p, ext_c_p1)))
+        hb_ok_n = Mux(hb_reset, hb_c_seg, hb_c_p)
+        ext_ok_n = Mux(ext_reset, ext_c_seg, ext_c_p)
         m.d.sync += [hb_av_l.eq(hb_ok_l), hb_av_n.eq(hb_ok_n), ext_av_l.eq(ext_ok_l),
                      ext_av_n.eq(ext_ok_n)]
         m.d.sync += [settle.eq(0), bubble.eq(0), h_ok.eq(h_cur)]

@@ -32,7 +32,7 @@ valid once every routed expert is announced. Three read ports serve the HB
 reader, the LPDDR writer and the issue stage.
 
 Timing: routing results (``sel``) are collected into a ``T x E`` selection
-matrix per buffer as they come; after a pass's last token: two cycles of
+matrix per buffer as they come; after a pass's last token: three cycles of
 column popcounts, then one announcement per four cycles (plus the
 controller's ``ready``) and two cycles per empty token-count level.
 """
@@ -137,6 +137,9 @@ class ExpertScheduler(wiring.Component):
         cur_rows = [Signal(E, name=f"row{t}") for t in range(T)]
         col = [Signal(T, name=f"col{e}") for e in range(E)]
         cnt = [Signal(range(T + 1), name=f"cnt{e}") for e in range(E)]
+        Th = (T + 1) // 2
+        cnt_lo = [Signal(range(Th + 1), name=f"cnt_lo{e}") for e in range(E)]
+        cnt_hi = [Signal(range(T - Th + 1), name=f"cnt_hi{e}") for e in range(E)]
         anyv = Signal(E)
         anyf = Signal(E)
         rem = [Signal(range(K + 1), name=f"rem{t}") for t in range(T)]
@@ -239,8 +242,15 @@ class ExpertScheduler(wiring.Component):
                                                       self.no_routed[1]))]
                 m.next = "COUNT"
             with m.State("COUNT"):
+                # popcounts in two steps (halves, then their sum): 16 bits in
+                # one cycle missed 125 MHz
                 for e in range(E):
-                    m.d.sync += cnt[e].eq(sum(col[e][t] for t in range(T)))
+                    m.d.sync += [cnt_lo[e].eq(sum(col[e][t] for t in range(Th))),
+                                 cnt_hi[e].eq(sum(col[e][t] for t in range(Th, T)))]
+                m.next = "COUNT2"
+            with m.State("COUNT2"):
+                for e in range(E):
+                    m.d.sync += cnt[e].eq(cnt_lo[e] + cnt_hi[e])
                 m.d.sync += [level.eq(count), self.sel_done.bit_select(ps, 1).eq(1)]
                 m.next = "ORDER"
             with m.State("ORDER"):
