@@ -183,9 +183,14 @@ def requant_pipe(m: Module, v, mult, shift, name: str):
     m.d.comb += low.eq(qb[:10])
     r = Signal(signed(10), name=f"{name}_r")
     m.d.comb += r.eq((low + 1) >> 1)
+    # the clamp decided on `low` itself, beside the rounding adder rather than
+    # behind it: (low + 1) >> 1 > 127 iff low >= 255, < -128 iff low <= -258
+    hi_clip = Signal(name=f"{name}_hi")
+    lo_clip = Signal(name=f"{name}_lo")
+    m.d.comb += [hi_clip.eq(low >= 255), lo_clip.eq(low <= -258)]
     out = Signal(signed(8), name=name)
-    m.d.sync += out.eq(Mux(in_range, Mux(r > 127, 127, Mux(r < -128, -128, r)),
-                           Mux(neg, -128, 127)))
+    m.d.sync += out.eq(Mux(in_range & ~hi_clip & ~lo_clip, r[:8],
+                           Mux(in_range, Mux(hi_clip, 127, -128), Mux(neg, -128, 127))))
     return out, lat + REQUANT_LATENCY_TAIL
 
 

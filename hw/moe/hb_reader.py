@@ -39,6 +39,7 @@ from amaranth.lib.wiring import In, Out
 from ...golden import moe_batched as gb
 from ..vocab import HBRegionKind, TokenRole, bits, hb_beat, hb_read
 from .common import pow2ceil, zext
+from ..streams import RegisterSlice
 from .payloads import job_entry, job_source, seg_params
 
 __all__ = ["HBReader", "RecordPath", "rec_cmd"]
@@ -53,12 +54,21 @@ def rec_cmd(g) -> data.StructLayout:
                               "par": 1})
 
 
+class _RawView:
+    """The unpacker's view of the word queue (``r_data``/``r_rdy``/``r_en``
+    names of a FIFO's read side on a stream)."""
+
+    def __init__(self, st):
+        self.r_data, self.r_rdy, self.r_en = st.payload, st.valid, st.ready
+
+
 class RecordPath(wiring.Component):
     """One bank's requantisation records: words in, records out.
 
     Words (``word``) queue in a FIFO deep enough for two jobs' records, so
-    the HB stream is never held up by the one-record-per-cycle unpacker.
-    Per command (``cmd``): skip ``skip`` records of the first word, take
+    the HB stream is never held up by the one-record-per-cycle unpacker;
+    a register slice after the FIFO keeps its block RAM output off the
+    unpacker's logic (for 125 MHz). Per command (``cmd``): skip ``skip`` records of the first word, take
     ``nrec`` records, drop the rest of the last word. A job's records become
     one ``SegParams`` per segment row (GATE: one record; UP: ``up_rq`` and
     ``prod_rq``; DOWN: one) on ``params``; the pass constants are written
@@ -96,6 +106,13 @@ class RecordPath(wiring.Component):
                      self.cmd.ready.eq(cmdq.w_rdy),
                      self.params.payload.eq(pq.r_data), self.params.valid.eq(pq.r_rdy),
                      pq.r_en.eq(self.params.ready)]
+        # the FIFO's block RAM output is registered before the unpacker's
+        # lane select and the former (a full-throughput register slice: one
+        # word per cycle, one cycle more latency)
+        rs = m.submodules.raw_slice = RegisterSlice(unsigned(sv))
+        m.d.comb += [rs.i.payload.eq(raw.r_data), rs.i.valid.eq(raw.r_rdy),
+                     raw.r_en.eq(rs.i.ready)]
+        raw = _RawView(rs.o)
         cur = Signal(rec_cmd(g))
         ri = Signal.like(cur.nrec)
         rec = Signal(32)
@@ -464,8 +481,13 @@ class HBReader(wiring.Component):
                     m.d.comb += dq[b].r_en.eq(1)
                     m.d.sync += [pad.eq(0), recvd.eq(0)]
         for p in range(2):
+            # counted a cycle after the handshakes (registered, so that the
+            # ready logic does not feed the counter's adder): the count is read
+            # only when the pass is done, long after its last word
+            beats_r = [Signal(name=f"beat_r{p}_{b}") for b in range(B)]
+            m.d.sync += [beats_r[b].eq(beats[p][b]) for b in range(B)]
             got = Signal(range(B + 1), name=f"got{p}")
-            m.d.comb += got.eq(sum(beats[p]))
+            m.d.comb += got.eq(sum(beats_r))
             with m.If(got != 0):
                 m.d.sync += self.words[p].eq(self.words[p] + got)
         return m

@@ -50,8 +50,14 @@ selected no routed expert).
 
 Pipeline: I0 decides a beat and presents the memory addresses, I1 has the
 memory outputs (registered as they are), I2 forms the beat into a FIFO; a
-beat launches only while at most four beats are in I1, I2 and the FIFO,
-so nothing stalls between I0 and the FIFO.
+beat launches only while fewer than ``CREDITS`` beats are in I1, I2 and
+the FIFO, so nothing stalls between I0 and the FIFO. For 125 MHz,
+``launch`` (I0) looks only at registers or small compares of registers:
+the availability of the word at the next read position is compared with
+the write pointers a cycle ahead, for both outcomes (launch or not), and
+``launch`` only selects; so are the next read positions. A new word is
+seen a cycle after its write (one cycle more latency from a port, no
+change of throughput).
 """
 
 from __future__ import annotations
@@ -192,12 +198,6 @@ class Issue(wiring.Component):
         gl_ = Signal.like(grp)               # groups - 1 of the current phase
         tpl = Signal(range(n))               # planes - 1 of the current token
         from_hb = in_router | (q < hbn)
-        hb_ok = Const(1)
-        ext_ok = Const(1)
-        for b in range(B):
-            hb_ok = hb_ok & (hb_p != self.hb_wp[b])
-            ext_ok = ext_ok & (ext_p != self.ext_wp[b])
-        avail = Mux(from_hb, hb_ok, ext_ok)
         s1_valid, s2_valid = Signal(), Signal()
         inflight = Signal(range(CREDITS + 2))
         credit = inflight < CREDITS
@@ -211,6 +211,22 @@ class Issue(wiring.Component):
         last_q = q == tpl
         tok_end = last_c & last_q
         last_g = grp == gl_
+
+        # Read positions: both next values computed from registers (`launch`,
+        # which is late, only selects one), and the availability of the word
+        # at each of them registered a cycle ahead: `hb_p`/`ext_p` next cycle is
+        # `*_p_l` after a launch, `*_p_n` otherwise (a token or segment start
+        # moves them to the segment's start). A word is there iff the position
+        # is not a bank's write pointer; last cycle's write pointers are a safe
+        # bound (they only move forward, and a read position never passes them),
+        # so new words are seen a cycle later, at unchanged throughput.
+        nxt_any, nxt_t, nxt_draft = Signal(), Signal.like(t), Signal()   # (set below)
+        hb_reset, ext_reset = Signal(), Signal()   # FSM: position to the segment start
+        hb_p_l, ext_p_l = Signal.like(hb_p), Signal.like(ext_p)
+        hb_p_n, ext_p_n = Signal.like(hb_p), Signal.like(ext_p)
+        hb_av_l, hb_av_n, ext_av_l, ext_av_n = Signal(), Signal(), Signal(), Signal()
+        launched = Signal()
+        avail = Mux(from_hb, Mux(launched, hb_av_l, hb_av_n), Mux(launched, ext_av_l, ext_av_n))
         launch = Signal()
         m.d.comb += launch.eq(running & avail & credit & (~is_down | h_ok) & ~wait_sel
                               & ~(settle & tok_end) & ~bubble)
@@ -223,7 +239,6 @@ class Issue(wiring.Component):
 
         # next token of the segment, one cycle ahead; the first one of the job
         nxt_any_c, nxt_t_c = lowest_set(m, rem, "nxt")
-        nxt_any, nxt_t, nxt_draft = Signal(), Signal.like(t), Signal()
         m.d.sync += [nxt_any.eq(nxt_any_c), nxt_t.eq(nxt_t_c),
                      nxt_draft.eq(roles[nxt_t_c] == TokenRole.DRAFT)]
         f_any_c, f_t_c = lowest_set(m, ent.tok_mask, "first")
@@ -247,7 +262,8 @@ class Issue(wiring.Component):
         dsc = s1.desc
         m.d.comb += [self.x_addr.eq(Cat(zext(c, self.cbx), zext(t, self.tb), pi)),
                      self.h_addr.eq(Cat(zext(c, bits(g.c_down)), zext(t, self.tb)))]
-        m.d.sync += s1_valid.eq(launch | end_req)
+        m.d.sync += [s1_valid.eq(launch | end_req), launched.eq(launch),
+                     hb_p.eq(Mux(launch, hb_p_l, hb_p_n)), ext_p.eq(Mux(launch, ext_p_l, ext_p_n))]
         with m.If(launch):
             m.d.sync += [s1.mode.eq(mode), s1.keep.eq(k), s1.last.eq(tok_end),
                          s1_ext.eq(~from_hb), s1_h.eq(is_down),
@@ -288,11 +304,6 @@ class Issue(wiring.Component):
                          beat.sv[b].slices.eq(Mux(s2_zero, 0, Mux(s2_ext, s2_xd[b], s2_hb[b])))]
 
         # ---- walk updates -------------------------------------------------------------------
-        with m.If(launch):
-            with m.If(from_hb):
-                m.d.sync += hb_p.eq(hb_p + 1)
-            with m.Else():
-                m.d.sync += ext_p.eq(ext_p + 1)
         up_inc = launch & tok_end & ~in_router & (proj == Kind.UP)
         # both outcomes computed from registers, `up_inc` (late: it follows
         # `launch`) only selects one (no carry chain after the launch logic)
@@ -307,6 +318,41 @@ class Issue(wiring.Component):
         hb_nxt = Signal.like(hb_seg)
         ext_nxt = Signal.like(ext_seg)
         m.d.sync += [hb_nxt.eq(hb_seg + hb_len), ext_nxt.eq(ext_seg + ext_len)]
+        # next read positions and their availability (see `launch` above)
+        m.d.comb += [
+            hb_p_l.eq(Mux(in_router, Mux(tok_end & last_g, hb_seg, hb_p + 1),
+                          Mux(tok_end, Mux(nxt_any, hb_seg, hb_nxt),
+                              Mux(from_hb, hb_p + 1, hb_p)))),
+            ext_p_l.eq(Mux(in_router, ext_p,
+                           Mux(tok_end, Mux(nxt_any, ext_seg, ext_nxt),
+                               Mux(from_hb, ext_p, ext_p + 1)))),
+            hb_p_n.eq(Mux(hb_reset, hb_seg, hb_p)),
+            ext_p_n.eq(Mux(ext_reset, ext_seg, ext_p))]
+        # each candidate compared on its own (the compares run in parallel and
+        # the choice comes after them); `p + 1 != wp` as `p != wp - 1`, with
+        # `wp - 1` registered (one cycle older: still a safe bound)
+        def none_at(pos, wps):
+            ok = Const(1)
+            for w in wps:
+                ok = ok & (pos != w)
+            return ok
+        hb_wm1 = [Signal.like(self.hb_wp[b], name=f"hb_wm1_{b}") for b in range(B)]
+        ext_wm1 = [Signal.like(self.ext_wp[b], name=f"ext_wm1_{b}") for b in range(B)]
+        m.d.sync += [hb_wm1[b].eq(self.hb_wp[b] - 1) for b in range(B)]
+        m.d.sync += [ext_wm1[b].eq(self.ext_wp[b] - 1) for b in range(B)]
+        hb_c_p, hb_c_p1 = none_at(hb_p, self.hb_wp), none_at(hb_p, hb_wm1)
+        hb_c_seg, hb_c_nxt = none_at(hb_seg, self.hb_wp), none_at(hb_nxt, self.hb_wp)
+        ext_c_p, ext_c_p1 = none_at(ext_p, self.ext_wp), none_at(ext_p, ext_wm1)
+        ext_c_seg, ext_c_nxt = none_at(ext_seg, self.ext_wp), none_at(ext_nxt, self.ext_wp)
+        hb_ok_l = Mux(in_router, Mux(tok_end & last_g, hb_c_seg, hb_c_p1),
+                      Mux(tok_end, Mux(nxt_any, hb_c_seg, hb_c_nxt), Mux(from_hb, hb_c_p1, hb_c_p)))
+        ext_ok_l = Mux(in_router, ext_c_p,
+                       Mux(tok_end, Mux(nxt_any, ext_c_seg, ext_c_nxt),
+                           Mux(from_hb, ext_c_p, ext_c_p1)))
+        hb_ok_n = Mux(hb_reset, hb_c_seg, hb_c_p)
+        ext_ok_n = Mux(ext_reset, ext_c_seg, ext_c_p)
+        m.d.sync += [hb_av_l.eq(hb_ok_l), hb_av_n.eq(hb_ok_n), ext_av_l.eq(ext_ok_l),
+                     ext_av_n.eq(ext_ok_n)]
         m.d.sync += [settle.eq(0), bubble.eq(0), h_ok.eq(h_cur)]
 
         def start_token(tt, draft, sl, h):
@@ -328,7 +374,7 @@ class Issue(wiring.Component):
                 with m.If(last_c & last_q):
                     m.d.sync += [q.eq(0), grp.eq(grp + 1)]
                     with m.If(last_g):                        # token done
-                        m.d.sync += [grp.eq(0), hb_p.eq(hb_seg), settle.eq(1)]
+                        m.d.sync += [grp.eq(0), settle.eq(1)]
                         with m.If(t == count - 1):
                             m.d.sync += [running.eq(0), in_router.eq(0),
                                          hb_seg.eq(hb_seg + g.router_words)]
@@ -337,11 +383,9 @@ class Issue(wiring.Component):
             with m.Elif(tok_end):
                 with m.If(nxt_any):                           # next token of the segment
                     start_token(nxt_t, nxt_draft, slot + 1, h_nxt)
-                    m.d.sync += [rem.eq(rem & ~(Const(1, T) << nxt_t)), hb_p.eq(hb_seg),
-                                 ext_p.eq(ext_seg)]
+                    m.d.sync += rem.eq(rem & ~(Const(1, T) << nxt_t))
                 with m.Else():                                # segment done
-                    m.d.sync += [hb_seg.eq(hb_nxt), ext_seg.eq(ext_nxt), hb_p.eq(hb_nxt),
-                                 ext_p.eq(ext_nxt), grp.eq(grp + 1)]
+                    m.d.sync += [hb_seg.eq(hb_nxt), ext_seg.eq(ext_nxt), grp.eq(grp + 1)]
                     start_token(f_t, f_draft, 0, h_first)
                     m.d.sync += rem.eq(ent.tok_mask & ~(Const(1, T) << f_t))
                     with m.If(last_g):
@@ -367,8 +411,9 @@ class Issue(wiring.Component):
                                  start.eq(self.cycle), mac.eq(0), j.eq(0),
                                  in_router.eq(1), running.eq(1), grp.eq(0), q.eq(0), c.eq(0),
                                  t.eq(0), tpl.eq(n - 1), cl.eq(g.c_in - 1),
-                                 gl_.eq(g.g_router - 1), hb_p.eq(hb_seg), slack.eq(0),
+                                 gl_.eq(g.g_router - 1), slack.eq(0),
                                  cur_draft.eq(0), settle.eq(1)]
+                    m.d.comb += hb_reset.eq(1)
                     m.next = "ROUTER"
             with m.State("ROUTER"):
                 with m.If(~running):
@@ -392,8 +437,8 @@ class Issue(wiring.Component):
                 m.next = "JOB_START"
             with m.State("JOB_START"):
                 start_token(f_t, f_draft, 0, h_first)
-                m.d.sync += [rem.eq(ent.tok_mask & ~(Const(1, T) << f_t)),
-                             hb_p.eq(hb_seg), ext_p.eq(ext_seg), running.eq(1)]
+                m.d.sync += [rem.eq(ent.tok_mask & ~(Const(1, T) << f_t)), running.eq(1)]
+                m.d.comb += [hb_reset.eq(1), ext_reset.eq(1)]
                 m.next = "JOB_WAIT"
             with m.State("END"):
                 # the summary is offered once the beat FIFO has room (which only

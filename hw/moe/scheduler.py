@@ -32,7 +32,7 @@ valid once every routed expert is announced. Three read ports serve the HB
 reader, the LPDDR writer and the issue stage.
 
 Timing: routing results (``sel``) are collected into a ``T x E`` selection
-matrix per buffer as they come; after a pass's last token: two cycles of
+matrix per buffer as they come; after a pass's last token: three cycles of
 column popcounts, then one announcement per four cycles (plus the
 controller's ``ready``) and two cycles per empty token-count level.
 """
@@ -137,6 +137,9 @@ class ExpertScheduler(wiring.Component):
         cur_rows = [Signal(E, name=f"row{t}") for t in range(T)]
         col = [Signal(T, name=f"col{e}") for e in range(E)]
         cnt = [Signal(range(T + 1), name=f"cnt{e}") for e in range(E)]
+        Th = (T + 1) // 2
+        cnt_lo = [Signal(range(Th + 1), name=f"cnt_lo{e}") for e in range(E)]
+        cnt_hi = [Signal(range(T - Th + 1), name=f"cnt_hi{e}") for e in range(E)]
         anyv = Signal(E)
         anyf = Signal(E)
         rem = [Signal(range(K + 1), name=f"rem{t}") for t in range(T)]
@@ -152,11 +155,15 @@ class ExpertScheduler(wiring.Component):
         n_exp = Array(self.experts)
         n_tok = Array(self.expert_tokens)
 
-        # decisions: accepted while an announced expert is undecided
-        m.d.comb += self.source.ready.eq(decided[ps] < S + announced)
+        # decisions: accepted while an announced expert is undecided. `dec` is
+        # `decided[ps]` and `lim` is `S + announced`, kept as registers of their
+        # own (no buffer mux and no adder in front of `source.ready`).
+        dec = Signal.like(self.decided[0])
+        lim = Signal(range(g.jobs + 1))
+        m.d.comb += self.source.ready.eq(dec < lim)
         with m.If(self.source.valid & self.source.ready):
-            m.d.sync += decided[ps].eq(decided[ps] + 1)
-            m.d.comb += [sw.addr.eq(Cat(zext(decided[ps], jb), ps)), sw.data.eq(self.source.payload),
+            m.d.sync += [decided[ps].eq(dec + 1), dec.eq(dec + 1)]
+            m.d.comb += [sw.addr.eq(Cat(zext(dec, jb), ps)), sw.data.eq(self.source.payload),
                          sw.en.eq(1)]
 
         prec_all = Mux(is_v.any(), TokenRole.VERIFY, Mux((~is_d & pmask).any(), TokenRole.FULL,
@@ -168,9 +175,14 @@ class ExpertScheduler(wiring.Component):
         c_any, c_idx = lowest_set(m, cand, "cand")
         colsel = Array(col)
         cntsel = Array(cnt)
+        # the announced job's token masks are registered in OFFER (``pick``,
+        # ``rem`` and ``seen`` do not change between OFFER and ANNOUNCE), so
+        # the job table's write port is fed from registers
         ncol = Signal(T)
-        m.d.comb += ncol.eq(colsel[pick])
-        last_of = Cat(*[ncol[t] & (rem[t] == 1) for t in range(T)])
+        ncol_first = Signal(T)
+        last_of = Signal(T)
+        ncol_c = Signal(T)
+        m.d.comb += ncol_c.eq(colsel[pick])
 
         with m.FSM(name="scheduler"):
             with m.State("IDLE"):
@@ -179,7 +191,8 @@ class ExpertScheduler(wiring.Component):
                     m.d.sync += [my_seq.bit_select(ps, 1).eq(self.pass_seq.bit_select(ps, 1)),
                                  self.epoch.bit_select(ps, 1).eq(~self.epoch.bit_select(ps, 1)),
                                  count.eq(self.count[0]), layer.eq(self.layer[0]),
-                                 decided[ps].eq(0), announced.eq(0), sidx.eq(0),
+                                 decided[ps].eq(0), dec.eq(0), lim.eq(S), announced.eq(0),
+                                 sidx.eq(0),
                                  self.total_valid.bit_select(ps, 1).eq(0),
                                  self.sel_done.bit_select(ps, 1).eq(0),
                                  n_exp[ps].eq(0), n_tok[ps].eq(0), done_e.eq(0)]
@@ -204,7 +217,7 @@ class ExpertScheduler(wiring.Component):
                                  ent.count.eq(count), ent.precision.eq(prec_all),
                                  sw.addr.eq(Cat(zext(sidx, jb), ps)), sw.en.eq(1),
                                  job_source(g)(sw.data).hb.eq(1)]
-                    m.d.sync += [sidx.eq(sidx + 1), decided[ps].eq(decided[ps] + 1)]
+                    m.d.sync += [sidx.eq(sidx + 1), decided[ps].eq(dec + 1), dec.eq(dec + 1)]
                     with m.If(sidx == S - 1):
                         m.next = "WAIT_SEL"
             with m.State("WAIT_SEL"):
@@ -229,8 +242,15 @@ class ExpertScheduler(wiring.Component):
                                                       self.no_routed[1]))]
                 m.next = "COUNT"
             with m.State("COUNT"):
+                # popcounts in two steps (halves, then their sum): 16 bits in
+                # one cycle missed 125 MHz
                 for e in range(E):
-                    m.d.sync += cnt[e].eq(sum(col[e][t] for t in range(T)))
+                    m.d.sync += [cnt_lo[e].eq(sum(col[e][t] for t in range(Th))),
+                                 cnt_hi[e].eq(sum(col[e][t] for t in range(Th, T)))]
+                m.next = "COUNT2"
+            with m.State("COUNT2"):
+                for e in range(E):
+                    m.d.sync += cnt[e].eq(cnt_lo[e] + cnt_hi[e])
                 m.d.sync += [level.eq(count), self.sel_done.bit_select(ps, 1).eq(1)]
                 m.next = "ORDER"
             with m.State("ORDER"):
@@ -248,6 +268,8 @@ class ExpertScheduler(wiring.Component):
                     m.d.sync += level.eq(level - 1)
                     m.next = "ORDER"
             with m.State("OFFER"):
+                m.d.sync += [ncol.eq(ncol_c), ncol_first.eq(ncol_c & ~seen),
+                             last_of.eq(Cat(*[ncol_c[t] & (rem[t] == 1) for t in range(T)]))]
                 m.d.sync += [self.need.valid.eq(1),
                              self.need.payload.layer.eq(layer),
                              self.need.payload.expert.eq(pick),
@@ -262,10 +284,11 @@ class ExpertScheduler(wiring.Component):
                     ent = job_entry(g)(jw.data)
                     m.d.comb += [jw.addr.eq(Cat(zext(S + announced, jb), ps)), jw.en.eq(1),
                                  ent.shared.eq(0), ent.expert.eq(pick), ent.tok_mask.eq(ncol),
-                                 ent.first_mask.eq(ncol & ~seen), ent.last_mask.eq(last_of),
+                                 ent.first_mask.eq(ncol_first), ent.last_mask.eq(last_of),
                                  ent.count.eq(self.need.payload.tokens),
                                  ent.precision.eq(self.need.payload.precision)]
                     m.d.sync += [self.need.valid.eq(0), announced.eq(announced + 1),
+                                 lim.eq(lim + 1),
                                  seen.eq(seen | ncol),
                                  n_exp[ps].eq(n_exp[ps] + 1),
                                  n_tok[ps].eq(n_tok[ps] + self.need.payload.tokens)]
@@ -273,7 +296,7 @@ class ExpertScheduler(wiring.Component):
                         m.d.sync += rem[t].eq(rem[t] - ncol[t])
                     m.next = "ORDER"
             with m.State("WAIT_DEC"):
-                with m.If(decided[ps] == total[ps]):
+                with m.If(dec == total[ps]):
                     for p in range(2):
                         with m.If(ps == p):
                             m.d.sync += done_tok[p].eq(0)

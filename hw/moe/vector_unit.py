@@ -20,22 +20,31 @@ A0-A7  ``q1 = rq(value, mult, shift)`` (partial-product tree, two barrel
        stages, clamp)
 A7     reads issued: SiLU table (GATE), ``silu`` of the row (UP), the
        output record of the row (DOWN)
-A8     GATE: ``silu = LUT[q1]`` written; UP/DOWN: ``b = silu`` or the gate
-A8-A11 ``p = q1 * b`` (UP: ``silu * u``; DOWN: ``gate * d``)
-A11    DOWN: ``acc = (first ? 0 : acc) + p`` written (unless last)
-A12-19 ``q2 = rq(UP: p, prod_rq | DOWN last: acc, out_rq)``
-A19    UP: ``h`` written, and after the segment row's last bank an
+A8     the read data registered as it is (no logic after a block RAM)
+A9     GATE: ``silu = LUT[q1]`` written; UP/DOWN: ``b = silu`` or the gate
+A9-A12 ``p = q1 * b`` (UP: ``silu * u``; DOWN: ``gate * d``); the ``acc``
+       read is issued at A10 and its data registered at A12
+A12    DOWN: ``acc = (first ? 0 : acc) + p`` written (unless last)
+A13-20 ``q2 = rq(UP: p, prod_rq | DOWN last: acc, out_rq)``
+A20    UP: ``h`` written, and after the segment row's last bank an
        ``up_done`` pulse; DOWN last: ``y`` written; END: ``done`` pulse
 =====  ==================================================================
 
 Every multiply is a partial-product tree with a register per level and
-every memory output is registered before logic (``common.py``), so the
-longest path is one carry chain: the unit is built for 125 MHz.
+every memory output is registered before any logic (``silu``, ``acc``,
+SiLU table, output records), so the longest path is one carry chain: the
+unit is built for 125 MHz.
 
-Memories (``T`` tokens): ``silu`` and ``acc`` (one entry per token and
-row), ``h`` and ``y`` (``L``-element words with byte enables, read by the
-issue and output stages), the SiLU table and the output records (two sets,
-one per pass buffer).
+Read-after-write without bypass logic (a transparent read port would put
+Yosys's bypass multiplexer, and the block RAM's 5.8 ns, back in front of
+the multiplier): a ``silu`` entry is written at A9 and read at A7, an
+``acc`` entry written at A12 and read at A10, so an element sees the
+writes of every element at least three ahead of it. The same ``(token,
+row)`` is much further apart: a GATE row's UP element comes after the
+remaining GATE segments and the UP segments before it (at least
+``g_in * B = I`` elements), a DOWN row's next accumulation is a later
+job's (its GATE and UP segments lie between). The constructor requires
+``I >= 4``.
 """
 
 from __future__ import annotations
@@ -52,8 +61,8 @@ from .softmax import gate_row
 
 __all__ = ["VectorUnit", "LATENCY"]
 
-#: Stages from A0 to the writes (A19).
-LATENCY = 19
+#: Stages from A0 to the writes (A20).
+LATENCY = 20
 
 
 class VectorUnit(wiring.Component):
@@ -80,6 +89,9 @@ class VectorUnit(wiring.Component):
     def __init__(self, g):
         self.g = g
         T, B, L = g.T, g.B, g.L
+        if g.I < 4:
+            raise ValueError(f"VectorUnit needs an FFN size of at least 4 (the silu/acc "
+                             f"read-after-write distance), not {g.I}")
         self.tb = bits(T)
         super().__init__({
             "i": In(stream.Signature(array_result(g))),
@@ -114,9 +126,9 @@ class VectorUnit(wiring.Component):
             w = mm.write_port(granularity=gran) if gran else mm.write_port()
             return mm, w
         silu_m, silu_w = mem("silu", signed(8), T << bits(g.I))
-        silu_r = silu_m.read_port(transparent_for=(silu_w,))
+        silu_r = silu_m.read_port()
         acc_m, acc_w = mem("acc", signed(g.accw), T << bits(g.H))
-        acc_r = acc_m.read_port(transparent_for=(acc_w,))
+        acc_r = acc_m.read_port()
         h_m, h_w = mem("h", unsigned(8 * L), T << bits(g.c_down), gran=8)
         h_r = h_m.read_port()
         y_m, y_w = mem("y", unsigned(8 * L), T << bits(g.c_in), gran=8)
@@ -235,50 +247,60 @@ class VectorUnit(wiring.Component):
         for b in range(B):
             m.d.comb += out_r[b].addr.eq(Cat(zext(c7["g7"], bits(g.g_down)), c7["p7"]))
 
-        # ---- A8 -------------------------------------------------------------------------
+        # ---- A8: the read data, registered into A9 (a block RAM drives no logic) ------------
         c8 = {k8: carry(v, 1, k8 + "_8") for k8, v in c7.items()}
-        q1_8 = carry(q1, 1, "q1_8")
-        code8 = carry(code, 1, "code8")
-        m2_8, s2_8, gate8 = carry(m27, 1, "m2_8"), carry(s27, 1, "s2_8"), carry(gate7, 1, "gate8")
-        silu_new = Signal(signed(8))
-        m.d.comb += silu_new.eq(lut_r.data.word_select(code8[:2], 8))
-        m.d.comb += [silu_w.addr.eq(Cat(zext(c8["w7"], bits(g.I)), zext(c8["t7"], tb))),
-                     silu_w.data.eq(silu_new),
-                     silu_w.en.eq(c8["v7"] & (c8["k7"] == Kind.GATE) & ~c8["e7"])]
-        bop = Signal(signed(14))
-        m.d.comb += bop.eq(Mux(c8["k7"] == Kind.UP, silu_r.data, gate8))
-        outrec = Signal(22)
-        m.d.comb += outrec.eq(Array(r.data for r in out_r)[c8["b7"]])
-        prod, latm = mul_pipe(m, bop, q1_8, "mul_s", b_signed=True)
-        assert latm == 3, latm
-        c11 = {k1: carry(v, 3, k1 + "_11") for k1, v in c8.items()}
-        m2_11, s2_11 = carry(m2_8, 3, "m2_11"), carry(s2_8, 3, "s2_11")
-        out_9 = Signal(22)
-        m.d.sync += out_9.eq(outrec)
-        out_11 = carry(out_9, 2, "out_11")
-        # acc read issued at A10
-        c10 = {k0: carry(v, 2, k0 + "_10") for k0, v in c8.items()}
-        m.d.comb += acc_r.addr.eq(Cat(zext(c10["w7"], bits(g.H)), zext(c10["t7"], tb)))
+        lut_q = Signal(32)
+        silu_q = Signal(signed(8))
+        out_q = [Signal(22, name=f"out_q{b}") for b in range(B)]
+        m.d.sync += [lut_q.eq(lut_r.data), silu_q.eq(silu_r.data)]
+        m.d.sync += [out_q[b].eq(out_r[b].data) for b in range(B)]
 
-        # ---- A11: combine ------------------------------------------------------------------
-        is_down11 = c11["v7"] & (c11["k7"] == Kind.DOWN) & ~c11["e7"]
+        # ---- A9 -------------------------------------------------------------------------
+        c9 = {k9: carry(v, 1, k9 + "_9") for k9, v in c8.items()}
+        q1_9 = carry(q1, 2, "q1_9")
+        code9 = carry(code, 2, "code9")
+        m2_9, s2_9, gate9 = carry(m27, 2, "m2_9"), carry(s27, 2, "s2_9"), carry(gate7, 2, "gate9")
+        silu_new = Signal(signed(8))
+        m.d.comb += silu_new.eq(lut_q.word_select(code9[:2], 8))
+        m.d.comb += [silu_w.addr.eq(Cat(zext(c9["w7"], bits(g.I)), zext(c9["t7"], tb))),
+                     silu_w.data.eq(silu_new),
+                     silu_w.en.eq(c9["v7"] & (c9["k7"] == Kind.GATE) & ~c9["e7"])]
+        bop = Signal(signed(14))
+        m.d.comb += bop.eq(Mux(c9["k7"] == Kind.UP, silu_q, gate9))
+        outrec = Signal(22)
+        m.d.comb += outrec.eq(Array(out_q)[c9["b7"]])
+        prod, latm = mul_pipe(m, bop, q1_9, "mul_s", b_signed=True)
+        assert latm == 3, latm
+        c12 = {k1: carry(v, 3, k1 + "_12") for k1, v in c9.items()}
+        m2_12, s2_12 = carry(m2_9, 3, "m2_12"), carry(s2_9, 3, "s2_12")
+        out_10 = Signal(22)
+        m.d.sync += out_10.eq(outrec)
+        out_12 = carry(out_10, 2, "out_12")
+        # acc read issued at A10, its data registered at A12
+        c10 = {k0: carry(v, 1, k0 + "_10") for k0, v in c9.items()}
+        m.d.comb += acc_r.addr.eq(Cat(zext(c10["w7"], bits(g.H)), zext(c10["t7"], tb)))
+        acc_q = Signal(signed(g.accw))
+        m.d.sync += acc_q.eq(acc_r.data)
+
+        # ---- A12: combine ------------------------------------------------------------------
+        is_down12 = c12["v7"] & (c12["k7"] == Kind.DOWN) & ~c12["e7"]
         acc_new = Signal(signed(g.accw))
-        m.d.comb += acc_new.eq(Mux(c11["f7"], 0, acc_r.data) + prod)
-        m.d.comb += [acc_w.addr.eq(Cat(zext(c11["w7"], bits(g.H)), zext(c11["t7"], tb))),
-                     acc_w.data.eq(acc_new), acc_w.en.eq(is_down11 & ~c11["l7"])]
+        m.d.comb += acc_new.eq(Mux(c12["f7"], 0, acc_q) + prod)
+        m.d.comb += [acc_w.addr.eq(Cat(zext(c12["w7"], bits(g.H)), zext(c12["t7"], tb))),
+                     acc_w.data.eq(acc_new), acc_w.en.eq(is_down12 & ~c12["l7"])]
         v2 = Signal(signed(max(g.accw, len(prod))))
         m2, s2 = Signal(16), Signal(6)
-        m.d.sync += [v2.eq(Mux(c11["k7"] == Kind.DOWN, acc_new, prod)),
-                     m2.eq(Mux(c11["k7"] == Kind.DOWN, out_11[:16], m2_11)),
-                     s2.eq(Mux(c11["k7"] == Kind.DOWN, out_11[16:22], s2_11))]
-        c12 = {k2: carry(v, 1, k2 + "_12") for k2, v in c11.items()}
+        m.d.sync += [v2.eq(Mux(c12["k7"] == Kind.DOWN, acc_new, prod)),
+                     m2.eq(Mux(c12["k7"] == Kind.DOWN, out_12[:16], m2_12)),
+                     s2.eq(Mux(c12["k7"] == Kind.DOWN, out_12[16:22], s2_12))]
+        c13 = {k2: carry(v, 1, k2 + "_13") for k2, v in c12.items()}
 
-        # ---- A12..A19: q2 = rq(v2) -----------------------------------------------------------
+        # ---- A13..A20: q2 = rq(v2) -----------------------------------------------------------
         q2, lat2 = requant_pipe(m, v2, m2, s2, "rq2")
         assert lat2 == 7, lat2
-        c19 = {k9: carry(v, 7, k9 + "_19") for k9, v in c12.items()}
+        c19 = {k9: carry(v, 7, k9 + "_20") for k9, v in c13.items()}
 
-        # ---- A19: writes -------------------------------------------------------------------
+        # ---- A20: writes -------------------------------------------------------------------
         v19 = c19["v7"] & ~c19["e7"]
         row19, tok19 = c19["w7"], c19["t7"]
         lane_bits = bits(L)
