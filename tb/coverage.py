@@ -13,6 +13,10 @@ files: percentage of coverpoint bins hit and of cross bins hit, per block.
 The sign-off bar (OpenTitan V2): 100 % of coverpoint bins, at least 75 % of
 cross bins.
 
+A run against a deliberately wrong golden model (``ELMOE_GOLDEN_MUTATION``,
+``ELMOE_TAG_MUTANT``: the tests that prove a scoreboard can fail) writes
+nothing: its bins were reached, but the run checked nothing worth counting.
+
 Where: ``$ELMOE_COVERAGE_DIR`` (the harness sets it to ``build/coverage`` of
 the repository), else ``./build/coverage``.
 """
@@ -25,7 +29,7 @@ import os
 import time
 from pathlib import Path
 
-__all__ = ["coverage_dir", "write_coverage", "load_coverage", "summarise", "COVERPOINT_BAR",
+__all__ = ["coverage_dir", "write_coverage", "mutant_run", "MUTANT_KNOBS", "load_coverage", "summarise", "COVERPOINT_BAR",
            "CROSS_BAR"]
 
 COVERPOINT_BAR = 100.0
@@ -56,6 +60,15 @@ def _items(prefix: str):
     return out
 
 
+#: environment knobs that make a run check against a wrong golden model
+MUTANT_KNOBS = ("ELMOE_GOLDEN_MUTATION", "ELMOE_TAG_MUTANT")
+
+
+def mutant_run() -> bool:
+    """True in a run against a mutated golden model (its coverage does not count)."""
+    return any(os.environ.get(k, "") not in ("", "0") for k in MUTANT_KNOBS)
+
+
 #: bin hits already written by this process (a cocotb module calling
 #: write_coverage after each of its tests adds only what is new)
 _WRITTEN: dict = {}
@@ -67,10 +80,12 @@ def write_coverage(block: str, *, run: str = "", transactions: int | None = None
 
     ``run`` names the run (test, simulator, parameter set) and
     ``transactions`` the random transactions it checked; both are recorded.
-    Returns the file path."""
+    Returns the file path. A mutant run (:func:`mutant_run`) writes nothing."""
     d = Path(directory) if directory is not None else coverage_dir()
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"{block}.json"
+    if mutant_run():
+        return path
     items = _items(block)
     with open(d / f".{block}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

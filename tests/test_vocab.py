@@ -48,3 +48,25 @@ def test_coverage_merge_and_summary(tmp_path):
     assert cov["summary"]["coverpoint_pct"] == 100.0 and cov["summary"]["transactions"] == 2
     assert len(cov["runs"]) == 2
     assert cov["coverpoints"]["blk_t.op"] == {"a": 1, "b": 1}     # no double counting
+
+
+@pytest.mark.parametrize("knob", ["ELMOE_GOLDEN_MUTATION", "ELMOE_TAG_MUTANT"])
+def test_mutant_runs_write_no_coverage(tmp_path, monkeypatch, knob):
+    """A run against a mutated golden model (the tests that prove a
+    scoreboard can fail) adds nothing to the coverage file (before: its bins
+    and its transactions were counted)."""
+    from cocotb_coverage.coverage import CoverPoint
+    from elmoe3d.tb.coverage import load_coverage, write_coverage
+
+    @CoverPoint(f"blk_m{knob[6]}.op", xf=lambda op: op, bins=["a", "b"])
+    def sample(op):
+        pass
+
+    sample("a")
+    monkeypatch.setenv(knob, "tie" if "TAG" in knob else "1")
+    write_coverage(f"blk_m{knob[6]}", run="mutant", transactions=5, directory=tmp_path)
+    assert not (tmp_path / f"blk_m{knob[6]}.json").exists()
+    monkeypatch.setenv(knob, "0")
+    write_coverage(f"blk_m{knob[6]}", run="real", transactions=1, directory=tmp_path)
+    cov = load_coverage(tmp_path)[f"blk_m{knob[6]}"]
+    assert cov["summary"]["transactions"] == 1 and [r["run"] for r in cov["runs"]] == ["real"]
