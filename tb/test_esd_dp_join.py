@@ -29,7 +29,9 @@ Checks: the trace equals the golden control sequence event for event
 every layer output bit for bit and its ``last``, no ``error``; the tag
 unit's ``resident`` equals the HB model's valid bits at the end.
 ``$ELMOE_JOIN_ROUNDS`` (default ``SD,SD,AR``), ``$ELMOE_JOIN_BATCH``
-(default 2), ``$ELMOE_JOIN_OUT`` (a JSON summary), ``$ELMOE_GOLDEN_MUTATION``.
+(default 2), ``$ELMOE_JOIN_OUT`` (a JSON summary), ``$ELMOE_GOLDEN_MUTATION``
+(the golden outputs' bit 0 flipped), ``$ELMOE_JOIN_MUTANT`` (a mutant of the
+golden controller, e.g. ``touch_verify``).
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ def _plain(d):
 def golden_script(cfg, env, rounds, batch, np_rng):
     """The host script and the golden: commands, token vectors per STEP,
     expected responses, outputs and the control sequence."""
-    ctl = gesd.EsdController(cfg)
+    ctl = gesd.EsdController(cfg, mutant=os.environ.get("ELMOE_JOIN_MUTANT") or None)
     E, T = cfg.experts, cfg.batch_tokens
     cmds, vecs, want_rsp, want_y = [], [], [], []
 
