@@ -118,6 +118,7 @@ import numpy as np
 
 from ..config import check_int
 from . import layout as gl
+from . import moe_batched as _gb
 from .tag_unit import SlotState, TagUnitModel, params_from_config
 from .vocab import ExtError
 
@@ -265,12 +266,11 @@ PASS_MEMBERS = (EventKind.LOOKUP, EventKind.ALLOCATE, EventKind.FILL_START, Even
 _RANK = {int(k): i for i, k in enumerate(PASS_MEMBERS)}
 
 
-def announce_order(counts: dict) -> list:
-    """The order in which a pass's experts are handled: decreasing token
-    count, ties to the lower expert id — the batched datapath's announce
-    order (``golden/moe_batched.py``, heavy experts first), which the
-    controller answers in; ALLOCATEs follow it, so victims depend on it."""
-    return sorted(counts, key=lambda e: (-counts[e], e))
+#: The order in which a pass's experts are handled: the batched datapath's
+#: announce order (decreasing token count, ties to the lower expert id),
+#: imported from its golden model (one definition); the controller answers in
+#: it and its ALLOCATEs follow it, so victims depend on it.
+announce_order = _gb.announce_order
 
 
 def _sort_pass(members) -> list:

@@ -80,7 +80,7 @@ import numpy as np
 from . import moe_layer as gm
 
 __all__ = ["Role", "Source", "LPDDR", "Job", "PassPlan", "Traffic", "BatchResult",
-           "precision_of", "job_precision", "pass_slices", "route_pass", "plan_pass",
+           "announce_order", "precision_of", "job_precision", "pass_slices", "route_pass", "plan_pass",
            "batched_forward", "pass_traffic", "lut_share", "record_words",
            "expert_record_range", "analytic_pass_cycles", "with_sources"]
 
@@ -96,6 +96,14 @@ def precision_of(role) -> int:
     """The golden layer precision a role computes with (VERIFY is FULL)."""
     role = Role(role)
     return gm.Precision.DRAFT if role is Role.DRAFT else gm.Precision.FULL
+
+
+def announce_order(counts: dict) -> list:
+    """The announce order of a pass's routed experts (the contract with the
+    Elastic-SD controller, one definition): decreasing token count, ties to
+    the lower expert index. ``counts`` maps an expert to the number of the
+    pass's tokens routed to it; returns the experts in that order."""
+    return sorted(counts, key=lambda e: (-counts[e], e))
 
 
 def job_precision(roles) -> Role:
@@ -247,7 +255,7 @@ def plan_pass(layer, xs, roles, masks, sources=None, first: int = 0) -> PassPlan
     for t, s in enumerate(sel):
         for e in s:
             groups.setdefault(e, []).append(t)
-    for e in sorted(groups, key=lambda e: (-len(groups[e]), e)):
+    for e in announce_order({e: len(t) for e, t in groups.items()}):
         toks = tuple(groups[e])
         prec = job_precision([roles[t] for t in toks])
         if sources is None:

@@ -26,12 +26,18 @@ FIFO, so no ``ready`` crosses the block combinationally)
 ``kv_req`` / ``kv_move``
     A KV boundary request (KV words per bank) and HB's ``KVMove`` report.
 ``dp_step`` / ``dp_announce`` / ``dp_source`` / ``dp_done``
-    The batched datapath's per-expert source handshake: the controller
-    starts a layer step (phase, layer, eligibility mask, tokens); per pass
-    the datapath announces each selected expert (``expert``, ``count``;
-    ``none`` for a pass without routed experts; ``last``) in its announce
-    order, the controller answers each with its source (``hb`` + ``slot``,
-    or LPDDR), and the datapath reports the pass done.
+    The batched datapath's per-expert source handshake
+    (``docs/architecture.md`` section 8), in the datapath's own types so the
+    ports join ``MoEDatapath`` directly: ``dp_announce`` <- its ``need``
+    (``ExpertNeed``: per pass each routed expert in announce order with
+    ``tokens``, ``last`` on the final one; one ``none`` beat for a pass
+    without routed experts), ``dp_source`` -> its ``source``
+    (``ExpertSource``: ``hb`` + ``slot``, or LPDDR; one per announced
+    expert, in order), ``dp_done`` <- its ``stats`` (``PassStats``, one per
+    pass: the pass is done, its weights all consumed). ``dp_step``
+    (``StepInfo``: phase, layer, eligibility mask, tokens) starts a layer
+    step; the tile's token feed (``hw/esd_feed.TokenFeed``) turns it and the
+    host's token vectors into the datapath's ``tok`` stream.
 
 Latency: one tag-unit round trip per tag operation (the controller has one
 command in flight), a few cycles per event; a pass ends when the datapath,
@@ -113,12 +119,8 @@ def esd_ports(cfg: Config) -> dict:
         KVMove=v.KVMove,
         StepInfo=hv.struct("StepInfo", {"phase": unsigned(2), "layer": unsigned(cfg.layer_bits),
                                         "mask": unsigned(E), "tokens": unsigned(tok_bits)}),
-        Announce=hv.struct("Announce", {"expert": unsigned(cfg.expert_bits),
-                                        "count": unsigned(_bits(cfg.batch_tokens + 1)),
-                                        "none": unsigned(1), "last": unsigned(1)}),
-        SourceInfo=hv.struct("SourceInfo", {"expert": unsigned(cfg.expert_bits),
-                                            "hb": unsigned(1), "slot": unsigned(_bits(S))}),
-        PassDone=hv.struct("PassDone", {"error": unsigned(1)}),
+        # the batched datapath's own types (hw/vocab.py): the ports join it directly
+        ExpertNeed=v.ExpertNeed, ExpertSource=v.ExpertSource, PassStats=v.PassStats,
     )
 
 
@@ -167,8 +169,8 @@ class EsdCtrl(wiring.Component):
             "ext_cmd": Out(S(t["ExtCommand"])), "ext_rsp": In(S(t["ExtResponse"])),
             "fill_done": In(S(t["FillDone"])),
             "kv_req": Out(S(t["KVRequest"])), "kv_move": In(S(t["KVMove"])),
-            "dp_step": Out(S(t["StepInfo"])), "dp_announce": In(S(t["Announce"])),
-            "dp_source": Out(S(t["SourceInfo"])), "dp_done": In(S(t["PassDone"])),
+            "dp_step": Out(S(t["StepInfo"])), "dp_announce": In(S(t["ExpertNeed"])),
+            "dp_source": Out(S(t["ExpertSource"])), "dp_done": In(S(t["PassStats"])),
         })
 
     def elaborate(self, platform):
@@ -276,7 +278,7 @@ class EsdCtrl(wiring.Component):
         fill_ok = Signal(S)
         pass_done = Signal()
 
-        ann = Signal(t["Announce"])
+        ann = Signal(t["ExpertNeed"])
         trsp = Signal(t["TagResponse"])
         kvm = Signal(t["KVMove"])
         cur = Signal(range(P + 1))           # table index of the expert in hand
@@ -470,7 +472,7 @@ class EsdCtrl(wiring.Component):
                 code = Mux(hit, gesd.LookupResult.HIT,
                            Mux(trsp.pending, gesd.LookupResult.PENDING, gesd.LookupResult.MISS))
                 with m.If(emit(EK.LOOKUP, **P_, expert=ann.expert, code=code,
-                               slot=Mux(hit | trsp.pending, trsp.slot, 0), value=ann.count)):
+                               slot=Mux(hit | trsp.pending, trsp.slot, 0), value=ann.tokens)):
                     m.d.sync += [e_slot(cur).eq(trsp.slot), c_slot.eq(trsp.slot)]
                     with m.If(hit):
                         m.d.sync += [e_pin(cur).eq(1), c_pin.eq(1)]
@@ -502,7 +504,7 @@ class EsdCtrl(wiring.Component):
                 with m.Else():
                     m.next = "EXT_SPLIT"
             with m.State("TOUCH"):
-                amt = _clamp(ann.count, hot_max)
+                amt = _clamp(ann.tokens, hot_max)
                 with m.If(tag(TagOp.TOUCH, tag=tag_of, amount=amt)):
                     m.next = "TOUCH_RSP"
             with m.State("TOUCH_RSP"):
@@ -510,7 +512,7 @@ class EsdCtrl(wiring.Component):
                 with m.If(tag_i.valid):
                     m.next = "EV_TOUCH"
             with m.State("EV_TOUCH"):
-                amt = _clamp(ann.count, hot_max)
+                amt = _clamp(ann.tokens, hot_max)
                 with m.If(emit(EK.TOUCH, **P_, expert=ann.expert, slot=c_slot, value=amt)):
                     m.d.sync += bump("touches")
                     m.next = "TOUCH_NEXT"
@@ -531,7 +533,7 @@ class EsdCtrl(wiring.Component):
                     m.next = "SOURCE_OUT"
             # miss: ALLOCATE a victim
             with m.State("ALLOCATE"):
-                amt = _clamp(ann.count, hot_max)
+                amt = _clamp(ann.tokens, hot_max)
                 with m.If(tag(TagOp.ALLOCATE, tag=tag_of, planes=khb, amount=amt)):
                     m.next = "ALLOCATE_RSP"
             with m.State("ALLOCATE_RSP"):
@@ -540,7 +542,7 @@ class EsdCtrl(wiring.Component):
                     m.d.sync += trsp.eq(tag_i.payload)
                     m.next = "EV_ALLOCATE"
             with m.State("EV_ALLOCATE"):
-                amt = _clamp(ann.count, hot_max)
+                amt = _clamp(ann.tokens, hot_max)
                 ok = trsp.error == hv.TagErrorCode.OK
                 code = Mux(ok, Mux(trsp.evicted, gesd.AllocResult.EVICT, gesd.AllocResult.FREE),
                            gesd.AllocResult.NO_VICTIM)
@@ -579,7 +581,7 @@ class EsdCtrl(wiring.Component):
                     m.d.sync += e_read(cur).eq(1)
                     m.next = "SOURCE_OUT"
             with m.State("SOURCE_OUT"):
-                m.d.comb += [src_o.valid.eq(1), src_o.payload.expert.eq(ann.expert),
+                m.d.comb += [src_o.valid.eq(1),
                              src_o.payload.hb.eq(c_pin & ~c_fill),
                              src_o.payload.slot.eq(c_slot)]
                 with m.If(src_o.ready):
@@ -813,8 +815,8 @@ class EsdCtrl(wiring.Component):
     _NAMES = {"host_cmd": "HostCommand", "host_rsp": "HostResponse", "tag_cmd": "TagCommand",
               "tag_rsp": "TagResponse", "ext_cmd": "ExtCommand", "ext_rsp": "ExtResponse",
               "fill_done": "FillDone", "kv_req": "KVRequest", "kv_move": "KVMove",
-              "dp_step": "StepInfo", "dp_announce": "Announce", "dp_source": "SourceInfo",
-              "dp_done": "PassDone"}
+              "dp_step": "StepInfo", "dp_announce": "ExpertNeed", "dp_source": "ExpertSource",
+              "dp_done": "PassStats"}
 
     def _shape_name(self, port):
         return self._NAMES[port]

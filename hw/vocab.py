@@ -60,7 +60,8 @@ Batched MoE datapath (``hw/moe/``, ``docs/blocks/moe_layer.md``):
 ``MoEToken``     one token of a step: ``x[H]`` INT8, ``role`` (:class:`TokenRole`),
                  ``mask[E]`` (allowed experts, DRAFT), ``layer``, ``last`` (ends the step).
 ``ExpertNeed``   the datapath announces an expert of a pass: ``layer``, ``expert``,
-                 ``tokens`` (how many tokens of the pass use it), ``precision``.
+                 ``tokens`` (how many tokens of the pass use it), ``precision``,
+                 ``last`` (the pass's last one), ``none`` (a pass without routed experts).
 ``ExpertSource`` the controller's decision for it: ``hb`` (planes ``0..k-1`` from
                  HB ``slot``; split if the precision needs all planes) or LPDDR.
 ``MoEOutput``    ``y[H]`` INT8 of one token, ``error``, ``last``.
@@ -398,10 +399,14 @@ def moe_token(hidden: int, experts: int, layer_bits: int) -> type:
 @lru_cache(maxsize=None)
 def expert_need(layer_bits: int, expert_bits: int, tokens: int) -> type:
     """``ExpertNeed``: ``{layer, expert}``, ``tokens`` (1 .. T) of the pass
-    routed to it, ``precision`` (DRAFT: planes ``0..k-1``; FULL/VERIFY: all)."""
+    routed to it, ``precision`` (DRAFT: planes ``0..k-1``; FULL/VERIFY: all),
+    ``last`` (the pass's last announcement), ``none`` (the one beat of a pass
+    that routes no expert: ``last`` = 1, no decision follows; the other
+    fields are 0)."""
     return struct("ExpertNeed", {"layer": unsigned(layer_bits), "expert": unsigned(expert_bits),
                                  "tokens": unsigned(tokens.bit_length()),
-                                 "precision": TokenRole})
+                                 "precision": TokenRole, "last": unsigned(1),
+                                 "none": unsigned(1)})
 
 
 @lru_cache(maxsize=None)

@@ -17,9 +17,15 @@ model or contract:
   after its read's response; KV moves computed with
   :func:`elmoe3d.golden.layout.slot_covered_mask`, the tag unit's disabled
   mask updated;
-* datapath: the golden routing of the step's rankings with the mask the
-  controller sends (:class:`~elmoe3d.golden.esd.RankingRouter`), announced
-  per pass in announce order, the pass done after a random delay.
+* datapath (``hw/moe/datapath.MoEDatapath``'s ``need`` / ``source`` /
+  ``stats`` contract, ``docs/architecture.md`` section 8): the golden
+  routing of the step's rankings with the mask the controller sends
+  (:class:`~elmoe3d.golden.esd.RankingRouter`), announced per pass as
+  ``ExpertNeed`` s in the batched golden's announce order
+  (:func:`elmoe3d.golden.moe_batched.announce_order`) with ``layer``,
+  ``tokens``, the job's ``precision``, ``last`` on the final one, or one
+  ``none`` beat for a pass without routed experts; the pass's ``PassStats``
+  after all its decisions and a random delay.
 
 Joined with the real tag unit (``tb/esd_join.EsdTagJoin``, detected by its
 ``commit`` port) the tag-unit model is gone: the HB model keeps its own
@@ -50,7 +56,9 @@ from cocotb.triggers import ReadOnly, RisingEdge
 from elmoe3d.config import Config
 from elmoe3d.golden import esd as gesd
 from elmoe3d.golden import layout as gl
+from elmoe3d.golden import moe_batched as gb
 from elmoe3d.hw.esd_ctrl import COUNTERS, HostOp, TagOp, esd_ports
+from elmoe3d.hw.esd_feed import ROLE_OF_PHASE as _ROLE_OF
 from elmoe3d.tb.common import pack, params, rng, start_clock_and_reset, unpack
 
 
@@ -247,8 +255,8 @@ async def run_case(dut, case, cfg, t, r, idle):
     ext_rsp = Src(dut, "ext_rsp", t["ExtResponse"], r, idle)
     fill_done = Src(dut, "fill_done", t["FillDone"], r, idle)
     kv_move = Src(dut, "kv_move", t["KVMove"], r, idle)
-    announce = Src(dut, "dp_announce", t["Announce"], r, idle)
-    dp_done = Src(dut, "dp_done", t["PassDone"], r, idle)
+    announce = Src(dut, "dp_announce", t["ExpertNeed"], r, idle)
+    dp_done = Src(dut, "dp_done", t["PassStats"], r, idle)
 
     def blank(layout):
         return {name: 0 for name, _ in t[layout]}
@@ -345,24 +353,28 @@ async def run_case(dut, case, cfg, t, r, idle):
         if c["tokens"] != len(sel):
             problems.append(f"step tokens {c['tokens']} != {len(sel)}")
         T = cfg.batch_tokens
+        prec = int(_ROLE_OF[ph])            # every token of the step has the phase's role
         for p in range(0, len(sel), T):
             counts = {}
             for s_ in sel[p:p + T]:
                 for x in s_:
                     counts[x] = counts.get(x, 0) + 1
-            order = gesd.announce_order(counts)
-            passes.append([len(order)])
+            order = gb.announce_order(counts)
+            passes.append([len(order), min(T, len(sel) - p), len(order), sum(counts.values())])
             if not order:
-                announce.put(dict(expert=0, count=0, none=1, last=1))
+                announce.put(dict(layer=c["layer"], expert=0, tokens=0, precision=0, none=1,
+                                  last=1))
             for i, x in enumerate(order):
-                announce.put(dict(expert=x, count=counts[x], none=0,
-                                  last=int(i == len(order) - 1)))
+                announce.put(dict(layer=c["layer"], expert=x, tokens=counts[x],
+                                  precision=prec, none=0, last=int(i == len(order) - 1)))
         pass_check()
 
     def pass_check():
         while passes and passes[0][0] == 0:
-            passes.popleft()
-            dp_done.put(dict(error=0), later(r.randint(1, 30)))
+            _, ntok, nexp, pairs = passes.popleft()
+            st = blank("PassStats")
+            st.update(tokens=ntok, experts=nexp, expert_tokens=pairs)
+            dp_done.put(st, later(r.randint(1, 30)))
 
     def on_source(c):
         if not passes:
@@ -378,7 +390,7 @@ async def run_case(dut, case, cfg, t, r, idle):
              Snk(dut, "ext_cmd", t["ExtCommand"], r, idle, on_ext),
              Snk(dut, "kv_req", t["KVRequest"], r, idle, on_kv),
              Snk(dut, "dp_step", t["StepInfo"], r, idle, on_step),
-             Snk(dut, "dp_source", t["SourceInfo"], r, idle, on_source)]
+             Snk(dut, "dp_source", t["ExpertSource"], r, idle, on_source)]
     sources = [host, ext_rsp, fill_done, kv_move, announce, dp_done]
     if not joined:
         sources.append(tag_rsp)

@@ -171,7 +171,8 @@ class MoETB:
         self.ext_q = collections.deque()                 # (ready_cycle, payload int)
         self.hb_q = [collections.deque() for _ in range(self.B)]   # (ready_cycle, payload)
         self.steps = []                                  # (layer, xs, roles, masks, facts)
-        self.needs = []                                  # (cycle, payload dict)
+        self.needs = []                                  # (cycle, payload dict), routed experts
+        self.need_beats = []                             # every beat on `need` (with `none`)
         self.decisions = []                              # Source per need
         self.hb_cmds = [[] for _ in range(self.B)]       # per bank: payload dicts
         self.outputs = []                                # (cycle, y, error, last)
@@ -434,6 +435,9 @@ class MoETB:
     def _take(self, name, pl):
         if name == "need":
             pl = {k: (x.value if hasattr(x, "value") else x) for k, x in pl.items()}
+            self.need_beats.append(pl)
+            if pl["none"]:                   # a pass without routed experts: no decision
+                return
             self.needs.append((self.cycle, pl))
             delay = self._decide(pl)
             self.log["decision_delay"].append((self.cycle, delay))
@@ -615,15 +619,21 @@ class MoETB:
         return results, srcs
 
     def check_announcements(self, results):
+        """Every beat on ``need`` against the golden pass plan: per pass its
+        routed experts in announce order, ``last`` on the final one, or one
+        ``none`` beat (``last``) for a pass that routes no expert."""
         errors = []
         exp = []
         for (layer, *_), res in zip(self.steps, results):
             for plan in res.passes:
-                got_pass = [(layer, j.expert, len(j.tokens), int(j.precision)) for j in plan.routed]
+                nr = len(plan.routed)
+                got_pass = [(layer, j.expert, len(j.tokens), int(j.precision), int(i == nr - 1), 0)
+                            for i, j in enumerate(plan.routed)]
                 if len({x[1] for x in got_pass}) != len(got_pass):
                     errors.append("golden plan repeats an expert")          # cannot happen
-                exp += got_pass
-        got = [(p["layer"], p["expert"], p["tokens"], p["precision"]) for _, p in self.needs]
+                exp += got_pass or [(layer, 0, 0, 0, 1, 1)]
+        got = [(p["layer"], p["expert"], p["tokens"], p["precision"], p["last"], p["none"])
+               for p in self.need_beats]
         if got != exp:
             i = next((i for i, (a, b) in enumerate(zip(got, exp)) if a != b), min(len(got), len(exp)))
             errors.append(f"announcements differ from the golden plan at {i} of {len(exp)}: "

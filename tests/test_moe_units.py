@@ -339,9 +339,13 @@ def test_record_path(name, over):
     assert [x - 256 if x > 127 else x for x in entries] == list(lay.lut)
 
 
-def test_scheduler_announces_heavy_first():
+@pytest.mark.parametrize("empty", [False, True], ids=["routed", "none"])
+def test_scheduler_announces_heavy_first(empty):
     """The scheduler's announce order, token counts and precisions equal the
-    golden pass plan; decisions are taken in order and fill the job table."""
+    golden pass plan, ``last`` marks the pass's last announcement; decisions
+    are taken in order and fill the job table. A pass that routes no expert
+    (every token DRAFT, nothing allowed) sends one ``none`` beat with
+    ``last`` and takes no decision."""
     cfg = preset("tiny").replace(batch_tokens=8, hb_words=8192)
     g = geom(cfg)
     dut = ExpertScheduler(g)
@@ -351,7 +355,10 @@ def test_scheduler_announces_heavy_first():
     roles = [gb.Role(int(r)) for r in rng.integers(0, 3, 8)]
     xs = gm.random_tokens(rng, lay, 8)
     masks = rng.random((8, cfg.experts)) < 0.5
+    if empty:
+        roles, masks = [gb.Role.DRAFT] * 8, np.zeros((8, cfg.experts), bool)
     plan = gb.plan_pass(lay, xs, roles, masks)
+    assert bool(plan.routed) != empty
     needs, entries = [], []
 
     async def bench(ctx):
@@ -377,7 +384,8 @@ def test_scheduler_announces_heavy_first():
             ctx.set(dut.source.payload, {"hb": dec % 2, "slot": dec})
             if ctx.get(dut.need.valid):
                 p = ctx.get(dut.need.payload)
-                needs.append((p.layer, p.expert, p.tokens, int(p.precision.value)))
+                needs.append((p.layer, p.expert, p.tokens, int(p.precision.value), p.last,
+                              p.none))
             took = ctx.get(dut.source.ready)
             await ctx.tick()
             dec += took
@@ -387,7 +395,9 @@ def test_scheduler_announces_heavy_first():
             await ctx.tick()
             entries.append((ctx.get(dut.rd_entry[2]), ctx.get(dut.rd_src[2])))
     _sim(dut, bench)
-    exp = [(1, j.expert, len(j.tokens), int(j.precision)) for j in plan.routed]
+    nr = len(plan.routed)
+    exp = [(1, j.expert, len(j.tokens), int(j.precision), int(i == nr - 1), 0)
+           for i, j in enumerate(plan.routed)] or [(1, 0, 0, 0, 1, 1)]
     assert needs == exp
     for i, ((e, s), job) in enumerate(zip(entries, plan.routed)):
         assert e.expert == job.expert and e.tok_mask == sum(1 << t for t in job.tokens)

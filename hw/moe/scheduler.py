@@ -6,9 +6,13 @@ The announce handshake (the controller's contract, ``docs/architecture.md``
 "Batched datapath")
 -------------------------------------------------------------------------
 For each pass the scheduler sends, on ``need``, one ``ExpertNeed``
-``{layer, expert, tokens, precision}`` per routed expert that at least one
-token of the pass selected, in order of decreasing ``tokens``, ties to the
-lower expert index (:func:`elmoe3d.golden.moe_batched.plan_pass`). It
+``{layer, expert, tokens, precision, last, none}`` per routed expert that
+at least one token of the pass selected, in order of decreasing ``tokens``,
+ties to the lower expert index
+(:func:`elmoe3d.golden.moe_batched.announce_order`), ``last`` on the pass's
+last one; a pass that routes no expert (every token DRAFT with nothing
+allowed) sends one beat with ``none`` = 1 and ``last`` = 1 instead, which
+takes no decision. It
 accepts, on ``source``, one ``ExpertSource`` ``{hb, slot}`` per
 announcement, in announcement order (``source.ready`` is high only while an
 announced expert is undecided; announcing does not wait for decisions).
@@ -145,6 +149,7 @@ class ExpertScheduler(wiring.Component):
         rem = [Signal(range(K + 1), name=f"rem{t}") for t in range(T)]
         seen = Signal(T)
         done_e = Signal(E)
+        routed = Signal(E)                  # experts any token of the pass selected
         level = Signal(range(T + 1))
         announced = Signal(range(E + 1))
         sidx = Signal(range(S + 1))
@@ -244,6 +249,7 @@ class ExpertScheduler(wiring.Component):
             with m.State("COUNT"):
                 # popcounts in two steps (halves, then their sum): 16 bits in
                 # one cycle missed 125 MHz
+                m.d.sync += routed.eq(Cat(*[col[e].any() for e in range(E)]))
                 for e in range(E):
                     m.d.sync += [cnt_lo[e].eq(sum(col[e][t] for t in range(Th))),
                                  cnt_hi[e].eq(sum(col[e][t] for t in range(Th, T)))]
@@ -264,6 +270,16 @@ class ExpertScheduler(wiring.Component):
                     m.d.sync += [total[ps].eq(S + announced),
                                  self.total_valid.bit_select(ps, 1).eq(1)]
                     m.next = "WAIT_DEC"
+                    with m.If(announced == 0):
+                        # a pass that routes no expert: one `none` beat (no decision)
+                        m.d.sync += [self.need.valid.eq(1),
+                                     self.need.payload.layer.eq(layer),
+                                     self.need.payload.expert.eq(0),
+                                     self.need.payload.tokens.eq(0),
+                                     self.need.payload.precision.eq(TokenRole.FULL),
+                                     self.need.payload.last.eq(1),
+                                     self.need.payload.none.eq(1)]
+                        m.next = "NONE"
                 with m.Else():
                     m.d.sync += level.eq(level - 1)
                     m.next = "ORDER"
@@ -274,6 +290,9 @@ class ExpertScheduler(wiring.Component):
                              self.need.payload.layer.eq(layer),
                              self.need.payload.expert.eq(pick),
                              self.need.payload.tokens.eq(level),
+                             # `done_e` holds `pick` already: no expert left after it
+                             self.need.payload.last.eq(~(routed & ~done_e).any()),
+                             self.need.payload.none.eq(0),
                              self.need.payload.precision.eq(
                                  Mux(anyv.bit_select(pick, 1), TokenRole.VERIFY,
                                      Mux(anyf.bit_select(pick, 1), TokenRole.FULL,
@@ -295,6 +314,10 @@ class ExpertScheduler(wiring.Component):
                     for t in range(T):
                         m.d.sync += rem[t].eq(rem[t] - ncol[t])
                     m.next = "ORDER"
+            with m.State("NONE"):
+                with m.If(self.need.ready):
+                    m.d.sync += self.need.valid.eq(0)
+                    m.next = "WAIT_DEC"
             with m.State("WAIT_DEC"):
                 with m.If(dec == total[ps]):
                     for p in range(2):

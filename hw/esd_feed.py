@@ -1,0 +1,108 @@
+"""Token feed of the tile: the batched MoE datapath's ``tok`` stream, made
+from the Elastic-SD controller's layer step and the host's token vectors.
+
+The host command stream carries a layer step's token vectors (``x[H]``
+INT8, in step order: VERIFY request-major); the controller decides the
+step's phase, layer, token count and (DRAFT) eligibility mask and sends them
+on ``dp_step`` (``StepInfo``). :class:`TokenFeed` joins the two:
+
+* it takes one ``StepInfo`` and then exactly ``tokens`` vectors on ``x``,
+  and sends one ``MoEToken`` per vector on ``tok``: ``x`` as it came,
+  ``role`` = the phase's role (:data:`ROLE_OF_PHASE`: AR -> FULL, DRAFT ->
+  DRAFT, VERIFY -> VERIFY), ``mask`` = the step's eligibility mask (every
+  token of a DRAFT step routes over the resident experts only; the datapath
+  ignores ``mask`` for FULL and VERIFY tokens, the controller sends all ones
+  there), ``layer`` = the step's layer, ``last`` on the ``tokens``-th;
+* then it takes the next ``StepInfo``. A vector is never taken before its
+  step's ``StepInfo`` (the host may send it early: it waits on ``x``).
+
+So a step's datapath passes are exactly the controller's: ``ceil(tokens /
+T)`` passes of consecutive tokens (the datapath ends a pass at ``last`` or
+at the ``T``-th token).
+
+Ports: ``step`` (In, ``StepInfo`` of :func:`elmoe3d.hw.esd_ctrl.esd_ports`),
+``x`` (In, ``HostToken`` = ``{x[H]}``), ``tok`` (Out, ``MoEToken``). ``tok``
+leaves through a :class:`~elmoe3d.hw.streams.RegisterSlice`; ``step.ready``
+is a register and ``x.ready`` the slice's registered ``ready`` and a
+register, so no ``ready`` crosses the feed combinationally. Throughput: one
+token per cycle; one idle cycle between steps.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from amaranth.hdl import Module, Mux, Signal, signed
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..config import Config
+from ..golden import esd as gesd
+from ..golden import moe_batched as gb
+from . import vocab as hv
+from .streams import RegisterSlice
+
+__all__ = ["ROLE_OF_PHASE", "TokenFeed", "host_token"]
+
+#: Role of the tokens of a layer step of each phase (and so the precision of
+#: the datapath's jobs: every token of a step has the same role).
+ROLE_OF_PHASE = {gesd.Phase.AR: gb.Role.FULL, gesd.Phase.DRAFT: gb.Role.DRAFT,
+                 gesd.Phase.VERIFY: gb.Role.VERIFY}
+
+
+@lru_cache(maxsize=None)
+def host_token(hidden: int) -> type:
+    """``HostToken``: one token vector ``x[H]`` INT8 from the host."""
+    return hv.struct("HostToken", {"x": data.ArrayLayout(signed(8), hidden)})
+
+
+class TokenFeed(wiring.Component):
+    """``StepInfo`` + token vectors -> ``MoEToken`` s (see the module doc).
+
+    Raises
+    ------
+    TypeError
+        For a ``cfg`` that is not a Config.
+    """
+
+    def __init__(self, cfg: Config):
+        if not isinstance(cfg, Config):
+            raise TypeError(f"TokenFeed needs a Config, not {cfg!r}")
+        from .esd_ctrl import esd_ports
+        self.cfg = cfg
+        self.step_t = esd_ports(cfg)["StepInfo"]
+        self.tok_t = hv.vocab(cfg).MoEToken
+        S = stream.Signature
+        super().__init__({"step": In(S(self.step_t)), "x": In(S(host_token(cfg.hidden))),
+                          "tok": Out(S(self.tok_t))})
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.cfg
+        out = m.submodules.tok_slice = RegisterSlice(self.tok_t)
+        wiring.connect(m, out.o, wiring.flipped(self.tok))
+        have = Signal()                      # a step is in hand
+        info = Signal(self.step_t)
+        left = Signal.like(info.tokens)      # vectors of the step still to come
+        role = Signal(hv.TokenRole)
+        m.d.comb += self.step.ready.eq(~have)
+        with m.If(self.step.valid & ~have):
+            p = self.step.payload
+            m.d.sync += [info.eq(p), left.eq(p.tokens), have.eq(p.tokens != 0),
+                         role.eq(Mux(p.phase == gesd.Phase.DRAFT, hv.TokenRole.DRAFT,
+                                     Mux(p.phase == gesd.Phase.VERIFY, hv.TokenRole.VERIFY,
+                                         hv.TokenRole.FULL)))]
+        go = Signal()
+        m.d.comb += [go.eq(have & out.i.ready),
+                     self.x.ready.eq(go),
+                     out.i.valid.eq(go & self.x.valid),
+                     out.i.payload.x.eq(self.x.payload.x),
+                     out.i.payload.role.eq(role),
+                     out.i.payload.mask.eq(info.mask),
+                     out.i.payload.layer.eq(info.layer),
+                     out.i.payload.last.eq(left == 1)]
+        with m.If(go & self.x.valid):
+            m.d.sync += left.eq(left - 1)
+            with m.If(left == 1):
+                m.d.sync += have.eq(0)
+        return m

@@ -1,0 +1,281 @@
+"""cocotb testbench of ``elmoe3d_esd_dp_join`` (``tb/esd_dp_join.EsdDpJoin``:
+the Elastic-SD controller + the real tag unit + the token feed + the real
+batched MoE datapath, joined by the one handshake of ``docs/architecture.md``
+section 8).
+
+The host decodes a few rounds (Elastic-SD rounds with random acceptance and
+an AR round) of random INT8 token vectors through every layer; the golden is
+:class:`elmoe3d.golden.esd.EsdController` routing with the golden batched
+router (:func:`elmoe3d.golden.moe_batched.route_pass`) on the same vectors,
+and :func:`elmoe3d.golden.moe_batched.batched_forward` for the outputs.
+
+Served by testbench models (imported, not copied):
+
+* HB banks and the stream engine's LPDDR beats:
+  :class:`elmoe3d.tb.test_moe_layer.MoETB` (``_hb_serve``: the dense region
+  and the slots HB holds, a read of a slot that is not valid refused with an
+  error beat; ``_queue_ext``: exactly the command's planes in
+  ``weight_beats`` order), built with no expert resident;
+* fills: the expert region of a fill's slot is invalid from its command on;
+  after the command's beats the slot holds the expert's image
+  (``layout.hb_slot_image``), HB strobes ``commit`` into the tag unit (one
+  per cycle) and reports ``fill_done`` 1-4 cycles later;
+* ``ExtResponse`` per command after its beats; no KV moves (``disabled`` 0);
+* the controller's other streams: :class:`elmoe3d.tb.test_esd_ctrl.Src` /
+  ``Snk`` (random idle and back-pressure, stream rules).
+
+Checks: the trace equals the golden control sequence event for event
+(:func:`elmoe3d.golden.esd.compare`), every host response the golden's,
+every layer output bit for bit and its ``last``, no ``error``; the tag
+unit's ``resident`` equals the HB model's valid bits at the end.
+``$ELMOE_JOIN_ROUNDS`` (default ``SD,SD,AR``), ``$ELMOE_JOIN_BATCH``
+(default 2), ``$ELMOE_JOIN_OUT`` (a JSON summary), ``$ELMOE_GOLDEN_MUTATION``
+(the golden outputs' bit 0 flipped), ``$ELMOE_JOIN_MUTANT`` (a mutant of the
+golden controller, e.g. ``touch_verify``).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+import cocotb
+import numpy as np
+from amaranth.lib import data
+from cocotb.triggers import ReadOnly, RisingEdge
+
+from ..config import Config
+from ..golden import esd as gesd
+from ..golden import layout as gl
+from ..golden import moe_batched as gb
+from ..golden import moe_layer as gm
+from ..hw.esd_ctrl import HostOp, esd_ports
+from ..hw.esd_feed import ROLE_OF_PHASE, host_token
+from .common import golden_mutation, params, start_clock_and_reset
+from .test_esd_ctrl import Snk, Src
+from .test_moe_layer import MoETB
+
+PH = gesd.Phase
+
+
+class _QueueSrc(Src):
+    """An input stream fed from a deque of ``(due cycle, packed payload)``
+    (the queues :class:`MoETB` fills)."""
+
+    def __init__(self, dut, prefix, queue, r, idle):
+        super().__init__(dut, prefix, None, r, idle)
+        self.q = queue
+
+    def drive(self, cycle):
+        if self.fired:
+            self.item = None
+        if (self.item is None and self.q and self.q[0][0] <= cycle
+                and not (self.idle and self.r.random() < self.idle)):
+            self.item = self.q.popleft()[1]
+            self.payload.value = self.item
+        self.valid.value = self.item is not None
+
+    def busy(self):
+        return self.item is not None or self.q
+
+
+def _plain(d):
+    return {k: (x.value if hasattr(x, "value") else x) for k, x in d.items()}
+
+
+def golden_script(cfg, env, rounds, batch, np_rng):
+    """The host script and the golden: commands, token vectors per STEP,
+    expected responses, outputs and the control sequence."""
+    ctl = gesd.EsdController(cfg, mutant=os.environ.get("ELMOE_JOIN_MUTANT") or None)
+    E, T = cfg.experts, cfg.batch_tokens
+    cmds, vecs, want_rsp, want_y = [], [], [], []
+
+    def step(phase, j, layer):
+        lay = env.layers[layer]
+        n = ctl.tokens_of(phase)
+        xs = gm.random_tokens(np_rng, lay, n)
+        roles = [ROLE_OF_PHASE[phase]] * n
+        box = {}
+
+        def route(mask):
+            m = np.ones((n, E), bool) if mask is None else np.array(
+                [[(mask >> e) & 1 for e in range(E)]] * n, bool)
+            box["masks"] = m
+            return gb.route_pass(lay, xs, roles, m)[1]
+
+        res = ctl.layer_step(phase, j, layer, route)
+        assert not res.error
+        y = gb.batched_forward(lay, xs, roles, box["masks"], batch_tokens=T).y
+        cmds.append(dict(op=HostOp.STEP, phase=int(phase), step=j, layer=layer, value=0))
+        want_rsp.append(dict(op=HostOp.STEP, error=0, value=0))
+        vecs.extend(xs.tolist())
+        want_y.extend((y[i].tolist(), int(i == n - 1)) for i in range(n))
+
+    for kind in rounds:
+        force = gesd.Mode.SD if kind == "SD" else gesd.Mode.AR
+        mode, K = ctl.begin_round(batch, force)
+        cmds.append(dict(op=HostOp.ROUND, phase=0, step=0, layer=0,
+                         value=batch | (1 + int(force)) << 8))
+        want_rsp.append(dict(op=HostOp.ROUND, error=0, mode=int(mode), k=K))
+        if mode == gesd.Mode.AR:
+            for layer in range(cfg.layers):
+                step(PH.AR, 0, layer)
+            continue
+        for j in range(K):
+            for layer in range(cfg.layers):
+                step(PH.DRAFT, j, layer)
+        for layer in range(cfg.layers):
+            step(PH.VERIFY, 0, layer)
+        n = int(np_rng.integers(0, batch * K + 1))
+        ctl.accept(n)
+        cmds.append(dict(op=HostOp.ACCEPT, phase=0, step=0, layer=0, value=n))
+        want_rsp.append(dict(op=HostOp.ACCEPT, error=0))
+    return cmds, vecs, want_rsp, want_y, ctl
+
+
+@cocotb.test()
+async def join(dut):
+    """The joined decode (see the module doc)."""
+    cfg = Config(**params()["config"])
+    t = {k: data.Layout.cast(v) for k, v in esd_ports(cfg).items()}
+    env = MoETB(dut, resident=[], ext_latency=8)
+    r = env.rand
+    idle = float(os.environ.get("ELMOE_JOIN_IDLE", "0.2"))
+    rounds = os.environ.get("ELMOE_JOIN_ROUNDS", "SD,SD,AR").split(",")
+    batch = int(os.environ.get("ELMOE_JOIN_BATCH", "2"))
+    cmds, vecs, want_rsp, want_y, ctl = golden_script(cfg, env, rounds, batch,
+                                                      np.random.default_rng(r.getrandbits(32)))
+    mutate = golden_mutation()
+    S, n_pl, E = cfg.tag_slots, cfg.planes, cfg.experts
+    v = env.v
+
+    dut.commit__valid.value = 0
+    dut.commit__slot.value = 0
+    dut.disabled.value = 0
+    for b in range(env.B):
+        getattr(dut, f"hb_data__{b}__valid").value = 0
+    dut.ext__valid.value = 0
+    await start_clock_and_reset(dut)
+
+    cyc = [0]
+    problems, responses, events, outputs = [], [], [], []
+    hb_valid = [0] * S
+    ends, commits = [], collections.deque()
+
+    host = Src(dut, "host_cmd", t["HostCommand"], r, idle)
+    xin = Src(dut, "x", data.Layout.cast(host_token(cfg.hidden)), r, idle)
+    ext_rsp = Src(dut, "ext_rsp", t["ExtResponse"], r, idle)
+    fill_done = Src(dut, "fill_done", t["FillDone"], r, idle)
+    kv_move = Src(dut, "kv_move", t["KVMove"], r, idle)
+    hb_in = [_QueueSrc(dut, f"hb_data__{b}", env.hb_q[b], r, idle) for b in range(env.B)]
+    ext_in = _QueueSrc(dut, "ext", env.ext_q, r, idle)
+    for c in cmds:
+        host.put(c)
+    for x in vecs:
+        xin.put(dict(x=x))
+
+    def on_ext(c):
+        rel = c["addr"] - cfg.lpddr_base
+        le, off = divmod(rel, cfg.expert_bytes)
+        layer, e = divmod(le, E)
+        if off:
+            problems.append(f"ExtCommand address {c['addr']:#x} is not an expert's base")
+        planes = [q for q in range(n_pl) if (c["plane_mask"] >> q) & 1]
+        before = len(env.ext_q)
+        env.cycle = cyc[0]
+        env._queue_ext(layer, e, planes, None)
+        nb = len(env.ext_q) - before
+        done = cyc[0] + env.ext_latency + nb + r.randint(0, 8)
+        ext_rsp.put(dict(id=c["id"], error=0, resident=int(bool(c["fill"])), slot=c["slot"]),
+                    done)
+        if c["fill"]:
+            s = c["slot"]
+            hb_valid[s] = 0                       # HB: the slot is invalid from the fill on
+            env.slots.pop(s, None)
+            ends.append((done + r.randint(0, 6), s, layer, e))
+
+    def hb_cycle():
+        for x in [x for x in ends if x[0] <= cyc[0]]:
+            ends.remove(x)
+            commits.append(x[1:])
+        drive = None
+        if commits:
+            s, layer, e = commits.popleft()
+            lay = env.layers[layer]
+            env.slots[s] = gl.hb_slot_image(cfg, lay.wg[e], lay.wu[e], lay.wd[e])
+            hb_valid[s] = 1
+            drive = s
+            fill_done.put(dict(slot=s, ok=1), cyc[0] + 1 + r.randint(0, 3))
+        dut.commit__valid.value = drive is not None
+        dut.commit__slot.value = drive or 0
+
+    def on_hb(b):
+        def fn(c):
+            env.cycle = cyc[0]
+            env._hb_serve(b, _plain(c))
+        return fn
+
+    def on_kv(c):
+        problems.append(f"unexpected KV request {c}")
+
+    sinks = [Snk(dut, "host_rsp", t["HostResponse"], r, idle, responses.append),
+             Snk(dut, "trace", t["TraceEvent"], r, idle, events.append),
+             Snk(dut, "ext_cmd", t["ExtCommand"], r, idle, lambda c: on_ext(_plain(c))),
+             Snk(dut, "kv_req", t["KVRequest"], r, idle, on_kv),
+             Snk(dut, "o", data.Layout.cast(v.MoEOutput), r, idle, outputs.append)]
+    sinks += [Snk(dut, f"hb_cmd__{b}", data.Layout.cast(v.HBRead), r, idle, on_hb(b))
+              for b in range(env.B)]
+    sources = [host, xin, ext_rsp, fill_done, kv_move, ext_in, *hb_in]
+
+    limit = int(os.environ.get("ELMOE_JOIN_MAX_CYCLES", "3000000"))
+    after = 0
+    while cyc[0] < limit and not problems:
+        await RisingEdge(dut.clk)
+        cyc[0] += 1
+        env.cycle = cyc[0]
+        hb_cycle()
+        for x in sources:
+            x.drive(cyc[0])
+        for x in sinks:
+            x.drive(cyc[0])
+        await ReadOnly()
+        for x in sources:
+            x.sample()
+        for x in sinks:
+            x.sample()
+        if len(responses) >= len(want_rsp) and len(outputs) >= len(want_y):
+            after += 1
+            if after > 50:
+                break
+    assert not problems, problems[:5]
+    assert len(responses) == len(want_rsp), \
+        f"{len(responses)} of {len(want_rsp)} responses, {len(outputs)} of {len(want_y)} " \
+        f"outputs by cycle {cyc[0]}"
+    for i, (want, got) in enumerate(zip(want_rsp, responses)):
+        for k, val in want.items():
+            assert got[k] == val, f"response {i} ({cmds[i]}): {k} {got[k]} != {val}"
+    # the control sequence first: a different decision (e.g. another DRAFT
+    # eligibility mask) changes the outputs too, and the trace names it
+    evs = [gesd.Event.from_dict(p) for p in events]
+    msg = gesd.compare(ctl.events, evs)
+    assert msg is None, msg
+    assert len(outputs) == len(want_y), f"{len(outputs)} outputs, {len(want_y)} expected"
+    bad = []
+    for i, ((y, last), o) in enumerate(zip(want_y, outputs)):
+        exp = [a ^ 1 for a in y] if mutate else y
+        if [int(a) for a in o["y"]] != exp or o["last"] != last or o["error"]:
+            bad.append(i)
+    assert not bad, f"{len(bad)} of {len(want_y)} outputs differ, first token {bad[0]}"
+    res, pend = dut.resident.value.to_unsigned(), dut.pending.value.to_unsigned()
+    mine = sum(x << s for s, x in enumerate(hb_valid))
+    assert res == mine and not pend, f"tag unit resident {res:#x} pending {pend:#x}, HB {mine:#x}"
+    viol = sum(x.violations for x in sinks)
+    assert viol == 0, f"{viol} stream-rule violations on the outputs"
+    out = os.environ.get("ELMOE_JOIN_OUT")
+    if out:
+        kinds = collections.Counter(gesd.EventKind(e.kind).name for e in evs)
+        with open(out, "w") as f:
+            json.dump(dict(cycles=cyc[0], events=len(evs), tokens=len(want_y),
+                           steps=sum(1 for c in cmds if c["op"] == HostOp.STEP),
+                           kinds=dict(kinds)), f)
