@@ -111,8 +111,8 @@ def test_tile_mem_catches_wrong_golden(tmp_path):
     """A golden from a mutated tag policy (victim ties to the highest index)
     differs from the real one and the tile bench fails on it."""
     from elmoe3d.sim.harness import SimulationFailed
-    good, _ = _cases(TINY_KV, 6, (4,), **KV_PRESSURE)
-    bad, cases = _cases(TINY_KV, 6, (4,), mutant="tie", **KV_PRESSURE)
+    good, _ = _cases(TINY_KV, 2, (4,), **KV_PRESSURE)
+    bad, cases = _cases(TINY_KV, 2, (4,), mutant="tie", **KV_PRESSURE)
     assert gesd.compare(good[0].events, bad[0].events) is not None
     with pytest.raises(SimulationFailed):
         _simulate(tmp_path, TINY_KV, cases, seed=3)
