@@ -58,7 +58,6 @@ from amaranth.lib.wiring import In, Out
 
 from ..config import Config
 from ..golden import tag_unit as gtu
-from . import vocab as hv
 from .esd_ctrl import EsdCtrl
 from .ext_stream import ExtStream
 from .hb_bank import HBBank, hb_params
