@@ -151,3 +151,15 @@ def test_tile_mem_2000_steps(tmp_path, measured_dir):
     _record(measured_dir, "2000_steps", "tiny (KV pressure)", runs, outs, _cpu() - t0)
     _check(runs, outs)
     assert runs[0].counters["decode_steps"] >= 2000
+
+
+def test_tile_mem_bad_config():
+    """A TileMem needs a Config (TypeError naming the value); the FillDone FIFO
+    depth is the most fills one pass can start."""
+    from elmoe3d.hw.tile import TileMem, fill_done_depth
+    with pytest.raises(TypeError, match="Config"):
+        TileMem({"pes": 4})
+    for name in ("tiny", "default"):
+        cfg = preset(name)
+        assert fill_done_depth(cfg) == min(cfg.experts, cfg.batch_tokens * cfg.top_k,
+                                           cfg.tag_slots)
