@@ -205,6 +205,69 @@ class Snk:
             self.held = raw
 
 
+def host_script(case):
+    """The host commands of a case's script in order, each with the response
+    the golden expects (``None`` for the counter readouts at the end: their
+    values are compared with the golden counters)."""
+    out = []
+    for e in case["script"]:
+        op = e["op"]
+        if "refused" in e:                          # a command the controller must refuse
+            code = getattr(HostOp, op)
+            out.append((dict(op=code, phase=e.get("phase", 0), step=e.get("step", 0),
+                             layer=e.get("layer", 0),
+                             value=e.get("value", 0) | e.get("force", 0) << 8 if op == "ROUND"
+                             else e.get("value", 0)),
+                        dict(op=code, error=e["refused"])))
+        elif op == "ROUND":
+            out.append((dict(op=HostOp.ROUND, phase=0, step=0, layer=0,
+                             value=e["value"] | e.get("force", 0) << 8),
+                        dict(op=HostOp.ROUND, error=0, mode=e["mode"], k=e["k"])))
+        elif op == "STEP":
+            out.append((dict(op=HostOp.STEP, phase=e["phase"], step=e["step"],
+                             layer=e["layer"], value=0),
+                        dict(op=HostOp.STEP, error=0, value=e["error"])))
+        elif op == "ACCEPT":
+            out.append((dict(op=HostOp.ACCEPT, phase=0, step=0, layer=0, value=e["value"]),
+                        dict(op=HostOp.ACCEPT, error=0)))
+        elif op == "CONTEXT":
+            out.append((dict(op=HostOp.CONTEXT, phase=0, step=0, layer=0, value=e["value"]),
+                        dict(op=HostOp.CONTEXT, error=e.get("error", 0))))
+    for i in range(len(COUNTERS)):
+        out.append((dict(op=HostOp.COUNTER, phase=0, step=0, layer=0, value=i), None))
+    return out
+
+
+def check_results(case, expected, responses, events, sinks, cycles):
+    """The end-of-case checks shared by the benches: every host response, the
+    trace (canonical order) and the counters equal the golden's, no stream
+    rule broken; coverage written. Returns the case's result record."""
+    total = len(expected) + len(COUNTERS)
+    for i, (want, got) in enumerate(zip(expected, responses)):
+        for k, v in want.items():
+            assert got[k] == v, (f"response {i} ({case['script'][i]}): {k} {got[k]} != {v}; "
+                                 f"got {got}")
+    assert len(responses) == total, f"{len(responses)} of {total} responses by cycle {cycles}"
+    counters = {name: responses[len(expected) + i]["value"] for i, name in enumerate(COUNTERS)}
+    for p in events:
+        _cover_event(p)
+    for rr in responses:
+        _cover_response(rr["op"], rr["error"])
+    from elmoe3d.tb.coverage import write_coverage
+    write_coverage("esd_ctrl", run=f"{case.get('name') or 'replay'} seed {cocotb.RANDOM_SEED}",
+                   transactions=len(events) + len(responses))
+    evs = [gesd.Event.from_dict(p) for p in events]
+    msg = gesd.compare(case["events"], evs)
+    viol = sum(x.violations for x in sinks)
+    assert viol == 0, f"{viol} stream-rule violations on the outputs"
+    assert msg is None, msg
+    for k, v in case["counters"].items():
+        if k in counters:
+            assert counters[k] == v, f"counter {k}: RTL {counters[k]} != golden {v}"
+    return dict(cycles=cycles, counters=counters, events=len(evs), rule_violations=viol,
+                name=case.get("name"))
+
+
 @cocotb.test()
 async def replay(dut):
     """Every case of ``$ELMOE_ESD_CASE`` (one, or a list under ``cases``), the
@@ -397,31 +460,10 @@ async def run_case(dut, case, cfg, t, r, idle):
 
     # ---- the host -------------------------------------------------------------------
     expected = []
-    for e in case["script"]:
-        op = e["op"]
-        if "refused" in e:                          # a command the controller must refuse
-            code = getattr(HostOp, op)
-            host.put(dict(op=code, phase=e.get("phase", 0), step=e.get("step", 0),
-                          layer=e.get("layer", 0),
-                          value=e.get("value", 0) | e.get("force", 0) << 8 if op == "ROUND"
-                          else e.get("value", 0)))
-            expected.append(dict(op=code, error=e["refused"]))
-        elif op == "ROUND":
-            host.put(dict(op=HostOp.ROUND, phase=0, step=0, layer=0,
-                          value=e["value"] | e.get("force", 0) << 8))
-            expected.append(dict(op=HostOp.ROUND, error=0, mode=e["mode"], k=e["k"]))
-        elif op == "STEP":
-            host.put(dict(op=HostOp.STEP, phase=e["phase"], step=e["step"], layer=e["layer"],
-                          value=0))
-            expected.append(dict(op=HostOp.STEP, error=0, value=e["error"]))
-        elif op == "ACCEPT":
-            host.put(dict(op=HostOp.ACCEPT, phase=0, step=0, layer=0, value=e["value"]))
-            expected.append(dict(op=HostOp.ACCEPT, error=0))
-        elif op == "CONTEXT":
-            host.put(dict(op=HostOp.CONTEXT, phase=0, step=0, layer=0, value=e["value"]))
-            expected.append(dict(op=HostOp.CONTEXT, error=e.get("error", 0)))
-    for i in range(len(COUNTERS)):
-        host.put(dict(op=HostOp.COUNTER, phase=0, step=0, layer=0, value=i))
+    for cmd, want in host_script(case):
+        host.put(cmd)
+        if want is not None:
+            expected.append(want)
     total = len(expected) + len(COUNTERS)
     limit = int(os.environ.get("ELMOE_ESD_MAX_CYCLES", "50000000"))
     idle_after = 0
@@ -455,26 +497,4 @@ async def run_case(dut, case, cfg, t, r, idle):
         mine = sum(v << s_ for s_, v in enumerate(hb_valid))
         assert res == mine and not pend, (f"end: tag unit resident {res:#x} pending {pend:#x}, "
                                           f"HB valid {mine:#x}")
-    for i, (want, got) in enumerate(zip(expected, responses)):
-        for k, v in want.items():
-            assert got[k] == v, (f"response {i} ({case['script'][i]}): {k} {got[k]} != {v}; "
-                                 f"got {got}")
-    assert len(responses) == total, f"{len(responses)} of {total} responses by cycle {cyc[0]}"
-    counters = {name: responses[len(expected) + i]["value"] for i, name in enumerate(COUNTERS)}
-    for p in events:
-        _cover_event(p)
-    for rr in responses:
-        _cover_response(rr["op"], rr["error"])
-    from elmoe3d.tb.coverage import write_coverage
-    write_coverage("esd_ctrl", run=f"{case.get('name') or 'replay'} seed {cocotb.RANDOM_SEED}",
-                   transactions=len(events) + len(responses))
-    evs = [gesd.Event.from_dict(p) for p in events]
-    msg = gesd.compare(case["events"], evs)
-    viol = sum(x.violations for x in sinks)
-    assert viol == 0, f"{viol} stream-rule violations on the outputs"
-    assert msg is None, msg
-    for k, v in case["counters"].items():
-        if k in counters:
-            assert counters[k] == v, f"counter {k}: RTL {counters[k]} != golden {v}"
-    return dict(cycles=cyc[0], counters=counters, events=len(evs), rule_violations=viol,
-                name=case.get("name"))
+    return check_results(case, expected, responses, events, sinks, cyc[0])

@@ -1,0 +1,456 @@
+"""cocotb testbench of the memory side of the tile (``hw/tile.TileMem``, top
+``elmoe3d_tile_mem``): the Elastic-SD controller with the real tag unit, the
+real HB bank controller and the real stream engine, cocotbext-axi's
+``AxiRamRead`` as LPDDR holding the golden LPDDR image
+(:func:`elmoe3d.golden.layout.expert_image` of random INT8 experts at
+:func:`~elmoe3d.golden.layout.lpddr_expert_base`).
+
+The host script and the golden events come from
+:func:`elmoe3d.golden.esd.run_trace` (as for ``tb/test_esd_ctrl.py``, whose
+stream drivers, host script and end-of-case checks this bench imports). The
+bench models only the datapath:
+
+* ``dp_step`` / ``dp_announce`` / ``dp_source`` / ``dp_done``: the golden
+  routing of the step's rankings with the controller's mask, announced per
+  pass in announce order (as in ``tb/test_esd_ctrl.py``);
+* per HB-sourced expert (``SourceInfo.hb``): the whole slot read through HB's
+  read port of every bank; every word must equal
+  :func:`~elmoe3d.golden.layout.hb_slot_image` of the expert the answer names
+  (its ``k`` MSB planes), no error beat;
+* per expert with LPDDR planes (DRAFT without HB: planes ``0..k-1``; AR /
+  VERIFY: all planes, or the ``n-k`` LSB planes of a split): the ``ExtBeat`` s
+  on ``ext_pe`` must equal :func:`elmoe3d.golden.ext_stream.split_command` of
+  that command on the image, beat for beat (``id`` = the expert's position in
+  the pass);
+* ``dp_done`` only once every read and every LPDDR beat of the pass is in.
+
+Faults follow the golden's rule (``faults`` maps the ordinal of an LPDDR
+expert read, from 0 in canonical = command order, to an ``ExtError``): the
+LPDDR model counts commands on the AR channel (a command's bursts are
+increasing addresses inside one expert's image; a new command starts at
+another expert or at an address not above the last one -- consecutive reads
+of one expert always restart at its first segment) and corrupts the first
+beat of the faulted command's first burst: ``RRESP`` SLVERR / DECERR, or for
+PROTOCOL a wrong ``RLAST`` (early on a longer burst, missing on a 1-beat one)
+-- cocotbext-axi cannot, so the bench wraps its R channel's ``send``.
+
+Residency ("no resident slot with wrong data"): before every CONTEXT command
+(a KV move) the host waits until the tile is idle (every response in, the
+trace quiet), and again after its response, and at the end: then the tag
+unit's ``resident`` must equal HB's ``slot_valid`` and the slots the trace
+made resident (ALLOCATE -> FILL_END COMMIT, minus INVALIDATE / eviction),
+``pending`` must be 0, and every resident slot is read back through the read
+ports and must hold exactly the golden MSB planes of its expert.
+
+Random idle cycles and back-pressure on every stream (``$ELMOE_ESD_IDLE``,
+default 0.2) and cocotbext-axi pause generators on AR and R
+(``$ELMOE_TILE_AXI_PAUSE``, default 0.2). ``$ELMOE_TILE_PLANT`` = ``addr``
+plants a wrong fill source (the LPDDR model answers one filled expert's
+first burst from another expert's image): the bench must fail.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import os
+
+import cocotb
+import numpy as np
+from amaranth.lib import data
+from cocotb.triggers import ReadOnly, RisingEdge
+from cocotbext.axi import AxiRamRead, AxiReadBus
+from cocotbext.axi.constants import AxiResp
+
+from elmoe3d.config import Config
+from elmoe3d.golden import esd as gesd
+from elmoe3d.golden import ext_stream as gext
+from elmoe3d.golden import layout as gl
+from elmoe3d.golden.vocab import ExtError, ExtKind, HBRegion
+from elmoe3d.hw import vocab as hv
+from elmoe3d.hw.esd_ctrl import HostOp, esd_ports
+from elmoe3d.tb.common import params, rng, start_clock_and_reset
+from elmoe3d.tb.test_esd_ctrl import Snk, Src, _case, check_results, host_script
+
+EK = gesd.EventKind
+
+
+def lpddr_image(cfg, seed=1):
+    """``(mem, slot_images)``: the LPDDR window with every expert's golden image
+    (random INT8 weights) and, per ``(layer, expert)``, its HB slot image
+    (``(B, slot_words)`` words)."""
+    g = np.random.default_rng(seed)
+    lay = gl.lpddr_layout(cfg)
+    mem = bytearray(lay.base + lay.total_bytes)
+    slots = {}
+    H, I = cfg.hidden, cfg.ffn
+    for layer in range(cfg.layers):
+        for e in range(cfg.experts):
+            w = [g.integers(-128, 128, size=s, dtype=np.int64) for s in ((I, H), (I, H), (H, I))]
+            a = gl.lpddr_expert_base(cfg, layer, e)
+            mem[a:a + cfg.expert_bytes] = gl.expert_image(cfg, *w)
+            slots[layer, e] = gl.hb_slot_image(cfg, *w)
+    return mem, slots
+
+
+class FaultyRam:
+    """cocotbext-axi ``AxiRamRead`` on the tile's ``m_axi`` port, with pause
+    generators and the golden fault rule (module doc)."""
+
+    def __init__(self, dut, cfg, mem, r, pause, faults, plant=None):
+        self.cfg, self.faults, self.plant = cfg, faults, plant
+        self.ram = AxiRamRead(AxiReadBus.from_prefix(dut, "m_axi"), dut.clk, None, mem=mem)
+        if pause:
+            for ch in (self.ram.ar_channel, self.ram.r_channel):
+                ch.set_pause_generator(r.random() < pause for _ in itertools.count())
+        self.lay = gl.lpddr_layout(cfg)
+        self.reset()
+        recv, send = self.ram.ar_channel.recv, self.ram.r_channel.send
+
+        async def ar_recv():
+            ar = await recv()
+            self._burst(int(ar.araddr), int(ar.arlen) + 1)
+            return ar
+
+        async def r_send(tr):
+            kind, at = self.cur_fault
+            if kind is not None and self.beat == at:
+                if kind == "plant":
+                    tr.rdata = tr.rdata ^ 1
+                elif kind == ExtError.PROTOCOL:
+                    tr.rlast = not tr.rlast
+                else:
+                    tr.rresp = AxiResp.SLVERR if kind == ExtError.SLVERR else AxiResp.DECERR
+                self.corrupted.append((self.cmd, kind))
+            self.beat += 1
+            await send(tr)
+        self.ram.ar_channel.recv = ar_recv
+        self.ram.r_channel.send = r_send
+
+    def reset(self):
+        self.cmd = -1                 # ordinal of the command the last burst belongs to
+        self.last = None              # (expert region, address) of the last burst
+        self.cur_fault = (None, 0)
+        self.beat = 0
+        self.corrupted = []
+        self.bursts = 0
+
+    def _burst(self, addr, n):
+        region = (addr - self.lay.base) // self.cfg.expert_bytes
+        first = self.last is None or self.last[0] != region or addr <= self.last[1]
+        if first:
+            self.cmd += 1
+        self.last = (region, addr)
+        self.bursts += 1
+        self.beat = 0
+        kind = self.faults.get(self.cmd) if first else None
+        if kind is None and first and self.plant == self.cmd:
+            kind = "plant"
+        self.cur_fault = (kind, 0)
+
+
+@cocotb.test()
+async def replay(dut):
+    """Every case of ``$ELMOE_ESD_CASE`` (one, or a list under ``cases``), the
+    tile reset between cases; ``$ELMOE_ESD_OUT`` gets one result each."""
+    loaded = _case()
+    cases = loaded["cases"] if "cases" in loaded else [loaded]
+    cfg = Config(**params())
+    r = rng()
+    idle = float(os.environ.get("ELMOE_ESD_IDLE", "0.2"))
+    pause = float(os.environ.get("ELMOE_TILE_AXI_PAUSE", "0.2"))
+    plant = os.environ.get("ELMOE_TILE_PLANT")
+    mem, images = lpddr_image(cfg, seed=int(loaded.get("image_seed", 1)))
+    ram = FaultyRam(dut, cfg, bytes(mem), r, pause, {}, None)
+    await start_clock_and_reset(dut)
+    outs = []
+    for case in cases:
+        await RisingEdge(dut.clk)
+        dut.rst.value = 1
+        for _ in range(3):
+            await RisingEdge(dut.clk)
+        dut.rst.value = 0
+        ram.reset()
+        ram.faults = {int(k): ExtError(v) for k, v in (case.get("faults") or {}).items()}
+        ram.plant = int(plant) if plant else None
+        outs.append(await run_case(dut, case, cfg, r, idle, ram, mem, images))
+        with open(os.environ["ELMOE_ESD_OUT"], "w") as f:
+            json.dump(outs if "cases" in loaded else outs[0], f)
+
+
+async def run_case(dut, case, cfg, r, idle, ram, mem, images):
+    t = {k: data.Layout.cast(v) for k, v in esd_ports(cfg).items()}
+    v = hv.vocab(cfg)
+    B, S, SW, n, k = cfg.pes, cfg.tag_slots, cfg.slot_words, cfg.planes, cfg.hb_planes_eff
+    sbits = cfg.slice_bits
+    all_mask, hb_mask = (1 << n) - 1, (1 << k) - 1
+    cyc = [0]
+    problems = []
+    responses, events = [], []
+    faults = ram.faults
+    read_t = data.Layout.cast(dut_layout(v, "HBRead", cfg))
+    beat_t = data.Layout.cast(dut_layout(v, "HBBeat", cfg))
+
+    def later(d):
+        return cyc[0] + d
+
+    host = Src(dut, "host_cmd", t["HostCommand"], r, idle)
+    announce = Src(dut, "dp_announce", t["Announce"], r, idle)
+    dp_done = Src(dut, "dp_done", t["PassDone"], r, idle)
+    rd_cmd = [Src(dut, f"hb_rd_cmd__{b}", read_t, r, idle) for b in range(B)]
+
+    # ---- residency tracker (from the trace as it comes) ---------------------------------
+    owner = [None] * S                  # (layer, expert) allocated into the slot
+    valid = [False] * S
+
+    def on_event(p):
+        events.append(p)
+        kind, s = p["kind"], p["slot"]
+        if kind == EK.ALLOCATE and p["code"] != gesd.AllocResult.NO_VICTIM:
+            owner[s], valid[s] = (p["layer"], p["expert"]), False
+        elif kind == EK.FILL_END and p["code"] == gesd.FillEnd.COMMIT:
+            valid[s] = True
+        elif kind == EK.INVALIDATE:
+            valid[s] = False
+
+    # ---- the datapath model ---------------------------------------------------------------
+    steps = [e for e in case["script"] if e["op"] == "STEP" and "refused" not in e]
+    step_i = [0]
+    passes = collections.deque()        # announced passes whose experts are not all sourced
+    open_passes = []                    # passes without their dp_done yet
+    cur = {"phase": 0, "layer": 0}
+    hb_expect = [collections.deque() for _ in range(B)]   # (record, words, index, what)
+    ext_expect = collections.deque()    # [record, beats, index, what]
+    ext_got = collections.deque()
+    lpddr_cmds = [0]
+    stats = collections.Counter()
+
+    class Pass:
+        def __init__(self, experts):
+            self.sources, self.reads, self.ext, self.pos = experts, 0, 0, 0
+            self.done = experts == 0
+
+        def settle(self):
+            if not self.done and self.sources == 0 and self.reads == 0 and self.ext == 0:
+                self.done = True
+                open_passes.remove(self)
+                dp_done.put(dict(error=0), later(r.randint(1, 12)))
+
+    def on_step(c):
+        if step_i[0] >= len(steps):
+            problems.append("dp_step beyond the script")
+            return
+        e = steps[step_i[0]]
+        step_i[0] += 1
+        ph = gesd.Phase(c["phase"])
+        cur["phase"], cur["layer"] = ph, c["layer"]
+        sel = gesd.RankingRouter(e["rankings"], cfg.top_k)(c["mask"] if ph == gesd.Phase.DRAFT
+                                                            else None)
+        if c["tokens"] != len(sel):
+            problems.append(f"step tokens {c['tokens']} != {len(sel)}")
+        T = cfg.batch_tokens
+        for p0 in range(0, len(sel), T):
+            counts = {}
+            for s_ in sel[p0:p0 + T]:
+                for x in s_:
+                    counts[x] = counts.get(x, 0) + 1
+            order = gesd.announce_order(counts)
+            rec = Pass(len(order))
+            if order:
+                passes.append(rec)
+                open_passes.append(rec)
+            else:
+                announce.put(dict(expert=0, count=0, none=1, last=1))
+                dp_done.put(dict(error=0), later(r.randint(1, 12)))
+            for i, x in enumerate(order):
+                announce.put(dict(expert=x, count=counts[x], none=0,
+                                  last=int(i == len(order) - 1)))
+
+    def on_source(c):
+        if not passes:
+            problems.append("a source answer outside a pass")
+            return
+        rec = passes[0]
+        pos = rec.pos
+        rec.pos += 1
+        rec.sources -= 1
+        if rec.sources == 0:
+            passes.popleft()
+        layer, e, ph = cur["layer"], c["expert"], cur["phase"]
+        if c["hb"]:
+            img = images[layer, e]
+            for b in range(B):
+                rd_cmd[b].put(dict(region=int(HBRegion.EXPERT), slot=c["slot"], offset=0,
+                                   count=SW, plane=0))
+                hb_expect[b].append([rec, img[b], 0, f"L{layer} E{e} slot {c['slot']} bank {b}"])
+                rec.reads += 1
+            stats["hb_reads"] += 1
+        if ph == gesd.Phase.DRAFT:
+            lmask = 0 if c["hb"] else hb_mask
+        else:
+            lmask = all_mask & ~hb_mask if c["hb"] else all_mask
+        if lmask:
+            i = lpddr_cmds[0]
+            lpddr_cmds[0] += 1
+            cmd = gext.command(kind=ExtKind.EXPERT, addr=gl.lpddr_expert_base(cfg, layer, e),
+                               plane_mask=lmask, id=pos)
+            err = faults.get(i)
+            pe, _fill, _rsp = gext.split_command(cfg, mem, cmd, None if err is None
+                                                 else (0, err))
+            ext_expect.append([rec, pe, 0, f"LPDDR read {i} (L{layer} E{e} mask {lmask:#x}"
+                               f"{' fault ' + err.name if err else ''})"])
+            rec.ext += 1
+            stats["lpddr_reads"] += 1
+        rec.settle()
+        pump_ext()
+
+    def on_hb_beat(b, p):
+        if not hb_expect[b]:
+            problems.append(f"bank {b}: an HB beat nobody asked for")
+            return
+        x = hb_expect[b][0]
+        rec, words, i, what = x
+        word = sum(int(s_) << (j * sbits) for j, s_ in enumerate(p["sv"]["slices"]))
+        if p["error"] or word != int(words[i]) or p["last"] != (i == len(words) - 1):
+            problems.append(f"cycle {cyc[0]}: HB read {what} word {i}: got {word:#x} error "
+                            f"{p['error']} last {p['last']}, golden {int(words[i]):#x}")
+        x[2] += 1
+        stats["hb_words"] += 1
+        if x[2] == len(words):
+            hb_expect[b].popleft()
+            if rec is not None:
+                rec.reads -= 1
+                rec.settle()
+            else:
+                check_reads[0] -= 1
+
+    def pump_ext():
+        while ext_got and ext_expect:
+            p = ext_got.popleft()
+            x = ext_expect[0]
+            rec, beats, i, what = x
+            want = beats[i]
+            if p != want:
+                problems.append(f"cycle {cyc[0]}: {what} beat {i}: {p} != golden {want}")
+            x[2] += 1
+            stats["ext_beats"] += 1
+            if x[2] == len(beats):
+                ext_expect.popleft()
+                rec.ext -= 1
+                rec.settle()
+
+    def on_ext(p):
+        ext_got.append(p)
+        pump_ext()
+
+    sinks = [Snk(dut, "host_rsp", t["HostResponse"], r, idle, responses.append),
+             Snk(dut, "trace", t["TraceEvent"], r, idle, on_event),
+             Snk(dut, "dp_step", t["StepInfo"], r, idle, on_step),
+             Snk(dut, "dp_source", t["SourceInfo"], r, idle, on_source),
+             Snk(dut, "ext_pe", data.Layout.cast(v.ExtBeat), r, idle, on_ext),
+             *[Snk(dut, f"hb_rd__{b}", beat_t, r, idle,
+                   lambda p, b=b: on_hb_beat(b, p)) for b in range(B)]]
+    sources = [host, announce, dp_done, *rd_cmd]
+
+    # ---- residency checks at idle points ------------------------------------------------
+    check_reads = [0]
+    checks = [0]
+
+    def check_residency(where):
+        res = dut.resident.value.to_unsigned()
+        pend = dut.pending.value.to_unsigned()
+        hbv = dut.slot_valid.value.to_unsigned()
+        mine = sum(1 << s_ for s_ in range(S) if valid[s_])
+        if not (res == hbv == mine) or pend or int(dut.fill_done_overflow.value):
+            problems.append(f"{where} (cycle {cyc[0]}): tag unit resident {res:#x} pending "
+                            f"{pend:#x}, HB valid {hbv:#x}, trace says {mine:#x}, FillDone "
+                            f"overflow {int(dut.fill_done_overflow.value)}")
+            return
+        for s_ in range(S):
+            if valid[s_]:
+                img = images[owner[s_]]
+                for b in range(B):
+                    rd_cmd[b].put(dict(region=int(HBRegion.EXPERT), slot=s_, offset=0,
+                                       count=SW, plane=0))
+                    hb_expect[b].append([None, img[b], 0,
+                                         f"{where}: resident slot {s_} (L{owner[s_][0]} "
+                                         f"E{owner[s_][1]}) bank {b}"])
+                    check_reads[0] += 1
+        checks[0] += 1
+        stats["resident_checked"] += bin(mine).count("1")
+
+    # ---- the host: commands in order; idle points around every CONTEXT ------------------
+    script = host_script(case)
+    expected = [w for _, w in script if w is not None]
+    total = len(script)
+    sent = [0]
+    st = {"mode": "run", "checked": None, "next": "run"}
+    last_traffic = [0]
+
+    def busy():
+        return (any(x.busy() for x in sources) or any(hb_expect) or ext_expect or ext_got
+                or any(not p.done for p in open_passes))
+
+    def host_cycle():
+        """Feed the host queue in order; hold a CONTEXT until the tile is idle
+        and the residency check is done, check again once it has been
+        answered, and at the end."""
+        mode = st["mode"]
+        if mode == "run":
+            while sent[0] < total:
+                cmd = script[sent[0]][0]
+                if cmd["op"] == HostOp.CONTEXT and st["checked"] != sent[0]:
+                    st["mode"], st["where"] = "idle", f"before CONTEXT {cmd['value']}"
+                    return
+                host.put(cmd)
+                sent[0] += 1
+                if cmd["op"] == HostOp.CONTEXT:
+                    st["mode"], st["where"] = "idle", f"after CONTEXT {cmd['value']}"
+                    return
+            st["mode"], st["where"] = "idle", "end"
+        elif mode == "idle":
+            if len(responses) == sent[0] and not busy() and cyc[0] - last_traffic[0] > 40:
+                if st["where"].startswith("before"):
+                    st["checked"] = sent[0]
+                check_residency(st["where"])
+                st["mode"] = "checking"
+        elif mode == "checking" and check_reads[0] == 0 and not busy():
+            st["mode"] = "finished" if st["where"] == "end" else "run"
+
+    limit = int(os.environ.get("ELMOE_ESD_MAX_CYCLES", "50000000"))
+    while cyc[0] < limit and not problems and st["mode"] != "finished":
+        await RisingEdge(dut.clk)
+        cyc[0] += 1
+        if int(dut.trace__valid.value) or busy():
+            last_traffic[0] = cyc[0]
+        host_cycle()
+        for x in sources:
+            x.drive(cyc[0])
+        for x in sinks:
+            x.drive(cyc[0])
+        await ReadOnly()
+        for x in sources:
+            x.sample()
+        for x in sinks:
+            x.sample()
+    assert not problems, problems[:5]
+    assert not ext_got, f"{len(ext_got)} LPDDR beats nobody asked for"
+    assert st["mode"] == "finished", f"not finished by cycle {cyc[0]} (limit {limit})"
+    lost = [(c, kd) for c, kd in ram.corrupted if kd != "plant"]
+    assert len({c for c, _ in lost}) == len([i for i in faults if i < lpddr_cmds[0]]), (
+        f"faults injected {lost}, planned {sorted(faults)[:8]}... of {lpddr_cmds[0]} reads")
+    out = check_results(case, expected, responses, events, sinks, cyc[0])
+    out.update(stats)
+    out.update(residency_checks=checks[0], lpddr_cmds=lpddr_cmds[0], bursts=ram.bursts,
+               ram_cmds=ram.cmd + 1)
+    assert ram.cmd + 1 == lpddr_cmds[0], (f"the LPDDR model saw {ram.cmd + 1} commands, the "
+                                          f"datapath expected {lpddr_cmds[0]}")
+    return out
+
+
+def dut_layout(v, name, cfg):
+    """HB's read-port payload types for ``cfg`` (as ``hw.hb_bank`` builds them)."""
+    if name == "HBRead":
+        return hv.hb_read(cfg.tag_slots, cfg.slot_words, cfg.dense_words, cfg.planes)
+    return hv.hb_beat(cfg.slice_bits, cfg.lanes)

@@ -1,0 +1,165 @@
+"""pytest entry points: the memory side of the tile (``hw/tile.TileMem``:
+controller + tag unit + HB bank controller + stream engine, cocotbext-axi as
+LPDDR), its trace event for event against the golden control sequence and
+every HB / LPDDR word against the golden images (``tb/test_tile_mem.py``)."""
+
+import json
+import pickle
+
+import pytest
+
+from elmoe3d.config import Config, preset
+from elmoe3d.golden import esd as gesd
+from elmoe3d.golden.vocab import ExtError
+from elmoe3d.sim.harness import simulate
+
+from test_esd_ctrl import KV_PRESSURE, TINY_KV, _case, _cpu, _faults
+
+pytestmark = pytest.mark.tile
+
+TB = "elmoe3d.tb.test_tile_mem"
+
+
+def _factory(**fields):
+    from elmoe3d.hw.tile import TileMem
+    return TileMem(Config(**fields))
+
+
+def _simulate(tmp_path, cfg, cases, *, seed=1, env=None):
+    """One simulation of ``cases`` (a list, reset between): the results."""
+    f = tmp_path / "case.pkl"
+    f.write_bytes(pickle.dumps(dict(cases=cases)))
+    out = tmp_path / "out.json"
+    e = {"ELMOE_ESD_CASE": str(f), "ELMOE_ESD_OUT": str(out)}
+    e.update(env or {})
+    simulate(_factory, block="tile_mem", params=cfg.to_dict(), top="elmoe3d_tile_mem",
+             test_module=TB, env=e, seed=seed)
+    return json.loads(out.read_text())
+
+
+#: LPDDR faults on three reads of a short run: SLVERR, DECERR and PROTOCOL (a
+#: wrong RLAST); the spoilt step is repeated by the host (faults on every
+#: n-th read with a small n would spoil every step of a large batch)
+FAULTS = {3: ExtError.SLVERR, 10: ExtError.DECERR, 17: ExtError.PROTOCOL}
+
+
+def _cases(cfg, steps, batches, *, faults=FAULTS, tokens=400, **kw):
+    runs, cases = [], []
+    for b in batches:
+        run, case = _case(cfg, b, steps, 100 + b, faults, tokens=tokens, force=gesd.Mode.SD,
+                          **kw)
+        case["name"] = f"B{b}"
+        runs.append(run)
+        cases.append(case)
+    return runs, cases
+
+
+def _record(measured_dir, name, cfg_name, runs, outs, cpu):
+    """Measured figures -> ``build/measured/tile_mem.json`` (replaced per case)."""
+    path = measured_dir / "tile_mem.json"
+    old = json.loads(path.read_text())["runs"] if path.is_file() else []
+    new = [dict(test=name, config=cfg_name, case=o["name"],
+                steps=r.counters["decode_steps"], events=o["events"], cycles=o["cycles"],
+                lpddr_reads=o["lpddr_cmds"], bursts=o["bursts"], ext_beats=o.get("ext_beats", 0),
+                hb_reads=o.get("hb_reads", 0), hb_words=o.get("hb_words", 0),
+                residency_checks=o["residency_checks"],
+                resident_checked=o.get("resident_checked", 0),
+                rounds_sd=r.counters["rounds_sd"], evictions=r.counters["evictions"],
+                aborts=r.counters["aborts"], ext_errors=r.counters["ext_errors"],
+                kv_invalidations=r.counters["kv_invalidations"], sim_cpu_s=round(cpu, 1))
+           for r, o in zip(runs, outs)]
+    keys = {(x["test"], x["case"]) for x in new}
+    keep = [x for x in old if (x["test"], x["case"]) not in keys]
+    path.write_text(json.dumps({"source": "tests/test_tile.py (Verilator)",
+                                "runs": keep + new}, indent=1))
+
+
+def _check(runs, outs):
+    assert [o["events"] for o in outs] == [len(r.events) for r in runs]
+    for r, o in zip(runs, outs):
+        assert o["lpddr_cmds"] > 0 and o["residency_checks"] >= 1, o
+
+
+def test_tile_mem_tiny(tmp_path, measured_dir):
+    """tiny, KV pressure (SD and back-off AR rounds, moves that invalidate
+    slots), LPDDR faults, batch 1 and 4 in one simulation (batch 16 at
+    `tiny` with this KV pressure is all back-off AR: it runs at `default`,
+    below): trace, host
+    responses and counters equal the golden's, every HB and LPDDR word the
+    golden image's, every resident slot holds its expert at every KV move."""
+    runs, cases = _cases(TINY_KV, 4, (1, 4), **KV_PRESSURE)
+    t0 = _cpu()
+    outs = _simulate(tmp_path, TINY_KV, cases, seed=3)
+    _record(measured_dir, "tiny", "tiny (KV pressure)", runs, outs, _cpu() - t0)
+    _check(runs, outs)
+    c = [r.counters for r in runs]
+    assert sum(x["aborts"] for x in c) and sum(x["ext_errors"] for x in c)
+    assert sum(x["evictions"] for x in c) and sum(x["kv_moves"] for x in c)
+
+
+DEFAULT = preset("default")
+
+
+def _default(tmp_path, measured_dir, batches, name):
+    runs, cases = _cases(DEFAULT, 1, batches)
+    t0 = _cpu()
+    outs = _simulate(tmp_path, DEFAULT, cases, seed=5)
+    _record(measured_dir, name, "default", runs, outs, _cpu() - t0)
+    _check(runs, outs)
+
+
+def test_tile_mem_default(tmp_path, measured_dir):
+    """`default` geometry, batch 1, a short trace with three LPDDR faults
+    (about 130,000 cycles: every LPDDR expert read is 1,536 or 3,072 beats)."""
+    _default(tmp_path, measured_dir, (1,), "default")
+
+
+@pytest.mark.slow
+def test_tile_mem_default_batches(tmp_path, measured_dir):
+    """`default` geometry, batch 4 and 16, short traces with LPDDR faults (one
+    simulation; several CPU-minutes)."""
+    _default(tmp_path, measured_dir, (4, 16), "default_batches")
+
+
+def test_tile_mem_catches_wrong_golden(tmp_path):
+    """A golden from a mutated tag policy (victim ties to the highest index)
+    differs from the real one and the tile bench fails on it."""
+    from elmoe3d.sim.harness import SimulationFailed
+    good, _ = _cases(TINY_KV, 2, (4,), **KV_PRESSURE)
+    bad, cases = _cases(TINY_KV, 2, (4,), mutant="tie", **KV_PRESSURE)
+    assert gesd.compare(good[0].events, bad[0].events) is not None
+    with pytest.raises(SimulationFailed):
+        _simulate(tmp_path, TINY_KV, cases, seed=3)
+
+
+def test_tile_mem_catches_wrong_data(tmp_path):
+    """A planted LPDDR data error (one bit of the first beat of read 2) makes
+    the bench fail: the words are compared."""
+    from elmoe3d.sim.harness import SimulationFailed
+    _, cases = _cases(TINY_KV, 2, (4,), faults={}, **KV_PRESSURE)
+    with pytest.raises(SimulationFailed):
+        _simulate(tmp_path, TINY_KV, cases, seed=3, env={"ELMOE_TILE_PLANT": "2"})
+
+
+@pytest.mark.slow
+def test_tile_mem_2000_steps(tmp_path, measured_dir):
+    """2,000 decode steps at batch 1 (tiny, KV pressure, LPDDR faults every
+    997th read): event for event, every word checked."""
+    runs, cases = _cases(TINY_KV, 2000, (1,), faults=_faults(997), **KV_PRESSURE)
+    t0 = _cpu()
+    outs = _simulate(tmp_path, TINY_KV, cases, seed=7)
+    _record(measured_dir, "2000_steps", "tiny (KV pressure)", runs, outs, _cpu() - t0)
+    _check(runs, outs)
+    assert runs[0].counters["decode_steps"] >= 2000
+
+
+def test_tile_mem_bad_config():
+    """A TileMem needs a Config (TypeError naming the value); the FillDone FIFO
+    depth is the most fills one pass can start."""
+    from elmoe3d.hw.tile import TileMem, fill_done_depth
+    with pytest.raises(TypeError, match="Config"):
+        TileMem({"pes": 4})
+    for name in ("tiny", "default"):
+        cfg = preset(name)
+        assert fill_done_depth(cfg) == min(cfg.experts, cfg.batch_tokens * cfg.top_k,
+                                           cfg.tag_slots)
