@@ -338,40 +338,50 @@ class TagUnit(wiring.Component):
             m.d.sync += x_age.eq(1)
 
         # ---- victim: free-running pipelined argmin over the slot state ---------
+        # Every node carries its candidate bit, key, index, the index one-hot
+        # (over the slots below it) and the tag of the slot it picked, so the
+        # root's registers hold the victim's index, one-hot and tag directly:
+        # no S-way mux behind the root. The leaves' tags are the tag registers
+        # themselves (no copy; they are frozen while an ALLOCATE settles).
         kb = self.hot_bits + 1
-        v_hot = Signal(S)                        # one-hot of the root's index
+        tb = self.tag_bits
         nodes = []
         for s in range(S):
             cand, key = Signal(name=f"v0_cand{s}"), Signal(kb, name=f"v0_key{s}")
             m.d.sync += [cand.eq(self._victim_candidate(held[s], res[s], pins[s], dis[s])),
                          key.eq(Mux(held[s], Cat(hot[s], Const(1, 1)), 0))]
-            nodes.append((cand, key, Const(s, self.index_bits)))
+            nodes.append((cand, key, Const(s, self.index_bits), Const(1, 1), tags[s]))
         level = 0
         while len(nodes) > 1:
             nxt = []
-            last = len(nodes) <= 2
-            reg = (level + 1) % self.LEVELS_PER_STAGE == 0 or last
+            reg = (level + 1) % self.LEVELS_PER_STAGE == 0 or len(nodes) <= 2
             dom = m.d.sync if reg else m.d.comb
             for j in range(0, len(nodes) - 1, 2):
-                (lc, lk, li), (rc, rk, ri) = nodes[j], nodes[j + 1]
+                (lc, lk, li, lh, lt), (rc, rk, ri, rh, rt) = nodes[j], nodes[j + 1]
                 take_r = rc & (~lc | (rk < lk))
-                c_, k_ = Signal(name=f"v{level + 1}_cand{j // 2}"), Signal(kb, name=f"v{level + 1}_key{j // 2}")
-                i_ = Signal(self.index_bits, name=f"v{level + 1}_idx{j // 2}")
-                dom += [c_.eq(lc | rc), k_.eq(Mux(take_r, rk, lk)), i_.eq(Mux(take_r, ri, li))]
-                nxt.append((c_, k_, i_))
-                if last:                         # the root's index, also one-hot
-                    m.d.sync += v_hot.eq(Cat(Mux(take_r, ri, li) == s for s in range(S)))
+                nm = f"v{level + 1}_{{}}{j // 2}"
+                c_, k_ = Signal(name=nm.format("cand")), Signal(kb, name=nm.format("key"))
+                i_ = Signal(self.index_bits, name=nm.format("idx"))
+                h_ = Signal(len(lh) + len(rh), name=nm.format("hot"))
+                t_ = Signal(tb, name=nm.format("tag"))
+                dom += [c_.eq(lc | rc), k_.eq(Mux(take_r, rk, lk)), i_.eq(Mux(take_r, ri, li)),
+                        h_.eq(Cat(Mux(take_r, 0, lh), Mux(take_r, rh, 0))),
+                        t_.eq(Mux(take_r, rt, lt))]
+                nxt.append((c_, k_, i_, h_, t_))
             if len(nodes) % 2:
-                lc, lk, li = nodes[-1]
+                lc, lk, li, lh, lt = nodes[-1]
                 if reg:                          # keep the odd leaf in step with its level
-                    c_, k_ = Signal(name=f"v{level + 1}_cand_odd"), Signal(kb, name=f"v{level + 1}_key_odd")
-                    i_ = Signal(self.index_bits, name=f"v{level + 1}_idx_odd")
-                    dom += [c_.eq(lc), k_.eq(lk), i_.eq(li)]
-                    nxt.append((c_, k_, i_))
+                    nm = f"v{level + 1}_{{}}_odd"
+                    c_, k_ = Signal(name=nm.format("cand")), Signal(kb, name=nm.format("key"))
+                    i_ = Signal(self.index_bits, name=nm.format("idx"))
+                    h_ = Signal(len(lh), name=nm.format("hot"))
+                    t_ = Signal(tb, name=nm.format("tag"))
+                    dom += [c_.eq(lc), k_.eq(lk), i_.eq(li), h_.eq(lh), t_.eq(lt)]
+                    nxt.append((c_, k_, i_, h_, t_))
                 else:
                     nxt.append(nodes[-1])
             nodes, level = nxt, level + 1
-        v_cand, v_key, v_idx = nodes[0]
+        v_cand, v_key, v_idx, v_hot, v_tag = nodes[0]
         v_evict = v_key[self.hot_bits]           # the victim holds a RESIDENT tag
         m.d.comb += self.x_victim.eq(v_idx)
 
@@ -448,13 +458,8 @@ class TagUnit(wiring.Component):
                          pend_m[s].eq(x_cmp[s] & pend_e[s]),
                          sel_h[s].eq(x_sel[s] & held_e[s]),
                          hot_new[s].eq(self._saturating_add(hot[s], x.amount))]
-        m_any, m_hit, m_pend = any_of(held_m), any_of(hit_m), any_of(pend_m)
-        m_slot = pick(held_m, [Const(s, self.slot_bits) for s in range(S)], self.slot_bits)
-        m_planes = pick(held_m, planes, self.plane_bits)
-        m_hot = pick(held_m, hot, self.hot_bits)
+        m_hit, m_pend = any_of(hit_m), any_of(pend_m)
         lpin_full = any_of([hit_m[s] & pins_full[s] for s in range(S)])
-        s_pins = pick(x_sel, pins, self.pin_bits)
-        s_hit = any_of([x_sel[s] & res_e[s] for s in range(S)])
         s_pend = any_of([x_sel[s] & pend_e[s] for s in range(S)])
         s_held = any_of(sel_h)
         s_pinned = any_of([sel_h[s] & ~pins_zero[s] for s in range(S)])
@@ -479,7 +484,6 @@ class TagUnit(wiring.Component):
         lk_like = I[Op.LOOKUP] | I[Op.LOOKUP_PIN] | I[Op.TOUCH] | I[Op.INVALIDATE]
 
         # "two": computed every cycle, registered, issued in the second cycle
-        two_rsp = Signal(self.rsp_layout)
         two_conds = [
             (I[Op.LOOKUP_PIN] & lpin_full, Err.PIN_LIMIT),
             (I[Op.INVALIDATE] & m_pinned, Err.PINNED),
@@ -490,27 +494,54 @@ class TagUnit(wiring.Component):
             (I[Op.UNPIN] & ~x_slot_bad & s_held & s_zero, Err.NOT_PINNED),
             (I[Op.ABORT] & ~x_slot_bad & ~s_pend, Err.NOT_PENDING),
         ]
-        m.d.comb += [
-            two_rsp.hit.eq((lk_like & m_hit) | (I[Op.INVALIDATE_SLOT] & s_hit)),
-            two_rsp.pending.eq((lk_like & m_pend) | (I[Op.INVALIDATE_SLOT] & s_pend)),
-            two_rsp.slot.eq(field((lk_like, m_slot), (slot_op, x.slot), width=sb_)),
-            two_rsp.planes.eq(field((lk_like, m_planes),
-                                    (I[Op.INVALIDATE_SLOT], pick(sel_h, planes, pb_)),
-                                    (I[Op.ABORT], pick(x_sel, planes, pb_)), width=pb_)),
-            two_rsp.evicted.eq((I[Op.INVALIDATE] & m_any) | (I[Op.INVALIDATE_SLOT] & s_held)
-                               | I[Op.ABORT]),
-            two_rsp.evicted_tag.eq(field((I[Op.INVALIDATE] & m_any, x.tag),
-                                         (I[Op.INVALIDATE_SLOT], pick(sel_h, tags, tb_)),
-                                         (I[Op.ABORT], pick(x_sel, tags, tb_)), width=tb_)),
-            two_rsp.value.eq(field((I[Op.LOOKUP_PIN], m_hot),
-                                   (I[Op.PIN], (s_pins + 1)[:self.pin_bits]),
-                                   (I[Op.UNPIN], (s_pins - 1)[:self.pin_bits]), width=vb_)),
-        ]
+        # The fields over the slots are ORs of per-slot terms, registered in
+        # ``two_groups`` partial ORs (groups of consecutive slots; group 0 also
+        # takes the terms that are not over the slots) and ORed in the cycle
+        # the command executes (one LUT level there), so the first cycle holds
+        # only the per-slot terms and a short OR.
+        ngrp = min(4, S)
+        gsize = -(-S // ngrp)
+        groups = [range(g * gsize, min(S, (g + 1) * gsize)) for g in range(ngrp)]
+        groups = [g for g in groups if len(g)]
+        inv_slot, abort_ = I[Op.INVALIDATE_SLOT], I[Op.ABORT]
+        t_lk = [Signal(name=f"t_lk{s}") for s in range(S)]       # LOOKUP-like hit on s
+        t_sl = [Signal(name=f"t_sl{s}") for s in range(S)]       # INVALIDATE_SLOT of s
+        t_pl = [Signal(name=f"t_pl{s}") for s in range(S)]       # planes of s answered
+        for s in range(S):
+            m.d.comb += [t_lk[s].eq(lk_like & x_cmp[s]), t_sl[s].eq(inv_slot & x_sel[s]),
+                         t_pl[s].eq(held[s] & ((lk_like & x_cmp[s]) | (inv_slot & x_sel[s]))
+                                    | (abort_ & x_sel[s]))]
+        two_q = []
+        for gi, g in enumerate(groups):
+            part = Signal(self.rsp_layout, name=f"two_rsp{gi}")
+            base = gi == 0
+            m.d.comb += [
+                part.hit.eq(any_of([res_e[s] & (t_lk[s] | t_sl[s]) for s in g])),
+                part.pending.eq(any_of([pend_e[s] & (t_lk[s] | t_sl[s]) for s in g])),
+                part.slot.eq(_or_tree([Mux(t_lk[s] & held[s], Const(s, sb_), 0) for s in g]
+                                      + ([Mux(slot_op, x.slot, 0)] if base else []), sb_)),
+                part.planes.eq(_or_tree([Mux(t_pl[s], planes[s], 0) for s in g], pb_)),
+                part.evicted.eq(any_of([held[s] & ((I[Op.INVALIDATE] & x_cmp[s]) | t_sl[s])
+                                        for s in g] + ([abort_] if base else []))),
+                # gated by the registered ``evicted`` in the execute cycle (q below)
+                part.evicted_tag.eq(_or_tree(
+                    [Mux((inv_slot | abort_) & x_sel[s], tags[s], 0) for s in g]
+                    + ([Mux(I[Op.INVALIDATE], x.tag, 0)] if base else []), tb_)),
+                part.value.eq(_or_tree(
+                    [Mux(I[Op.LOOKUP_PIN] & held_m[s], hot[s], 0) for s in g]
+                    + [Mux(I[Op.PIN] & x_sel[s], (pins[s] + 1)[:self.pin_bits], 0) for s in g]
+                    + [Mux(I[Op.UNPIN] & x_sel[s], (pins[s] - 1)[:self.pin_bits], 0)
+                       for s in g], vb_)),
+            ]
+            part_q = Signal(self.rsp_layout, name=f"two_rsp_q{gi}")
+            m.d.sync += part_q.eq(part)
+            two_q.append(part_q)
         two_rsp_q = Signal(self.rsp_layout)
+        m.d.comb += two_rsp_q.eq(_or_tree([p.as_value() for p in two_q], len(two_rsp_q.as_value())))
         # the error conditions are registered one by one and combined in the
         # second cycle (off the first cycle's tag-match -> OR-over-slots path)
         two_cond_q = Signal(len(two_conds), name="two_cond_q")
-        m.d.sync += [two_rsp_q.eq(two_rsp), two_cond_q.eq(Cat(c for c, _ in two_conds))]
+        m.d.sync += two_cond_q.eq(Cat(c for c, _ in two_conds))
         two_code_q, two_any_q = Signal(4, name="two_code_q"), Signal(name="two_any_q")
         code_q, any_q = errors([(two_cond_q[k], e) for k, (_, e) in enumerate(two_conds)])
         m.d.comb += [two_code_q.eq(code_q), two_any_q.eq(any_q)]
@@ -548,8 +579,8 @@ class TagUnit(wiring.Component):
             r.slot.eq(field((g_alloc, v_idx), (g_stats, x.slot), (g_two, q.slot), width=sb_)),
             r.planes.eq(Mux(g_two, q.planes, 0)),
             r.evicted.eq((g_alloc & v_evict) | (g_two & q.evicted)),
-            r.evicted_tag.eq(field((g_alloc & v_evict, Array(tags)[v_idx]),
-                                   (g_two, q.evicted_tag), width=tb_)),
+            r.evicted_tag.eq(field((g_alloc & v_evict, v_tag),
+                                   (g_two & q.evicted, q.evicted_tag), width=tb_)),
             r.value.eq(field((g_stats, stat_sel), (g_two, q.value), width=vb_)),
             r.slot_mask.eq(Mux(g_mask, x.slot_mask & Cat(*held), 0)),
         ]
