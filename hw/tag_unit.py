@@ -649,10 +649,14 @@ class TagUnit(wiring.Component):
                 m.d.sync += pins[s].eq(pins[s] + 1)
             with m.If(pin_down):
                 m.d.sync += pins[s].eq(pins[s] - 1)
-            with m.If(commit_eff[s]):
+            # any strobe sets ``res`` (a slot that holds no tag - FREE, or freed
+            # by this cycle's command or ``disabled`` - ignores it: its ``res``
+            # is unobservable until the next ALLOCATE writes it); ``commit_eff``
+            # (exact) only counts. Keeps the command's free terms off ``res``.
+            with m.If(cm[s]):
                 m.d.sync += res[s].eq(1)
             with m.If(alloc[s]):
-                m.d.sync += [held[s].eq(1), res[s].eq(commit_eff[s]), tags[s].eq(x.tag),
+                m.d.sync += [held[s].eq(1), res[s].eq(cm[s] & ~dis[s]), tags[s].eq(x.tag),
                              planes[s].eq(x.planes), hot[s].eq(x.amount), pins[s].eq(1)]
             with m.If(free_cmd | dis[s]):
                 m.d.sync += held[s].eq(0)
