@@ -597,7 +597,8 @@ class TagUnit(wiring.Component):
         m.d.sync += [rv.eq(fire), rb.eq(r),
                      r_lkr.eq(Cat(lk_m[s] & self._hit_state(res[s]) for s in range(S))),
                      r_lkp.eq(Cat(lk_m[s] & ~res[s] for s in range(S)))]
-        r_lk = [r_lkr[s] | r_lkp[s] for s in range(S)]
+        r_lk = Signal(S)                    # r_lkr | r_lkp, a register of its own
+        m.d.sync += r_lk.eq(Cat(lk_m))
         fin = self.r_rsp
         m.d.comb += [
             fin.eq(rb),
