@@ -319,6 +319,7 @@ class TagUnit(wiring.Component):
         two_ops = (Op.LOOKUP_PIN, Op.INVALIDATE, Op.INVALIDATE_SLOT, Op.PIN, Op.UNPIN, Op.ABORT)
         settle_ops = (Op.ALLOCATE, Op.INVALIDATE_MASK)
         x_two, x_settle = Signal(), Signal()
+        x_lk_like = Signal()                     # LOOKUP, LOOKUP_PIN, TOUCH, INVALIDATE
         load = Signal()
         alloc = [Signal(name=f"alloc{s}") for s in range(S)]        # ALLOCATE writes slot s
         m.d.comb += [load.eq(~x_valid | fire), c.o.ready.eq(load)]
@@ -332,6 +333,8 @@ class TagUnit(wiring.Component):
                                      for s in range(S)))
             m.d.sync += x_sel.eq(Cat(cp.slot == s for s in range(S)))
             m.d.sync += [x_is[op].eq(cp.op == op) for op in ops]
+            m.d.sync += x_lk_like.eq(Cat(cp.op == op for op in (
+                Op.LOOKUP, Op.LOOKUP_PIN, Op.TOUCH, Op.INVALIDATE)).any())
             m.d.sync += [x_two.eq(Cat(cp.op == op for op in two_ops).any()),
                          x_settle.eq(Cat(cp.op == op for op in settle_ops).any())]
         with m.Elif(x_valid):
@@ -430,7 +433,13 @@ class TagUnit(wiring.Component):
         # commits are counted the same way: the effective strobe registered
         # (ce_q), then counted, then added; ``inc_any`` also covers every commit
         # strobe (effective or not) of the previous cycle and cm2 the one before
+        # ce_q: the effective strobe of the last cycle, from registered pieces:
+        # its slot was PENDING after that cycle's command and ``disabled``
+        # exactly when it holds a tag now and was not RESIDENT before (or was
+        # just allocated); so no ``fire`` term reaches a register here
         ce_q = Signal(S)
+        cm_q, res_q, alloc_q = Signal(S, name="cm_q"), Signal(S, name="res_q"), Signal(S, name="alloc_q")
+        m.d.comb += ce_q.eq(Cat(cm_q[s] & held[s] & (~res_q[s] | alloc_q[s]) for s in range(S)))
         cm2 = Signal()
         stats_quiet = Signal()
         m.d.comb += stats_quiet.eq(~inc_any & ~kv1_any & ~kv2_any & ~cm2)
@@ -442,15 +451,18 @@ class TagUnit(wiring.Component):
         # reference, kept for the formal wrapper, which asserts they are equal),
         # so ``fire`` is one LUT from registers and ``o.ready``
         x_go = self.x_go
-        m.d.comb += [self.x_go_ref.eq(x_valid & ~waits), fire.eq(x_go & can_out)]
+        x_go_q, x_kill = Signal(name="x_go_q"), Signal(name="x_kill")
+        m.d.comb += [x_go.eq(x_go_q & ~x_kill),
+                     self.x_go_ref.eq(x_valid & ~waits), fire.eq(x_go_q & ~x_kill & can_out)]
 
         # ---- per-slot terms of the x_ command ------------------------------------------
         hit_m = [Signal(name=f"hit_m{s}") for s in range(S)]        # x.tag held, per state
         held_m = [Signal(name=f"held_m{s}") for s in range(S)]
         pend_m = [Signal(name=f"pend_m{s}") for s in range(S)]
         sel_h = [Signal(name=f"sel_h{s}") for s in range(S)]        # x.slot holds a tag
-        pins_zero = [pins[s] == 0 for s in range(S)]
-        pins_full = [pins[s] == pin_max for s in range(S)]
+        # ``pins == 0`` / ``pins == max`` as flip-flops kept with ``pins``
+        pins_zero = [Signal(init=1, name=f"pins_zero{s}") for s in range(S)]
+        pins_full = [Signal(init=int(pin_max == 0), name=f"pins_full{s}") for s in range(S)]
         hot_new = [Signal(self.hot_bits, name=f"hot_new{s}") for s in range(S)]
         for s in range(S):
             m.d.comb += [held_m[s].eq(x_cmp[s] & held_e[s]),
@@ -481,7 +493,7 @@ class TagUnit(wiring.Component):
                     _or_tree([c for c, _ in conds], 1))
 
         tb_, pb_, sb_, vb_ = self.tag_bits, self.plane_bits, self.slot_bits, self.value_bits
-        lk_like = I[Op.LOOKUP] | I[Op.LOOKUP_PIN] | I[Op.TOUCH] | I[Op.INVALIDATE]
+        lk_like = x_lk_like
 
         # "two": computed every cycle, registered, issued in the second cycle
         two_conds = [
@@ -627,38 +639,53 @@ class TagUnit(wiring.Component):
         alloc_go = go(Op.ALLOCATE) & ~a_res_q & ~a_pend_q & v_cand
         mask_go = go(Op.INVALIDATE_MASK) & ~k_pinned_q
         reset_go = go(Op.RESET)
-        commit_eff = [Signal(name=f"commit_eff{s}") for s in range(S)]
         freed = [Signal(name=f"freed{s}") for s in range(S)]      # by the command
+        # The two-cycle ops' per-slot write enables are registered in every
+        # cycle from the state and the x_ command of that cycle; such an op
+        # executes only in a cycle after one without a state change and with
+        # the same command (``steady``), so the registers are its enables then.
+        # ``fire & x_age`` keeps them off any other command (a command that
+        # fires in its first cycle in x_ is no two-cycle op; one that waited
+        # and is not a two-cycle op has them 0).
+        fire2 = Signal(name="fire2")
+        m.d.comb += fire2.eq(fire & x_age)
+        pu_q = Signal(S, name="pin_up_q")
+        pd_q = Signal(S, name="pin_down_q")
+        f2_q = Signal(S, name="free_two_q")
+        m.d.sync += [
+            pu_q.eq(Cat(((I[Op.LOOKUP_PIN] & hit_m[s]) | (I[Op.PIN] & sel_h[s])) & ~pins_full[s]
+                        for s in range(S))),
+            pd_q.eq(Cat(I[Op.UNPIN] & sel_h[s] & ~pins_zero[s] for s in range(S))),
+            f2_q.eq(Cat((I[Op.INVALIDATE] & held_m[s] & pins_zero[s])
+                        | (I[Op.INVALIDATE_SLOT] & sel_h[s] & pins_zero[s])
+                        | (I[Op.ABORT] & x_sel[s] & pend_e[s]) for s in range(S))),
+        ]
         for s in range(S):
             free_cmd = freed[s]
-            m.d.comb += free_cmd.eq(reset_go
-                        | (go(Op.INVALIDATE) & held_m[s] & pins_zero[s])
-                        | (go(Op.INVALIDATE_SLOT) & sel_h[s] & pins_zero[s])
-                        | (go(Op.ABORT) & x_sel[s] & pend_e[s])
-                        | (mask_go & x.slot_mask[s]))
+            m.d.comb += free_cmd.eq(reset_go | (fire2 & f2_q[s]) | (mask_go & x.slot_mask[s]))
             m.d.comb += alloc[s].eq(alloc_go & v_hot[s])
-            # after the command: the cycle's disabled frees, then its commit strobe
-            m.d.comb += commit_eff[s].eq(cm[s] & ~dis[s]
-                                         & ((held[s] & ~res[s] & ~free_cmd) | alloc[s]))
             with m.If(go(Op.TOUCH) & held_m[s]):
                 m.d.sync += hot[s].eq(hot_new[s])
             with m.If(go(Op.DECAY)):
                 m.d.sync += hot[s].eq(hot[s] - (hot[s] >> self.decay_shift))
-            pin_up = ((go(Op.LOOKUP_PIN) & hit_m[s]) | (go(Op.PIN) & sel_h[s])) & ~pins_full[s]
-            pin_down = go(Op.UNPIN) & sel_h[s] & ~pins_zero[s]
+            pin_up = fire2 & pu_q[s]
+            pin_down = fire2 & pd_q[s]
             with m.If(pin_up):
-                m.d.sync += pins[s].eq(pins[s] + 1)
+                m.d.sync += [pins[s].eq(pins[s] + 1), pins_zero[s].eq(0),
+                             pins_full[s].eq(pins[s] == pin_max - 1)]
             with m.If(pin_down):
-                m.d.sync += pins[s].eq(pins[s] - 1)
+                m.d.sync += [pins[s].eq(pins[s] - 1), pins_zero[s].eq(pins[s] == 1),
+                             pins_full[s].eq(0)]
             # any strobe sets ``res`` (a slot that holds no tag - FREE, or freed
             # by this cycle's command or ``disabled`` - ignores it: its ``res``
-            # is unobservable until the next ALLOCATE writes it); ``commit_eff``
-            # (exact) only counts. Keeps the command's free terms off ``res``.
+            # is unobservable until the next ALLOCATE writes it); ``ce_q``
+            # (exact) counts. Keeps the command's free terms off ``res``.
             with m.If(cm[s]):
                 m.d.sync += res[s].eq(1)
             with m.If(alloc[s]):
                 m.d.sync += [held[s].eq(1), res[s].eq(cm[s] & ~dis[s]), tags[s].eq(x.tag),
-                             planes[s].eq(x.planes), hot[s].eq(x.amount), pins[s].eq(1)]
+                             planes[s].eq(x.planes), hot[s].eq(x.amount), pins[s].eq(1),
+                             pins_zero[s].eq(0), pins_full[s].eq(int(pin_max == 1))]
             with m.If(free_cmd | dis[s]):
                 m.d.sync += held[s].eq(0)
 
@@ -676,12 +703,15 @@ class TagUnit(wiring.Component):
         # a slot the command frees in this cycle is not freed again by the
         # cycle's ``disabled`` (step order: command, then disabled)
         kv = Cat(((held[s] & ~freed[s]) | alloc[s]) & dis[s] for s in range(S))
-        new = {"lookups": lk, "hits": lk & m_hit, "pending": lk & m_pend,
+        new = {"lookups": lk, "hits": fire & ((I[Op.LOOKUP] & m_hit) | (I[Op.LOOKUP_PIN] & ~two_any_q & q.hit)),
+               "pending": fire & ((I[Op.LOOKUP] & m_pend)
+                                  | (I[Op.LOOKUP_PIN] & ~two_any_q & q.pending)),
                "allocations": alloc_go, "evictions": alloc_go & v_evict,
                "commits": any_of(ce_q),
                "aborts": fire & abort_c,
                "kv_frees": _popcount(kv_q)}
-        m.d.sync += [ce_q.eq(Cat(commit_eff)), cm2.eq(inc_any_cm)]
+        m.d.sync += [cm_q.eq(Cat(cm)), res_q.eq(Cat(res)), alloc_q.eq(Cat(alloc)),
+                     cm2.eq(inc_any_cm)]
         smax = (1 << self.stat_bits) - 1
         with m.If(reset_go):
             m.d.sync += [cnt.eq(0) for cnt in self.counters]
@@ -712,9 +742,13 @@ class TagUnit(wiring.Component):
         chg_hold = self.commit.valid | dis_change        # a state change with nothing executing
         go_load = (c.o.valid & ~Cat(cp.op == op for op in two_ops + settle_ops).any()
                    & ~((cp.op == Op.STATS) & ~sq_next))
-        go_hold = (x_valid & ~(settle & (chg_hold | (quiet < P - 1))) & ~(two & chg_hold)
-                   & ~(x_is[Op.STATS] & ~sq_next))
-        m.d.sync += x_go.eq(Mux(load, go_load, go_hold))
+        # the late ``chg_hold`` (a compare of the ``disabled`` input) goes to
+        # a flip-flop of its own, ``x_kill``: a waiting two-cycle or settling
+        # command that sees a state change waits on; ``x_go = x_go_q & ~x_kill``
+        stat_ok = ~(x_is[Op.STATS] & ~sq_next)
+        go_hold = x_valid & ~(settle & (quiet < P - 1)) & stat_ok
+        m.d.sync += [x_go_q.eq(Mux(load, go_load, go_hold)),
+                     x_kill.eq(~load & chg_hold & (settle | two))]
         return m
 
 
