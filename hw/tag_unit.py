@@ -96,7 +96,13 @@ follows every comparator level (:attr:`LEVELS_PER_STAGE`), so the root
 reflects the state of ``P = 1 + ceil(log2(S))`` cycles ago (4 at S = 8, 5 at
 S = 16, 6 at S = 32, 8 at S = 128). The settle rule above makes that the
 *current* state whenever ALLOCATE uses it - the formal proof checks the
-chosen victim against a direct search of the current state.
+chosen victim against a direct search of the current state. Every node
+carries, besides its key and index, the index one-hot (over the slots below
+it) and the tag of the slot it chose, so the root's registers hold the
+victim's index, one-hot and tag: ALLOCATE's ``evicted_tag`` is a register,
+not an S-way mux behind the root. The two-cycle ops' ``evicted_tag`` is
+picked by the slot one-hot alone and gated by the registered ``evicted``
+bit in the execute cycle.
 
 Per-slot updates are local: every slot computes its own saturating
 ``hot + amount``, ``hot - (hot >> d)`` and pin increment, and its own write
@@ -319,7 +325,6 @@ class TagUnit(wiring.Component):
         two_ops = (Op.LOOKUP_PIN, Op.INVALIDATE, Op.INVALIDATE_SLOT, Op.PIN, Op.UNPIN, Op.ABORT)
         settle_ops = (Op.ALLOCATE, Op.INVALIDATE_MASK)
         x_two, x_settle = Signal(), Signal()
-        x_lk_like = Signal()                     # LOOKUP, LOOKUP_PIN, TOUCH, INVALIDATE
         load = Signal()
         alloc = [Signal(name=f"alloc{s}") for s in range(S)]        # ALLOCATE writes slot s
         m.d.comb += [load.eq(~x_valid | fire), c.o.ready.eq(load)]
@@ -333,8 +338,6 @@ class TagUnit(wiring.Component):
                                      for s in range(S)))
             m.d.sync += x_sel.eq(Cat(cp.slot == s for s in range(S)))
             m.d.sync += [x_is[op].eq(cp.op == op) for op in ops]
-            m.d.sync += x_lk_like.eq(Cat(cp.op == op for op in (
-                Op.LOOKUP, Op.LOOKUP_PIN, Op.TOUCH, Op.INVALIDATE)).any())
             m.d.sync += [x_two.eq(Cat(cp.op == op for op in two_ops).any()),
                          x_settle.eq(Cat(cp.op == op for op in settle_ops).any())]
         with m.Elif(x_valid):
@@ -433,13 +436,7 @@ class TagUnit(wiring.Component):
         # commits are counted the same way: the effective strobe registered
         # (ce_q), then counted, then added; ``inc_any`` also covers every commit
         # strobe (effective or not) of the previous cycle and cm2 the one before
-        # ce_q: the effective strobe of the last cycle, from registered pieces:
-        # its slot was PENDING after that cycle's command and ``disabled``
-        # exactly when it holds a tag now and was not RESIDENT before (or was
-        # just allocated); so no ``fire`` term reaches a register here
         ce_q = Signal(S)
-        cm_q, res_q, alloc_q = Signal(S, name="cm_q"), Signal(S, name="res_q"), Signal(S, name="alloc_q")
-        m.d.comb += ce_q.eq(Cat(cm_q[s] & held[s] & (~res_q[s] | alloc_q[s]) for s in range(S)))
         cm2 = Signal()
         stats_quiet = Signal()
         m.d.comb += stats_quiet.eq(~inc_any & ~kv1_any & ~kv2_any & ~cm2)
@@ -451,18 +448,15 @@ class TagUnit(wiring.Component):
         # reference, kept for the formal wrapper, which asserts they are equal),
         # so ``fire`` is one LUT from registers and ``o.ready``
         x_go = self.x_go
-        x_go_q, x_kill = Signal(name="x_go_q"), Signal(name="x_kill")
-        m.d.comb += [x_go.eq(x_go_q & ~x_kill),
-                     self.x_go_ref.eq(x_valid & ~waits), fire.eq(x_go_q & ~x_kill & can_out)]
+        m.d.comb += [self.x_go_ref.eq(x_valid & ~waits), fire.eq(x_go & can_out)]
 
         # ---- per-slot terms of the x_ command ------------------------------------------
         hit_m = [Signal(name=f"hit_m{s}") for s in range(S)]        # x.tag held, per state
         held_m = [Signal(name=f"held_m{s}") for s in range(S)]
         pend_m = [Signal(name=f"pend_m{s}") for s in range(S)]
         sel_h = [Signal(name=f"sel_h{s}") for s in range(S)]        # x.slot holds a tag
-        # ``pins == 0`` / ``pins == max`` as flip-flops kept with ``pins``
-        pins_zero = [Signal(init=1, name=f"pins_zero{s}") for s in range(S)]
-        pins_full = [Signal(init=int(pin_max == 0), name=f"pins_full{s}") for s in range(S)]
+        pins_zero = [pins[s] == 0 for s in range(S)]
+        pins_full = [pins[s] == pin_max for s in range(S)]
         hot_new = [Signal(self.hot_bits, name=f"hot_new{s}") for s in range(S)]
         for s in range(S):
             m.d.comb += [held_m[s].eq(x_cmp[s] & held_e[s]),
@@ -470,8 +464,13 @@ class TagUnit(wiring.Component):
                          pend_m[s].eq(x_cmp[s] & pend_e[s]),
                          sel_h[s].eq(x_sel[s] & held_e[s]),
                          hot_new[s].eq(self._saturating_add(hot[s], x.amount))]
-        m_hit, m_pend = any_of(hit_m), any_of(pend_m)
+        m_any, m_hit, m_pend = any_of(held_m), any_of(hit_m), any_of(pend_m)
+        m_slot = pick(held_m, [Const(s, self.slot_bits) for s in range(S)], self.slot_bits)
+        m_planes = pick(held_m, planes, self.plane_bits)
+        m_hot = pick(held_m, hot, self.hot_bits)
         lpin_full = any_of([hit_m[s] & pins_full[s] for s in range(S)])
+        s_pins = pick(x_sel, pins, self.pin_bits)
+        s_hit = any_of([x_sel[s] & res_e[s] for s in range(S)])
         s_pend = any_of([x_sel[s] & pend_e[s] for s in range(S)])
         s_held = any_of(sel_h)
         s_pinned = any_of([sel_h[s] & ~pins_zero[s] for s in range(S)])
@@ -493,9 +492,10 @@ class TagUnit(wiring.Component):
                     _or_tree([c for c, _ in conds], 1))
 
         tb_, pb_, sb_, vb_ = self.tag_bits, self.plane_bits, self.slot_bits, self.value_bits
-        lk_like = x_lk_like
+        lk_like = I[Op.LOOKUP] | I[Op.LOOKUP_PIN] | I[Op.TOUCH] | I[Op.INVALIDATE]
 
         # "two": computed every cycle, registered, issued in the second cycle
+        two_rsp = Signal(self.rsp_layout)
         two_conds = [
             (I[Op.LOOKUP_PIN] & lpin_full, Err.PIN_LIMIT),
             (I[Op.INVALIDATE] & m_pinned, Err.PINNED),
@@ -506,54 +506,28 @@ class TagUnit(wiring.Component):
             (I[Op.UNPIN] & ~x_slot_bad & s_held & s_zero, Err.NOT_PINNED),
             (I[Op.ABORT] & ~x_slot_bad & ~s_pend, Err.NOT_PENDING),
         ]
-        # The fields over the slots are ORs of per-slot terms, registered in
-        # ``two_groups`` partial ORs (groups of consecutive slots; group 0 also
-        # takes the terms that are not over the slots) and ORed in the cycle
-        # the command executes (one LUT level there), so the first cycle holds
-        # only the per-slot terms and a short OR.
-        ngrp = min(4, S)
-        gsize = -(-S // ngrp)
-        groups = [range(g * gsize, min(S, (g + 1) * gsize)) for g in range(ngrp)]
-        groups = [g for g in groups if len(g)]
-        inv_slot, abort_ = I[Op.INVALIDATE_SLOT], I[Op.ABORT]
-        t_lk = [Signal(name=f"t_lk{s}") for s in range(S)]       # LOOKUP-like hit on s
-        t_sl = [Signal(name=f"t_sl{s}") for s in range(S)]       # INVALIDATE_SLOT of s
-        t_pl = [Signal(name=f"t_pl{s}") for s in range(S)]       # planes of s answered
-        for s in range(S):
-            m.d.comb += [t_lk[s].eq(lk_like & x_cmp[s]), t_sl[s].eq(inv_slot & x_sel[s]),
-                         t_pl[s].eq(held[s] & ((lk_like & x_cmp[s]) | (inv_slot & x_sel[s]))
-                                    | (abort_ & x_sel[s]))]
-        two_q = []
-        for gi, g in enumerate(groups):
-            part = Signal(self.rsp_layout, name=f"two_rsp{gi}")
-            base = gi == 0
-            m.d.comb += [
-                part.hit.eq(any_of([res_e[s] & (t_lk[s] | t_sl[s]) for s in g])),
-                part.pending.eq(any_of([pend_e[s] & (t_lk[s] | t_sl[s]) for s in g])),
-                part.slot.eq(_or_tree([Mux(t_lk[s] & held[s], Const(s, sb_), 0) for s in g]
-                                      + ([Mux(slot_op, x.slot, 0)] if base else []), sb_)),
-                part.planes.eq(_or_tree([Mux(t_pl[s], planes[s], 0) for s in g], pb_)),
-                part.evicted.eq(any_of([held[s] & ((I[Op.INVALIDATE] & x_cmp[s]) | t_sl[s])
-                                        for s in g] + ([abort_] if base else []))),
-                # gated by the registered ``evicted`` in the execute cycle (q below)
-                part.evicted_tag.eq(_or_tree(
-                    [Mux((inv_slot | abort_) & x_sel[s], tags[s], 0) for s in g]
-                    + ([Mux(I[Op.INVALIDATE], x.tag, 0)] if base else []), tb_)),
-                part.value.eq(_or_tree(
-                    [Mux(I[Op.LOOKUP_PIN] & held_m[s], hot[s], 0) for s in g]
-                    + [Mux(I[Op.PIN] & x_sel[s], (pins[s] + 1)[:self.pin_bits], 0) for s in g]
-                    + [Mux(I[Op.UNPIN] & x_sel[s], (pins[s] - 1)[:self.pin_bits], 0)
-                       for s in g], vb_)),
-            ]
-            part_q = Signal(self.rsp_layout, name=f"two_rsp_q{gi}")
-            m.d.sync += part_q.eq(part)
-            two_q.append(part_q)
+        m.d.comb += [
+            two_rsp.hit.eq((lk_like & m_hit) | (I[Op.INVALIDATE_SLOT] & s_hit)),
+            two_rsp.pending.eq((lk_like & m_pend) | (I[Op.INVALIDATE_SLOT] & s_pend)),
+            two_rsp.slot.eq(field((lk_like, m_slot), (slot_op, x.slot), width=sb_)),
+            two_rsp.planes.eq(field((lk_like, m_planes),
+                                    (I[Op.INVALIDATE_SLOT], pick(sel_h, planes, pb_)),
+                                    (I[Op.ABORT], pick(x_sel, planes, pb_)), width=pb_)),
+            two_rsp.evicted.eq((I[Op.INVALIDATE] & m_any) | (I[Op.INVALIDATE_SLOT] & s_held)
+                               | I[Op.ABORT]),
+            # gated by the registered ``evicted`` in the execute cycle (q below)
+            two_rsp.evicted_tag.eq(field((I[Op.INVALIDATE], x.tag),
+                                         (I[Op.INVALIDATE_SLOT] | I[Op.ABORT],
+                                          pick(x_sel, tags, tb_)), width=tb_)),
+            two_rsp.value.eq(field((I[Op.LOOKUP_PIN], m_hot),
+                                   (I[Op.PIN], (s_pins + 1)[:self.pin_bits]),
+                                   (I[Op.UNPIN], (s_pins - 1)[:self.pin_bits]), width=vb_)),
+        ]
         two_rsp_q = Signal(self.rsp_layout)
-        m.d.comb += two_rsp_q.eq(_or_tree([p.as_value() for p in two_q], len(two_rsp_q.as_value())))
         # the error conditions are registered one by one and combined in the
         # second cycle (off the first cycle's tag-match -> OR-over-slots path)
         two_cond_q = Signal(len(two_conds), name="two_cond_q")
-        m.d.sync += two_cond_q.eq(Cat(c for c, _ in two_conds))
+        m.d.sync += [two_rsp_q.eq(two_rsp), two_cond_q.eq(Cat(c for c, _ in two_conds))]
         two_code_q, two_any_q = Signal(4, name="two_code_q"), Signal(name="two_any_q")
         code_q, any_q = errors([(two_cond_q[k], e) for k, (_, e) in enumerate(two_conds)])
         m.d.comb += [two_code_q.eq(code_q), two_any_q.eq(any_q)]
@@ -609,8 +583,7 @@ class TagUnit(wiring.Component):
         m.d.sync += [rv.eq(fire), rb.eq(r),
                      r_lkr.eq(Cat(lk_m[s] & self._hit_state(res[s]) for s in range(S))),
                      r_lkp.eq(Cat(lk_m[s] & ~res[s] for s in range(S)))]
-        r_lk = Signal(S)                    # r_lkr | r_lkp, a register of its own
-        m.d.sync += r_lk.eq(Cat(lk_m))
+        r_lk = [r_lkr[s] | r_lkp[s] for s in range(S)]
         fin = self.r_rsp
         m.d.comb += [
             fin.eq(rb),
@@ -639,53 +612,34 @@ class TagUnit(wiring.Component):
         alloc_go = go(Op.ALLOCATE) & ~a_res_q & ~a_pend_q & v_cand
         mask_go = go(Op.INVALIDATE_MASK) & ~k_pinned_q
         reset_go = go(Op.RESET)
+        commit_eff = [Signal(name=f"commit_eff{s}") for s in range(S)]
         freed = [Signal(name=f"freed{s}") for s in range(S)]      # by the command
-        # The two-cycle ops' per-slot write enables are registered in every
-        # cycle from the state and the x_ command of that cycle; such an op
-        # executes only in a cycle after one without a state change and with
-        # the same command (``steady``), so the registers are its enables then.
-        # ``fire & x_age`` keeps them off any other command (a command that
-        # fires in its first cycle in x_ is no two-cycle op; one that waited
-        # and is not a two-cycle op has them 0).
-        fire2 = Signal(name="fire2")
-        m.d.comb += fire2.eq(fire & x_age)
-        pu_q = Signal(S, name="pin_up_q")
-        pd_q = Signal(S, name="pin_down_q")
-        f2_q = Signal(S, name="free_two_q")
-        m.d.sync += [
-            pu_q.eq(Cat(((I[Op.LOOKUP_PIN] & hit_m[s]) | (I[Op.PIN] & sel_h[s])) & ~pins_full[s]
-                        for s in range(S))),
-            pd_q.eq(Cat(I[Op.UNPIN] & sel_h[s] & ~pins_zero[s] for s in range(S))),
-            f2_q.eq(Cat((I[Op.INVALIDATE] & held_m[s] & pins_zero[s])
-                        | (I[Op.INVALIDATE_SLOT] & sel_h[s] & pins_zero[s])
-                        | (I[Op.ABORT] & x_sel[s] & pend_e[s]) for s in range(S))),
-        ]
         for s in range(S):
             free_cmd = freed[s]
-            m.d.comb += free_cmd.eq(reset_go | (fire2 & f2_q[s]) | (mask_go & x.slot_mask[s]))
+            m.d.comb += free_cmd.eq(reset_go
+                        | (go(Op.INVALIDATE) & held_m[s] & pins_zero[s])
+                        | (go(Op.INVALIDATE_SLOT) & sel_h[s] & pins_zero[s])
+                        | (go(Op.ABORT) & x_sel[s] & pend_e[s])
+                        | (mask_go & x.slot_mask[s]))
             m.d.comb += alloc[s].eq(alloc_go & v_hot[s])
+            # after the command: the cycle's disabled frees, then its commit strobe
+            m.d.comb += commit_eff[s].eq(cm[s] & ~dis[s]
+                                         & ((held[s] & ~res[s] & ~free_cmd) | alloc[s]))
             with m.If(go(Op.TOUCH) & held_m[s]):
                 m.d.sync += hot[s].eq(hot_new[s])
             with m.If(go(Op.DECAY)):
                 m.d.sync += hot[s].eq(hot[s] - (hot[s] >> self.decay_shift))
-            pin_up = fire2 & pu_q[s]
-            pin_down = fire2 & pd_q[s]
+            pin_up = ((go(Op.LOOKUP_PIN) & hit_m[s]) | (go(Op.PIN) & sel_h[s])) & ~pins_full[s]
+            pin_down = go(Op.UNPIN) & sel_h[s] & ~pins_zero[s]
             with m.If(pin_up):
-                m.d.sync += [pins[s].eq(pins[s] + 1), pins_zero[s].eq(0),
-                             pins_full[s].eq(pins[s] == pin_max - 1)]
+                m.d.sync += pins[s].eq(pins[s] + 1)
             with m.If(pin_down):
-                m.d.sync += [pins[s].eq(pins[s] - 1), pins_zero[s].eq(pins[s] == 1),
-                             pins_full[s].eq(0)]
-            # any strobe sets ``res`` (a slot that holds no tag - FREE, or freed
-            # by this cycle's command or ``disabled`` - ignores it: its ``res``
-            # is unobservable until the next ALLOCATE writes it); ``ce_q``
-            # (exact) counts. Keeps the command's free terms off ``res``.
-            with m.If(cm[s]):
+                m.d.sync += pins[s].eq(pins[s] - 1)
+            with m.If(commit_eff[s]):
                 m.d.sync += res[s].eq(1)
             with m.If(alloc[s]):
-                m.d.sync += [held[s].eq(1), res[s].eq(cm[s] & ~dis[s]), tags[s].eq(x.tag),
-                             planes[s].eq(x.planes), hot[s].eq(x.amount), pins[s].eq(1),
-                             pins_zero[s].eq(0), pins_full[s].eq(int(pin_max == 1))]
+                m.d.sync += [held[s].eq(1), res[s].eq(commit_eff[s]), tags[s].eq(x.tag),
+                             planes[s].eq(x.planes), hot[s].eq(x.amount), pins[s].eq(1)]
             with m.If(free_cmd | dis[s]):
                 m.d.sync += held[s].eq(0)
 
@@ -703,15 +657,12 @@ class TagUnit(wiring.Component):
         # a slot the command frees in this cycle is not freed again by the
         # cycle's ``disabled`` (step order: command, then disabled)
         kv = Cat(((held[s] & ~freed[s]) | alloc[s]) & dis[s] for s in range(S))
-        new = {"lookups": lk, "hits": fire & ((I[Op.LOOKUP] & m_hit) | (I[Op.LOOKUP_PIN] & ~two_any_q & q.hit)),
-               "pending": fire & ((I[Op.LOOKUP] & m_pend)
-                                  | (I[Op.LOOKUP_PIN] & ~two_any_q & q.pending)),
+        new = {"lookups": lk, "hits": lk & m_hit, "pending": lk & m_pend,
                "allocations": alloc_go, "evictions": alloc_go & v_evict,
                "commits": any_of(ce_q),
                "aborts": fire & abort_c,
                "kv_frees": _popcount(kv_q)}
-        m.d.sync += [cm_q.eq(Cat(cm)), res_q.eq(Cat(res)), alloc_q.eq(Cat(alloc)),
-                     cm2.eq(inc_any_cm)]
+        m.d.sync += [ce_q.eq(Cat(commit_eff)), cm2.eq(inc_any_cm)]
         smax = (1 << self.stat_bits) - 1
         with m.If(reset_go):
             m.d.sync += [cnt.eq(0) for cnt in self.counters]
@@ -742,13 +693,9 @@ class TagUnit(wiring.Component):
         chg_hold = self.commit.valid | dis_change        # a state change with nothing executing
         go_load = (c.o.valid & ~Cat(cp.op == op for op in two_ops + settle_ops).any()
                    & ~((cp.op == Op.STATS) & ~sq_next))
-        # the late ``chg_hold`` (a compare of the ``disabled`` input) goes to
-        # a flip-flop of its own, ``x_kill``: a waiting two-cycle or settling
-        # command that sees a state change waits on; ``x_go = x_go_q & ~x_kill``
-        stat_ok = ~(x_is[Op.STATS] & ~sq_next)
-        go_hold = x_valid & ~(settle & (quiet < P - 1)) & stat_ok
-        m.d.sync += [x_go_q.eq(Mux(load, go_load, go_hold)),
-                     x_kill.eq(~load & chg_hold & (settle | two))]
+        go_hold = (x_valid & ~(settle & (chg_hold | (quiet < P - 1))) & ~(two & chg_hold)
+                   & ~(x_is[Op.STATS] & ~sq_next))
+        m.d.sync += x_go.eq(Mux(load, go_load, go_hold))
         return m
 
 
