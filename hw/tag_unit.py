@@ -96,7 +96,13 @@ follows every comparator level (:attr:`LEVELS_PER_STAGE`), so the root
 reflects the state of ``P = 1 + ceil(log2(S))`` cycles ago (4 at S = 8, 5 at
 S = 16, 6 at S = 32, 8 at S = 128). The settle rule above makes that the
 *current* state whenever ALLOCATE uses it - the formal proof checks the
-chosen victim against a direct search of the current state.
+chosen victim against a direct search of the current state. Every node
+carries, besides its key and index, the index one-hot (over the slots below
+it) and the tag of the slot it chose, so the root's registers hold the
+victim's index, one-hot and tag: ALLOCATE's ``evicted_tag`` is a register,
+not an S-way mux behind the root. The two-cycle ops' ``evicted_tag`` is
+picked by the slot one-hot alone and gated by the registered ``evicted``
+bit in the execute cycle.
 
 Per-slot updates are local: every slot computes its own saturating
 ``hot + amount``, ``hot - (hot >> d)`` and pin increment, and its own write
@@ -338,40 +344,50 @@ class TagUnit(wiring.Component):
             m.d.sync += x_age.eq(1)
 
         # ---- victim: free-running pipelined argmin over the slot state ---------
+        # Every node carries its candidate bit, key, index, the index one-hot
+        # (over the slots below it) and the tag of the slot it picked, so the
+        # root's registers hold the victim's index, one-hot and tag directly:
+        # no S-way mux behind the root. The leaves' tags are the tag registers
+        # themselves (no copy; they are frozen while an ALLOCATE settles).
         kb = self.hot_bits + 1
-        v_hot = Signal(S)                        # one-hot of the root's index
+        tb = self.tag_bits
         nodes = []
         for s in range(S):
             cand, key = Signal(name=f"v0_cand{s}"), Signal(kb, name=f"v0_key{s}")
             m.d.sync += [cand.eq(self._victim_candidate(held[s], res[s], pins[s], dis[s])),
                          key.eq(Mux(held[s], Cat(hot[s], Const(1, 1)), 0))]
-            nodes.append((cand, key, Const(s, self.index_bits)))
+            nodes.append((cand, key, Const(s, self.index_bits), Const(1, 1), tags[s]))
         level = 0
         while len(nodes) > 1:
             nxt = []
-            last = len(nodes) <= 2
-            reg = (level + 1) % self.LEVELS_PER_STAGE == 0 or last
+            reg = (level + 1) % self.LEVELS_PER_STAGE == 0 or len(nodes) <= 2
             dom = m.d.sync if reg else m.d.comb
             for j in range(0, len(nodes) - 1, 2):
-                (lc, lk, li), (rc, rk, ri) = nodes[j], nodes[j + 1]
+                (lc, lk, li, lh, lt), (rc, rk, ri, rh, rt) = nodes[j], nodes[j + 1]
                 take_r = rc & (~lc | (rk < lk))
-                c_, k_ = Signal(name=f"v{level + 1}_cand{j // 2}"), Signal(kb, name=f"v{level + 1}_key{j // 2}")
-                i_ = Signal(self.index_bits, name=f"v{level + 1}_idx{j // 2}")
-                dom += [c_.eq(lc | rc), k_.eq(Mux(take_r, rk, lk)), i_.eq(Mux(take_r, ri, li))]
-                nxt.append((c_, k_, i_))
-                if last:                         # the root's index, also one-hot
-                    m.d.sync += v_hot.eq(Cat(Mux(take_r, ri, li) == s for s in range(S)))
+                nm = f"v{level + 1}_{{}}{j // 2}"
+                c_, k_ = Signal(name=nm.format("cand")), Signal(kb, name=nm.format("key"))
+                i_ = Signal(self.index_bits, name=nm.format("idx"))
+                h_ = Signal(len(lh) + len(rh), name=nm.format("hot"))
+                t_ = Signal(tb, name=nm.format("tag"))
+                dom += [c_.eq(lc | rc), k_.eq(Mux(take_r, rk, lk)), i_.eq(Mux(take_r, ri, li)),
+                        h_.eq(Cat(Mux(take_r, 0, lh), Mux(take_r, rh, 0))),
+                        t_.eq(Mux(take_r, rt, lt))]
+                nxt.append((c_, k_, i_, h_, t_))
             if len(nodes) % 2:
-                lc, lk, li = nodes[-1]
+                lc, lk, li, lh, lt = nodes[-1]
                 if reg:                          # keep the odd leaf in step with its level
-                    c_, k_ = Signal(name=f"v{level + 1}_cand_odd"), Signal(kb, name=f"v{level + 1}_key_odd")
-                    i_ = Signal(self.index_bits, name=f"v{level + 1}_idx_odd")
-                    dom += [c_.eq(lc), k_.eq(lk), i_.eq(li)]
-                    nxt.append((c_, k_, i_))
+                    nm = f"v{level + 1}_{{}}_odd"
+                    c_, k_ = Signal(name=nm.format("cand")), Signal(kb, name=nm.format("key"))
+                    i_ = Signal(self.index_bits, name=nm.format("idx"))
+                    h_ = Signal(len(lh), name=nm.format("hot"))
+                    t_ = Signal(tb, name=nm.format("tag"))
+                    dom += [c_.eq(lc), k_.eq(lk), i_.eq(li), h_.eq(lh), t_.eq(lt)]
+                    nxt.append((c_, k_, i_, h_, t_))
                 else:
                     nxt.append(nodes[-1])
             nodes, level = nxt, level + 1
-        v_cand, v_key, v_idx = nodes[0]
+        v_cand, v_key, v_idx, v_hot, v_tag = nodes[0]
         v_evict = v_key[self.hot_bits]           # the victim holds a RESIDENT tag
         m.d.comb += self.x_victim.eq(v_idx)
 
@@ -499,9 +515,10 @@ class TagUnit(wiring.Component):
                                     (I[Op.ABORT], pick(x_sel, planes, pb_)), width=pb_)),
             two_rsp.evicted.eq((I[Op.INVALIDATE] & m_any) | (I[Op.INVALIDATE_SLOT] & s_held)
                                | I[Op.ABORT]),
-            two_rsp.evicted_tag.eq(field((I[Op.INVALIDATE] & m_any, x.tag),
-                                         (I[Op.INVALIDATE_SLOT], pick(sel_h, tags, tb_)),
-                                         (I[Op.ABORT], pick(x_sel, tags, tb_)), width=tb_)),
+            # gated by the registered ``evicted`` in the execute cycle (q below)
+            two_rsp.evicted_tag.eq(field((I[Op.INVALIDATE], x.tag),
+                                         (I[Op.INVALIDATE_SLOT] | I[Op.ABORT],
+                                          pick(x_sel, tags, tb_)), width=tb_)),
             two_rsp.value.eq(field((I[Op.LOOKUP_PIN], m_hot),
                                    (I[Op.PIN], (s_pins + 1)[:self.pin_bits]),
                                    (I[Op.UNPIN], (s_pins - 1)[:self.pin_bits]), width=vb_)),
@@ -548,8 +565,8 @@ class TagUnit(wiring.Component):
             r.slot.eq(field((g_alloc, v_idx), (g_stats, x.slot), (g_two, q.slot), width=sb_)),
             r.planes.eq(Mux(g_two, q.planes, 0)),
             r.evicted.eq((g_alloc & v_evict) | (g_two & q.evicted)),
-            r.evicted_tag.eq(field((g_alloc & v_evict, Array(tags)[v_idx]),
-                                   (g_two, q.evicted_tag), width=tb_)),
+            r.evicted_tag.eq(field((g_alloc & v_evict, v_tag),
+                                   (g_two & q.evicted, q.evicted_tag), width=tb_)),
             r.value.eq(field((g_stats, stat_sel), (g_two, q.value), width=vb_)),
             r.slot_mask.eq(Mux(g_mask, x.slot_mask & Cat(*held), 0)),
         ]
