@@ -13,7 +13,7 @@ bench models only the datapath:
 * ``dp_step`` / ``dp_announce`` / ``dp_source`` / ``dp_done``: the golden
   routing of the step's rankings with the controller's mask, announced per
   pass in announce order (as in ``tb/test_esd_ctrl.py``);
-* per HB-sourced expert (``SourceInfo.hb``): the whole slot read through HB's
+* per HB-sourced expert (``ExpertSource.hb``): the whole slot read through HB's
   read port of every bank; every word must equal
   :func:`~elmoe3d.golden.layout.hb_slot_image` of the expert the answer names
   (its ``k`` MSB planes), no error beat;
@@ -71,7 +71,7 @@ from elmoe3d.golden.vocab import ExtError, ExtKind, HBRegion
 from elmoe3d.hw import vocab as hv
 from elmoe3d.hw.esd_ctrl import HostOp, esd_ports
 from elmoe3d.tb.common import params, rng, start_clock_and_reset
-from elmoe3d.tb.test_esd_ctrl import Snk, Src, _case, check_results, host_script
+from elmoe3d.tb.test_esd_ctrl import _ROLE_OF, Snk, Src, _case, check_results, host_script
 
 EK = gesd.EventKind
 
@@ -196,8 +196,8 @@ async def run_case(dut, case, cfg, r, idle, ram, mem, images):
         return cyc[0] + d
 
     host = Src(dut, "host_cmd", t["HostCommand"], r, idle)
-    announce = Src(dut, "dp_announce", t["Announce"], r, idle)
-    dp_done = Src(dut, "dp_done", t["PassDone"], r, idle)
+    announce = Src(dut, "dp_announce", t["ExpertNeed"], r, idle)
+    dp_done = Src(dut, "dp_done", t["PassStats"], r, idle)
     rd_cmd = [Src(dut, f"hb_rd_cmd__{b}", read_t, r, idle) for b in range(B)]
 
     # ---- residency tracker (from the trace as it comes) ---------------------------------
@@ -226,16 +226,26 @@ async def run_case(dut, case, cfg, r, idle, ram, mem, images):
     lpddr_cmds = [0]
     stats = collections.Counter()
 
+    def pass_stats(**fields):
+        st = {name: 0 for name, _ in t["PassStats"]}
+        st.update(fields)
+        return st
+
     class Pass:
-        def __init__(self, experts):
-            self.sources, self.reads, self.ext, self.pos = experts, 0, 0, 0
-            self.done = experts == 0
+        """One pass: its experts in announce order (the order of the source
+        answers: ``ExpertSource`` does not name the expert)."""
+
+        def __init__(self, order, ntok, pairs):
+            self.order, self.ntok, self.pairs = order, ntok, pairs
+            self.sources, self.reads, self.ext, self.pos = len(order), 0, 0, 0
+            self.done = not order
 
         def settle(self):
             if not self.done and self.sources == 0 and self.reads == 0 and self.ext == 0:
                 self.done = True
                 open_passes.remove(self)
-                dp_done.put(dict(error=0), later(r.randint(1, 12)))
+                dp_done.put(pass_stats(tokens=self.ntok, experts=len(self.order),
+                                       expert_tokens=self.pairs), later(r.randint(1, 12)))
 
     def on_step(c):
         if step_i[0] >= len(steps):
@@ -250,22 +260,25 @@ async def run_case(dut, case, cfg, r, idle, ram, mem, images):
         if c["tokens"] != len(sel):
             problems.append(f"step tokens {c['tokens']} != {len(sel)}")
         T = cfg.batch_tokens
+        prec = int(_ROLE_OF[ph])            # every token of the step has the phase's role
         for p0 in range(0, len(sel), T):
             counts = {}
             for s_ in sel[p0:p0 + T]:
                 for x in s_:
                     counts[x] = counts.get(x, 0) + 1
             order = gesd.announce_order(counts)
-            rec = Pass(len(order))
+            ntok = min(T, len(sel) - p0)
+            rec = Pass(order, ntok, sum(counts.values()))
             if order:
                 passes.append(rec)
                 open_passes.append(rec)
             else:
-                announce.put(dict(expert=0, count=0, none=1, last=1))
-                dp_done.put(dict(error=0), later(r.randint(1, 12)))
+                announce.put(dict(layer=c["layer"], expert=0, tokens=0, precision=0, none=1,
+                                  last=1))
+                dp_done.put(pass_stats(tokens=ntok), later(r.randint(1, 12)))
             for i, x in enumerate(order):
-                announce.put(dict(expert=x, count=counts[x], none=0,
-                                  last=int(i == len(order) - 1)))
+                announce.put(dict(layer=c["layer"], expert=x, tokens=counts[x],
+                                  precision=prec, none=0, last=int(i == len(order) - 1)))
 
     def on_source(c):
         if not passes:
@@ -277,7 +290,7 @@ async def run_case(dut, case, cfg, r, idle, ram, mem, images):
         rec.sources -= 1
         if rec.sources == 0:
             passes.popleft()
-        layer, e, ph = cur["layer"], c["expert"], cur["phase"]
+        layer, e, ph = cur["layer"], rec.order[pos], cur["phase"]
         if c["hb"]:
             img = images[layer, e]
             for b in range(B):
@@ -347,7 +360,7 @@ async def run_case(dut, case, cfg, r, idle, ram, mem, images):
     sinks = [Snk(dut, "host_rsp", t["HostResponse"], r, idle, responses.append),
              Snk(dut, "trace", t["TraceEvent"], r, idle, on_event),
              Snk(dut, "dp_step", t["StepInfo"], r, idle, on_step),
-             Snk(dut, "dp_source", t["SourceInfo"], r, idle, on_source),
+             Snk(dut, "dp_source", t["ExpertSource"], r, idle, on_source),
              Snk(dut, "ext_pe", data.Layout.cast(v.ExtBeat), r, idle, on_ext),
              *[Snk(dut, f"hb_rd__{b}", beat_t, r, idle,
                    lambda p, b=b: on_hb_beat(b, p)) for b in range(B)]]

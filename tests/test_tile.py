@@ -108,9 +108,12 @@ def _default(tmp_path, measured_dir, batches, name):
     _check(runs, outs)
 
 
+@pytest.mark.slow
 def test_tile_mem_default(tmp_path, measured_dir):
     """`default` geometry, batch 1, a short trace with three LPDDR faults
-    (about 130,000 cycles: every LPDDR expert read is 1,536 or 3,072 beats)."""
+    (about 130,000 cycles: every LPDDR expert read is 1,536 or 3,072 beats;
+    with its own Verilator build about 3.5 minutes, so `slow`: the default
+    run's test budget)."""
     _default(tmp_path, measured_dir, (1,), "default")
 
 
