@@ -565,15 +565,9 @@ class EsdController:
         if mask is not None:
             self.counters["draft_lookups"] += E
             self._emit(EventKind.ELIGIBLE, phase=phase, step=step, layer=layer, value=mask)
-        T = cfg.batch_tokens
         passes, error = [], False
-        for p in range(-(-ntok // T)):
-            toks = range(p * T, min(ntok, (p + 1) * T))
-            counts = {}
-            for t in toks:
-                for e in sel[t]:
-                    counts[e] = counts.get(e, 0) + 1
-            plan, err = self._pass(phase, step, layer, p, toks, counts)
+        for p, (p0, n, counts) in enumerate(_gb.pass_counts(sel, cfg.batch_tokens)):
+            plan, err = self._pass(phase, step, layer, p, range(p0, p0 + n), counts)
             passes.append(plan)
             error |= err
         self._emit(EventKind.LAYER_DONE, phase=phase, step=step, layer=layer, code=int(error))

@@ -106,6 +106,23 @@ def announce_order(counts: dict) -> list:
     return sorted(counts, key=lambda e: (-counts[e], e))
 
 
+def pass_counts(sel, batch_tokens: int) -> list:
+    """A step's passes and their routing: the step's tokens in passes of up to
+    ``batch_tokens`` consecutive tokens; per pass ``(first, tokens, counts)``,
+    ``counts`` mapping each routed expert to the number of the pass's tokens
+    that selected it (``sel[t]`` = the experts of token ``t``). Its keys in
+    :func:`announce_order` are the pass's announcements."""
+    T = batch_tokens
+    out = []
+    for p0 in range(0, len(sel), T):
+        counts = {}
+        for s in sel[p0:p0 + T]:
+            for e in s:
+                counts[e] = counts.get(e, 0) + 1
+        out.append((p0, min(T, len(sel) - p0), counts))
+    return out
+
+
 def job_precision(roles) -> Role:
     """Precision of a job from the roles of its tokens: DRAFT if all are
     DRAFT, else VERIFY if any is VERIFY, else FULL."""

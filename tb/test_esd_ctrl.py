@@ -415,15 +415,10 @@ async def run_case(dut, case, cfg, t, r, idle):
             c["mask"] if ph == gesd.Phase.DRAFT else None)
         if c["tokens"] != len(sel):
             problems.append(f"step tokens {c['tokens']} != {len(sel)}")
-        T = cfg.batch_tokens
         prec = int(_ROLE_OF[ph])            # every token of the step has the phase's role
-        for p in range(0, len(sel), T):
-            counts = {}
-            for s_ in sel[p:p + T]:
-                for x in s_:
-                    counts[x] = counts.get(x, 0) + 1
+        for _, ntok, counts in gb.pass_counts(sel, cfg.batch_tokens):
             order = gb.announce_order(counts)
-            passes.append([len(order), min(T, len(sel) - p), len(order), sum(counts.values())])
+            passes.append([len(order), ntok, len(order), sum(counts.values())])
             if not order:
                 announce.put(dict(layer=c["layer"], expert=0, tokens=0, precision=0, none=1,
                                   last=1))

@@ -67,6 +67,7 @@ from elmoe3d.config import Config
 from elmoe3d.golden import esd as gesd
 from elmoe3d.golden import ext_stream as gext
 from elmoe3d.golden import layout as gl
+from elmoe3d.golden import moe_batched as gb
 from elmoe3d.golden.vocab import ExtError, ExtKind, HBRegion
 from elmoe3d.hw import vocab as hv
 from elmoe3d.hw.esd_ctrl import HostOp, esd_ports
@@ -259,15 +260,9 @@ async def run_case(dut, case, cfg, r, idle, ram, mem, images):
                                                             else None)
         if c["tokens"] != len(sel):
             problems.append(f"step tokens {c['tokens']} != {len(sel)}")
-        T = cfg.batch_tokens
         prec = int(_ROLE_OF[ph])            # every token of the step has the phase's role
-        for p0 in range(0, len(sel), T):
-            counts = {}
-            for s_ in sel[p0:p0 + T]:
-                for x in s_:
-                    counts[x] = counts.get(x, 0) + 1
-            order = gesd.announce_order(counts)
-            ntok = min(T, len(sel) - p0)
+        for _, ntok, counts in gb.pass_counts(sel, cfg.batch_tokens):
+            order = gb.announce_order(counts)
             rec = Pass(order, ntok, sum(counts.values()))
             if order:
                 passes.append(rec)
