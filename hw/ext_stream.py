@@ -186,6 +186,12 @@ class CommandCheck(wiring.Component):
         e_ok = Signal()
         d_in = Signal()                       # addr within the dense image
         d_off = Signal(range(max(dense_span, 2)))
+        # the dense length check ``o0 + length <= D`` as ``o0 <= D - length``,
+        # with ``D - length`` taken a step early (it needs only the command):
+        # JUDGE is then one comparison of two registers (was an adder chain
+        # into the comparison, the block's critical path)
+        len_ok = Signal()                     # 1 <= length <= D
+        d_lim = Signal(range(max(g.D, 2)))    # D - length
         # step B / divider
         o0 = Signal(range(max(g.D, 2)))
         rem = Signal(range(max(dense_span, 2)))
@@ -209,6 +215,8 @@ class CommandCheck(wiring.Component):
                                 & (p.addr <= hi_lim) if hi_lim >= g.lpddr_base else 0),
                         d_in.eq(_ge(p.addr, g.dense_base) & (p.addr < g.dense_base + dense_span)),
                         d_off.eq(p.addr - g.dense_base),
+                        len_ok.eq((p.length != 0) & (p.length <= g.D)),
+                        d_lim.eq(g.D - p.length),
                     ]
                     m.next = "OFFSET"
             with m.State("OFFSET"):
@@ -233,7 +241,7 @@ class CommandCheck(wiring.Component):
             mask = Signal(g.n)
             dbeats = Signal(g.run_bits)
             with m.State("JUDGE"):
-                d_ok = d_in & (rem == 0) & (c.length != 0) & (o0 + c.length <= g.D)
+                d_ok = d_in & (rem == 0) & len_ok & (o0 <= d_lim)
                 m.d.sync += [rng.eq(Mux(is_exp, ~e_ok, ~d_ok)),
                              mask.eq(Mux(is_exp, c.plane_mask | Mux(c.fill, hbm, 0), 0)),
                              dbeats.eq(c.length * g.bpr)]
@@ -557,17 +565,31 @@ class BeatRouter(wiring.Component):
         # The FIFO writes leave from registers (pe_en/pe_data, fill_en/fill_data):
         # `*_room` already leaves space for the write in flight.
         words = [r.data[i * g.sv:(i + 1) * g.sv] for i in range(fw)]
+        # A marker beat (error / end) carries zero words, plane, row and bank.
+        # The zeroing is applied after the PE data register, from a registered
+        # copy of `marker`: as a mux in front of the register it became the
+        # synchronous reset of every data flop, driven by the framing check
+        # (bzero -> RLAST compare -> bad -> marker -> LSR), the critical path.
         pe_w = Signal(g.vocab.ExtBeat)
+        pe_q = Signal(g.vocab.ExtBeat)
+        pe_mk = Signal()
         marker = bad | end_step
-        m.d.comb += [pe_w.plane.eq(Mux(marker, 0, cur.plane)), pe_w.row.eq(Mux(marker, 0, row)),
-                     pe_w.bank.eq(Mux(marker, 0, b0)), pe_w.id.eq(cur.id),
+        m.d.comb += [pe_w.plane.eq(cur.plane), pe_w.row.eq(row), pe_w.bank.eq(b0),
+                     pe_w.id.eq(cur.id),
                      pe_w.last.eq(marker | (cur.last_pe & run_end)), pe_w.error.eq(marker)]
         for i in range(fw):
-            m.d.comb += pe_w.words[i].eq(Mux(marker, 0, words[i]))
+            m.d.comb += pe_w.words[i].eq(words[i])
         pe_en = Signal()
         m.d.comb += pe_en.eq((take & ((cur.to_pe & ~failed & ~bad) | (bad & pe_open)))
                              | (end_step & pe_open))
-        m.d.sync += [self.pe_en.eq(pe_en), self.pe_data.eq(pe_w)]
+        m.d.sync += [self.pe_en.eq(pe_en), pe_q.eq(pe_w), pe_mk.eq(marker)]
+        m.d.comb += [self.pe_data.id.eq(pe_q.id), self.pe_data.last.eq(pe_q.last),
+                     self.pe_data.error.eq(pe_q.error),
+                     self.pe_data.plane.eq(Mux(pe_mk, 0, pe_q.plane)),
+                     self.pe_data.row.eq(Mux(pe_mk, 0, pe_q.row)),
+                     self.pe_data.bank.eq(Mux(pe_mk, 0, pe_q.bank))]
+        for i in range(fw):
+            m.d.comb += self.pe_data.words[i].eq(Mux(pe_mk, 0, pe_q.words[i]))
         with m.If(pe_en & pe_w.last):
             m.d.sync += pe_done.eq(1)
 
