@@ -31,7 +31,12 @@ stream rule broken. ``$ELMOE_TILE_PLANT_DENSE`` corrupts one word of the
 dense image in the LPDDR model: ``out`` bit 14 of layer 0's first output
 requantisation multiplier (the outputs differ), ``router`` bit 14 of layer
 0's first router word (the routing, hence the trace, differs): the bench
-must fail. ``$ELMOE_TILE_OUT``: a JSON summary.
+must fail. ``$ELMOE_TILE_FAULTS`` (e.g. ``2:SLVERR``): LPDDR faults by the
+golden's rule (ordinal of an expert read -> error; the LPDDR model of
+:class:`~elmoe3d.tb.test_tile_mem.FaultyRam` corrupts that read's first
+beat): the spoilt step answers ``value`` 1 and the host repeats it; outputs
+of a spoilt pass must carry ``error``, every other output is exact.
+``$ELMOE_TILE_OUT``: a JSON summary.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from cocotb.triggers import ReadOnly, RisingEdge
 from ..config import Config
 from ..golden import esd as gesd
 from ..golden import layout as gl
+from ..golden.vocab import ExtError
 from ..hw.esd_ctrl import COUNTERS, HostOp
 from ..hw.tile import TileError, TileOp, TileRspKind, tile_command, tile_response
 from .common import params, start_clock_and_reset
@@ -86,8 +92,11 @@ async def decode(dut):
     pause = float(os.environ.get("ELMOE_TILE_AXI_PAUSE", "0.2"))
     rounds = os.environ.get("ELMOE_TILE_ROUNDS", "SD,AR").split(",")
     batch = int(os.environ.get("ELMOE_TILE_BATCH", "2"))
+    faults = {int(k): ExtError[v] for k, v in
+              (x.split(":") for x in os.environ.get("ELMOE_TILE_FAULTS", "").split(",") if x)}
     cmds, vecs, want_rsp, want_y, ctl = golden_script(cfg, env, rounds, batch,
-                                                      np.random.default_rng(r.getrandbits(32)))
+                                                      np.random.default_rng(r.getrandbits(32)),
+                                                      faults=faults)
     mem = lpddr_image(cfg, env.layers, env.dense)
     plant = os.environ.get("ELMOE_TILE_PLANT_DENSE")
     if plant:
@@ -133,6 +142,10 @@ async def decode(dut):
 
     def on_rsp(p):
         kind = p["kind"]
+        if kind == TileRspKind.TILE.value and not tile_rsp:
+            # the dense load's reads are the LPDDR model's first commands; the
+            # golden counts expert reads only
+            ram.faults = {i + ram.cmd + 1: e for i, e in faults.items()}
         if kind == TileRspKind.OUTPUT.value:
             outputs.append(p["out"])
         elif kind == TileRspKind.CTRL.value:
@@ -167,14 +180,18 @@ async def decode(dut):
     assert got == [(int(o), int(e)) for o, e in tile_want], \
         f"tile answers {got}, expected {tile_want} ({[x['value'] for x in tile_rsp]})"
     assert tile_rsp[0]["value"] == 0, f"LOAD_DENSE answered value {tile_rsp[0]['value']:#x}"
+    hit = {c for c, _ in ram.corrupted}
+    assert len(hit) == len([i for i in faults if i < ctl.ext_reads]), \
+        f"LPDDR faults injected on commands {sorted(hit)}, planned {faults} of {ctl.ext_reads} reads"
     case = dict(script=cmds + counter_cmds, events=ctl.events, counters=ctl.counters,
                 name=f"tile {','.join(rounds)} B{batch}")
     out = check_results(case, want_rsp, responses, events, sinks, cyc)
     assert len(outputs) == len(want_y), f"{len(outputs)} outputs, {len(want_y)} expected"
     bad = [i for i, ((y, last), o) in enumerate(zip(want_y, outputs))
-           if [int(a) for a in o["y"]] != y or o["last"] != last or o["error"]]
+           if o["last"] != last or (o["error"] != 1 if y is None
+                                    else [int(a) for a in o["y"]] != y or o["error"])]
     assert not bad, (f"{len(bad)} of {len(want_y)} outputs differ, first token {bad[0]}: "
-                     f"{[int(a) for a in outputs[bad[0]]['y']]} != golden {want_y[bad[0]][0]}")
+                     f"{outputs[bad[0]]} != golden {want_y[bad[0]]} (None: a spoilt pass, error 1)")
     res, pend = dut.resident.value.to_unsigned(), dut.pending.value.to_unsigned()
     hbv = dut.slot_valid.value.to_unsigned()
     assert res == hbv and not pend and not int(dut.fill_done_overflow.value), \
@@ -183,7 +200,9 @@ async def decode(dut):
     if summary:
         kinds = collections.Counter(gesd.EventKind(e.kind).name for e in ctl.events)
         with open(summary, "w") as f:
-            json.dump(dict(cycles=cyc, events=out["events"], tokens=len(want_y),
+            json.dump(dict(cycles=cyc, faults={k: v.name for k, v in faults.items()},
+                           spoilt_outputs=sum(1 for y, _ in want_y if y is None),
+                           lpddr_faults_injected=len(ram.corrupted), events=out["events"], tokens=len(want_y),
                            steps=sum(1 for c in cmds if c["op"] == HostOp.STEP),
                            rounds=rounds, batch=batch, kinds=dict(kinds),
                            counters=out["counters"]), f)

@@ -202,6 +202,17 @@ def test_tile_top_tiny(tmp_path, measured_dir):
     (measured_dir / "tile_top.json").write_text(json.dumps(res, indent=1))
 
 
+def test_tile_top_fault(tmp_path, measured_dir):
+    """An LPDDR error (SLVERR) on the tile's third expert read, a VERIFY
+    fill: the fill aborts, the step answers its error and is repeated by the
+    host, the spoilt pass's outputs carry ``error``, everything else (trace,
+    counters, the repeated step's outputs) equals the golden's."""
+    res = _top(tmp_path, {"ELMOE_TILE_FAULTS": "2:SLVERR"}, seed=2)
+    assert res["counters"]["aborts"] >= 1 and res["counters"]["ext_errors"] == 1
+    assert res["spoilt_outputs"] > 0 and res["lpddr_faults_injected"] == 1
+    (measured_dir / "tile_top_fault.json").write_text(json.dumps(res, indent=1))
+
+
 @pytest.mark.parametrize("word,says", [("out", "outputs differ"), ("router", "differs")])
 def test_tile_top_catches_wrong_dense(tmp_path, word, says):
     """One corrupted word of the dense image in the LPDDR model (bit 14 of
