@@ -26,7 +26,9 @@ class Block:
     ``params(cfg)`` gives its elaboration parameters (a JSON-able dict) from a
     Config; ``factory(**params)`` builds the Amaranth component. Baselines
     name the block they are compared with in ``baseline_of``. ``sweep`` is
-    an optional list of Config overrides reported as a size sweep.
+    an optional list of Config overrides reported as a size sweep. ``synth``
+    False keeps a block out of the default synthesis of ``make demo`` /
+    ``elmoe3d build`` (``elmoe3d synth --blocks NAME`` still runs it).
     """
     name: str
     top: str
@@ -36,6 +38,7 @@ class Block:
     baseline_of: str | None = None
     order: int = 100
     sweep: tuple = ()
+    synth: bool = True
 
     def build(self, cfg: Config):
         return self.factory(**self.params(cfg))

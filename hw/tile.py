@@ -48,23 +48,52 @@ Top-level ports
     above).
 
 HB's KV access port is tied off (no access; responses taken).
+
+With ``load=True`` (what :class:`Tile` builds) a second ``ExtCommand``
+source joins the stream engine: ``load_cmd`` (In) / ``load_rsp`` (Out,
+``ExtResponse``) and ``load_done`` (a strobe: ``valid``, ``ok``), HB's
+DENSE-region fill ends. ``ctrl.ext_cmd`` and ``load_cmd`` meet in a
+fixed-priority arbiter (:func:`priority_arbiter`: the controller first; a
+request presented and not yet taken keeps the port). The response of a
+``load_cmd`` goes back to ``load_rsp``: an ``ExtResponse`` whose ``id`` is
+:data:`LOAD_ID` while a load command is out; every other to the controller.
+(At ``tiny`` the controller never uses :data:`LOAD_ID` -- its ids are the
+positions in a pass, below ``min(E, T * top_k)`` -- at ``default`` it can;
+the tile only issues a load while the controller has no command in hand, so
+the "load out" flag alone is exact there.) With ``load=False`` the module
+is the one above, port for port.
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Signal
-from amaranth.lib import data, fifo, stream, wiring
+from functools import lru_cache
+
+from amaranth.hdl import Module, Mux, Signal
+from amaranth.lib import data, enum, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import Config
 from ..golden import tag_unit as gtu
-from .esd_ctrl import EsdCtrl
+from ..golden import layout as gl
+from .esd_ctrl import EsdCtrl, HostOp, host_command, host_response
+from .esd_feed import TokenFeed, host_token
 from .ext_stream import ExtStream
 from .hb_bank import HBBank, hb_params
+from .moe import MoEDatapath
+from .streams import RegisterSlice
 from .tag_unit import TagUnit
+from . import vocab as hv
 from .vocab import FillResultCode, HBRegionKind
 
-__all__ = ["TileMem", "fill_done_depth"]
+__all__ = ["TileMem", "Tile", "TileOp", "TileRspKind", "TileError", "tile_command",
+           "tile_response", "fill_done_depth", "priority_arbiter", "LOAD_ID", "BLOCK_SPECS"]
+
+#: ``ExtCommand.id`` of the tile's dense-region load (the largest id)
+LOAD_ID = (1 << hv.CMD_ID_BITS) - 1
+
+#: TileMem ports the tile joins inside (the rest are the tile's)
+_TILE_INNER = ("host_cmd", "host_rsp", "dp_step", "dp_announce", "dp_source", "dp_done",
+               "hb_rd_cmd", "hb_rd", "ext_pe", "load_cmd", "load_rsp", "load_done")
 
 #: controller ports wired inside the tile
 _INNER = ("tag_cmd", "tag_rsp", "ext_cmd", "ext_rsp", "fill_done", "kv_req", "kv_move")
@@ -74,6 +103,29 @@ def fill_done_depth(cfg: Config) -> int:
     """Depth of the FillDone FIFO: the most fills one pass can start (see the
     module doc)."""
     return max(2, min(cfg.experts, cfg.batch_tokens * cfg.top_k, cfg.tag_slots))
+
+
+def priority_arbiter(m, name: str, sources, sink) -> None:
+    """Join ``sources`` (``(valid, ready, payload)`` triples, index 0 first)
+    onto the stream ``sink`` with fixed priority: the lowest-index valid
+    source is granted, and a grant whose transfer did not happen (``valid``
+    without ``ready``) is kept the next cycle, so the sink sees a stable
+    payload until it takes it (the stream rules; every source keeps its own
+    ``valid`` too). ``ready`` reaches a source through one multiplexer."""
+    n = len(sources)
+    held = Signal(name=f"{name}_held")
+    owner = Signal(range(max(n, 2)), name=f"{name}_owner")
+    pick = Signal(range(max(n, 2)), name=f"{name}_pick")
+    with m.If(held):
+        m.d.comb += pick.eq(owner)
+    with m.Else():
+        for i in reversed(range(n)):
+            with m.If(sources[i][0]):
+                m.d.comb += pick.eq(i)
+    for i, (valid, ready, payload) in enumerate(sources):
+        with m.If(pick == i):
+            m.d.comb += [sink.valid.eq(valid), sink.payload.eq(payload), ready.eq(sink.ready)]
+    m.d.sync += [held.eq(sink.valid & ~sink.ready), owner.eq(pick)]
 
 
 class TileMem(wiring.Component):
@@ -86,10 +138,10 @@ class TileMem(wiring.Component):
         For a ``cfg`` that is not a Config.
     """
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, *, load: bool = False):
         if not isinstance(cfg, Config):
             raise TypeError(f"TileMem needs a Config, not {cfg!r}")
-        self.cfg = cfg
+        self.cfg, self.load = cfg, bool(load)
         self.ctrl = EsdCtrl(cfg)
         self.tags = TagUnit(**gtu.params_from_config(cfg))
         self.hb = HBBank(**hb_params(cfg))
@@ -103,6 +155,11 @@ class TileMem(wiring.Component):
             ext_pe=Out(stream.Signature(self.ext.geo.vocab.ExtBeat)),
             resident=Out(S), pending=Out(S), slot_valid=Out(S), covered=Out(S),
             fill_done_overflow=Out(1))
+        if self.load:
+            v = hv.vocab(cfg)
+            members.update(load_cmd=In(stream.Signature(v.ExtCommand)),
+                           load_rsp=Out(stream.Signature(v.ExtResponse)),
+                           load_done=Out(wiring.Signature({"valid": Out(1), "ok": Out(1)})))
         for name, member in self.ext.signature.members.items():
             if name.startswith("m_axi_"):
                 members[name] = member
@@ -119,8 +176,11 @@ class TileMem(wiring.Component):
         # controller <-> tag unit, stream engine
         wiring.connect(m, ctrl.tag_cmd, tags.i)
         wiring.connect(m, tags.o, ctrl.tag_rsp)
-        wiring.connect(m, ctrl.ext_cmd, ext.cmd)
-        wiring.connect(m, ext.rsp, ctrl.ext_rsp)
+        if self.load:
+            self._load_port(m, ctrl, ext, hb)
+        else:
+            wiring.connect(m, ctrl.ext_cmd, ext.cmd)
+            wiring.connect(m, ext.rsp, ctrl.ext_rsp)
         # stream engine -> HB fills; HB -> tag unit
         wiring.connect(m, ext.fill, hb.fill)
         m.d.comb += [tags.commit.valid.eq(hb.commit.valid), tags.commit.slot.eq(hb.commit.slot),
@@ -165,3 +225,279 @@ class TileMem(wiring.Component):
         m.d.comb += [self.resident.eq(tags.resident), self.pending.eq(tags.pending),
                      self.slot_valid.eq(hb.slot_valid), self.covered.eq(hb.covered)]
         return m
+
+    def _load_port(self, m, ctrl, ext, hb):
+        """The load port (module doc): arbiter in, responses routed out."""
+        ld = self.load_cmd
+        priority_arbiter(m, "ext_arb", [(ctrl.ext_cmd.valid, ctrl.ext_cmd.ready,
+                                         ctrl.ext_cmd.payload),
+                                        (ld.valid, ld.ready, ld.payload)], ext.cmd)
+        out = Signal()                       # a load command is out, its response not back
+        with m.If(ld.valid & ld.ready):
+            m.d.sync += out.eq(1)
+        mine = Signal()
+        m.d.comb += mine.eq(out & (ext.rsp.payload.id == LOAD_ID))
+        m.d.comb += [ctrl.ext_rsp.payload.eq(ext.rsp.payload),
+                     self.load_rsp.payload.eq(ext.rsp.payload),
+                     ctrl.ext_rsp.valid.eq(ext.rsp.valid & ~mine),
+                     self.load_rsp.valid.eq(ext.rsp.valid & mine),
+                     ext.rsp.ready.eq(Mux(mine, self.load_rsp.ready, ctrl.ext_rsp.ready))]
+        with m.If(ext.rsp.valid & mine & self.load_rsp.ready):
+            m.d.sync += out.eq(0)
+        m.d.comb += [self.load_done.valid.eq(hb.fill_done.valid &
+                                             (hb.fill_done.region == HBRegionKind.DENSE)),
+                     self.load_done.ok.eq(hb.fill_done.result == FillResultCode.COMMITTED)]
+
+
+# -- the tile top ---------------------------------------------------------------------
+
+class TileOp(enum.IntEnum, shape=3):
+    """``TileCommand.op``. ROUND .. COUNTER are the controller's
+    (:class:`~elmoe3d.hw.esd_ctrl.HostOp`, same values), forwarded to it."""
+    ROUND = HostOp.ROUND
+    STEP = HostOp.STEP
+    ACCEPT = HostOp.ACCEPT
+    CONTEXT = HostOp.CONTEXT
+    COUNTER = HostOp.COUNTER
+    TOKEN = 5                #: one token vector ``x`` of the running step
+    LOAD_DENSE = 6           #: fill HB's dense region from the LPDDR dense image
+
+
+class TileRspKind(enum.Enum, shape=2):
+    """``TileResponse.kind``: which field carries the answer."""
+    CTRL = 0                 #: ``rsp``: the controller's ``HostResponse``
+    OUTPUT = 1               #: ``out``: one layer output (``MoEOutput``)
+    TILE = 2                 #: ``rsp``: the tile's own answer (LOAD_DENSE, a refusal)
+
+
+class TileError(enum.IntEnum):
+    """``rsp.error`` of a TILE response."""
+    OK = 0
+    BUSY = 1                 #: LOAD_DENSE while the controller has a command in hand
+    LOAD_FAILED = 2          #: the dense load ended with an LPDDR error or not committed
+    BAD_OP = 3               #: an opcode the tile does not know (7)
+
+
+@lru_cache(maxsize=None)
+def _tile_types(cfg: Config) -> tuple:
+    hc = host_command(cfg.layer_bits, cfg.draft_len_max)
+    hr = host_response(cfg.draft_len_max, cfg.stat_bits)
+    cmd = hv.struct("TileCommand", {
+        **{name: (TileOp if name == "op" else f.shape) for name, f in data.Layout.cast(hc)},
+        "x": data.Layout.cast(host_token(cfg.hidden))["x"].shape})
+    rsp = hv.struct("TileResponse", {"kind": TileRspKind, "rsp": hr,
+                                     "out": hv.vocab(cfg).MoEOutput})
+    return cmd, rsp
+
+
+def tile_command(cfg: Config) -> type:
+    """``TileCommand``: the controller's ``HostCommand`` fields (``op`` a
+    :class:`TileOp`) and ``x[H]`` INT8 (TOKEN only)."""
+    return _tile_types(cfg)[0]
+
+
+def tile_response(cfg: Config) -> type:
+    """``TileResponse``: ``kind`` (:class:`TileRspKind`), ``rsp``
+    (``HostResponse``: CTRL and TILE), ``out`` (``MoEOutput``: OUTPUT)."""
+    return _tile_types(cfg)[1]
+
+
+class Tile(wiring.Component):
+    """The ELMoE-3D tile (top ``elmoe3d_tile``): :class:`TileMem` (controller,
+    tag unit, HB bank controller, stream engine; ``load=True``) +
+    :class:`~elmoe3d.hw.esd_feed.TokenFeed` + :class:`~elmoe3d.hw.moe.MoEDatapath`,
+    with one host command stream and one response stream.
+
+    Inside: HB's ``rd_cmd[b]`` / ``rd[b]`` <-> the datapath's ``hb_cmd[b]``
+    / ``hb_data[b]``, the stream engine's ``ext_pe`` -> the datapath's
+    ``ext``, and the controller <-> feed / datapath handshake of
+    :class:`~elmoe3d.tb.esd_dp_join.EsdDpJoin` (``dp_step`` -> feed ``step``,
+    feed ``tok`` -> ``tok``, ``need`` -> ``dp_announce``, ``dp_source`` ->
+    ``source``, ``stats`` -> ``dp_done``), all with ``wiring.connect``.
+
+    Parameters
+    ----------
+    cfg : Config
+
+    Members
+    -------
+    host_cmd : ``In(stream.Signature(TileCommand))``
+        ROUND / STEP / ACCEPT / CONTEXT / COUNTER go to the controller as its
+        ``HostCommand`` (one ``CTRL`` response each, in order); TOKEN sends
+        ``x`` to the token feed (no response; a step's vectors follow its
+        STEP: a vector waits at the head of the stream until the controller
+        has started its step); LOAD_DENSE loads the whole dense region
+        (``dense_words`` rows from ``lpddr_layout(cfg).dense_base``) with one
+        ``ExtCommand`` of kind DENSE (``id`` :data:`LOAD_ID`) and answers
+        with one ``TILE`` response (``op`` LOAD_DENSE, ``error``
+        :class:`TileError` OK or LOAD_FAILED, ``value`` = the
+        ``ExtResponse`` error code | 8 when HB did not commit the fill) once both the
+        stream engine's response and HB's DENSE ``fill_done`` are in.
+        LOAD_DENSE is refused (``TILE`` response, ``error`` BUSY, nothing
+        issued) while a forwarded command has no response yet; opcode 7 gets
+        ``error`` BAD_OP. Commands after a LOAD_DENSE wait until it is
+        answered.
+    host_rsp : ``Out(stream.Signature(TileResponse))``
+        ``CTRL`` responses (in command order), ``OUTPUT`` beats (the layer
+        outputs, in token order, ``last`` on a step's final token) and
+        ``TILE`` answers, through one fixed-priority arbiter: OUTPUT first,
+        then CTRL, then TILE (a granted source keeps the port until it is
+        taken). A step's response may come before its final outputs.
+    trace : ``Out(stream.Signature(TraceEvent))``
+        The controller's event stream.
+    m_axi_ar*, m_axi_r*
+        The stream engine's AXI4 read master (LPDDR: expert and dense images).
+    resident, pending, slot_valid, covered, fill_done_overflow
+        Observation outputs of :class:`TileMem`.
+
+    Latency and throughput: a command takes one cycle in the input register
+    slice and one in the front end; ROUND..COUNTER then cost what the
+    controller takes (``docs/blocks/esd_ctrl.md``), TOKEN one cycle per
+    vector into the feed (the feed's one token per cycle), LOAD_DENSE the
+    dense image's bursts (``dense_words * B * L*s/8`` bytes) plus a few
+    cycles. Responses leave through a register slice, one per cycle.
+
+    Raises
+    ------
+    TypeError
+        For a ``cfg`` that is not a Config.
+    """
+
+    def __init__(self, cfg: Config):
+        if not isinstance(cfg, Config):
+            raise TypeError(f"Tile needs a Config, not {cfg!r}")
+        self.cfg = cfg
+        self.mem = TileMem(cfg, load=True)
+        self.feed = TokenFeed(cfg)
+        self.dp = MoEDatapath(cfg)
+        self.cmd_t, self.rsp_t = _tile_types(cfg)
+        S = stream.Signature
+        members = {"host_cmd": In(S(self.cmd_t)), "host_rsp": Out(S(self.rsp_t))}
+        members.update({n: mb for n, mb in self.mem.signature.members.items()
+                        if n not in _TILE_INNER})
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.cfg
+        m.submodules.mem = mem = self.mem
+        m.submodules.feed = feed = self.feed
+        m.submodules.dp = dp = self.dp
+        # the datapath side
+        wiring.connect(m, mem.dp_step, feed.step)
+        wiring.connect(m, feed.tok, dp.tok)
+        wiring.connect(m, dp.need, mem.dp_announce)
+        wiring.connect(m, mem.dp_source, dp.source)
+        wiring.connect(m, dp.stats, mem.dp_done)
+        for b in range(cfg.pes):
+            wiring.connect(m, dp.hb_cmd[b], mem.hb_rd_cmd[b])
+            wiring.connect(m, mem.hb_rd[b], dp.hb_data[b])
+        wiring.connect(m, mem.ext_pe, dp.ext)
+        # the rest of TileMem's ports are the tile's
+        for name in self.mem.signature.members:
+            if name not in _TILE_INNER:
+                mine, theirs = getattr(self, name), getattr(mem, name)
+                if hasattr(mine, "signature"):
+                    wiring.connect(m, wiring.flipped(mine), theirs)
+                elif self.signature.members[name].flow == In:
+                    m.d.comb += theirs.eq(mine)
+                else:
+                    m.d.comb += mine.eq(theirs)
+
+        # ---- host commands ------------------------------------------------------------
+        m.submodules.cmd_slice = cin = RegisterSlice(self.cmd_t)
+        wiring.connect(m, wiring.flipped(self.host_cmd), cin.i)
+        c = cin.o.payload
+        hc = mem.host_cmd
+        outstanding = Signal(range(8))       # forwarded commands without their response
+        ans = Signal(mem.host_rsp.payload.shape())   # the tile's own answer
+        ans_valid, ans_ready = Signal(), Signal()
+        got_rsp, got_done = Signal(), Signal()
+        ext_err = Signal(hv.ExtErrorCode)
+        fill_ok = Signal()
+        lay = gl.lpddr_layout(cfg)
+        ld = mem.load_cmd
+        m.d.comb += [hc.payload.op.eq(c.op), hc.payload.phase.eq(c.phase),
+                     hc.payload.step.eq(c.step), hc.payload.layer.eq(c.layer),
+                     hc.payload.value.eq(c.value), feed.x.payload.x.eq(c.x),
+                     ld.payload.kind.eq(hv.ExtKindCode.DENSE), ld.payload.addr.eq(lay.dense_base),
+                     ld.payload.length.eq(cfg.dense_words), ld.payload.id.eq(LOAD_ID),
+                     mem.load_rsp.ready.eq(1)]
+        with m.FSM(name="front"):
+            with m.State("IDLE"):
+                with m.Switch(c.op):
+                    with m.Case(TileOp.ROUND, TileOp.STEP, TileOp.ACCEPT, TileOp.CONTEXT,
+                                TileOp.COUNTER):
+                        m.d.comb += [hc.valid.eq(cin.o.valid), cin.o.ready.eq(hc.ready)]
+                    with m.Case(TileOp.TOKEN):
+                        m.d.comb += [feed.x.valid.eq(cin.o.valid), cin.o.ready.eq(feed.x.ready)]
+                    with m.Case(TileOp.LOAD_DENSE):
+                        m.d.comb += cin.o.ready.eq(1)
+                        with m.If(cin.o.valid):
+                            m.d.sync += [ans.op.eq(TileOp.LOAD_DENSE), ans.value.eq(0),
+                                         got_rsp.eq(0), got_done.eq(0)]
+                            with m.If(outstanding == 0):
+                                m.next = "ISSUE"
+                            with m.Else():
+                                m.d.sync += ans.error.eq(TileError.BUSY)
+                                m.next = "ANSWER"
+                    with m.Default():
+                        m.d.comb += cin.o.ready.eq(1)
+                        with m.If(cin.o.valid):
+                            m.d.sync += [ans.op.eq(c.op), ans.error.eq(TileError.BAD_OP),
+                                         ans.value.eq(0)]
+                            m.next = "ANSWER"
+            with m.State("ISSUE"):
+                m.d.comb += ld.valid.eq(1)
+                with m.If(ld.ready):
+                    m.next = "WAIT"
+            with m.State("WAIT"):
+                with m.If(got_rsp & got_done):
+                    m.d.sync += [ans.error.eq(Mux((ext_err == hv.ExtErrorCode.OK) & fill_ok,
+                                                  TileError.OK, TileError.LOAD_FAILED)),
+                                 ans.value.eq(ext_err.as_value() | (~fill_ok << 3))]
+                    m.next = "ANSWER"
+            with m.State("ANSWER"):
+                m.d.comb += ans_valid.eq(1)
+                with m.If(ans_ready):
+                    m.next = "IDLE"
+        with m.If(mem.load_rsp.valid):
+            m.d.sync += [got_rsp.eq(1), ext_err.eq(mem.load_rsp.payload.error)]
+        with m.If(mem.load_done.valid):
+            m.d.sync += [got_done.eq(1), fill_ok.eq(mem.load_done.ok)]
+
+        # ---- responses -----------------------------------------------------------------
+        m.submodules.rsp_slice = rout = RegisterSlice(self.rsp_t)
+        wiring.connect(m, rout.o, wiring.flipped(self.host_rsp))
+        r_out, r_ctrl, r_tile = (Signal(self.rsp_t, name=f"rsp_{n}")
+                                 for n in ("out", "ctrl", "tile"))
+        m.d.comb += [r_out.kind.eq(TileRspKind.OUTPUT), r_out.out.eq(dp.o.payload),
+                     r_ctrl.kind.eq(TileRspKind.CTRL), r_ctrl.rsp.eq(mem.host_rsp.payload),
+                     r_tile.kind.eq(TileRspKind.TILE), r_tile.rsp.eq(ans)]
+        priority_arbiter(m, "rsp_arb", [(dp.o.valid, dp.o.ready, r_out),
+                                        (mem.host_rsp.valid, mem.host_rsp.ready, r_ctrl),
+                                        (ans_valid, ans_ready, r_tile)], rout.i)
+        fwd = hc.valid & hc.ready
+        back = mem.host_rsp.valid & mem.host_rsp.ready
+        m.d.sync += outstanding.eq(outstanding + fwd - back)
+        return m
+
+
+def _factory(config):
+    return Tile(Config(**config))
+
+
+def _params(cfg):
+    return {"config": cfg.to_dict()}
+
+
+def _block_specs():
+    from ..blocks import Block
+    return [Block("tile", "elmoe3d_tile",
+                  "the tile: Elastic-SD controller + tag unit + HB + LPDDR stream engine + "
+                  "token-batched MoE datapath; host command / response streams, AXI4 master",
+                  params=_params, factory=_factory, order=90,
+                  synth=False)]
+
+
+BLOCK_SPECS = _block_specs()

@@ -84,10 +84,15 @@ def _plain(d):
     return {k: (x.value if hasattr(x, "value") else x) for k, x in d.items()}
 
 
-def golden_script(cfg, env, rounds, batch, np_rng):
+def golden_script(cfg, env, rounds, batch, np_rng, faults=None):
     """The host script and the golden: commands, token vectors per STEP,
-    expected responses, outputs and the control sequence."""
-    ctl = gesd.EsdController(cfg, mutant=os.environ.get("ELMOE_JOIN_MUTANT") or None)
+    expected responses, outputs and the control sequence. ``faults`` (the
+    golden's rule: ordinal of an LPDDR expert read -> ``ExtError``) spoil
+    steps: such a step answers ``value`` 1 and is repeated (same vectors);
+    its outputs in a pass with an ``EXT_ERROR`` event are ``(None, last)``
+    (the datapath flags them ``error``; every other pass is exact)."""
+    ctl = gesd.EsdController(cfg, faults=faults,
+                             mutant=os.environ.get("ELMOE_JOIN_MUTANT") or None)
     E, T = cfg.experts, cfg.batch_tokens
     cmds, vecs, want_rsp, want_y = [], [], [], []
 
@@ -104,13 +109,19 @@ def golden_script(cfg, env, rounds, batch, np_rng):
             box["masks"] = m
             return gb.route_pass(lay, xs, roles, m)[1]
 
-        res = ctl.layer_step(phase, j, layer, route)
-        assert not res.error
-        y = gb.batched_forward(lay, xs, roles, box["masks"], batch_tokens=T).y
-        cmds.append(dict(op=HostOp.STEP, phase=int(phase), step=j, layer=layer, value=0))
-        want_rsp.append(dict(op=HostOp.STEP, error=0, value=0))
-        vecs.extend(xs.tolist())
-        want_y.extend((y[i].tolist(), int(i == n - 1)) for i in range(n))
+        while True:
+            before = len(ctl.events)
+            res = ctl.layer_step(phase, j, layer, route)
+            bad = {ev.pass_no for ev in ctl.events[before:] if ev.kind == gesd.EventKind.EXT_ERROR}
+            assert bool(bad) == bool(res.error)
+            y = gb.batched_forward(lay, xs, roles, box["masks"], batch_tokens=T).y
+            cmds.append(dict(op=HostOp.STEP, phase=int(phase), step=j, layer=layer, value=0))
+            want_rsp.append(dict(op=HostOp.STEP, error=0, value=int(res.error)))
+            vecs.extend(xs.tolist())
+            want_y.extend((None if i // T in bad else y[i].tolist(), int(i == n - 1))
+                          for i in range(n))
+            if not res.error:
+                break
 
     for kind in rounds:
         force = gesd.Mode.SD if kind == "SD" else gesd.Mode.AR

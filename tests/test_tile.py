@@ -166,3 +166,68 @@ def test_tile_mem_bad_config():
         cfg = preset(name)
         assert fill_done_depth(cfg) == min(cfg.experts, cfg.batch_tokens * cfg.top_k,
                                            cfg.tag_slots)
+
+
+# -- the tile top (hw/tile.Tile, top elmoe3d_tile) -------------------------------------------
+
+TOP_TB = "elmoe3d.tb.test_tile_top"
+#: the datapath's C++ takes minutes at Verilator's -Os (as tests/test_esd_dp_join.py)
+TOP_BUILD = {"extra_build_args": ["-CFLAGS", "-O0"]}
+
+
+def _top_factory(config):
+    from elmoe3d.hw.tile import Tile
+    return Tile(Config(**config))
+
+
+def _top(tmp_path, env=None, seed=1):
+    out = tmp_path / "tile.json"
+    e = {"ELMOE_TILE_OUT": str(out)}
+    e.update(env or {})
+    simulate(_top_factory, block="tile", params={"config": preset("tiny").to_dict()},
+             top="elmoe3d_tile", test_module=TOP_TB, env=e, seed=seed, **TOP_BUILD)
+    return json.loads(out.read_text())
+
+
+def test_tile_top_tiny(tmp_path, measured_dir):
+    """The tile top at `tiny`: dense region loaded from LPDDR through the
+    host stream, an Elastic-SD round and an AR round at batch 2 with random
+    idle / back-pressure / AXI pauses: trace event for event, every layer
+    output bit for bit, every host response and counter the golden's, the
+    tile's own answers (LOAD_DENSE OK, BUSY while a step runs, BAD_OP)."""
+    t0 = _cpu()
+    res = _top(tmp_path)
+    res["sim_cpu_s"] = round(_cpu() - t0, 1)
+    assert res["kinds"].get("FILL_END", 0) > 0 and res["tokens"] > 0
+    (measured_dir / "tile_top.json").write_text(json.dumps(res, indent=1))
+
+
+def test_tile_top_fault(tmp_path, measured_dir):
+    """An LPDDR error (SLVERR) on the tile's third expert read, a VERIFY
+    fill: the fill aborts, the step answers its error and is repeated by the
+    host, the spoilt pass's outputs carry ``error``, everything else (trace,
+    counters, the repeated step's outputs) equals the golden's."""
+    res = _top(tmp_path, {"ELMOE_TILE_FAULTS": "2:SLVERR"}, seed=2)
+    assert res["counters"]["aborts"] >= 1 and res["counters"]["ext_errors"] == 1
+    assert res["spoilt_outputs"] > 0 and res["lpddr_faults_injected"] == 1
+    (measured_dir / "tile_top_fault.json").write_text(json.dumps(res, indent=1))
+
+
+@pytest.mark.parametrize("word,says", [("out", "outputs differ"), ("router", "differs")])
+def test_tile_top_catches_wrong_dense(tmp_path, word, says):
+    """One corrupted word of the dense image in the LPDDR model (bit 14 of
+    layer 0's first output requantisation multiplier, or of its first router
+    word; an AR round): the bench fails on the outputs, or on the trace (the
+    routing changed)."""
+    from elmoe3d.sim.harness import SimulationFailed
+    with pytest.raises(SimulationFailed) as exc:
+        _top(tmp_path, {"ELMOE_TILE_PLANT_DENSE": word, "ELMOE_TILE_ROUNDS": "AR"})
+    log = open(str(exc.value).split("log=")[1].split()[0]).read()
+    assert says in log, log[-2000:]
+
+
+def test_tile_bad_config():
+    """A Tile needs a Config (TypeError naming the value)."""
+    from elmoe3d.hw.tile import Tile
+    with pytest.raises(TypeError, match="Config"):
+        Tile({"pes": 4})

@@ -67,7 +67,7 @@ def synthesis_sections(ctx, bl, *, fmax: bool, sweep: bool) -> list:
     from .synth import markdown as synth_md, run_synth, text_report
     work = ctx.outdir / "synth"
     targets = ("generic",) if ctx.quick else DEMO_TARGETS
-    synth = run_synth(ctx.cfg, bl, work, targets=targets, pnr=fmax, seeds=DEMO_SEEDS,
+    synth = run_synth(ctx.cfg, [b for b in bl if b.synth], work, targets=targets, pnr=fmax, seeds=DEMO_SEEDS,
                       sweep=sweep, sweep_pnr=False, progress=ctx.progress,
                       fmax_max_cells=FMAX_MAX_CELLS)
     note = (f"; `make demo` uses one seed ({DEMO_SEEDS[0]}) to stay fast -- "
