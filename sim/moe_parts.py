@@ -25,6 +25,7 @@ from ..hw.moe.hb_reader import HBReader
 from ..hw.moe.issue import Issue
 from ..hw.moe.scheduler import ExpertScheduler
 from ..hw.moe.softmax import Softmax
+from ..hw.moe.tokens import TokenStore
 from ..hw.moe.topk import TopK
 from ..hw.moe.vector_unit import VectorUnit
 from . import synth as fl
@@ -39,7 +40,7 @@ def parts(g):
     return {"issue": issue, "scheduler": lambda: ExpertScheduler(g),
             "vector_unit": lambda: VectorUnit(g), "hb_reader": lambda: HBReader(g),
             "softmax": lambda: Softmax(g), "topk": lambda: TopK(g),
-            "ext_writer": lambda: ExtWriter(g)}
+            "ext_writer": lambda: ExtWriter(g), "tokens": lambda: TokenStore(g)}
 
 
 def main(argv=None):

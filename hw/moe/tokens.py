@@ -9,6 +9,14 @@ registers; ``valid[par]`` is set when the pass is complete and cleared by
 the issue stage's ``release`` after the pass's last beat. ``seq[par]``
 toggles every time a buffer is filled, so a consumer that has finished one
 pass at ``par`` can tell the next one from it.
+
+Timing: the incoming token goes into an input register (``lat``, loaded
+every cycle it is empty, so its clock enable is one flip-flop) and waits
+there for a free buffer; a token's role, mask and layer are written from it
+by registered per-slot and per-buffer enables (``we_slot``, ``we_layer``),
+so no buffer pointer drives the clock enable of the buffer registers (the
+whole layer's critical path before: ``pw`` through the ``tok`` handshake to
+about a thousand enables).
 """
 
 from __future__ import annotations
@@ -29,7 +37,9 @@ class TokenStore(wiring.Component):
     Members
     -------
     tok : ``In(stream.Signature(MoEToken))``
-        ``ready`` is a register: high in IDLE with the filling buffer free.
+        ``ready`` is a register: high while the input register is empty
+        (IDLE), whether or not the filling buffer is free (a token taken
+        while both buffers are full waits in the input register).
     valid, seq, count, layer, step_last, roles, masks : ``Out`` per buffer
         The pass in each buffer (see the module doc).
     release, release_par : ``In(1)``
@@ -37,8 +47,18 @@ class TokenStore(wiring.Component):
     x_addr : ``In`` ``{par, token, chunk}``; ``x_data`` : ``Out(L x INT8)``
         Activation chunk, one cycle after ``x_addr``.
 
-    Throughput: a token takes ``H / L`` cycles (its chunks are written one
-    per cycle); a pass is handed over the cycle after its last chunk.
+    Throughput: a token takes ``H / L + 3`` cycles (taken, layer check,
+    buffer check, then its ``H / L`` chunks one per cycle); a pass is handed
+    over the cycle after its last chunk.
+
+    Latency: a token taken at cycle ``a`` into a free buffer has its chunks
+    written at ``a + 3 .. a + 2 + H/L`` and, if it ends the pass, ``valid``
+    / ``seq`` / ``count`` change at ``a + 3 + H/L`` (unchanged). Its role,
+    mask and layer appear at ``a + 4`` (one cycle later than before the
+    input register, still no later than the pass's ``valid``). ``ready``
+    is high again at ``a + 3 + H/L`` (unchanged); it no longer waits for a
+    free buffer, so after a release the waiting token's pass completes two
+    cycles earlier than before.
     """
 
     def __init__(self, g):
@@ -70,11 +90,30 @@ class TokenStore(wiring.Component):
         pw = Signal()                        # buffer being filled
         t = Signal(range(T + 1))
         c = Signal(range(C + 1))
-        x = Signal(8 * g.H)
         cur_layer = Signal.like(self.layer[0])
+        # input register: loaded every cycle it is empty (``rdy``), so its
+        # clock enable is one flip-flop and ``tok.ready`` is that flip-flop
+        rdy = Signal(init=1)
         lat = Signal.like(self.tok.payload)
-        m.d.comb += [wp.addr.eq(Cat(zext(c, self.cb), zext(t, self.tb), pw)),
-                     wp.data.eq(x.word_select(c, 8 * L))]
+        # registered write enables: slot ``t`` of buffer ``pw`` (roles and
+        # mask), buffer ``pw``'s layer (first token), the current layer
+        we_slot = Signal(2 * T)
+        we_layer = Signal(2)
+        we_cur = Signal()
+        m.d.comb += [self.tok.ready.eq(rdy),
+                     wp.addr.eq(Cat(zext(c, self.cb), zext(t, self.tb), pw)),
+                     wp.data.eq(lat.x.as_value().word_select(c, 8 * L))]
+        with m.If(rdy):
+            m.d.sync += lat.eq(self.tok.payload)
+        m.d.sync += [we_slot.eq(0), we_layer.eq(0), we_cur.eq(0)]
+        for p in range(2):
+            for j in range(T):
+                with m.If(we_slot[p * T + j]):
+                    m.d.sync += [self.roles[p][j].eq(lat.role), self.masks[p][j].eq(lat.mask)]
+            with m.If(we_layer[p]):
+                m.d.sync += self.layer[p].eq(lat.layer)
+        with m.If(we_cur):
+            m.d.sync += cur_layer.eq(lat.layer)
         with m.If(self.release):
             m.d.sync += self.valid.bit_select(self.release_par, 1).eq(0)
 
@@ -86,27 +125,23 @@ class TokenStore(wiring.Component):
                          self.step_last.bit_select(pw, 1).eq(step_last),
                          pw.eq(~pw), t.eq(0)]
 
-        with m.FSM(name="tokens") as fsm:
+        with m.FSM(name="tokens"):
             with m.State("IDLE"):
-                with m.If(self.tok.valid & self.tok.ready):
-                    m.d.sync += lat.eq(self.tok.payload)
+                with m.If(self.tok.valid & rdy):
+                    m.d.sync += rdy.eq(0)
                     m.next = "CHECK"
             with m.State("CHECK"):
                 with m.If((t != 0) & (lat.layer != cur_layer)):
                     # a new layer: close the pass before this token
                     close(t, 0)
-                    m.next = "WAIT_BUF"
-                with m.Else():
-                    m.next = "WAIT_BUF"
+                m.next = "WAIT_BUF"
             with m.State("WAIT_BUF"):
                 with m.If(~self.valid.bit_select(pw, 1)):
-                    m.d.sync += [x.eq(lat.x), c.eq(0), cur_layer.eq(lat.layer)]
+                    m.d.sync += [c.eq(0), we_cur.eq(1)]
                     for p in range(2):
-                        with m.If(pw == p):
-                            m.d.sync += [self.roles[p][t].eq(lat.role),
-                                         self.masks[p][t].eq(lat.mask)]
-                            with m.If(t == 0):
-                                m.d.sync += self.layer[p].eq(lat.layer)
+                        m.d.sync += we_layer[p].eq((pw == p) & (t == 0))
+                        for j in range(T):
+                            m.d.sync += we_slot[p * T + j].eq((pw == p) & (t == j))
                     m.next = "WRITE"
             with m.State("WRITE"):
                 m.d.comb += wp.en.eq(1)
@@ -116,7 +151,6 @@ class TokenStore(wiring.Component):
                         close(t + 1, lat.last)
                     with m.Else():
                         m.d.sync += t.eq(t + 1)
+                    m.d.sync += rdy.eq(1)
                     m.next = "IDLE"
-        # an expression of registers outside the FSM (Icarus: see output.py)
-        m.d.comb += self.tok.ready.eq(fsm.ongoing("IDLE") & ~self.valid.bit_select(pw, 1))
         return m
