@@ -1,7 +1,11 @@
 """pytest entry points: the memory side of the tile (``hw/tile.TileMem``:
 controller + tag unit + HB bank controller + stream engine, cocotbext-axi as
 LPDDR), its trace event for event against the golden control sequence and
-every HB / LPDDR word against the golden images (``tb/test_tile_mem.py``)."""
+every HB / LPDDR word against the golden images (``tb/test_tile_mem.py``);
+and the tile top (``hw/tile.Tile``: TileMem + token feed + batched datapath,
+one host command / response stream): a short decode at ``tiny`` with the
+dense region loaded from LPDDR, trace event for event, outputs bit for bit
+(``tb/test_tile_top.py``)."""
 
 import json
 import pickle
