@@ -163,6 +163,9 @@ def _rtl(args, prompts, out) -> int:
     print(f"RTL tokens equal golden tokens: {'yes' if r['match'] else 'NO'}; trace equal: "
           f"{'yes' if r['trace_equal'] else 'NO: ' + str(r['trace_first_difference'])}; "
           f"counters differ: {r['counters_differ'] or 'none'}")
+    c = r["counters_rtl"]
+    print("tile counters (RTL, read over the host port): "
+          + ", ".join(f"{k} {c[k]:,}" for k in c))
     print(f"decode --rtl took {secs:.1f} s")
     if out:
         out.write_text(json.dumps(dict(r, mode=args.mode, batch=len(prompts), tokens=args.tokens,
