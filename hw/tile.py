@@ -1,9 +1,10 @@
-"""The memory side of the ELMoE-3D tile (issue 13, item 4(a)): the Elastic-SD
-controller joined with the real tag unit, the real HB bank controller and the
-real external-memory stream engine, all built from one
-:class:`~elmoe3d.config.Config`. A first stage of the tile top
-``elmoe3d_tile``; the batched datapath is not in it yet, so the datapath side
-stays top-level ports.
+"""The ELMoE-3D tile (issue 13): :class:`TileMem` (top ``elmoe3d_tile_mem``),
+the memory side -- the Elastic-SD controller joined with the real tag unit,
+the real HB bank controller and the real external-memory stream engine, all
+built from one :class:`~elmoe3d.config.Config`, the datapath side as
+top-level ports -- and :class:`Tile` (top ``elmoe3d_tile``, at the end of
+this module): ``TileMem`` + the token feed + the batched MoE datapath, with
+one host command stream and one response stream.
 
 Wiring (``docs/blocks/tile.md``, "What remains", steps 1-2)
 ----------------------------------------------------------

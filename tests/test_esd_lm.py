@@ -106,7 +106,7 @@ def test_decode_command(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,msg", [
     (["--tokens", "0"], "--tokens"), (["--batch", "17"], "--batch"),
-    (["--prompt", ""], "empty prompt"), (["--rtl"], "--rtl"),
+    (["--prompt", ""], "empty prompt"), (["--rtl", "--tokens", "25"], "--tokens"),
     (["--prompt-file", "/nonexistent/x"], "does not exist"),
     (["--prompt", "a", "--prompt", "b", "--batch", "1"], "2 prompts")])
 def test_decode_command_errors(argv, msg, capsys):

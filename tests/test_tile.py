@@ -1,7 +1,11 @@
 """pytest entry points: the memory side of the tile (``hw/tile.TileMem``:
 controller + tag unit + HB bank controller + stream engine, cocotbext-axi as
 LPDDR), its trace event for event against the golden control sequence and
-every HB / LPDDR word against the golden images (``tb/test_tile_mem.py``)."""
+every HB / LPDDR word against the golden images (``tb/test_tile_mem.py``);
+and the tile top (``hw/tile.Tile``: TileMem + token feed + batched datapath,
+one host command / response stream): a short decode at ``tiny`` with the
+dense region loaded from LPDDR, trace event for event, outputs bit for bit
+(``tb/test_tile_top.py``)."""
 
 import json
 import pickle
@@ -231,3 +235,16 @@ def test_tile_bad_config():
     from elmoe3d.hw.tile import Tile
     with pytest.raises(TypeError, match="Config"):
         Tile({"pes": 4})
+
+
+@pytest.mark.slow
+def test_decode_rtl(tmp_path):
+    """`elmoe3d decode --rtl` (the `lm` preset tile in Verilator, one
+    Elastic-SD round of the in-project LM): RTL tokens, trace and counters
+    equal the golden tile's (about 2 minutes with the build cached)."""
+    from elmoe3d.cli import main
+    out = tmp_path / "dec.json"
+    assert main(["decode", "--rtl", "--mode", "sd", "--tokens", "2", "--batch", "1",
+                 "--quiet", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["match"] and r["trace_equal"] and not r["counters_differ"]

@@ -122,6 +122,58 @@ def _bar(done, total, t0, stream=sys.stderr):
     stream.flush()
 
 
+def _rtl(args, prompts, out) -> int:
+    """``--rtl``: the decode in Verilator (``tb/tile_decode.py``): the same
+    decode with the golden tile is the reference; tokens, trace and counters
+    compared."""
+    import tempfile
+    from pathlib import Path
+
+    from ..config import Config, preset
+    from ..sim.harness import SimulationFailed, simulate
+
+    def factory(config):
+        from ..hw.tile import Tile
+        return Tile(Config(**config))
+
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory() as d:
+        job, res = Path(d) / "job.json", Path(d) / "out.json"
+        job.write_text(json.dumps({"prompts": prompts, "tokens": args.tokens,
+                                   "mode": args.mode}))
+        failed = None
+        try:
+            simulate(factory, block="tile", params={"config": preset("lm").to_dict()},
+                     top="elmoe3d_tile", test_module="elmoe3d.tb.tile_decode",
+                     env={"ELMOE_DECODE_JOB": str(job), "ELMOE_DECODE_OUT": str(res)},
+                     extra_build_args=["-CFLAGS", "-O0"])
+        except SimulationFailed as e:
+            failed = e
+        if not res.is_file():
+            raise RuntimeError(f"the RTL decode produced no result: {failed}")
+        r = json.loads(res.read_text())
+    secs = time.monotonic() - t0
+    for b, (p, toks) in enumerate(zip(prompts, r["tokens_rtl"])):
+        print(f"--- request {b} (RTL tile):\n" + bytes(p).decode("utf-8", "replace") +
+              bytes(toks).decode("utf-8", "replace"))
+    n_out = r["counters_rtl"]["tokens_out"]
+    print(f"rounds: {len(r['rounds'])}; tokens through the tile: {n_out}; simulated cycles "
+          f"{r['cycles']:,} ({r['cycles'] / max(1, n_out):,.0f} per token; dense load "
+          f"{r['load_dense_cycles']:,} cycles before)")
+    print(f"RTL tokens equal golden tokens: {'yes' if r['match'] else 'NO'}; trace equal: "
+          f"{'yes' if r['trace_equal'] else 'NO: ' + str(r['trace_first_difference'])}; "
+          f"counters differ: {r['counters_differ'] or 'none'}")
+    c = r["counters_rtl"]
+    print("tile counters (RTL, read over the host port): "
+          + ", ".join(f"{k} {c[k]:,}" for k in c))
+    print(f"decode --rtl took {secs:.1f} s")
+    if out:
+        out.write_text(json.dumps(dict(r, mode=args.mode, batch=len(prompts), tokens=args.tokens,
+                                       seconds=round(secs, 2)), indent=1))
+        print(f"wrote {out}")
+    return 0 if failed is None else 1
+
+
 def run(args) -> int:
     import numpy as np
 
@@ -138,8 +190,7 @@ def run(args) -> int:
     out = writable_file(args.json) if args.json else None
     prompts = _prompts(args)
     if args.rtl:
-        raise ValueError("--rtl: the RTL tile (elmoe3d_tile) is not built on this branch yet; "
-                         "run without --rtl for the golden tile")
+        return _rtl(args, prompts, out)
     weights, meta = glm.load_weights()
     cfg = preset("lm")
     t0 = time.monotonic()
