@@ -2,6 +2,7 @@
 golden tile: AR and Elastic-SD give the same tokens, equal to a plain greedy
 decode of the integer-MoE model that does not go through the controller."""
 
+import json
 import numpy as np
 import pytest
 
@@ -114,3 +115,29 @@ def test_decode_command_errors(argv, msg, capsys):
     assert main(["decode", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("elmoe3d: error:") and msg in err and err.count("\n") == 1
+
+
+def test_report_reads_rtl_decodes(tmp_path):
+    """The report's LM-through-the-tile table: figures from the tile's
+    counters in `decode --rtl --json` files; a malformed file is named."""
+    from elmoe3d.commands.decode import DECODE_HEAD, rtl_decode_rows
+    from elmoe3d.hw.esd_ctrl import COUNTERS
+    c = dict.fromkeys(COUNTERS, 0)
+    c.update(hb_hits=3, hb_misses=1, hb_bytes=1_000_000, lpddr_bytes=3_000_000,
+             accepted_tokens=6, rounds_sd=2, tokens_out=8)
+    r = dict(mode="sd", batch=2, counters_rtl=c, cycles=80_000, match=True, trace_equal=True,
+             counters_differ={})
+    (tmp_path / "decode_rtl_x.json").write_text(json.dumps(r))
+    (tmp_path / "other.json").write_text("{}")             # not a decode result: ignored
+    [row] = rtl_decode_rows(tmp_path)
+    got = dict(zip(DECODE_HEAD, row))
+    assert got["run"] == "x" and got["mode"] == "SD" and got["HB hit rate"] == 0.75
+    assert got["mean accepted len"] == 2.5                 # (6 + 2 * 2) / (2 * 2)
+    assert got["HB share"] == 0.25 and got["cycles / token (RTL)"] == 10_000
+    assert got["RTL tokens = golden"] == "yes" and got["trace, counters = golden"] == "yes"
+    r["counters_differ"] = {"fills": [1, 2]}
+    (tmp_path / "decode_rtl_x.json").write_text(json.dumps(r))
+    assert rtl_decode_rows(tmp_path)[0][-1] == "NO"
+    (tmp_path / "decode_rtl_bad.json").write_text("{\"mode\": 1}")
+    with pytest.raises(ValueError, match="decode_rtl_bad.json"):
+        rtl_decode_rows(tmp_path)

@@ -300,7 +300,7 @@ def _figures(c, B):
 
 def report_rows(runs):
     return [[r["trace"], r["batch"], r["mode"], *_figures(r["counters"], r["batch"]),
-             "tile not built"] for r in runs]
+             "not run on the tile"] for r in runs]
 
 
 RTL_HEAD = ["trace", "batch", "mode", "steps", "HB hit rate RTL", "golden",
@@ -330,6 +330,39 @@ def rtl_rows(path):
     return rows
 
 
+#: Written by ``elmoe3d decode --rtl --json build/measured/decode_rtl_<name>.json``
+#: (the real model through the RTL tile); the report's table reads them.
+RTL_DECODE_GLOB = "decode_rtl_*.json"
+
+DECODE_HEAD = ["run", "mode", "batch", "tokens out", "HB hit rate", "mean accepted len",
+               "HB MB", "LPDDR MB", "HB share", "LPDDR KB / token", "cycles / token (RTL)",
+               "RTL tokens = golden", "trace, counters = golden"]
+
+
+def rtl_decode_rows(folder):
+    """Rows for the ``decode --rtl`` results in ``folder``
+    (:data:`RTL_DECODE_GLOB`): the tile's own counters, read over its host
+    port, and whether the tokens, the trace and every counter equalled the
+    golden tile's. ``cycles / token`` is the decode's simulated cycles (after
+    the dense load) per token that left the tile. ``ValueError`` (naming the
+    file) for a file that is not such a result."""
+    import json as _json
+    from pathlib import Path
+    rows = []
+    for f in sorted(Path(folder).glob(RTL_DECODE_GLOB)):
+        try:
+            r = _json.loads(f.read_text())
+            c, B = r["counters_rtl"], int(r["batch"])
+            fig = _figures(c, B)
+            rows.append([f.stem[len("decode_rtl_"):], r["mode"].upper(), B, c["tokens_out"], *fig,
+                         round(r["cycles"] / max(1, c["tokens_out"])),
+                         "yes" if r["match"] else "NO",
+                         "yes" if r["trace_equal"] and not r["counters_differ"] else "NO"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{f}: not an `elmoe3d decode --rtl --json` result ({e!r})") from None
+    return rows
+
+
 def build_section(ctx):
     import json as _json
 
@@ -355,8 +388,9 @@ def build_section(ctx):
     md = ("Golden Elastic-SD control sequence (`golden/esd.py`) replaying routing traces with "
           "random acceptance (each drafted token accepted with p = 0.7 until the first "
           "rejection); AR and SD forced per row (the host's ROUND force field). Bytes are "
-          "expert weight bytes. Cycles per token need the tile (`elmoe3d_tile`, not built "
-          "yet): the controller alone runs against modelled memories.\n\n" + md_table(REPORT_HEAD, rows) + pic_md)
+          "expert weight bytes. These traces have not been run on the tile "
+          "(`elmoe3d_tile`): the controller alone runs them against modelled memories "
+          "(below); the tile's own cycles per token are in the LM decode table.\n\n" + md_table(REPORT_HEAD, rows) + pic_md)
     rrows = rtl_rows(ctx.outdir / "measured" / RTL_REPORT)
     if rrows:
         md += ("\n\nThe controller RTL (`elmoe3d_esd_ctrl`, Verilator, the blocks it drives "
@@ -366,6 +400,17 @@ def build_section(ctx):
     else:
         md += (f"\n\nNo controller RTL runs (`build/measured/{RTL_REPORT}`; "
                "`pytest tests/test_esd_ctrl.py -k report` writes it).")
+    drows = rtl_decode_rows(ctx.outdir / "measured")
+    if drows:
+        md += ("\n\nThe in-project MoE LM decoded with every MoE layer on the RTL tile "
+               "(`elmoe3d_tile`, `lm` preset, Verilator; `elmoe3d decode --rtl --mode sd|ar "
+               "--tokens 8 --json build/measured/decode_rtl_<name>.json`, several minutes "
+               "each, not run by `make demo`): the tile's counters, and whether tokens, "
+               "trace and counters equal the golden tile's:\n\n" + md_table(DECODE_HEAD, drows))
+    else:
+        md += ("\n\nNo RTL decodes of the LM in `build/measured/` (`elmoe3d decode --rtl "
+               "--mode sd --tokens 8 --json build/measured/decode_rtl_sd8.json` writes one).")
     data = {"rows": [dict(zip(REPORT_HEAD, r)) for r in rows], "rtl_rows": rrows,
+            "rtl_decode_rows": [dict(zip(DECODE_HEAD, r)) for r in drows],
             "counters": [{k: r[k] for k in ("trace", "batch", "mode", "counters")} for r in runs]}
     return Section("Elastic-SD control sequence", md, data, text_table(REPORT_HEAD, rows))
