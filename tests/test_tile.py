@@ -47,11 +47,13 @@ def _simulate(tmp_path, cfg, cases, *, seed=1, env=None):
 FAULTS = {3: ExtError.SLVERR, 10: ExtError.DECERR, 17: ExtError.PROTOCOL}
 
 
-def _cases(cfg, steps, batches, *, faults=FAULTS, tokens=400, **kw):
+def _cases(cfg, steps, batches, *, faults=FAULTS, tokens=400, seeds=None, **kw):
+    """Golden runs and bench cases per batch (trace seed ``100 + batch``
+    unless ``seeds`` names one)."""
     runs, cases = [], []
     for b in batches:
-        run, case = _case(cfg, b, steps, 100 + b, faults, tokens=tokens, force=gesd.Mode.SD,
-                          **kw)
+        run, case = _case(cfg, b, steps, (seeds or {}).get(b, 100 + b), faults, tokens=tokens,
+                          force=gesd.Mode.SD, **kw)
         case["name"] = f"B{b}"
         runs.append(run)
         cases.append(case)
@@ -91,7 +93,9 @@ def test_tile_mem_tiny(tmp_path, measured_dir):
     below): trace, host
     responses and counters equal the golden's, every HB and LPDDR word the
     golden image's, every resident slot holds its expert at every KV move."""
-    runs, cases = _cases(TINY_KV, 4, (1, 4), **KV_PRESSURE)
+    # trace seed 7 at batch 4: a KV move there invalidates a resident slot
+    # (the golden's kv_invalidations; seed 104 had none)
+    runs, cases = _cases(TINY_KV, 4, (1, 4), seeds={4: 7}, **KV_PRESSURE)
     t0 = _cpu()
     outs = _simulate(tmp_path, TINY_KV, cases, seed=3)
     _record(measured_dir, "tiny", "tiny (KV pressure)", runs, outs, _cpu() - t0)
@@ -99,6 +103,7 @@ def test_tile_mem_tiny(tmp_path, measured_dir):
     c = [r.counters for r in runs]
     assert sum(x["aborts"] for x in c) and sum(x["ext_errors"] for x in c)
     assert sum(x["evictions"] for x in c) and sum(x["kv_moves"] for x in c)
+    assert sum(x["kv_invalidations"] for x in c), "no KV move invalidated a resident slot"
 
 
 DEFAULT = preset("default")
