@@ -54,6 +54,7 @@ from __future__ import annotations
 import collections
 import itertools
 import json
+import logging
 import os
 
 import cocotb
@@ -102,6 +103,7 @@ class FaultyRam:
     def __init__(self, dut, cfg, mem, r, pause, faults, plant=None):
         self.cfg, self.faults, self.plant = cfg, faults, plant
         self.ram = AxiRamRead(AxiReadBus.from_prefix(dut, "m_axi"), dut.clk, None, mem=mem)
+        self.ram.log.setLevel(logging.WARNING)      # a log line per burst slows the run
         if pause:
             for ch in (self.ram.ar_channel, self.ram.r_channel):
                 ch.set_pause_generator(r.random() < pause for _ in itertools.count())

@@ -19,7 +19,6 @@ the trace (event for event) and the counters are compared and written to
 from __future__ import annotations
 
 import json
-import logging
 import os
 
 import cocotb
@@ -155,7 +154,6 @@ async def decode_rtl(dut):
     mem = lpddr_image(cfg, intmoe.layers, gl.dense_image(cfg, intmoe.layers))
     r = rng()
     ram = FaultyRam(dut, cfg, bytes(mem), r, 0.0, {}, None)
-    ram.ram.log.setLevel(logging.WARNING)
     await start_clock_and_reset(dut)
     host = TileHost(dut, cfg, r)
     cocotb.start_soon(host.run())
