@@ -90,6 +90,7 @@ __all__ = [
     "Proj", "Segment", "segments", "router_segments", "planes_for", "segment_of_row",
     "hb_addr", "hb_decode", "slot_covered_mask", "kv_limit",
     "lpddr_word_index", "lpddr_expert_base", "lpddr_plane_runs", "lpddr_layout", "LpddrLayout",
+    "lpddr_image",
     "DenseLayout", "dense_layout", "pack_rows", "slice_words", "expert_slice_words",
     "expert_image", "hb_slot_image", "weight_beats", "ParamRecord", "pack_param_record",
     "unpack_param_record", "pack_lut_record", "dense_records", "dense_image",
@@ -416,6 +417,32 @@ def lpddr_expert_base(cfg, layer: int, expert: int) -> int:
         raise ValueError(f"(layer, expert) = {(layer, expert)!r} outside "
                          f"{cfg.layers} layers x {cfg.experts} experts")
     return cfg.lpddr_base + (layer * cfg.experts + expert) * cfg.expert_bytes
+
+
+def lpddr_image(cfg, experts, dense=None) -> bytearray:
+    """The whole LPDDR window (``lpddr_base`` on, ``total_bytes`` long) as
+    bytes: ``experts`` maps ``(layer, expert)`` to its ``(wg, wu, wd)``,
+    each written as :func:`expert_image` at :func:`lpddr_expert_base`
+    (experts left out stay zero); ``dense`` (``(B, dense_words)`` words, e.g.
+    :func:`dense_image`) at ``dense_base``, row by row, bank fastest - the
+    order the stream engine's DENSE read fills HB in."""
+    lay = lpddr_layout(cfg)
+    mem = bytearray(lay.base + lay.total_bytes)
+    for (layer, e), w in experts.items():
+        a = lpddr_expert_base(cfg, layer, e)
+        mem[a:a + cfg.expert_bytes] = expert_image(cfg, *w)
+    if dense is not None:
+        dense = np.asarray(dense)
+        if dense.shape != (cfg.pes, cfg.dense_words):
+            raise ValueError(f"dense image shape {dense.shape} is not "
+                             f"{(cfg.pes, cfg.dense_words)} (banks, dense words)")
+        wb = cfg.slice_vector_bits // 8
+        a = lay.dense_base
+        for r in range(cfg.dense_words):
+            for b in range(cfg.pes):
+                mem[a:a + wb] = int(dense[b, r]).to_bytes(wb, "little")
+                a += wb
+    return mem
 
 
 def lpddr_word_index(cfg, plane: int, row: int, bank: int) -> int:

@@ -86,7 +86,7 @@ from .tag_unit import TagUnit
 from . import vocab as hv
 from .vocab import FillResultCode, HBRegionKind
 
-__all__ = ["TileMem", "Tile", "TileOp", "TileRspKind", "TileError", "tile_command",
+__all__ = ["TileMem", "Tile", "connect_compute", "TileOp", "TileRspKind", "TileError", "tile_command",
            "tile_response", "fill_done_depth", "priority_arbiter", "LOAD_ID", "BLOCK_SPECS"]
 
 #: ``ExtCommand.id`` of the tile's dense-region load (the largest id)
@@ -104,6 +104,20 @@ def fill_done_depth(cfg: Config) -> int:
     """Depth of the FillDone FIFO: the most fills one pass can start (see the
     module doc)."""
     return max(2, min(cfg.experts, cfg.batch_tokens * cfg.top_k, cfg.tag_slots))
+
+
+def connect_compute(m, ctrl, feed, dp) -> None:
+    """The controller <-> token feed / datapath handshake
+    (``docs/architecture.md`` section 8), one ``wiring.connect`` per stream:
+    ``dp_step`` -> feed ``step``, feed ``tok`` -> ``tok``, ``need`` ->
+    ``dp_announce``, ``dp_source`` -> ``source``, ``stats`` -> ``dp_done``.
+    ``ctrl`` is anything with the controller's ``dp_*`` ports (the
+    controller, :class:`TileMem`, the test joins)."""
+    wiring.connect(m, ctrl.dp_step, feed.step)
+    wiring.connect(m, feed.tok, dp.tok)
+    wiring.connect(m, dp.need, ctrl.dp_announce)
+    wiring.connect(m, ctrl.dp_source, dp.source)
+    wiring.connect(m, dp.stats, ctrl.dp_done)
 
 
 def priority_arbiter(m, name: str, sources, sink) -> None:
@@ -385,11 +399,7 @@ class Tile(wiring.Component):
         m.submodules.feed = feed = self.feed
         m.submodules.dp = dp = self.dp
         # the datapath side
-        wiring.connect(m, mem.dp_step, feed.step)
-        wiring.connect(m, feed.tok, dp.tok)
-        wiring.connect(m, dp.need, mem.dp_announce)
-        wiring.connect(m, mem.dp_source, dp.source)
-        wiring.connect(m, dp.stats, mem.dp_done)
+        connect_compute(m, mem, feed, dp)
         for b in range(cfg.pes):
             wiring.connect(m, dp.hb_cmd[b], mem.hb_rd_cmd[b])
             wiring.connect(m, mem.hb_rd[b], dp.hb_data[b])

@@ -35,6 +35,7 @@ from amaranth.lib import wiring
 from ..config import Config
 from ..hw.esd_feed import TokenFeed
 from ..hw.moe import MoEDatapath
+from ..hw.tile import connect_compute
 from .esd_join import EsdTagJoin
 
 __all__ = ["EsdDpJoin"]
@@ -72,11 +73,7 @@ class EsdDpJoin(wiring.Component):
         m.submodules.ctl = ctl = self.ctl
         m.submodules.feed = feed = self.feed
         m.submodules.dp = dp = self.dp
-        wiring.connect(m, ctl.dp_step, feed.step)
-        wiring.connect(m, feed.tok, dp.tok)
-        wiring.connect(m, dp.need, ctl.dp_announce)
-        wiring.connect(m, ctl.dp_source, dp.source)
-        wiring.connect(m, dp.stats, ctl.dp_done)
+        connect_compute(m, ctl, feed, dp)
         wiring.connect(m, wiring.flipped(self.x), feed.x)
         for name in self.ctl.signature.members:
             if name not in _INNER_CTRL:

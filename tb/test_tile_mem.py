@@ -83,17 +83,11 @@ def lpddr_image(cfg, seed=1):
     (random INT8 weights) and, per ``(layer, expert)``, its HB slot image
     (``(B, slot_words)`` words)."""
     g = np.random.default_rng(seed)
-    lay = gl.lpddr_layout(cfg)
-    mem = bytearray(lay.base + lay.total_bytes)
-    slots = {}
     H, I = cfg.hidden, cfg.ffn
-    for layer in range(cfg.layers):
-        for e in range(cfg.experts):
-            w = [g.integers(-128, 128, size=s, dtype=np.int64) for s in ((I, H), (I, H), (H, I))]
-            a = gl.lpddr_expert_base(cfg, layer, e)
-            mem[a:a + cfg.expert_bytes] = gl.expert_image(cfg, *w)
-            slots[layer, e] = gl.hb_slot_image(cfg, *w)
-    return mem, slots
+    ws = {(layer, e): [g.integers(-128, 128, size=s, dtype=np.int64)
+                       for s in ((I, H), (I, H), (H, I))]
+          for layer in range(cfg.layers) for e in range(cfg.experts)}
+    return gl.lpddr_image(cfg, ws), {k: gl.hb_slot_image(cfg, *w) for k, w in ws.items()}
 
 
 class FaultyRam:

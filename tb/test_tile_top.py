@@ -64,21 +64,11 @@ from .test_tile_mem import FaultyRam
 
 
 def lpddr_image(cfg, layers, dense) -> bytearray:
-    """The LPDDR window: every expert's golden image, then the dense image."""
-    lay = gl.lpddr_layout(cfg)
-    mem = bytearray(lay.base + lay.total_bytes)
-    for li, ly in enumerate(layers):
-        for e in range(cfg.experts):
-            a = gl.lpddr_expert_base(cfg, li, e)
-            mem[a:a + cfg.expert_bytes] = gl.expert_image(cfg, ly.wg[e], ly.wu[e], ly.wd[e])
-    wb = cfg.slice_vector_bits // 8
-    a = lay.dense_base
-    for r in range(cfg.dense_words):
-        for b in range(cfg.pes):
-            mem[a:a + wb] = int(dense[b, r]).to_bytes(wb, "little")
-            a += wb
-    assert a == lay.dense_base + lay.dense_bytes
-    return mem
+    """The LPDDR window of ``layers`` (golden layers with ``wg``/``wu``/``wd``)
+    and the dense image (:func:`elmoe3d.golden.layout.lpddr_image`)."""
+    return gl.lpddr_image(cfg, {(li, e): (ly.wg[e], ly.wu[e], ly.wd[e])
+                                for li, ly in enumerate(layers) for e in range(cfg.experts)},
+                          dense)
 
 
 @cocotb.test()

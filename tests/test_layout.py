@@ -147,3 +147,26 @@ def test_planes_for_modes():
     assert list(L.planes_for(c, gbs.Mode.FULL)) == [0, 1, 2, 3]
     assert list(L.planes_for(c, gbs.Mode.DRAFT)) == [0, 1]
     assert list(L.planes_for(c, gbs.Mode.LSB)) == [2, 3]
+
+
+def test_lpddr_image_places_experts_and_dense_rows():
+    """The LPDDR window: an expert's image at its base, the dense image row
+    by row, bank fastest, at dense_base; a dense image of the wrong shape is
+    refused, naming the shape."""
+    cfg = preset("tiny")
+    g = np.random.default_rng(5)
+    H, I = cfg.hidden, cfg.ffn
+    w = [g.integers(-128, 128, size=s, dtype=np.int64) for s in ((I, H), (I, H), (H, I))]
+    wb = cfg.slice_vector_bits // 8
+    dense = g.integers(0, 1 << (8 * wb), size=(cfg.pes, cfg.dense_words), dtype=np.uint64)
+    mem = L.lpddr_image(cfg, {(1, 3): w}, dense)
+    lay = L.lpddr_layout(cfg)
+    assert len(mem) == lay.base + lay.total_bytes
+    a = L.lpddr_expert_base(cfg, 1, 3)
+    assert bytes(mem[a:a + cfg.expert_bytes]) == L.expert_image(cfg, *w)
+    assert not any(mem[L.lpddr_expert_base(cfg, 0, 0):a])       # experts left out are zero
+    r, b = cfg.dense_words - 1, cfg.pes - 1
+    o = lay.dense_base + (r * cfg.pes + b) * wb
+    assert int.from_bytes(mem[o:o + wb], "little") == int(dense[b, r])
+    with pytest.raises(ValueError, match=r"dense image shape \(1,"):
+        L.lpddr_image(cfg, {}, dense[:1])
