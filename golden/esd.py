@@ -919,7 +919,8 @@ def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p:
             inject()
             res = ctl.layer_step(phase, j, layer, router)
             script.append(dict(op="STEP", phase=int(phase), step=j, layer=layer,
-                               rankings=np.asarray(ranks, dtype=np.int16), error=int(res.error)))
+                               rankings=np.asarray(ranks, dtype=np.int16), error=int(res.error),
+                               mask=res.mask))
             if check:
                 ctl.check_invariants()
             if not res.error:

@@ -72,6 +72,7 @@ segment, over the router and every job).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 
@@ -434,3 +435,43 @@ def analytic_pass_cycles(cfg, plan: PassPlan) -> int:
     beats, MAC beats per PE)``."""
     return pass_traffic(cfg, plan).bound
 
+
+
+# ---------------------------------------------------------------------------------------------
+# routing traces as real layers and tokens (what replays a routing trace on the RTL tile)
+
+
+def trace_layer(layer):
+    """A copy of ``layer`` whose router realises a routing trace: router row
+    ``e`` is the unit vector ``e``, so a token's logit of expert ``e`` is its
+    own coordinate ``x[e]`` and a token made by :func:`trace_tokens` ranks the
+    experts exactly as its ranking (the experts' weights, the requantisation
+    and the gates stay those of ``layer``). ``ValueError`` when ``hidden <
+    experts`` (no coordinate per expert)."""
+    E, H = layer.experts, layer.hidden
+    if H < E:
+        raise ValueError(f"A trace layer needs hidden >= experts, not {H} < {E}")
+    router = np.zeros((E, H), dtype=np.int64)
+    router[np.arange(E), np.arange(E)] = 1
+    return dataclasses.replace(layer, router=router)
+
+
+def trace_tokens(rng: np.random.Generator, layer, rankings) -> np.ndarray:
+    """``(n, H)`` INT8 tokens for a :func:`trace_layer`: token ``t`` ranks the
+    experts as ``rankings[t]`` (a permutation of ``0 .. E-1``, best first):
+    coordinate ``rankings[t][i]`` is ``127 - i`` (distinct, so no tie), the
+    other ``H - E`` coordinates come from the calibration distribution
+    (:func:`~elmoe3d.golden.moe_layer.random_tokens`). With the router of
+    :func:`trace_layer` the top-``k`` of every token, over all experts or
+    over any allowed mask (DRAFT: highest-ranked eligible first), is the
+    ranking's -- what :class:`elmoe3d.golden.esd.RankingRouter` routes."""
+    R = np.asarray(rankings, dtype=np.int64)
+    E = layer.experts
+    if R.ndim != 2 or R.shape[1] != E or E > 128:
+        raise ValueError(f"Rankings must be (n, {E}) permutations of at most 128 experts, "
+                         f"not shape {R.shape}")
+    if (np.sort(R, axis=1) != np.arange(E)).any():
+        raise ValueError("Every ranking must be a permutation of the experts")
+    xs = gm.random_tokens(rng, layer, len(R))
+    xs[np.arange(len(R))[:, None], R] = 127 - np.arange(E)[None, :]
+    return xs

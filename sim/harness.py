@@ -152,13 +152,14 @@ def ccache_path() -> str | None:
 
 
 @contextlib.contextmanager
-def _build_env(simulator: str):
+def _build_env(simulator: str, make_vars=()):
     saved = os.environ.get("MAKEFLAGS")
     set_base = False
     flags = [] if saved is None else [saved]
     if simulator == "verilator":
         if _PCH_FIX not in (saved or ""):
             flags.append(_PCH_FIX)
+        flags += list(make_vars)
         cc = ccache_path()
         if cc and "OBJCACHE=" not in (saved or ""):
             flags.append(f"OBJCACHE={cc}")
@@ -205,6 +206,7 @@ def simulate(factory, *, block: str, params: dict, test_module: str, top: str | 
              simulator: str = "verilator", testcase: str | None = None,
              env: dict | None = None, seed: int | None = None,
              waves: bool | None = None, extra_build_args: list[str] | None = None,
+             make_vars: list[str] | None = None,
              icarus_always_comb: bool = False) -> SimResult:
     """Build (cached) and run a cocotb test module against a component.
 
@@ -237,6 +239,14 @@ def simulate(factory, *, block: str, params: dict, test_module: str, top: str | 
         key), e.g. ``["-CFLAGS", "-O0"]``: a large design whose C++ takes
         minutes to compile at ``-Os`` builds several times faster at ``-O0``
         (later ``-O`` flags win over ``OPT_FAST``).
+    make_vars : list of str, optional
+        Verilator only: make variables for the model's C++ build (part of the
+        build key), e.g. ``["OPT_FAST=-O1"]``: Verilator compiles its
+        run-time-critical files with ``OPT_FAST`` (default ``-Os``) and the
+        rest (symbol table, constructors: huge, run once) with ``OPT_SLOW``
+        (no optimisation); optimising only the fast files keeps a long
+        simulation fast without the minutes ``-O1`` costs on the symbol
+        table of a large design.
     icarus_always_comb : bool
         Icarus only: write Yosys's ``always @*`` processes as SystemVerilog
         ``always_comb`` (the runner compiles with ``-g2012``), which Icarus
@@ -266,8 +276,10 @@ def simulate(factory, *, block: str, params: dict, test_module: str, top: str | 
     text = verilog_text(factory(**params), top)
     if simulator == "icarus" and icarus_always_comb:
         text = text.replace("always @*", "always_comb")
+    mvars = list(make_vars or []) if simulator == "verilator" else []
     key = json.dumps({"block": block, "top": top, "params": params, "sim": simulator,
                       "waves": bool(waves), "build_args": vargs,
+                      **({"make_vars": mvars} if mvars else {}),
                       "verilog": hashlib.sha256(text.encode()).hexdigest()}, sort_keys=True)
     phash = hashlib.sha256(json.dumps(params, sort_keys=True).encode()).hexdigest()[:10]
     build_dir = build_root() / f"{block}-{phash}-{simulator}{'-waves' if waves else ''}"
@@ -293,7 +305,7 @@ def simulate(factory, *, block: str, params: dict, test_module: str, top: str | 
                 stamp.unlink()
             vfile.parent.mkdir(parents=True, exist_ok=True)
             vfile.write_text(text)
-            with _build_env(simulator):
+            with _build_env(simulator, mvars):
                 runner.build(sources=[vfile], **build_kw)
             stamp.write_text(key)
 

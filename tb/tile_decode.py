@@ -13,7 +13,8 @@ region is loaded first with LOAD_DENSE. The same decode with the golden tile
 (:class:`~elmoe3d.golden.lm_int.GoldenTile`) is the reference: the tokens,
 the trace (event for event) and the counters are compared and written to
 ``$ELMOE_DECODE_OUT`` (JSON); the job (prompts, tokens, mode) comes from
-``$ELMOE_DECODE_JOB``.
+``$ELMOE_DECODE_JOB``; ``$ELMOE_DECODE_PROGRESS`` (optional) gets the tokens
+decoded so far, for the command's progress bar.
 """
 
 from __future__ import annotations
@@ -142,6 +143,21 @@ class RtlTile:
         return np.array([[int(a) for a in o["y"]] for o in outs], np.int64)
 
 
+def _progress_file(path):
+    """``progress(done, total)`` for :func:`elmoe3d.golden.lm_int.decode` that
+    writes ``"done total"`` to ``path`` (``elmoe3d decode --rtl`` draws its
+    progress bar from it), or ``None``."""
+    if not path:
+        return None
+
+    def progress(done, total):
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{done} {total}")
+        os.replace(tmp, path)
+    return progress
+
+
 @cocotb.test()
 async def decode_rtl(dut):
     """The decode of the module doc."""
@@ -163,7 +179,8 @@ async def decode_rtl(dut):
     c0 = host.cycle
     tile = RtlTile(host)
     res = await bridge(li.decode)(weights, meta, intmoe, prompts, job["tokens"],
-                                  mode=job["mode"], cfg=cfg, tile=tile)
+                                  mode=job["mode"], cfg=cfg, tile=tile,
+                                  progress=_progress_file(os.environ.get("ELMOE_DECODE_PROGRESS")))
     cycles = host.cycle - c0
     counters = {}
     for i, name in enumerate(COUNTERS):

@@ -41,7 +41,8 @@ def _case(cfg, batch, steps, seed, faults=None, tokens=400, mutant=None, **kw):
     run = gesd.run_trace(cfg, R, batch=batch, steps=steps, seed=seed, faults=faults,
                          check=False, mutant=mutant, **kw)
     return run, dict(script=run.script, events=run.events, counters=run.counters,
-                     faults={int(k): int(v) for k, v in (faults or {}).items()})
+                     faults={int(k): int(v) for k, v in (faults or {}).items()},
+                     ext_reads=run.controller.ext_reads)
 
 
 def _simulate(tmp_path, cfg, cases, *, dut=ALONE, simulator="verilator", seed=1, env=None):

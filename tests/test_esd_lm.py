@@ -141,3 +141,44 @@ def test_report_reads_rtl_decodes(tmp_path):
     (tmp_path / "decode_rtl_bad.json").write_text("{\"mode\": 1}")
     with pytest.raises(ValueError, match="decode_rtl_bad.json"):
         rtl_decode_rows(tmp_path)
+
+
+def test_rtl_decode_progress_bar(tmp_path, capsys):
+    """`decode --rtl`'s progress bar: the cocotb decode writes "done total"
+    (tb/tile_decode._progress_file) and the command's thread draws it."""
+    import time
+
+    from elmoe3d.commands.decode import _progress_thread
+    from elmoe3d.tb.tile_decode import _progress_file
+    path = tmp_path / "progress"
+    write = _progress_file(str(path))
+    stop = _progress_thread(path, time.monotonic(), quiet=False)
+    write(3, 8)
+    time.sleep(1.2)
+    stop()
+    err = capsys.readouterr().err
+    assert "3/8 tokens" in err and err.endswith("\n")
+    assert _progress_file(None) is None
+    assert _progress_thread(path, 0.0, quiet=True)() is None
+
+
+def test_report_reads_tile_runs(tmp_path):
+    """The report's tile table: cycles per token from the tile's own phase
+    counters, hit rate and accepted length beside the golden's; a run whose
+    counters differ from the golden's says NO."""
+    from elmoe3d.commands import decode as dec
+    name = dec.report_traces(quick=True)[0][0]
+    g = dec.report_runs(steps=4, traces=[name])
+    runs = [dict(trace=name, batch=r["batch"], mode=r["mode"], steps=4,
+                 rtl=dict(r["counters"], ar_cycles=0, draft_cycles=0, verify_cycles=0),
+                 cycles=1) for r in g]
+    c = runs[0]["rtl"]
+    c.update(ar_cycles=1000, draft_cycles=200, verify_cycles=30)   # the golden counts no cycles
+    runs[1]["rtl"]["hb_hits"] += 1
+    path = tmp_path / dec.TILE_REPORT
+    path.write_text(json.dumps({"runs": runs}))
+    rows = dec.rtl_rows(path, cycles=True)
+    got = dict(zip(dec.TILE_HEAD, rows[0]))
+    assert got["cycles / token (RTL)"] == round(1230 / c["tokens_out"])
+    assert rows[0][4:8:2] == rows[0][5:9:2] and got["RTL = golden"] == "yes"   # RTL, golden
+    assert rows[1][-1] == "NO" and all(r[-1] == "yes" for r in rows[2:])

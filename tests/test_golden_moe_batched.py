@@ -235,3 +235,40 @@ def test_dense_image_round_trips(name, over):
             lut = recs[d.record_index["lut"]:]
             got = [((lut[i // 4] >> (8 * (i % 4))) & 0xFF) for i in range(256)]
             assert [v - 256 if v > 127 else v for v in got] == list(lay.lut)
+
+
+@pytest.mark.parametrize("name", ["tiny", "default", "lm"])
+def test_trace_layer_routes_as_the_ranking(name):
+    """A routing trace realised as a layer and tokens (what the tile's trace
+    bench sends): the batched router's selection equals the RankingRouter's
+    for every token, over all experts and over random DRAFT masks, and the
+    ranking codes never tie."""
+    from elmoe3d.golden.esd import RankingRouter, synthetic_trace
+    cfg = preset(name)
+    rng = np.random.default_rng(3)
+    lay = gb.trace_layer(gm.make_layer(rng, hidden=cfg.hidden, ffn=cfg.ffn, experts=cfg.experts,
+                                       top_k=cfg.top_k, calib_tokens=4))
+    R = synthetic_trace(rng, requests=1, tokens=200, layers=1, experts=cfg.experts)[0, :, 0]
+    xs = gb.trace_tokens(rng, lay, R)
+    for role in (gb.Role.FULL, gb.Role.DRAFT, gb.Role.VERIFY):
+        for _ in range(20):
+            mask = int(rng.integers(0, 1 << cfg.experts))
+            m = np.array([[(mask >> e) & 1 for e in range(cfg.experts)]] * len(R), bool)
+            sel = gb.route_pass(lay, xs, [role] * len(R), m)[1]
+            want = RankingRouter(R, cfg.top_k)(mask if role is gb.Role.DRAFT else None)
+            assert sel == want
+    logits = xs @ lay.router.T
+    assert all(len(set(row)) == cfg.experts for row in logits.tolist())
+
+
+def test_trace_tokens_refuse_bad_rankings():
+    lay = gb.trace_layer(gm.make_layer(np.random.default_rng(0), hidden=16, ffn=8, experts=8,
+                                       top_k=2, calib_tokens=2))
+    with pytest.raises(ValueError, match="permutation"):
+        gb.trace_tokens(np.random.default_rng(0), lay, [[0, 0, 1, 2, 3, 4, 5, 6]])
+    with pytest.raises(ValueError, match="Rankings must be"):
+        gb.trace_tokens(np.random.default_rng(0), lay, [[0, 1, 2]])
+    small = gm.make_layer(np.random.default_rng(0), hidden=4, ffn=8, experts=8, top_k=2,
+                          calib_tokens=2)
+    with pytest.raises(ValueError, match="hidden >= experts"):
+        gb.trace_layer(small)

@@ -182,6 +182,7 @@ def test_tile_mem_bad_config():
 TOP_TB = "elmoe3d.tb.test_tile_top"
 #: the datapath's C++ takes minutes at Verilator's -Os (as tests/test_esd_dp_join.py)
 TOP_BUILD = {"extra_build_args": ["-CFLAGS", "-O0"]}
+TINY = preset("tiny")
 
 
 def _top_factory(config):
@@ -194,7 +195,8 @@ def _top(tmp_path, env=None, seed=1):
     e = {"ELMOE_TILE_OUT": str(out)}
     e.update(env or {})
     simulate(_top_factory, block="tile", params={"config": preset("tiny").to_dict()},
-             top="elmoe3d_tile", test_module=TOP_TB, env=e, seed=seed, **TOP_BUILD)
+             top="elmoe3d_tile", test_module=TOP_TB, testcase="decode", env=e, seed=seed,
+             **TOP_BUILD)
     return json.loads(out.read_text())
 
 
@@ -209,6 +211,96 @@ def test_tile_top_tiny(tmp_path, measured_dir):
     res["sim_cpu_s"] = round(_cpu() - t0, 1)
     assert res["kinds"].get("FILL_END", 0) > 0 and res["tokens"] > 0
     (measured_dir / "tile_top.json").write_text(json.dumps(res, indent=1))
+
+
+def _top_trace(tmp_path, cfg, cases, *, seed=1, env=None, build=None):
+    """One simulation of the tile top's ``trace`` test over ``cases`` (golden
+    :func:`~elmoe3d.golden.esd.run_trace` decodes, reset between): the
+    result records."""
+    f, out = tmp_path / "cases.pkl", tmp_path / "trace.json"
+    f.write_bytes(pickle.dumps(dict(cases=cases)))
+    e = {"ELMOE_ESD_CASE": str(f), "ELMOE_TILE_OUT": str(out)}
+    e.update(env or {})
+    simulate(_top_factory, block="tile", params={"config": cfg.to_dict()}, top="elmoe3d_tile",
+             test_module=TOP_TB, testcase="trace", env=e, seed=seed, **(build or TOP_BUILD))
+    return json.loads(out.read_text())
+
+
+#: run_trace's request lengths that press the KV region into the expert slots
+#: at `tiny` (kv_words_per_token 1; the `TINY_KV` pressure of the controller
+#: tests, without another build)
+TINY_TOP_KV = dict(prompt=(180, 360), length=(90, 360))
+
+
+def test_tile_top_trace_kv_faults(tmp_path, measured_dir):
+    """A synthetic routing trace (Zipf + reuse) replayed on the tile top at
+    `tiny`, batch 4, with KV pressure and LPDDR faults: KV moves between
+    rounds, in the middle of drafting and of verification, one invalidating
+    a resident slot; SLVERR, DECERR and a wrong RLAST on expert reads (one
+    during a fill, which aborts). Trace event for event, every output bit
+    for bit (spoilt passes flagged), every response and counter the
+    golden's, and at the end the tag unit's resident slots equal HB's."""
+    runs, cases = _cases(TINY, 6, (4,), seeds={4: 187}, **TINY_TOP_KV)
+    c = runs[0].counters
+    assert c["kv_invalidations"] and c["ext_errors"] == 3 and c["aborts"], c
+    sc = runs[0].script                     # CONTEXTs between two layer steps of a round
+    mid = {sc[i - 1]["phase"] for i in range(1, len(sc) - 1) if sc[i]["op"] == "CONTEXT"
+           and sc[i - 1]["op"] == "STEP" and sc[i + 1]["op"] == "STEP"}
+    assert mid >= {int(gesd.Phase.DRAFT), int(gesd.Phase.VERIFY)}, mid
+    t0 = _cpu()
+    res = _top_trace(tmp_path, TINY, cases, seed=4)
+    assert len(res) == 1 and res[0]["events"] == len(runs[0].events)
+    assert res[0]["lpddr_faults_injected"] == 3 and res[0]["spoilt_outputs"] > 0
+    res[0]["sim_cpu_s"] = round(_cpu() - t0, 1)
+    (measured_dir / "tile_top_trace.json").write_text(json.dumps(res, indent=1))
+
+
+def test_tile_top_trace_catches_wrong_golden(tmp_path):
+    """The trace bench compares the real tile's decisions: a golden decode
+    from a mutated tag-unit policy (victim ties to the highest index)
+    differs from the real one, and the same bench fails on it."""
+    from elmoe3d.sim.harness import SimulationFailed
+    good, _ = _case(TINY, 4, 3, 187, tokens=400, force=gesd.Mode.SD, **TINY_TOP_KV)
+    bad, case = _case(TINY, 4, 3, 187, tokens=400, force=gesd.Mode.SD, mutant="tie",
+                      **TINY_TOP_KV)
+    assert gesd.compare(good.events, bad.events) is not None
+    with pytest.raises(SimulationFailed):
+        _top_trace(tmp_path, TINY, [case], seed=4)
+
+
+#: decode steps of each tile report run (the golden table runs 400 steps, the
+#: controller RTL's 24; the tile computes every layer, so fewer)
+TILE_REPORT_STEPS = 8
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", [0, 1], ids=["zipf-default", "lm-routing"])
+def test_tile_report(tmp_path, measured_dir, which):
+    """The report's traces on the tile top (the synthetic Zipf trace at
+    `default`, the LM's own routing at `lm`): batch 1, 4 and 16, AR and
+    Elastic-SD forced, one simulation; trace, outputs, responses and counters
+    equal the golden's; the tile's counters and cycles ->
+    ``build/measured/tile_report.json`` (the report's tile table) and, for a
+    trace stored in a file, ``build/measured/tile_counters.json`` (what the
+    system model compares with, ``sim/perf/rtl_compare.py``)."""
+    from elmoe3d.commands import decode as dec
+    name, cfg, _ = dec.report_traces()[which]
+    runs = dec.report_runs(steps=TILE_REPORT_STEPS, traces=[name])
+    cases = [dict(script=r["run"].script, events=r["run"].events, counters=r["counters"],
+                  faults={}, ext_reads=r["run"].controller.ext_reads,
+                  name=f"B{r['batch']} {r['mode']}") for r in runs]
+    res = _top_trace(tmp_path, cfg, cases, seed=7, build=dict(extra_build_args=dec.RTL_BUILD),
+                     env={"ELMOE_TILE_IDLE": "0", "ELMOE_TILE_AXI_PAUSE": "0"})
+    assert [o["events"] for o in res] == [len(r["run"].events) for r in runs]
+    outs = [dict(trace=name, batch=r["batch"], mode=r["mode"], steps=TILE_REPORT_STEPS,
+                 config=cfg.to_dict(), rtl=o["counters"], cycles=o["cycles"],
+                 events=o["events"], sim_cpu_s=o["cpu_s"])
+            for r, o in zip(runs, res)]
+    path = measured_dir / dec.TILE_REPORT
+    old = json.loads(path.read_text())["runs"] if path.is_file() else []
+    path.write_text(json.dumps({"source": "tests/test_tile.py::test_tile_report (Verilator)",
+                                "runs": [o for o in old if o["trace"] != name] + outs},
+                               indent=1))
 
 
 def test_tile_top_fault(tmp_path, measured_dir):

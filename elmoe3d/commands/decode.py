@@ -122,6 +122,41 @@ def _bar(done, total, t0, stream=sys.stderr):
     stream.flush()
 
 
+#: Verilator build of the `lm` tile for `decode --rtl` (C++ optimisation; see
+#: docs/blocks/tile.md for the compile time against the run time)
+RTL_BUILD = ["-CFLAGS", "-O0"]
+
+
+def _progress_thread(path, t0, quiet):
+    """Draw the progress bar from the file the cocotb decode writes (``done
+    total``) every half second; returns the function that stops it."""
+    import threading
+    if quiet:
+        return lambda: None
+    done = threading.Event()
+
+    def poll():
+        last = None
+        while not done.wait(0.5):
+            try:
+                d, n = map(int, path.read_text().split())
+            except (OSError, ValueError):
+                continue
+            if (d, n) != last:
+                _bar(d, n, t0)
+                last = (d, n)
+        if last:
+            sys.stderr.write("\n")
+
+    th = threading.Thread(target=poll, daemon=True)
+    th.start()
+
+    def stop():
+        done.set()
+        th.join()
+    return stop
+
+
 def _rtl(args, prompts, out) -> int:
     """``--rtl``: the decode in Verilator (``tb/tile_decode.py``): the same
     decode with the golden tile is the reference; tokens, trace and counters
@@ -138,17 +173,24 @@ def _rtl(args, prompts, out) -> int:
 
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as d:
-        job, res = Path(d) / "job.json", Path(d) / "out.json"
+        job, res, prog = Path(d) / "job.json", Path(d) / "out.json", Path(d) / "progress"
         job.write_text(json.dumps({"prompts": prompts, "tokens": args.tokens,
                                    "mode": args.mode}))
         failed = None
+        if not args.quiet:
+            print("the lm tile in Verilator (built once, then cached; the golden decode "
+                  "runs first as the reference)", file=sys.stderr)
+        stop = _progress_thread(prog, t0, args.quiet)
         try:
             simulate(factory, block="tile", params={"config": preset("lm").to_dict()},
                      top="elmoe3d_tile", test_module="elmoe3d.tb.tile_decode",
-                     env={"ELMOE_DECODE_JOB": str(job), "ELMOE_DECODE_OUT": str(res)},
-                     extra_build_args=["-CFLAGS", "-O0"])
+                     env={"ELMOE_DECODE_JOB": str(job), "ELMOE_DECODE_OUT": str(res),
+                          "ELMOE_DECODE_PROGRESS": str(prog)},
+                     extra_build_args=RTL_BUILD)
         except SimulationFailed as e:
             failed = e
+        finally:
+            stop()
         if not res.is_file():
             raise RuntimeError(f"the RTL decode produced no result: {failed}")
         r = json.loads(res.read_text())
@@ -285,6 +327,15 @@ def report_runs(quick=False, steps=None, traces=None):
 
 #: Where the controller RTL's report runs are written (tests/test_esd_ctrl.py).
 RTL_REPORT = "esd_ctrl_report.json"
+#: Where the tile's report runs are written (the tile top replaying the same
+#: traces: ``pytest -m slow tests/test_tile.py -k tile_report``).
+TILE_REPORT = "tile_report.json"
+
+
+def cycles_per_token(c) -> float:
+    """Simulated cycles spent in layer steps (AR + DRAFT + VERIFY, the tile's
+    own phase counters) per token the decode produced (``tokens_out``)."""
+    return (c["ar_cycles"] + c["draft_cycles"] + c["verify_cycles"]) / max(1, c["tokens_out"])
 
 
 def _figures(c, B):
@@ -300,7 +351,7 @@ def _figures(c, B):
 
 def report_rows(runs):
     return [[r["trace"], r["batch"], r["mode"], *_figures(r["counters"], r["batch"]),
-             "not run on the tile"] for r in runs]
+             "tile table"] for r in runs]
 
 
 RTL_HEAD = ["trace", "batch", "mode", "steps", "HB hit rate RTL", "golden",
@@ -308,9 +359,14 @@ RTL_HEAD = ["trace", "batch", "mode", "steps", "HB hit rate RTL", "golden",
             "RTL = golden"]
 
 
-def rtl_rows(path):
-    """Rows for the controller RTL's report runs in ``path`` (JSON written by
-    ``tests/test_esd_ctrl.py``) beside the golden runs recomputed here."""
+TILE_HEAD = RTL_HEAD[:-1] + ["cycles / token (RTL)", "RTL = golden"]
+
+
+def rtl_rows(path, cycles=False):
+    """Rows for the RTL report runs in ``path`` (JSON written by
+    ``tests/test_esd_ctrl.py``, or with ``cycles`` by ``tests/test_tile.py``:
+    then a column of :func:`cycles_per_token` from the RTL counters) beside
+    the golden runs recomputed here."""
     import json as _json
     from pathlib import Path
     p = Path(path)
@@ -326,7 +382,9 @@ def rtl_rows(path):
         fr, fg = _figures(r["rtl"], r["batch"]), _figures(g["counters"], r["batch"])
         same = all(r["rtl"][k] == g["counters"][k] for k in r["rtl"] if k in g["counters"])
         rows.append([r["trace"], r["batch"], r["mode"], r["steps"], fr[0], fg[0], fr[1], fg[1],
-                     fr[2], fr[3], fr[4], "yes" if same else "NO"])
+                     fr[2], fr[3], fr[4]]
+                    + ([round(cycles_per_token(r["rtl"]))] if cycles else [])
+                    + ["yes" if same else "NO"])
     return rows
 
 
@@ -388,9 +446,8 @@ def build_section(ctx):
     md = ("Golden Elastic-SD control sequence (`golden/esd.py`) replaying routing traces with "
           "random acceptance (each drafted token accepted with p = 0.7 until the first "
           "rejection); AR and SD forced per row (the host's ROUND force field). Bytes are "
-          "expert weight bytes. These traces have not been run on the tile "
-          "(`elmoe3d_tile`): the controller alone runs them against modelled memories "
-          "(below); the tile's own cycles per token are in the LM decode table.\n\n" + md_table(REPORT_HEAD, rows) + pic_md)
+          "expert weight bytes; cycles come only from the RTL tile (its table below, "
+          "the same traces over fewer decode steps).\n\n" + md_table(REPORT_HEAD, rows) + pic_md)
     rrows = rtl_rows(ctx.outdir / "measured" / RTL_REPORT)
     if rrows:
         md += ("\n\nThe controller RTL (`elmoe3d_esd_ctrl`, Verilator, the blocks it drives "
@@ -400,6 +457,20 @@ def build_section(ctx):
     else:
         md += (f"\n\nNo controller RTL runs (`build/measured/{RTL_REPORT}`; "
                "`pytest tests/test_esd_ctrl.py -k report` writes it).")
+    trows = rtl_rows(ctx.outdir / "measured" / TILE_REPORT, cycles=True)
+    if trows:
+        md += ("\n\nThe tile (`elmoe3d_tile`: controller, tag unit, HB, stream engine and "
+               "batched datapath; cocotbext-axi as LPDDR, no idle or back-pressure) replaying "
+               "the same traces: each step's rankings sent as token vectors that the tile's "
+               "own router routes as the trace (`golden.moe_batched.trace_layer`), every "
+               "output bit for bit and every event equal to the golden's; the counters are "
+               "the tile's, read over its host port; cycles / token = the tile's cycles in "
+               "layer steps per token produced (`pytest -m slow tests/test_tile.py -k "
+               f"tile_report` writes `build/measured/{TILE_REPORT}`):\n\n"
+               + md_table(TILE_HEAD, trows))
+    else:
+        md += (f"\n\nNo tile runs of the traces (`build/measured/{TILE_REPORT}`; `pytest -m "
+               "slow tests/test_tile.py -k tile_report` writes it).")
     drows = rtl_decode_rows(ctx.outdir / "measured")
     if drows:
         md += ("\n\nThe in-project MoE LM decoded with every MoE layer on the RTL tile "
@@ -411,6 +482,7 @@ def build_section(ctx):
         md += ("\n\nNo RTL decodes of the LM in `build/measured/` (`elmoe3d decode --rtl "
                "--mode sd --tokens 8 --json build/measured/decode_rtl_sd8.json` writes one).")
     data = {"rows": [dict(zip(REPORT_HEAD, r)) for r in rows], "rtl_rows": rrows,
+            "tile_rows": [dict(zip(TILE_HEAD, r)) for r in trows or []],
             "rtl_decode_rows": [dict(zip(DECODE_HEAD, r)) for r in drows],
             "counters": [{k: r[k] for k in ("trace", "batch", "mode", "counters")} for r in runs]}
     return Section("Elastic-SD control sequence", md, data, text_table(REPORT_HEAD, rows))
