@@ -671,3 +671,33 @@ def test_full_grid_with_ablations(capsys):
     assert {r["resident_planes"] for r in a["planes"]["rows"]} >= {"msb", "full"}
     with capsys.disabled():
         print(f"\nfull perf grid with ablations: {time.monotonic() - t0:.1f} s wall")
+
+
+def test_tile_counters_v2_replays_the_tiles_routing(tmp_path):
+    """Version 2 (the tile report's format): the layer steps the tile routed
+    replayed through the system model's driver. On the LM's routing at
+    batch 1 in AR (one pass per layer step, no KV pressure) the driver makes
+    the tile's cache decisions exactly (golden counters stand in for the
+    tile's, which equal them event for event); another routing changes the
+    model's counters; a version-2 run without its steps is refused."""
+    from elmoe3d.commands import decode as dec
+    from elmoe3d.golden import esd as gesd
+    name, cfg, R = dec.report_traces(quick=True)[1]
+    run = gesd.run_trace(cfg, R, batch=1, steps=24, seed=1, check=False, kv_mid_round=False,
+                         force=gesd.Mode.AR)
+    c = dict(run.counters, draft_cycles=0, verify_cycles=0, ar_cycles=0)
+    r = rtl_compare.tile_run(cfg, name, 1, "AR", run.script, c)
+    p = tmp_path / "tile_counters.json"
+    p.write_text(json.dumps(dict(format=rtl_compare.FORMAT, version=2, source="t", runs=[r])))
+    cmp = rtl_compare.compare(p)
+    rows = {x["counter"]: x for x in cmp["runs"][0]["rows"]}
+    for k in ("hb_hits", "hb_misses", "fills", "evictions"):
+        assert rows[k]["agree"] and rows[k]["rtl"] > 0, rows[k]
+    fixed = dict(r, layer_steps=[[ph, li, [[0, 1]] * len(sel) if li == 0 else sel]
+                                 for ph, li, sel in r["layer_steps"]])     # layer 0 always hits
+    assert rtl_compare.model_counters(fixed)["hb_misses"] < rows["hb_misses"]["model"]
+    bad = dict(r)
+    del bad["layer_steps"]
+    p.write_text(json.dumps(dict(format=rtl_compare.FORMAT, version=2, source="t", runs=[bad])))
+    with pytest.raises(ValueError, match="layer_steps"):
+        rtl_compare.compare(p)

@@ -289,7 +289,7 @@ def test_tile_report(tmp_path, measured_dir, which):
     cases = [dict(script=r["run"].script, events=r["run"].events, counters=r["counters"],
                   faults={}, ext_reads=r["run"].controller.ext_reads,
                   name=f"B{r['batch']} {r['mode']}") for r in runs]
-    res = _top_trace(tmp_path, cfg, cases, seed=7, build=dict(extra_build_args=dec.RTL_BUILD),
+    res = _top_trace(tmp_path, cfg, cases, seed=7, build=dec.RTL_BUILD,
                      env={"ELMOE_TILE_IDLE": "0", "ELMOE_TILE_AXI_PAUSE": "0"})
     assert [o["events"] for o in res] == [len(r["run"].events) for r in runs]
     outs = [dict(trace=name, batch=r["batch"], mode=r["mode"], steps=TILE_REPORT_STEPS,
@@ -301,6 +301,17 @@ def test_tile_report(tmp_path, measured_dir, which):
     path.write_text(json.dumps({"source": "tests/test_tile.py::test_tile_report (Verilator)",
                                 "runs": [o for o in old if o["trace"] != name] + outs},
                                indent=1))
+    # the same runs for the system model's comparison (sim/perf/rtl_compare.py, version 2)
+    from elmoe3d.sim.perf import rtl_compare as rc
+    path = measured_dir / "tile_counters.json"
+    old = json.loads(path.read_text())["runs"] if path.is_file() else []
+    path.write_text(json.dumps({
+        "format": rc.FORMAT, "version": 2,
+        "source": "tests/test_tile.py::test_tile_report (elmoe3d_tile, Verilator)",
+        "runs": [o for o in old if o["trace"].get("name") != name] + [
+            rc.tile_run(cfg, name, r["batch"], r["mode"], r["run"].script, o["counters"])
+            for r, o in zip(runs, res)]}))
+    assert rc.compare(path)["available"]
 
 
 def test_tile_top_fault(tmp_path, measured_dir):

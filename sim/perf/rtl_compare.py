@@ -36,6 +36,28 @@ File schema (``format: "elmoe3d-tile-counters"``, ``version: 1``)
                      "draft_cycles": int, "verify_cycles": int, "ar_cycles": int}
      }, ...]}
 
+Version 2 (written by the tile's report runs, ``tests/test_tile.py -k
+tile_report``) carries the routing itself instead of a trace file: ``trace``
+is ``{"name": str}`` (a path is optional), and each run adds::
+
+        "layer_steps": [[phase, layer, [[expert, ...] per token]], ...],
+                                            # every layer step the tile ran, in order,
+                                            # phase "AR" | "DRAFT" | "VERIFY", with the
+                                            # experts it routed (DRAFT: eligible ones)
+        "accepted":  [n_0, n_1, ...]        # SD: drafts accepted per round (all requests)
+
+and the model replays exactly those steps through the same driver (AR:
+:meth:`TagCache.access_layer` per layer step with ``touch_scale`` /
+``alloc_hot``, DECAY every ``decay_period`` AR steps; SD: every DRAFT
+layer step touches and reads its resident picks, every VERIFY layer step
+looks up the union of its tokens' experts, DECAY once per round). So the
+routing is the tile's, and what differs is the driver: the system model
+looks up a layer step's union where the tile looks up per pass of ``T``
+tokens, decays per round where the tile decays every ``decay_period``
+decode steps, reads one HB copy per drafted pick where the tile reads an
+expert once per pass, and caches whole experts in AR where the tile keeps
+its MSB planes -- the comparison measures what those simplifications cost.
+
 Counter meanings (per run, from reset): ``hb_hits`` / ``hb_misses`` -
 verification (SD) or decode (AR) expert lookups that hit / missed the tag
 unit; ``hb_pending`` - lookups that found their slot still being filled;
@@ -60,11 +82,12 @@ from .cache import TagCache
 from .hardware import REPO_ROOT
 from .traces import load_trace
 
-__all__ = ["TILE_COUNTERS", "COUNTERS", "load_tile_counters", "model_counters", "compare",
-           "report_lines"]
+__all__ = ["TILE_COUNTERS", "COUNTERS", "load_tile_counters", "model_counters", "tile_run",
+           "compare", "report_lines"]
 
 TILE_COUNTERS = REPO_ROOT / "build" / "measured" / "tile_counters.json"
-FORMAT, VERSION = "elmoe3d-tile-counters", 1
+FORMAT, VERSION = "elmoe3d-tile-counters", 2
+VERSIONS = (1, 2)
 COUNTERS = ("hb_hits", "hb_misses", "hb_pending", "hb_bytes", "lpddr_bytes", "fills", "evictions",
             "accepted_tokens", "draft_cycles", "verify_cycles", "ar_cycles")
 EXACT = ("hb_hits", "hb_misses", "hb_pending", "fills", "evictions", "accepted_tokens")
@@ -86,8 +109,8 @@ def load_tile_counters(path=None) -> dict | None:
         _fail(path, e)
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         _fail(path, f"'format' must be {FORMAT!r}")
-    if int(d.get("version", 0)) != VERSION:
-        _fail(path, f"version {d.get('version')!r} is not {VERSION}")
+    if int(d.get("version", 0)) not in VERSIONS:
+        _fail(path, f"version {d.get('version')!r} is not one of {VERSIONS}")
     runs = d.get("runs")
     if not isinstance(runs, list) or not runs:
         _fail(path, "'runs' must be a non-empty list")
@@ -100,6 +123,8 @@ def load_tile_counters(path=None) -> dict | None:
         miss = [c for c in COUNTERS if c not in r["counters"]]
         if miss:
             _fail(path, f"run {i} counters lack {', '.join(miss)}")
+        if int(d["version"]) == 2 and not isinstance(r.get("layer_steps"), list):
+            _fail(path, f"run {i} (version 2) lacks its 'layer_steps'")
     d["path"] = str(path)
     return d
 
@@ -121,12 +146,81 @@ def _trace_for(run, base: Path):
     return tr
 
 
+def _replay_steps(run: dict) -> dict:
+    """Version 2: the model's counters for the exact layer steps the tile ran
+    (module doc)."""
+    g = run["geometry"]
+    steps = run["layer_steps"]
+    nL = 1 + max((int(s[1]) for s in steps), default=0)
+    NE = int(g.get("experts") or 1 + max((e for s in steps for t in s[2] for e in t), default=1))
+    tc = TagCache(int(g["slots"]), nL, NE, int(g.get("hot_bits", 8)), int(g.get("decay_shift", 2)))
+    E = float(g["expert_bytes"])
+    planes, keep = int(g.get("planes", 2)), int(g.get("resident_planes", 1))
+    msb = E * keep / planes
+    rates = run.get("rates") or {}
+    hbr = float(rates.get("hb_bytes_per_cycle", 0) or 0)
+    lpr = float(rates.get("lpddr_bytes_per_cycle", 0) or 0)
+    d = run.get("driver") or {}
+    scale, alloc, period = (int(d.get("touch_scale", 8)), int(d.get("alloc_hot", 32)),
+                            int(d.get("decay_period", 8)))
+    c = dict.fromkeys(COUNTERS, 0)
+    acc = iter(run.get("accepted") or [])
+    ev0, ar_steps = tc.evictions, 0
+
+    def cycles(hb, lp):
+        return max(hb / hbr if hbr else 0.0, lp / lpr if lpr else 0.0)
+
+    for i, (phase, layer, sel) in enumerate(steps):
+        li = int(layer)
+        x = np.array([e for t in sel for e in t], np.int64)
+        ids, cnt = np.unique(x, return_counts=True)
+        last_layer = i + 1 == len(steps) or steps[i + 1][0] != phase or int(steps[i + 1][1]) <= li
+        if phase == "DRAFT":
+            res = tc.resident_mask()[li][ids] if ids.size else np.zeros(0, bool)
+            tc.touch_layer(li, ids[res], cnt[res])
+            hb = float(cnt[res].sum()) * msb
+            c["hb_bytes"] += hb
+            c["draft_cycles"] += cycles(hb, 0.0)
+            continue
+        if phase == "AR":
+            amount = cnt * scale
+            hit, filled = tc.access_layer(li, ids, planes=planes, hots=np.maximum(amount, alloc),
+                                          touch=amount)
+        else:
+            hit, filled = tc.access_layer(li, ids, planes=keep, hots=cnt)
+        tc.release()
+        nh = int(hit.sum())
+        c["hb_hits"] += nh
+        c["hb_misses"] += ids.size - nh
+        c["fills"] += int(filled.sum())
+        if phase == "AR":
+            hb, lp = nh * E, (ids.size - nh) * E
+            c["ar_cycles"] += cycles(hb, lp)
+            if last_layer:
+                ar_steps += 1
+                if ar_steps % period == 0:
+                    tc.decay()
+        else:
+            hb, lp = nh * msb, nh * (E - msb) + (ids.size - nh) * E
+            c["verify_cycles"] += cycles(hb, lp)
+            if last_layer:
+                tc.decay()
+                c["accepted_tokens"] += int(next(acc, 0))
+        c["hb_bytes"] += hb
+        c["lpddr_bytes"] += lp
+    c["evictions"] = tc.evictions - ev0
+    return c
+
+
 def model_counters(run: dict, base: Path | None = None) -> dict:
     """The model's counters for one run: the same trace, geometry and accept
     decisions through the ELMoE-3D driver (AR: LOOKUP / PIN / TOUCH /
     ALLOCATE per layer, DECAY every ``decay_period`` steps; SD: draft TOUCHes
     of resident picks, verification of the union of ``B*(K+1)`` tokens per
-    layer, DECAY per iteration)."""
+    layer, DECAY per iteration). A version-2 run (``layer_steps``) replays
+    the tile's own steps."""
+    if "layer_steps" in run:
+        return _replay_steps(run)
     tr = _trace_for(run, base or REPO_ROOT)
     B = int(run["batch"])
     g = run["geometry"]
@@ -217,6 +311,31 @@ def model_counters(run: dict, base: Path | None = None) -> dict:
     return c
 
 
+def tile_run(cfg, trace: str, batch: int, mode: str, script, counters) -> dict:
+    """A version-2 run record of a tile run: the golden host script it
+    replayed (:func:`elmoe3d.golden.esd.run_trace`'s, whose STEP entries
+    carry the rankings and the DRAFT mask) turned into the layer steps the
+    tile routed, with the tile's geometry and peak rates and its
+    ``counters`` (read over the host port)."""
+    from elmoe3d.golden.esd import Phase, RankingRouter
+    steps = [[Phase(e["phase"]).name, int(e["layer"]),
+              RankingRouter(e["rankings"], cfg.top_k)(e.get("mask"))]
+             for e in script if e["op"] == "STEP" and "refused" not in e and not e["error"]]
+    return {"trace": {"name": trace}, "batch": int(batch), "mode": mode,
+            "layer_steps": steps,
+            "accepted": [int(e["value"]) for e in script
+                         if e["op"] == "ACCEPT" and "refused" not in e],
+            "geometry": {"slots": cfg.tag_slots, "experts": cfg.experts,
+                         "expert_bytes": 3 * cfg.hidden * cfg.ffn, "planes": cfg.planes,
+                         "resident_planes": cfg.hb_planes_eff, "hot_bits": cfg.hot_bits,
+                         "decay_shift": cfg.decay_shift},
+            "driver": {"touch_scale": 1, "alloc_hot": 0, "decay_period": cfg.decay_period},
+            "rates": {"hb_bytes_per_cycle": cfg.pes * cfg.lanes * cfg.slice_bits / 8,
+                      "lpddr_bytes_per_cycle": cfg.axi_data_bits / 8,
+                      "macs_per_cycle": cfg.pes * cfg.lanes},
+            "counters": {k: int(counters[k]) for k in COUNTERS}}
+
+
 def compare(path=None) -> dict:
     """``{"available": False, "message"}`` when there is no tile-counter file,
     else per run the RTL and model counters and their agreement."""
@@ -224,8 +343,9 @@ def compare(path=None) -> dict:
     if d is None:
         p = Path(path) if path else TILE_COUNTERS
         return dict(available=False, path=str(p),
-                    message=f"model vs RTL: no tile counters ({p} does not exist; the tile that "
-                            "writes it is not built yet), so no agreement is reported")
+                    message=f"model vs RTL: no tile counters ({p} does not exist; `pytest -m "
+                            "slow tests/test_tile.py -k tile_report` writes it), so no agreement "
+                            "is reported")
     base = Path(d["path"]).parent
     runs = []
     for i, r in enumerate(d["runs"]):
@@ -237,7 +357,8 @@ def compare(path=None) -> dict:
             rel = None if rtl == mod == 0 else abs(mod - rtl) / max(abs(rtl), 1e-12)
             rows.append(dict(counter=k, rtl=rtl, model=mod, rel_error=rel,
                              agree=(rtl == mod) if exact else (rel is None or rel <= 0.05)))
-        runs.append(dict(run=i, mode=r["mode"], batch=r["batch"], trace=r["trace"].get("path"),
+        runs.append(dict(run=i, mode=r["mode"], batch=r["batch"],
+                         trace=r["trace"].get("path") or r["trace"].get("name"),
                          rows=rows, all_agree=all(x["agree"] for x in rows)))
     return dict(available=True, path=d["path"], source=d.get("source"), runs=runs,
                 all_agree=all(r["all_agree"] for r in runs))
