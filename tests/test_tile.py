@@ -301,7 +301,14 @@ def test_tile_report(tmp_path, measured_dir, which):
     path.write_text(json.dumps({"source": "tests/test_tile.py::test_tile_report (Verilator)",
                                 "runs": [o for o in old if o["trace"] != name] + outs},
                                indent=1))
-    # the same runs for the system model's comparison (sim/perf/rtl_compare.py, version 2)
+    _tile_counters(measured_dir, name, cfg, runs, [o["counters"] for o in res])
+
+
+def _tile_counters(measured_dir, name, cfg, runs, counters):
+    """The tile report's runs for the system model's comparison
+    (``build/measured/tile_counters.json``, ``sim/perf/rtl_compare.py``
+    version 2: the layer steps the tile routed and its counters), replacing
+    the runs of trace ``name``."""
     from elmoe3d.sim.perf import rtl_compare as rc
     path = measured_dir / "tile_counters.json"
     old = json.loads(path.read_text())["runs"] if path.is_file() else []
@@ -309,8 +316,8 @@ def test_tile_report(tmp_path, measured_dir, which):
         "format": rc.FORMAT, "version": 2,
         "source": "tests/test_tile.py::test_tile_report (elmoe3d_tile, Verilator)",
         "runs": [o for o in old if o["trace"].get("name") != name] + [
-            rc.tile_run(cfg, name, r["batch"], r["mode"], r["run"].script, o["counters"])
-            for r, o in zip(runs, res)]}))
+            rc.tile_run(cfg, name, r["batch"], r["mode"], r["run"].script, c)
+            for r, c in zip(runs, counters)]}))
     assert rc.compare(path)["available"]
 
 
