@@ -56,13 +56,17 @@ follows two stages later (the response stage, then ``o``). Three classes:
   per cycle, back to back** (each reads the slot registers its predecessor
   wrote at the previous edge; no hazard). STATS waits while a statistics
   increment may be in flight (counters add one cycle after the event;
-  commits and slots freed by ``disabled`` two): 4 cycles right behind a
-  counted command, up to 5 behind a commit strobe or a KV move.
+  commits and slots freed by ``disabled`` two): 4 cycles on a quiet state,
+  5 right behind a counted command, up to 6 behind a commit strobe or a
+  change of ``disabled`` (any change: a slot is freed by ``disabled`` only
+  in a cycle in which the mask changes, so STATS waits on that superset).
 * **two-cycle** - LOOKUP_PIN, INVALIDATE, INVALIDATE_SLOT, PIN, UNPIN, ABORT can
   fail on slot state (pin limit, pinned, not valid, not pending). In their
-  first cycle in ``x_`` the response and error are computed and registered;
-  they execute in a later cycle in which nothing changed the state since
-  (their second, unless a commit strobe or a ``disabled`` change arrived):
+  first cycle in ``x_`` their per-slot terms are registered (the slot they
+  name, whether it makes them fail, whether it is the one they need, their
+  per-slot write enables); they execute in a later cycle in which nothing
+  changed the state since (their second, unless a commit strobe or a
+  ``disabled`` change arrived), with the error from those registers:
   latency **5**, one per two cycles.
 * **settling** - ALLOCATE and INVALIDATE_MASK decide from registered
   summaries of the slot state (the victim, "tag already held", "a masked
@@ -100,29 +104,36 @@ chosen victim against a direct search of the current state. Every node
 carries, besides its key and index, the index one-hot (over the slots below
 it) and the tag of the slot it chose, so the root's registers hold the
 victim's index, one-hot and tag: ALLOCATE's ``evicted_tag`` is a register,
-not an S-way mux behind the root. The two-cycle ops' ``evicted_tag`` is
-picked by the slot one-hot alone and gated by the registered ``evicted``
-bit in the execute cycle.
+not an S-way mux behind the root.
 
 Per-slot updates are local: every slot computes its own saturating
 ``hot + amount``, ``hot - (hot >> d)`` and pin increment, and its own write
-enable from the registered tag match, its state bits and the one-hot
-decoded opcode and slot of the command. Freeing a slot clears only its
-"holds a tag" bit (its other fields are unobservable until the next
-ALLOCATE overwrites them). Every response field is an OR of per-opcode terms
-gated by the registered one-hot opcode; the LOOKUP / TOUCH terms over the
-slots (hit, pending, slot, planes, hotness) leave the execute stage as two
-registered one-hot vectors and are picked in the response stage, from the
-slot registers as the command left them (a TOUCH's new hotness is then the
-register itself: no adder on the response path); the timing class of the command
-(single-cycle / two-cycle / settling) and the "state quiet for P cycles"
-test are flip-flops, and so is ``x_go`` ("valid and not waiting", loaded
-with its next-cycle value; the formal wrapper asserts it equals its
-definition), so ``fire`` (the command executes) is one LUT from ``x_go`` and
-``o.valid`` / ``o.ready``; the victim's index is also registered one-hot for
-the per-slot ALLOCATE write enables. Statistics counters add their increments one
-cycle after the event (effective commit strobes and slots freed by
-``disabled``: two), saturating on the carry out.
+enable as ``fire`` (or ``fire`` of a command that has waited a cycle) AND a
+few registers: the registered tag match, its state bits, the one-hot opcode,
+the victim's one-hot, and - for the two-cycle ops - the per-slot enables
+registered in their first cycle (exact by the steady rule above), so no
+OR over the slots and no error decision sits between ``fire`` and a slot
+register. Freeing a slot clears only its "holds a tag" bit (its other
+fields are unobservable until the next ALLOCATE overwrites them); a commit
+strobe sets ``res`` of its slot whatever the slot's state (``res`` of a
+slot that holds no tag is unobservable), so the command's free terms stay
+off ``res``. Every response field that comes from a slot (hit, pending,
+slot, planes, hotness, pin count, evicted tag) leaves the execute stage as
+registered one-hot vectors over the slots, already zero on an error, and is
+picked in the response stage from the slot registers as the command left
+them (a TOUCH's new hotness and a PIN's new pin count are then the
+registers themselves: no adder on a response path); the other fields
+(opcode, error, ALLOCATE's victim, the STATS counter through a registered
+one-hot, INVALIDATE_MASK's mask) are ORs of terms gated by the registered
+one-hot opcode. The timing class of the command and the "state quiet for P
+cycles" test are flip-flops, and so is ``x_go`` ("valid and not waiting",
+loaded with its next-cycle value as two flip-flops, ``x_go_q`` and
+``x_kill`` for the terms from this cycle's commit strobe and ``disabled``;
+the formal wrapper asserts it equals its definition), so ``fire`` (the
+command executes) is one LUT of registers and ``o.valid`` / ``o.ready``.
+Statistics counters add their increments one cycle after the event
+(effective commit strobes and slots freed by ``disabled``: two), saturating
+on the carry out.
 """
 
 from __future__ import annotations
@@ -245,11 +256,11 @@ class TagUnit(wiring.Component):
         self.x_valid = Signal()
         self.x_cmd = Signal(self.cmd_layout)
         self.x_fire = Signal()               # the x_ command executes this cycle
-        self.x_go = Signal()                 # ... it may, once o is free (a flip-flop)
+        self.x_go = Signal()                 # ... it may, once o is free (x_go_q & ~x_kill: flip-flops)
         self.x_go_ref = Signal()             # the same from its definition (formal check)
         self.x_victim = Signal(range(S))
         self.x_error = Signal(TagErrorCode)
-        self.x_rsp = Signal(self.rsp_layout)  # stage 1 of its response (LOOKUP / TOUCH terms: stage 2)
+        self.x_rsp = Signal(self.rsp_layout)  # stage 1 of its response (the slot fields: stage 2)
         # response stage and output queue (formal wrapper)
         self.r_valid = Signal()              # the response stage holds the command fired last cycle
         self.r_base = Signal(self.rsp_layout)
@@ -307,6 +318,7 @@ class TagUnit(wiring.Component):
                      self.pending.eq(Cat(held[s] & ~res[s] & ~dis[s] for s in range(S)))]
         pins_zero = [pins[s] == 0 for s in range(S)]
         pins_full = [pins[s] == pin_max for s in range(S)]
+        hit_st = [self._hit_state(res[s]) for s in range(S)]        # a held slot is a hit
 
         # ---- input register slice and the execute stage's registers --------------
         m.submodules.c = c = RegisterSlice(self.cmd_layout)
@@ -472,12 +484,12 @@ class TagUnit(wiring.Component):
         bad_q, fnd_q = Signal(S, name="bad_q"), Signal(S, name="fnd_q")
         inv_any = I[Op.INVALIDATE] | I[Op.INVALIDATE_SLOT]
         m.d.sync += [
-            up_q.eq(Cat(nm[s] & ~pins_full[s] & ((I[Op.LOOKUP_PIN] & res[s]) | I[Op.PIN])
+            up_q.eq(Cat(nm[s] & ~pins_full[s] & ((I[Op.LOOKUP_PIN] & hit_st[s]) | I[Op.PIN])
                         for s in range(S))),
             dn_q.eq(Cat(nm[s] & ~pins_zero[s] & I[Op.UNPIN] for s in range(S))),
             fr_q.eq(Cat(nm[s] & ((inv_any & pins_zero[s]) | (I[Op.ABORT] & ~res[s]))
                         for s in range(S))),
-            bad_q.eq(Cat(nm[s] & ((I[Op.LOOKUP_PIN] & res[s] & pins_full[s])
+            bad_q.eq(Cat(nm[s] & ((I[Op.LOOKUP_PIN] & hit_st[s] & pins_full[s])
                                   | (inv_any & ~pins_zero[s]) | (I[Op.PIN] & pins_full[s])
                                   | (I[Op.UNPIN] & pins_zero[s])) for s in range(S))),
             fnd_q.eq(Cat(nm[s] & ~(I[Op.ABORT] & res[s]) for s in range(S))),
@@ -589,7 +601,7 @@ class TagUnit(wiring.Component):
             rv.eq(fire), rb.eq(r), r_ok.eq(~err_any), r_tag.eq(k["r_tag"]),
             r_sel.eq(Cat(named_r[s] & held[s] & ~(I[Op.ABORT] & res[s]) & ~fail_bad
                          for s in range(S))),
-            r_res.eq(Cat(hp[s] & held[s] & res[s] & ~fail_bad for s in range(S))),
+            r_res.eq(Cat(hp[s] & held[s] & hit_st[s] & ~fail_bad for s in range(S))),
             r_pnd.eq(Cat(hp[s] & held[s] & ~res[s] & ~fail_bad for s in range(S))),
             r_hot.eq(Cat(k["r_hot"] & x_cmp[s] & held[s] & ~fail_bad for s in range(S))),
             r_pin.eq(Cat(k["r_pin"] & x_sel[s] & held[s] & ~fail_bad for s in range(S))),
@@ -656,7 +668,7 @@ class TagUnit(wiring.Component):
                 m.d.sync += held[s].eq(0)
 
         # ---- statistics -------------------------------------------------------------
-        m_hit = any_of([x_cmp[s] & held[s] & res[s] for s in range(S)])
+        m_hit = any_of([x_cmp[s] & held[s] & hit_st[s] for s in range(S)])
         m_pend = any_of([x_cmp[s] & held[s] & ~res[s] for s in range(S)])
         # LOOKUP_PIN's only error is PIN_LIMIT (``e_bad``)
         lk = fire & (I[Op.LOOKUP] | (I[Op.LOOKUP_PIN] & ~e_bad))
