@@ -836,7 +836,11 @@ async def free_and_cover_same_cycle(dut):
     of ``kv_frees`` one higher than the golden). The delay between the
     command and the cover sweeps a window of cycles, so that for every
     opcode at least one run lands in the same cycle; the test asserts it
-    did."""
+    did. The window is ``victim_settle + 4`` cycles wide: INVALIDATE_MASK
+    waits ``P``-dependent cycles for the state to settle, and a cover paced
+    by back-to-back commands alone (as this test first did) reaches it only
+    at S <= 16 (at S = 32 it lands either before it, restarting the wait, or
+    after it), so the window is idle cycles beyond the first two."""
     tb = TagTB(dut)
     await tb.start()
     m = tb.shadow
@@ -844,7 +848,7 @@ async def free_and_cover_same_cycle(dut):
     ops = (TagOp.INVALIDATE, TagOp.INVALIDATE_SLOT, TagOp.INVALIDATE_MASK, TagOp.ABORT,
            TagOp.RESET)
     for op in ops:
-        for w in range(8):
+        for w in range(tb.settle + 4):
             tb.issue(TagOp.RESET)
             tb.barrier()
             t = tb.rand_tag()
@@ -854,8 +858,12 @@ async def free_and_cover_same_cycle(dut):
                 s = _fill_resident(tb, [t])[0]
             tb.barrier()
             tb.issue(op, tag=t, slot=s, slot_mask=1 << s)
-            for _ in range(w):                           # the cover w + 1 cycles after the
-                tb.issue(TagOp.LOOKUP, tag=t ^ 1)        # command's transfer (back to back)
+            # the cover 1 + w cycles after the command's transfer: right after
+            # it (w = 0), behind one back-to-back LOOKUP (w = 1), after idle cycles
+            if w == 1:
+                tb.issue(TagOp.LOOKUP, tag=t ^ 1)
+            elif w > 1:
+                tb.wait(w - 1)
             tb.set_disabled(1 << s)
             tb.barrier()
             tb.set_disabled(0)
