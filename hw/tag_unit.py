@@ -56,13 +56,17 @@ follows two stages later (the response stage, then ``o``). Three classes:
   per cycle, back to back** (each reads the slot registers its predecessor
   wrote at the previous edge; no hazard). STATS waits while a statistics
   increment may be in flight (counters add one cycle after the event;
-  commits and slots freed by ``disabled`` two): 4 cycles right behind a
-  counted command, up to 5 behind a commit strobe or a KV move.
+  commits and slots freed by ``disabled`` two): 4 cycles on a quiet state,
+  5 right behind a counted command, up to 6 behind a commit strobe or a
+  change of ``disabled`` (any change: a slot is freed by ``disabled`` only
+  in a cycle in which the mask changes, so STATS waits on that superset).
 * **two-cycle** - LOOKUP_PIN, INVALIDATE, INVALIDATE_SLOT, PIN, UNPIN, ABORT can
   fail on slot state (pin limit, pinned, not valid, not pending). In their
-  first cycle in ``x_`` the response and error are computed and registered;
-  they execute in a later cycle in which nothing changed the state since
-  (their second, unless a commit strobe or a ``disabled`` change arrived):
+  first cycle in ``x_`` their per-slot terms are registered (the slot they
+  name, whether it makes them fail, whether it is the one they need, their
+  per-slot write enables); they execute in a later cycle in which nothing
+  changed the state since (their second, unless a commit strobe or a
+  ``disabled`` change arrived), with the error from those registers:
   latency **5**, one per two cycles.
 * **settling** - ALLOCATE and INVALIDATE_MASK decide from registered
   summaries of the slot state (the victim, "tag already held", "a masked
@@ -100,29 +104,36 @@ chosen victim against a direct search of the current state. Every node
 carries, besides its key and index, the index one-hot (over the slots below
 it) and the tag of the slot it chose, so the root's registers hold the
 victim's index, one-hot and tag: ALLOCATE's ``evicted_tag`` is a register,
-not an S-way mux behind the root. The two-cycle ops' ``evicted_tag`` is
-picked by the slot one-hot alone and gated by the registered ``evicted``
-bit in the execute cycle.
+not an S-way mux behind the root.
 
 Per-slot updates are local: every slot computes its own saturating
 ``hot + amount``, ``hot - (hot >> d)`` and pin increment, and its own write
-enable from the registered tag match, its state bits and the one-hot
-decoded opcode and slot of the command. Freeing a slot clears only its
-"holds a tag" bit (its other fields are unobservable until the next
-ALLOCATE overwrites them). Every response field is an OR of per-opcode terms
-gated by the registered one-hot opcode; the LOOKUP / TOUCH terms over the
-slots (hit, pending, slot, planes, hotness) leave the execute stage as two
-registered one-hot vectors and are picked in the response stage, from the
-slot registers as the command left them (a TOUCH's new hotness is then the
-register itself: no adder on the response path); the timing class of the command
-(single-cycle / two-cycle / settling) and the "state quiet for P cycles"
-test are flip-flops, and so is ``x_go`` ("valid and not waiting", loaded
-with its next-cycle value; the formal wrapper asserts it equals its
-definition), so ``fire`` (the command executes) is one LUT from ``x_go`` and
-``o.valid`` / ``o.ready``; the victim's index is also registered one-hot for
-the per-slot ALLOCATE write enables. Statistics counters add their increments one
-cycle after the event (effective commit strobes and slots freed by
-``disabled``: two), saturating on the carry out.
+enable as ``fire`` (or ``fire`` of a command that has waited a cycle) AND a
+few registers: the registered tag match, its state bits, the one-hot opcode,
+the victim's one-hot, and - for the two-cycle ops - the per-slot enables
+registered in their first cycle (exact by the steady rule above), so no
+OR over the slots and no error decision sits between ``fire`` and a slot
+register. Freeing a slot clears only its "holds a tag" bit (its other
+fields are unobservable until the next ALLOCATE overwrites them); a commit
+strobe sets ``res`` of its slot whatever the slot's state (``res`` of a
+slot that holds no tag is unobservable), so the command's free terms stay
+off ``res``. Every response field that comes from a slot (hit, pending,
+slot, planes, hotness, pin count, evicted tag) leaves the execute stage as
+registered one-hot vectors over the slots, already zero on an error, and is
+picked in the response stage from the slot registers as the command left
+them (a TOUCH's new hotness and a PIN's new pin count are then the
+registers themselves: no adder on a response path); the other fields
+(opcode, error, ALLOCATE's victim, the STATS counter through a registered
+one-hot, INVALIDATE_MASK's mask) are ORs of terms gated by the registered
+one-hot opcode. The timing class of the command and the "state quiet for P
+cycles" test are flip-flops, and so is ``x_go`` ("valid and not waiting",
+loaded with its next-cycle value as two flip-flops, ``x_go_q`` and
+``x_kill`` for the terms from this cycle's commit strobe and ``disabled``;
+the formal wrapper asserts it equals its definition), so ``fire`` (the
+command executes) is one LUT of registers and ``o.valid`` / ``o.ready``.
+Statistics counters add their increments one cycle after the event
+(effective commit strobes and slots freed by ``disabled``: two), saturating
+on the carry out.
 """
 
 from __future__ import annotations
@@ -245,11 +256,11 @@ class TagUnit(wiring.Component):
         self.x_valid = Signal()
         self.x_cmd = Signal(self.cmd_layout)
         self.x_fire = Signal()               # the x_ command executes this cycle
-        self.x_go = Signal()                 # ... it may, once o is free (a flip-flop)
+        self.x_go = Signal()                 # ... it may, once o is free (x_go_q & ~x_kill: flip-flops)
         self.x_go_ref = Signal()             # the same from its definition (formal check)
         self.x_victim = Signal(range(S))
         self.x_error = Signal(TagErrorCode)
-        self.x_rsp = Signal(self.rsp_layout)  # stage 1 of its response (LOOKUP / TOUCH terms: stage 2)
+        self.x_rsp = Signal(self.rsp_layout)  # stage 1 of its response (the slot fields: stage 2)
         # response stage and output queue (formal wrapper)
         self.r_valid = Signal()              # the response stage holds the command fired last cycle
         self.r_base = Signal(self.rsp_layout)
@@ -285,6 +296,7 @@ class TagUnit(wiring.Component):
         dis = self.disabled
         pin_max = (1 << self.pin_bits) - 1
         Op, Err = TagOpcode, TagErrorCode
+        tb_, pb_, sb_, vb_ = self.tag_bits, self.plane_bits, self.slot_bits, self.value_bits
 
         def any_of(vec):
             return _or_tree(list(vec), 1)
@@ -293,19 +305,20 @@ class TagUnit(wiring.Component):
             """OR of ``values[s]`` where the one-hot ``vec[s]`` is set (a balanced tree)."""
             return _or_tree([Mux(vec[s], values[s], 0) for s in range(S)], width)
 
+        def vec(name):
+            return [Signal(name=f"{name}{s}") for s in range(S)]
+
         # ---- slot state as commands see it: the registers ------------------------
         # A command in cycle t sees the registers at the start of t; ``disabled``
         # and ``commit`` of cycle t act at the edge that ends t, after it.
-        cm = [Signal(name=f"cm{s}") for s in range(S)]
-        held_e = held                                               # holds a tag
-        res_e = [Signal(name=f"res_e{s}") for s in range(S)]        # RESIDENT
-        pend_e = [Signal(name=f"pend_e{s}") for s in range(S)]      # PENDING
+        cm = vec("cm")
         for s in range(S):
-            m.d.comb += [cm[s].eq(self.commit.valid & (self.commit.slot == s)),
-                         res_e[s].eq(held[s] & self._hit_state(res[s])),
-                         pend_e[s].eq(held[s] & ~res[s])]
+            m.d.comb += cm[s].eq(self.commit.valid & (self.commit.slot == s))
         m.d.comb += [self.resident.eq(Cat(held[s] & res[s] & ~dis[s] for s in range(S))),
                      self.pending.eq(Cat(held[s] & ~res[s] & ~dis[s] for s in range(S)))]
+        pins_zero = [pins[s] == 0 for s in range(S)]
+        pins_full = [pins[s] == pin_max for s in range(S)]
+        hit_st = [self._hit_state(res[s]) for s in range(S)]        # a held slot is a hit
 
         # ---- input register slice and the execute stage's registers --------------
         m.submodules.c = c = RegisterSlice(self.cmd_layout)
@@ -315,31 +328,56 @@ class TagUnit(wiring.Component):
         x_age = Signal()                         # x_ command has waited >= 1 cycle
         x_cmp = Signal(S)                        # tags[s] == x.tag (any state)
         x_sel = Signal(S)                        # one-hot of x.slot (0 when >= S)
+        x_ssel = Signal(len(gtu.STAT_NAMES))     # STATS: one-hot of the counter (0 if bad)
         x_slot_bad = Signal()
         x_stat_bad = Signal()                    # STATS index beyond the counters
         ops = [Op.LOOKUP, Op.TOUCH, Op.DECAY, Op.ALLOCATE, Op.INVALIDATE, Op.PIN, Op.UNPIN,
                Op.RESET, Op.STATS, Op.LOOKUP_PIN, Op.INVALIDATE_SLOT, Op.INVALIDATE_MASK,
                Op.ABORT]
         x_is = {op: Signal(name=f"x_is_{op.name.lower()}") for op in ops}
-        # the timing class of the x_ command, registered with the opcode (see below)
+        I = x_is
+        # Opcode classes, registered with the opcode so that every per-slot term
+        # below is a small function of flip-flops (no opcode decode on a path).
         two_ops = (Op.LOOKUP_PIN, Op.INVALIDATE, Op.INVALIDATE_SLOT, Op.PIN, Op.UNPIN, Op.ABORT)
         settle_ops = (Op.ALLOCATE, Op.INVALIDATE_MASK)
-        x_two, x_settle = Signal(), Signal()
+        classes = {
+            "two": two_ops, "settle": settle_ops,
+            "bad_op": (),                                          # filled below
+            "chg": tuple(op for op in ops if op not in (Op.LOOKUP, Op.STATS)),
+            "cnt": (Op.LOOKUP, Op.LOOKUP_PIN, Op.ALLOCATE, Op.ABORT),
+            "tag2": (Op.LOOKUP_PIN, Op.INVALIDATE),                # two-cycle, names by tag
+            "slot2": (Op.INVALIDATE_SLOT, Op.ABORT, Op.PIN, Op.UNPIN),   # ... by slot
+            "errbad": (Op.LOOKUP_PIN, Op.INVALIDATE, Op.INVALIDATE_SLOT, Op.PIN, Op.UNPIN),
+            "r_cmp": (Op.LOOKUP, Op.TOUCH, Op.LOOKUP_PIN, Op.INVALIDATE),
+            "r_slot": (Op.INVALIDATE_SLOT, Op.ABORT),
+            "r_hot": (Op.LOOKUP, Op.TOUCH, Op.LOOKUP_PIN),
+            "r_pin": (Op.PIN, Op.UNPIN),
+            "r_tag": (Op.INVALIDATE, Op.INVALIDATE_SLOT, Op.ABORT),
+        }
+        k = {n: Signal(name=f"x_k_{n}") for n in classes}
+        x_two, x_settle = k["two"], k["settle"]
         load = Signal()
-        alloc = [Signal(name=f"alloc{s}") for s in range(S)]        # ALLOCATE writes slot s
+        alloc = vec("alloc")                     # ALLOCATE writes slot s (executes now)
+        alloc_nf = vec("alloc_nf")               # ... the same without ``fire`` (forwarding)
         m.d.comb += [load.eq(~x_valid | fire), c.o.ready.eq(load)]
         with m.If(load):
             m.d.sync += [x_valid.eq(c.o.valid), x.eq(cp), x_age.eq(0),
                          x_slot_bad.eq(cp.slot >= S),
                          x_stat_bad.eq(cp.slot >= len(gtu.STAT_NAMES))]
             # the tag match, forwarding the tag an executing ALLOCATE writes now
+            # (``alloc_nf`` equals ``alloc`` whenever a command loads behind it)
             same_tag = x.tag == cp.tag
-            m.d.sync += x_cmp.eq(Cat(Mux(alloc[s], same_tag, tags[s] == cp.tag)
+            m.d.sync += x_cmp.eq(Cat(Mux(alloc_nf[s], same_tag, tags[s] == cp.tag)
                                      for s in range(S)))
             m.d.sync += x_sel.eq(Cat(cp.slot == s for s in range(S)))
+            m.d.sync += x_ssel.eq(Cat((cp.op == Op.STATS) & (cp.slot == j)
+                                      for j in range(len(gtu.STAT_NAMES))))
             m.d.sync += [x_is[op].eq(cp.op == op) for op in ops]
-            m.d.sync += [x_two.eq(Cat(cp.op == op for op in two_ops).any()),
-                         x_settle.eq(Cat(cp.op == op for op in settle_ops).any())]
+            for n, members in classes.items():
+                if n == "bad_op":
+                    m.d.sync += k[n].eq(~Cat(cp.op == op for op in ops).any())
+                else:
+                    m.d.sync += k[n].eq(Cat(cp.op == op for op in members).any())
         with m.Elif(x_valid):
             m.d.sync += x_age.eq(1)
 
@@ -393,12 +431,11 @@ class TagUnit(wiring.Component):
 
         # ---- when a command may execute ----------------------------------------------
         # Three classes: LOOKUP, TOUCH, DECAY, RESET, STATS and bad opcodes cannot
-        # fail on slot state and execute at once ("fast"); the ops that can
-        # (LOOKUP_PIN, INVALIDATE, INVALIDATE_SLOT, PIN, UNPIN, ABORT: "two") take
-        # their response and error from registers filled in their first cycle
+        # fail on slot state and execute at once; the ops that can (LOOKUP_PIN,
+        # INVALIDATE, INVALIDATE_SLOT, PIN, UNPIN, ABORT: "two") take their error
+        # and per-slot write enables from registers filled in their first cycle
         # here; ALLOCATE and INVALIDATE_MASK ("settle") also use the victim
         # pipeline and wait until it has seen the current state.
-        I = x_is
         two, settle = x_two, x_settle
         quiet = Signal(range(P + 1))
         # ``quiet == P`` and ``quiet != 0`` as flip-flops of their own, so that
@@ -407,8 +444,10 @@ class TagUnit(wiring.Component):
         dis_q = Signal(S)
         dis_change = Signal()
         m.d.sync += dis_q.eq(dis)
-        m.d.comb += dis_change.eq(dis != dis_q)
-        change = (fire & ~I[Op.LOOKUP] & ~I[Op.STATS]) | self.commit.valid | dis_change
+        m.d.comb += dis_change.eq(any_of([dis[s] ^ dis_q[s] for s in range(S)]))
+        ev_change = Signal()                     # a state change with no command: the inputs
+        m.d.comb += ev_change.eq(self.commit.valid | dis_change)
+        change = (fire & k["chg"]) | ev_change
         m.d.sync += [quiet.eq(Mux(change, 0, Mux(quiet == P, P, quiet + 1))),
                      quiet_full.eq(~change & (quiet >= P - 1)), quiet_nz.eq(~change)]
         settled, steady = Signal(), Signal()
@@ -416,12 +455,47 @@ class TagUnit(wiring.Component):
 
         # registered summaries for ALLOCATE / INVALIDATE_MASK (valid once settled)
         a_res_q, a_pend_q, k_pinned_q = Signal(), Signal(), Signal()
+        # ALLOCATE, and no slot holds its tag (like every registered term of the
+        # x_ command below, it belongs to that command once it has waited a
+        # cycle - ``x_age``; ALLOCATE executes only then)
+        alloc_pre_q = Signal()
         m.d.sync += [
-            a_res_q.eq(any_of([x_cmp[s] & held_e[s] & res[s] for s in range(S)])),
-            a_pend_q.eq(any_of([x_cmp[s] & held_e[s] & ~res[s] for s in range(S)])),
-            k_pinned_q.eq(any_of([x.slot_mask[s] & held_e[s] & (pins[s] != 0)
+            a_res_q.eq(any_of([x_cmp[s] & held[s] & res[s] for s in range(S)])),
+            a_pend_q.eq(any_of([x_cmp[s] & held[s] & ~res[s] for s in range(S)])),
+            alloc_pre_q.eq(I[Op.ALLOCATE] & ~any_of([x_cmp[s] & held[s] for s in range(S)])),
+            k_pinned_q.eq(any_of([x.slot_mask[s] & held[s] & ~pins_zero[s]
                                   for s in range(S)])),
         ]
+        g_alloc = alloc_pre_q & v_cand           # ALLOCATE succeeds (once settled, x_age)
+        g_mask = I[Op.INVALIDATE_MASK] & ~k_pinned_q
+
+        # ---- two-cycle ops: per-slot vectors registered in every cycle ---------------
+        # From the x_ command and the state of this cycle; a two-cycle op
+        # executes only in a cycle after one in x_ without a state change
+        # (``steady``), so then these registers are exactly its terms: the slot
+        # it names (``nm``), whether that slot makes it fail (``bad``) or is the
+        # one it needs (``fnd``: held; for ABORT, PENDING), and its per-slot
+        # write enables. Every write enable below is ``fire`` AND a register.
+        nm = vec("nm")
+        for s in range(S):
+            m.d.comb += nm[s].eq(((k["tag2"] & x_cmp[s]) | (k["slot2"] & x_sel[s])) & held[s])
+        up_q, dn_q, fr_q = Signal(S, name="pin_up_q"), Signal(S, name="pin_down_q"), \
+            Signal(S, name="free_two_q")
+        bad_q, fnd_q = Signal(S, name="bad_q"), Signal(S, name="fnd_q")
+        inv_any = I[Op.INVALIDATE] | I[Op.INVALIDATE_SLOT]
+        m.d.sync += [
+            up_q.eq(Cat(nm[s] & ~pins_full[s] & ((I[Op.LOOKUP_PIN] & hit_st[s]) | I[Op.PIN])
+                        for s in range(S))),
+            dn_q.eq(Cat(nm[s] & ~pins_zero[s] & I[Op.UNPIN] for s in range(S))),
+            fr_q.eq(Cat(nm[s] & ((inv_any & pins_zero[s]) | (I[Op.ABORT] & ~res[s]))
+                        for s in range(S))),
+            bad_q.eq(Cat(nm[s] & ((I[Op.LOOKUP_PIN] & hit_st[s] & pins_full[s])
+                                  | (inv_any & ~pins_zero[s]) | (I[Op.PIN] & pins_full[s])
+                                  | (I[Op.UNPIN] & pins_zero[s])) for s in range(S))),
+            fnd_q.eq(Cat(nm[s] & ~(I[Op.ABORT] & res[s]) for s in range(S))),
+        ]
+        e_bad, e_fnd = Signal(name="two_bad"), Signal(name="two_fnd")
+        m.d.comb += [e_bad.eq(bad_q.any()), e_fnd.eq(fnd_q.any())]
 
         # ---- statistics: increments registered, added one cycle later ------------
         names = gtu.STAT_NAMES
@@ -430,168 +504,121 @@ class TagUnit(wiring.Component):
         inc_any_cm = Signal()                    # a commit strobe was valid last cycle
         m.d.sync += inc_any_cm.eq(self.commit.valid)
         # slots freed by ``disabled`` are counted two cycles late: their mask is
-        # registered first (kv_q), then counted (inc_kv_frees), then added
+        # registered first (kv_q), then counted (inc_kv_frees), then added;
+        # kv1_any / kv2_any (a change of ``disabled`` one / two cycles ago) cover
+        # them for STATS (a slot is freed by ``disabled`` only in a cycle in which
+        # ``disabled`` changed: ALLOCATE never takes a covered slot)
         kv_q = Signal(S)
         kv1_any, kv2_any = Signal(), Signal()
-        # commits are counted the same way: the effective strobe registered
-        # (ce_q), then counted, then added; ``inc_any`` also covers every commit
-        # strobe (effective or not) of the previous cycle and cm2 the one before
-        ce_q = Signal(S)
+        # commits are counted from registered pieces (the strobe, ``res`` and the
+        # ALLOCATE of the cycle), then counted, then added; ``inc_any`` also
+        # covers every commit strobe of the previous cycle and cm2 the one before
+        cm_q, res_q, alloc_q = Signal(S, name="cm_q"), Signal(S, name="res_q"), \
+            Signal(S, name="alloc_q")
         cm2 = Signal()
         stats_quiet = Signal()
         m.d.comb += stats_quiet.eq(~inc_any & ~kv1_any & ~kv2_any & ~cm2)
 
         can_out = ~self.o.valid | self.o.ready
         waits = (settle & ~settled) | (two & ~steady) | (I[Op.STATS] & ~stats_quiet)
-        # ``x_go`` = "the x_ command may execute once o is free", a flip-flop
-        # loaded with the next cycle's value of ``x_valid & ~waits`` (the
-        # reference, kept for the formal wrapper, which asserts they are equal),
-        # so ``fire`` is one LUT from registers and ``o.ready``
+        # ``x_go`` = "the x_ command may execute once o is free" = x_go_q & ~x_kill,
+        # two flip-flops loaded with the next cycle's value of ``x_valid & ~waits``
+        # (the reference, kept for the formal wrapper, which asserts they are
+        # equal): x_kill takes the terms that come from this cycle's inputs
+        # (a commit strobe, a change of ``disabled``), x_go_q the rest, so
+        # ``fire`` is one LUT of registers and ``o.ready``
+        x_go_q, x_kill = Signal(name="x_go_q"), Signal(name="x_kill")
         x_go = self.x_go
-        m.d.comb += [self.x_go_ref.eq(x_valid & ~waits), fire.eq(x_go & can_out)]
+        m.d.comb += [x_go.eq(x_go_q & ~x_kill), self.x_go_ref.eq(x_valid & ~waits),
+                     fire.eq(x_go_q & ~x_kill & can_out)]
+        # a two-cycle op's registered vectors belong to the x_ command only once it
+        # has waited a cycle; the op only ever executes then
+        fire2 = Signal(name="fire2")
+        m.d.comb += fire2.eq(x_go_q & ~x_kill & can_out & x_age)
 
-        # ---- per-slot terms of the x_ command ------------------------------------------
-        hit_m = [Signal(name=f"hit_m{s}") for s in range(S)]        # x.tag held, per state
-        held_m = [Signal(name=f"held_m{s}") for s in range(S)]
-        pend_m = [Signal(name=f"pend_m{s}") for s in range(S)]
-        sel_h = [Signal(name=f"sel_h{s}") for s in range(S)]        # x.slot holds a tag
-        pins_zero = [pins[s] == 0 for s in range(S)]
-        pins_full = [pins[s] == pin_max for s in range(S)]
-        hot_new = [Signal(self.hot_bits, name=f"hot_new{s}") for s in range(S)]
-        for s in range(S):
-            m.d.comb += [held_m[s].eq(x_cmp[s] & held_e[s]),
-                         hit_m[s].eq(x_cmp[s] & res_e[s]),
-                         pend_m[s].eq(x_cmp[s] & pend_e[s]),
-                         sel_h[s].eq(x_sel[s] & held_e[s]),
-                         hot_new[s].eq(self._saturating_add(hot[s], x.amount))]
-        m_any, m_hit, m_pend = any_of(held_m), any_of(hit_m), any_of(pend_m)
-        m_slot = pick(held_m, [Const(s, self.slot_bits) for s in range(S)], self.slot_bits)
-        m_planes = pick(held_m, planes, self.plane_bits)
-        m_hot = pick(held_m, hot, self.hot_bits)
-        lpin_full = any_of([hit_m[s] & pins_full[s] for s in range(S)])
-        s_pins = pick(x_sel, pins, self.pin_bits)
-        s_hit = any_of([x_sel[s] & res_e[s] for s in range(S)])
-        s_pend = any_of([x_sel[s] & pend_e[s] for s in range(S)])
-        s_held = any_of(sel_h)
-        s_pinned = any_of([sel_h[s] & ~pins_zero[s] for s in range(S)])
-        s_full = any_of([x_sel[s] & pins_full[s] for s in range(S)])
-        s_zero = any_of([x_sel[s] & pins_zero[s] for s in range(S)])
-        m_pinned = any_of([held_m[s] & ~pins_zero[s] for s in range(S)])
-        slot_op = I[Op.PIN] | I[Op.UNPIN] | I[Op.ABORT] | I[Op.INVALIDATE_SLOT]
-        bad_op = ~Cat(*x_is.values()).any()
-        stat_sel = Array(self.counters)[x.slot[:3]]
-
-        # The response and its error code as AND-OR of the registered one-hot
-        # opcode: every field is an OR of per-opcode terms (no opcode decode on
-        # the path); an error zeroes the fields through one gate.
-        def field(*terms, width):
-            return _or_tree([Mux(cond, v, 0) for cond, v in terms], width)
-
+        # ---- errors ----------------------------------------------------------------------
         def errors(conds):
-            return (_or_tree([Mux(c, Const(e.value, 4), 0) for c, e in conds], 4),
-                    _or_tree([c for c, _ in conds], 1))
-
-        tb_, pb_, sb_, vb_ = self.tag_bits, self.plane_bits, self.slot_bits, self.value_bits
-        lk_like = I[Op.LOOKUP] | I[Op.LOOKUP_PIN] | I[Op.TOUCH] | I[Op.INVALIDATE]
-
-        # "two": computed every cycle, registered, issued in the second cycle
-        two_rsp = Signal(self.rsp_layout)
-        two_conds = [
-            (I[Op.LOOKUP_PIN] & lpin_full, Err.PIN_LIMIT),
-            (I[Op.INVALIDATE] & m_pinned, Err.PINNED),
-            (slot_op & x_slot_bad, Err.BAD_SLOT),
-            (I[Op.INVALIDATE_SLOT] & ~x_slot_bad & s_pinned, Err.PINNED),
-            ((I[Op.PIN] | I[Op.UNPIN]) & ~x_slot_bad & ~s_held, Err.NOT_VALID),
-            (I[Op.PIN] & ~x_slot_bad & s_held & s_full, Err.PIN_LIMIT),
-            (I[Op.UNPIN] & ~x_slot_bad & s_held & s_zero, Err.NOT_PINNED),
-            (I[Op.ABORT] & ~x_slot_bad & ~s_pend, Err.NOT_PENDING),
-        ]
-        m.d.comb += [
-            two_rsp.hit.eq((lk_like & m_hit) | (I[Op.INVALIDATE_SLOT] & s_hit)),
-            two_rsp.pending.eq((lk_like & m_pend) | (I[Op.INVALIDATE_SLOT] & s_pend)),
-            two_rsp.slot.eq(field((lk_like, m_slot), (slot_op, x.slot), width=sb_)),
-            two_rsp.planes.eq(field((lk_like, m_planes),
-                                    (I[Op.INVALIDATE_SLOT], pick(sel_h, planes, pb_)),
-                                    (I[Op.ABORT], pick(x_sel, planes, pb_)), width=pb_)),
-            two_rsp.evicted.eq((I[Op.INVALIDATE] & m_any) | (I[Op.INVALIDATE_SLOT] & s_held)
-                               | I[Op.ABORT]),
-            # gated by the registered ``evicted`` in the execute cycle (q below)
-            two_rsp.evicted_tag.eq(field((I[Op.INVALIDATE], x.tag),
-                                         (I[Op.INVALIDATE_SLOT] | I[Op.ABORT],
-                                          pick(x_sel, tags, tb_)), width=tb_)),
-            two_rsp.value.eq(field((I[Op.LOOKUP_PIN], m_hot),
-                                   (I[Op.PIN], (s_pins + 1)[:self.pin_bits]),
-                                   (I[Op.UNPIN], (s_pins - 1)[:self.pin_bits]), width=vb_)),
-        ]
-        two_rsp_q = Signal(self.rsp_layout)
-        # the error conditions are registered one by one and combined in the
-        # second cycle (off the first cycle's tag-match -> OR-over-slots path)
-        two_cond_q = Signal(len(two_conds), name="two_cond_q")
-        m.d.sync += [two_rsp_q.eq(two_rsp), two_cond_q.eq(Cat(c for c, _ in two_conds))]
-        two_code_q, two_any_q = Signal(4, name="two_code_q"), Signal(name="two_any_q")
-        code_q, any_q = errors([(two_cond_q[k], e) for k, (_, e) in enumerate(two_conds)])
-        m.d.comb += [two_code_q.eq(code_q), two_any_q.eq(any_q)]
-
-        # the other classes: from registers and shallow terms, in the cycle they
-        # execute. Every field is one flat OR of terms whose conditions carry the
-        # registered "no error" of their opcode (LOOKUP and TOUCH cannot fail),
-        # so an error needs no zeroing stage after the OR.
-        one_code, one_any = errors([
+            return (_or_tree([Mux(c_, Const(e.value, 4), 0) for c_, e in conds], 4),
+                    _or_tree([c_ for c_, _ in conds], 1))
+        code, err_any = errors([
             (I[Op.ALLOCATE] & a_res_q, Err.RESIDENT),
             (I[Op.ALLOCATE] & ~a_res_q & a_pend_q, Err.PENDING),
             (I[Op.ALLOCATE] & ~a_res_q & ~a_pend_q & ~v_cand, Err.NO_VICTIM),
             (I[Op.INVALIDATE_MASK] & k_pinned_q, Err.PINNED),
             (I[Op.STATS] & x_stat_bad, Err.BAD_SLOT),
-            (bad_op, Err.BAD_OP),
+            (k["bad_op"], Err.BAD_OP),
+            (k["slot2"] & x_slot_bad, Err.BAD_SLOT),
+            ((I[Op.PIN] | I[Op.UNPIN]) & ~x_slot_bad & ~e_fnd, Err.NOT_VALID),
+            (I[Op.ABORT] & ~x_slot_bad & ~e_fnd, Err.NOT_PENDING),
+            ((I[Op.LOOKUP_PIN] | I[Op.PIN]) & e_bad, Err.PIN_LIMIT),
+            (inv_any & e_bad, Err.PINNED),
+            (I[Op.UNPIN] & e_bad, Err.NOT_PINNED),
         ])
-        fast_lk = I[Op.LOOKUP] | I[Op.TOUCH]
-        g_alloc = I[Op.ALLOCATE] & ~a_res_q & ~a_pend_q & v_cand
-        g_mask = I[Op.INVALIDATE_MASK] & ~k_pinned_q
-        g_stats = I[Op.STATS] & ~x_stat_bad
-        g_two = two & ~two_any_q
-        lk_m = [Signal(name=f"lk_m{s}") for s in range(S)]          # fast_lk & held_m
-        for s in range(S):
-            m.d.comb += lk_m[s].eq(fast_lk & held_m[s])
-        q = two_rsp_q
+        m.d.comb += self.x_error.eq(code)
+        fail_bad = k["errbad"] & e_bad           # a two-cycle op fails on its named slot
+
+        # ---- response, stage 1 (the execute cycle) --------------------------------------
+        # Fields that do not come from a slot: the opcode, the error, ALLOCATE's
+        # victim (registers at the argmin root), the STATS counter, the slot of
+        # the slot-addressed ops (zeroed on error in stage 2), INVALIDATE_MASK's
+        # mask. Each is an AND-OR of registered one-hot opcode terms.
+        def field(*terms, width):
+            return _or_tree([Mux(cond, v, 0) for cond, v in terms], width)
+
         r = self.x_rsp
-        # Stage 1 (the execute cycle): every field except the LOOKUP / TOUCH
-        # terms over the slots, which leave as two one-hot vectors (the
-        # matching slot, RESIDENT or PENDING) and are picked in stage 2.
+        stat_sel = _or_tree([Mux(x_ssel[j], self.counters[j], 0) for j in range(len(x_ssel))],
+                            self.stat_bits)
         m.d.comb += [
             r.op.eq(x.op),
-            r.error.eq(Mux(two, two_code_q, one_code)),
-            r.hit.eq(g_two & q.hit),
-            r.pending.eq(g_two & q.pending),
-            r.slot.eq(field((g_alloc, v_idx), (g_stats, x.slot), (g_two, q.slot), width=sb_)),
-            r.planes.eq(Mux(g_two, q.planes, 0)),
-            r.evicted.eq((g_alloc & v_evict) | (g_two & q.evicted)),
-            r.evicted_tag.eq(field((g_alloc & v_evict, v_tag),
-                                   (g_two & q.evicted, q.evicted_tag), width=tb_)),
-            r.value.eq(field((g_stats, stat_sel), (g_two, q.value), width=vb_)),
+            r.error.eq(code),
+            r.slot.eq(field((I[Op.ALLOCATE], v_idx), (k["slot2"] | I[Op.STATS], x.slot),
+                            width=sb_)),
+            r.evicted.eq(I[Op.ALLOCATE] & g_alloc & v_evict),
+            r.evicted_tag.eq(Mux(I[Op.ALLOCATE] & g_alloc & v_evict, v_tag, 0)),
+            r.value.eq(stat_sel),
             r.slot_mask.eq(Mux(g_mask, x.slot_mask & Cat(*held), 0)),
         ]
-        err_any = Signal(name="x_err_any")
-        m.d.comb += [err_any.eq(Mux(two, two_any_q, one_any)), self.x_error.eq(r.error)]
 
         # Stage 2 (the cycle after): the response stage never holds (its
         # content always moves into the output queue), so the slot registers
         # it reads are exactly the state the command left: ``hot`` is the new
         # hotness of a TOUCH (the old one of a LOOKUP, which writes nothing),
-        # ``planes`` unchanged (only ALLOCATE writes it). No adder on the path.
+        # ``pins`` the new pin count of a PIN / UNPIN, ``planes`` and ``tags``
+        # unchanged (only ALLOCATE writes them; freeing clears ``held`` alone).
+        # What the command saw in its cycle leaves the execute stage as one-hot
+        # vectors over the slots, already zero on an error: the slot it reports
+        # (``r_sel``), RESIDENT / PENDING (``r_res`` / ``r_pnd``), and whose
+        # hotness / pin count is the ``value`` (``r_hot`` / ``r_pin``). No adder
+        # and no error decision on a response path.
         rv, rb = self.r_valid, self.r_base
-        r_lkr, r_lkp = Signal(S), Signal(S)
-        m.d.sync += [rv.eq(fire), rb.eq(r),
-                     r_lkr.eq(Cat(lk_m[s] & self._hit_state(res[s]) for s in range(S))),
-                     r_lkp.eq(Cat(lk_m[s] & ~res[s] for s in range(S)))]
-        r_lk = [r_lkr[s] | r_lkp[s] for s in range(S)]
+        r_sel, r_res, r_pnd = Signal(S, name="r_sel"), Signal(S, name="r_res"), \
+            Signal(S, name="r_pnd")
+        r_hot, r_pin = Signal(S, name="r_hot"), Signal(S, name="r_pin")
+        r_tag, r_ok = Signal(name="r_tag"), Signal(name="r_ok")
+        named_r = [(k["r_cmp"] & x_cmp[s]) | (k["r_slot"] & x_sel[s]) for s in range(S)]
+        hp = [(k["r_cmp"] & x_cmp[s]) | (I[Op.INVALIDATE_SLOT] & x_sel[s]) for s in range(S)]
+        m.d.sync += [
+            rv.eq(fire), rb.eq(r), r_ok.eq(~err_any), r_tag.eq(k["r_tag"]),
+            r_sel.eq(Cat(named_r[s] & held[s] & ~(I[Op.ABORT] & res[s]) & ~fail_bad
+                         for s in range(S))),
+            r_res.eq(Cat(hp[s] & held[s] & hit_st[s] & ~fail_bad for s in range(S))),
+            r_pnd.eq(Cat(hp[s] & held[s] & ~res[s] & ~fail_bad for s in range(S))),
+            r_hot.eq(Cat(k["r_hot"] & x_cmp[s] & held[s] & ~fail_bad for s in range(S))),
+            r_pin.eq(Cat(k["r_pin"] & x_sel[s] & held[s] & ~fail_bad for s in range(S))),
+        ]
         fin = self.r_rsp
         m.d.comb += [
-            fin.eq(rb),
-            fin.hit.eq(rb.hit | r_lkr.any()),
-            fin.pending.eq(rb.pending | r_lkp.any()),
-            fin.slot.eq(rb.slot | pick(r_lk, [Const(s, sb_) for s in range(S)], sb_)),
-            fin.planes.eq(rb.planes | pick(r_lk, planes, pb_)),
-            fin.value.eq(rb.value | pick(r_lk, hot, self.hot_bits)),
+            fin.op.eq(rb.op),
+            fin.error.eq(rb.error),
+            fin.hit.eq(r_res.any()),
+            fin.pending.eq(r_pnd.any()),
+            fin.slot.eq(Mux(r_ok, rb.slot, 0) | pick(r_sel, [Const(s, sb_) for s in range(S)],
+                                                   sb_)),
+            fin.planes.eq(pick(r_sel, planes, pb_)),
+            fin.evicted.eq(rb.evicted | (r_tag & r_sel.any())),
+            fin.evicted_tag.eq(rb.evicted_tag | Mux(r_tag, pick(r_sel, tags, tb_), 0)),
+            fin.value.eq(rb.value | pick(r_hot, hot, vb_) | pick(r_pin, pins, vb_)),
+            fin.slot_mask.eq(rb.slot_mask),
         ]
         # Output queue of two (``o`` and a skid register): a command executes
         # only when ``o`` is free in that cycle (``can_out``), so the response
@@ -607,70 +634,67 @@ class TagUnit(wiring.Component):
             m.d.sync += [sk_valid.eq(rv), sk.eq(fin)]
 
         # ---- state update: per-slot write enables ---------------------------------
-        def go(op):
-            return fire & x_is[op]
-        alloc_go = go(Op.ALLOCATE) & ~a_res_q & ~a_pend_q & v_cand
-        mask_go = go(Op.INVALIDATE_MASK) & ~k_pinned_q
-        reset_go = go(Op.RESET)
-        commit_eff = [Signal(name=f"commit_eff{s}") for s in range(S)]
-        freed = [Signal(name=f"freed{s}") for s in range(S)]      # by the command
+        # ``fire`` AND registers: the one-hot opcode, the registered tag match,
+        # the slot's state bits, the victim's one-hot and the two-cycle vectors.
+        reset_go = fire & I[Op.RESET]
+        freed = vec("freed")                     # by the command
         for s in range(S):
-            free_cmd = freed[s]
-            m.d.comb += free_cmd.eq(reset_go
-                        | (go(Op.INVALIDATE) & held_m[s] & pins_zero[s])
-                        | (go(Op.INVALIDATE_SLOT) & sel_h[s] & pins_zero[s])
-                        | (go(Op.ABORT) & x_sel[s] & pend_e[s])
-                        | (mask_go & x.slot_mask[s]))
-            m.d.comb += alloc[s].eq(alloc_go & v_hot[s])
-            # after the command: the cycle's disabled frees, then its commit strobe
-            m.d.comb += commit_eff[s].eq(cm[s] & ~dis[s]
-                                         & ((held[s] & ~res[s] & ~free_cmd) | alloc[s]))
-            with m.If(go(Op.TOUCH) & held_m[s]):
-                m.d.sync += hot[s].eq(hot_new[s])
-            with m.If(go(Op.DECAY)):
-                m.d.sync += hot[s].eq(hot[s] - (hot[s] >> self.decay_shift))
-            pin_up = ((go(Op.LOOKUP_PIN) & hit_m[s]) | (go(Op.PIN) & sel_h[s])) & ~pins_full[s]
-            pin_down = go(Op.UNPIN) & sel_h[s] & ~pins_zero[s]
-            with m.If(pin_up):
-                m.d.sync += pins[s].eq(pins[s] + 1)
-            with m.If(pin_down):
-                m.d.sync += pins[s].eq(pins[s] - 1)
-            with m.If(commit_eff[s]):
-                m.d.sync += res[s].eq(1)
+            m.d.comb += [
+                freed[s].eq((fire & (I[Op.RESET] | (g_mask & x.slot_mask[s])))
+                            | (fire2 & fr_q[s])),
+                alloc_nf[s].eq(x_valid & x_age & g_alloc & v_hot[s]),
+                alloc[s].eq(fire2 & g_alloc & v_hot[s]),
+            ]
+            hot_we = alloc[s] | (fire & (I[Op.DECAY] | (I[Op.TOUCH] & x_cmp[s] & held[s])))
+            hot_d = Mux(I[Op.ALLOCATE], x.amount,
+                        Mux(I[Op.DECAY], hot[s] - (hot[s] >> self.decay_shift),
+                            self._saturating_add(hot[s], x.amount)))
+            with m.If(hot_we):
+                m.d.sync += hot[s].eq(hot_d)
+            pins_we = alloc[s] | (fire2 & (up_q[s] | dn_q[s]))
+            pins_d = Mux(I[Op.ALLOCATE], 1, Mux(up_q[s], pins[s] + 1, pins[s] - 1))
+            with m.If(pins_we):
+                m.d.sync += pins[s].eq(pins_d)
+            # any strobe sets ``res``: a slot that holds no tag (FREE, or freed by
+            # this cycle's command or ``disabled``) ignores it - its ``res`` is
+            # unobservable until the next ALLOCATE writes it - so the command's
+            # free terms stay off ``res``; the commits statistic is exact (below)
             with m.If(alloc[s]):
-                m.d.sync += [held[s].eq(1), res[s].eq(commit_eff[s]), tags[s].eq(x.tag),
-                             planes[s].eq(x.planes), hot[s].eq(x.amount), pins[s].eq(1)]
-            with m.If(free_cmd | dis[s]):
+                m.d.sync += [held[s].eq(1), res[s].eq(cm[s] & ~dis[s]), tags[s].eq(x.tag),
+                             planes[s].eq(x.planes)]
+            with m.Elif(cm[s]):
+                m.d.sync += res[s].eq(1)
+            with m.If(freed[s] | dis[s]):           # after the command: ``disabled``
                 m.d.sync += held[s].eq(0)
 
         # ---- statistics -------------------------------------------------------------
-        lk_c = x_is[Op.LOOKUP] | (x_is[Op.LOOKUP_PIN] & ~two_any_q)
-        alloc_c = x_is[Op.ALLOCATE] & ~a_res_q & ~a_pend_q & v_cand
-        abort_c = x_is[Op.ABORT] & ~two_any_q
-        lk = fire & lk_c
-        # slots freed by ``disabled`` for "statistics quiet" only (kv1_any): the
-        # ALLOCATE term without ``fire`` - exact whenever a STATS can use it (it
-        # then follows a command that executed), and off the ``fire`` path
-        alloc_nf = x_valid & alloc_c
-        kv_nf = any_of([held[s] & dis[s] for s in range(S)]) | (alloc_nf & any_of(
-            [v_hot[s] & dis[s] for s in range(S)]))
+        m_hit = any_of([x_cmp[s] & held[s] & hit_st[s] for s in range(S)])
+        m_pend = any_of([x_cmp[s] & held[s] & ~res[s] for s in range(S)])
+        # LOOKUP_PIN's only error is PIN_LIMIT (``e_bad``)
+        lk = fire & (I[Op.LOOKUP] | (I[Op.LOOKUP_PIN] & ~e_bad))
+        alloc_go = fire2 & g_alloc
         # a slot the command frees in this cycle is not freed again by the
         # cycle's ``disabled`` (step order: command, then disabled)
         kv = Cat(((held[s] & ~freed[s]) | alloc[s]) & dis[s] for s in range(S))
+        # an effective commit of the last cycle: its slot holds a tag now (not
+        # freed by that cycle's command or ``disabled``) and was PENDING before
+        # it (or just allocated)
+        ce = Cat(cm_q[s] & held[s] & (~res_q[s] | alloc_q[s]) for s in range(S))
         new = {"lookups": lk, "hits": lk & m_hit, "pending": lk & m_pend,
                "allocations": alloc_go, "evictions": alloc_go & v_evict,
-               "commits": any_of(ce_q),
-               "aborts": fire & abort_c,
+               "commits": ce.any(),
+               "aborts": fire & I[Op.ABORT] & ~x_slot_bad & e_fnd,
                "kv_frees": _popcount(kv_q)}
-        m.d.sync += [ce_q.eq(Cat(commit_eff)), cm2.eq(inc_any_cm)]
+        m.d.sync += [cm_q.eq(Cat(cm)), res_q.eq(Cat(res)), alloc_q.eq(Cat(alloc)),
+                     cm2.eq(inc_any_cm)]
         smax = (1 << self.stat_bits) - 1
         with m.If(reset_go):
             m.d.sync += [cnt.eq(0) for cnt in self.counters]
             m.d.sync += [inc[n].eq(0) for n in names] + [inc_any.eq(0), kv_q.eq(0),
                                                          kv1_any.eq(0), kv2_any.eq(0)]
         with m.Else():
-            for k, n in enumerate(names):
-                cnt = self.counters[k]
+            for j, n in enumerate(names):
+                cnt = self.counters[j]
                 iw = inc[n].shape().width
                 total = Signal(max(self.stat_bits, iw) + 1, name=f"stat_sum_{n}")
                 m.d.comb += total.eq(cnt + inc[n])
@@ -679,23 +703,23 @@ class TagUnit(wiring.Component):
                 m.d.sync += [cnt.eq(Mux(over, smax, total[:self.stat_bits])), inc[n].eq(new[n])]
             # a superset of the 1-bit increments loaded now (kept shallow: one
             # AND with ``fire``); it only makes STATS wait
-            m.d.sync += [inc_any.eq((fire & (lk_c | alloc_c | abort_c)) | self.commit.valid
-                                    | ce_q.any()),
-                         kv_q.eq(kv), kv1_any.eq(kv_nf), kv2_any.eq(kv1_any)]
+            m.d.sync += [inc_any.eq((fire & k["cnt"]) | self.commit.valid),
+                         kv_q.eq(kv), kv1_any.eq(dis_change), kv2_any.eq(kv1_any)]
         # ---- x_go for the next cycle ---------------------------------------------
-        # "statistics quiet" next cycle; exact whenever the next x_ command is a
-        # STATS (it then follows a command that executed or an empty x_, so the
-        # terms below need no ``fire``)
-        counted_nf = x_valid & (lk_c | alloc_c | abort_c)
-        sq_next = Mux(x_valid & x_is[Op.RESET], ~inc_any_cm,
-                      ~counted_nf & ~self.commit.valid & ~ce_q.any() & ~kv_nf & ~kv1_any
-                      & ~inc_any_cm)
-        chg_hold = self.commit.valid | dis_change        # a state change with nothing executing
-        go_load = (c.o.valid & ~Cat(cp.op == op for op in two_ops + settle_ops).any()
-                   & ~((cp.op == Op.STATS) & ~sq_next))
-        go_hold = (x_valid & ~(settle & (chg_hold | (quiet < P - 1))) & ~(two & chg_hold)
-                   & ~(x_is[Op.STATS] & ~sq_next))
-        m.d.sync += x_go.eq(Mux(load, go_load, go_hold))
+        # "statistics quiet" next cycle, split into the part from registers
+        # (sq_reg) and the inputs of this cycle (``ev_change``, in x_kill); exact
+        # whenever the next x_ command is a STATS (it then follows a command
+        # that executed or an empty x_, so the terms need no ``fire``)
+        after_reset = x_valid & I[Op.RESET]          # executes now if a STATS loads behind it
+        sq_reg = Mux(after_reset, ~inc_any_cm, ~(x_valid & k["cnt"]) & ~kv1_any & ~inc_any_cm)
+        cp_wait = Cat(cp.op == op for op in two_ops + settle_ops).any()
+        cp_stats = cp.op == Op.STATS
+        go_load = c.o.valid & ~cp_wait & ~(cp_stats & ~sq_reg)
+        go_hold = x_valid & ~(settle & (quiet < P - 1)) & ~(I[Op.STATS] & ~sq_reg)
+        next_stats = Mux(load, c.o.valid & cp_stats, x_valid & I[Op.STATS])
+        m.d.sync += [x_go_q.eq(Mux(load, go_load, go_hold)),
+                     x_kill.eq(ev_change & ((~load & (two | settle))
+                                            | (next_stats & ~(load & after_reset))))]
         return m
 
 

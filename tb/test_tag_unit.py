@@ -836,7 +836,11 @@ async def free_and_cover_same_cycle(dut):
     of ``kv_frees`` one higher than the golden). The delay between the
     command and the cover sweeps a window of cycles, so that for every
     opcode at least one run lands in the same cycle; the test asserts it
-    did."""
+    did. The window is ``victim_settle + 4`` cycles wide: INVALIDATE_MASK
+    waits ``P``-dependent cycles for the state to settle, and a cover paced
+    by back-to-back commands alone (as this test first did) reaches it only
+    at S <= 16 (at S = 32 it lands either before it, restarting the wait, or
+    after it), so the window is idle cycles beyond the first two."""
     tb = TagTB(dut)
     await tb.start()
     m = tb.shadow
@@ -844,7 +848,7 @@ async def free_and_cover_same_cycle(dut):
     ops = (TagOp.INVALIDATE, TagOp.INVALIDATE_SLOT, TagOp.INVALIDATE_MASK, TagOp.ABORT,
            TagOp.RESET)
     for op in ops:
-        for w in range(8):
+        for w in range(tb.settle + 4):
             tb.issue(TagOp.RESET)
             tb.barrier()
             t = tb.rand_tag()
@@ -854,8 +858,12 @@ async def free_and_cover_same_cycle(dut):
                 s = _fill_resident(tb, [t])[0]
             tb.barrier()
             tb.issue(op, tag=t, slot=s, slot_mask=1 << s)
-            for _ in range(w):                           # the cover w + 1 cycles after the
-                tb.issue(TagOp.LOOKUP, tag=t ^ 1)        # command's transfer (back to back)
+            # the cover 1 + w cycles after the command's transfer: right after
+            # it (w = 0), behind one back-to-back LOOKUP (w = 1), after idle cycles
+            if w == 1:
+                tb.issue(TagOp.LOOKUP, tag=t ^ 1)
+            elif w > 1:
+                tb.wait(w - 1)
             tb.set_disabled(1 << s)
             tb.barrier()
             tb.set_disabled(0)
@@ -1131,10 +1139,12 @@ async def zipf_trace(dut):
 async def latency_and_throughput(dut):
     """With an always-ready consumer: a back-to-back stream of every
     single-cycle operation with no input stall and every response exactly
-    ``LATENCY`` (3) cycles after its command; ALLOCATE and INVALIDATE_MASK
+    ``LATENCY`` (4) cycles after its command; ALLOCATE and INVALIDATE_MASK
     ``LATENCY + 1`` on a quiet state and ``LATENCY + victim_settle`` right
-    behind a state-changing command; STATS ``LATENCY`` on a quiet state and
-    ``LATENCY + 1`` right behind a LOOKUP (the documented timing)."""
+    behind a state-changing command; STATS ``LATENCY`` on a quiet state,
+    ``LATENCY + 1`` right behind a LOOKUP and ``LATENCY + 2`` when a KV move
+    or a commit strobe arrives in the cycle after its transfer (the
+    documented timing)."""
     tb = TagTB(dut)
     await tb.start()
     m, S, L, P = tb.shadow, tb.S, tb.latency, tb.settle
@@ -1199,11 +1209,25 @@ async def latency_and_throughput(dut):
         marks[(op.name, "behind")] = tb.issued - first
         tb.issue(op, **kw2)
         tb.barrier()
+    # STATS with a KV move (covering the top slot) or a commit strobe (of slot
+    # 0, PENDING or not: STATS waits for any strobe) in the cycle after it
+    tb.wait(P + 2)
+    marks[("STATS", "kv_move")] = tb.issued - first
+    tb.issue(TagOp.STATS, slot=STAT_NAMES.index("kv_frees"))
+    tb.set_disabled(1 << (S - 1))
+    tb.barrier()
+    tb.wait(P + 2)
+    marks[("STATS", "commit")] = tb.issued - first
+    tb.issue(TagOp.STATS, slot=STAT_NAMES.index("commits"))
+    tb.commit(0)
+    tb.barrier()
+    tb.set_disabled(0)
     await tb.run()
     got = {k: tb.log[i][2] for k, i in marks.items()}
     want = {("ALLOCATE", "quiet"): L + 1, ("ALLOCATE", "behind"): L + P,
             ("INVALIDATE_MASK", "quiet"): L + 1, ("INVALIDATE_MASK", "behind"): L + P,
-            ("STATS", "quiet"): L, ("STATS", "behind"): L + 1}
+            ("STATS", "quiet"): L, ("STATS", "behind"): L + 1,
+            ("STATS", "kv_move"): L + 2, ("STATS", "commit"): L + 2}
     assert got == want, (got, want)
     dut._log.info("latency_and_throughput: %d single-cycle commands, 0 input stalls, latency %d; "
                   "%d two-cycle commands, latency %d; waiting ops %s (victim_settle P = %d)",
