@@ -72,7 +72,7 @@ only (the read commands and fill beats enter through register slices).
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -89,16 +89,17 @@ __all__ = ["HBBank", "ReadSession", "FillDecoder", "fill_op", "hb_params", "FILL
 #: Period of the fill slots (cycles): each bank group owns one cycle in ``P``.
 FILL_PERIOD = 4
 #: Cycles from a read's grant to its word entering the output FIFO (grant ->
-#: registered SRAM address -> SRAM data -> SRAM output register).
-READ_LATENCY = 3
+#: registered SRAM address -> SRAM data -> SRAM output register -> read-data
+#: register).
+READ_LATENCY = 4
 #: Depth of each bank's output FIFO (= read credits); enough for one word per
 #: cycle with an always-ready PE.
-OUT_DEPTH = 6
+OUT_DEPTH = 7
 #: Longest run of cycles ``fill.ready`` can stay low (formally proved).
 FILL_READY_BOUND = 9
 #: Cycles from a read command's transfer on ``rd_cmd`` (idle bank, PE ready)
 #: to its first word's transfer on ``rd`` (asserted by the bandwidth test).
-FIRST_WORD_LATENCY = 8
+FIRST_WORD_LATENCY = 9
 #: Cycles a fill costs besides one per DATA beat: up to 3 for its claim (its
 #: first beat) and 1 for its COMMIT/ABORT beat.
 FILL_OVERHEAD = 4
@@ -107,6 +108,15 @@ FILL_OVERHEAD = 4
 def _onehot(value, n: int):
     """``n``-bit one-hot of ``value`` (0 when ``value >= n``)."""
     return Cat(*[value == j for j in range(n)])
+
+
+def _slot_base(slot, slots: int, slot_words: int, dense_words: int, words: int):
+    """Address of slot ``slot``'s first word, ``D + slot*SW``, read from a
+    table of constants (0 past ``S``): one LUT level for up to 16 slots,
+    where the product and the sum are two carry chains in front of the add
+    of the offset (issue 11: they were the critical path of both decoders)."""
+    return Array([Const(dense_words + j * slot_words if j < slots else 0, range(words))
+                  for j in range(1 << len(slot))])[slot]
 
 
 # ---------------------------------------------------------------------------------------
@@ -148,7 +158,9 @@ class ReadSession(wiring.Component):
     ram_data : ``In(sv_bits)``
         The SRAM output register, ``READ_LATENCY`` cycles after a grant.
     start, start_ok : ``Out(1)``
-        A command was decoded this cycle / it was accepted (formal probes).
+        A command was decoded this cycle / it was accepted.
+    start_oh : ``Out(S + 1)``
+        The region of the command being decoded (one-hot; valid with ``start``).
     """
 
     def __init__(self, *, slots, slot_words, dense_words, words, slice_bits, lanes, planes,
@@ -164,6 +176,7 @@ class ReadSession(wiring.Component):
             "open_mask": In(slots + 1), "reading": Out(slots + 1),
             "req": Out(1), "go": In(1), "addr": Out(range(words)),
             "ram_data": In(self.sv_bits), "start": Out(1), "start_ok": Out(1),
+            "start_oh": Out(slots + 1),
         })
 
     def decoded_layout(self):
@@ -189,13 +202,15 @@ class ReadSession(wiring.Component):
         pre = Signal(dl)
         c_exp = c.region == HBRegionKind.EXPERT
         c_end = Signal(range(max(SW, D) * 2 + 2))
+        base = Signal(range(W))
+        m.d.comb += base.eq(_slot_base(c.slot, S, SW, D, W))
         m.d.comb += [
             c_end.eq(c.offset + c.count),
             pre.in_range.eq((c.count != 0) & (c_end <= Mux(c_exp, SW, D))),
             # a slot number past S names no region (as in golden/hb_map.region_index)
             pre.onehot.eq(Mux(c_exp, Mux(c.slot < S, _onehot(c.slot, S + 1), 0),
                               1 << S)),
-            pre.addr.eq(Mux(c_exp, D + c.slot * SW, 0) + c.offset),
+            pre.addr.eq(Mux(c_exp, base, 0) + c.offset),
             pre.left.eq(c.count - 1), pre.one.eq(c.count == 1), pre.plane.eq(c.plane)]
         m.submodules.slice = sl = RegisterSlice(dl)
         m.d.comb += [sl.i.valid.eq(self.cmd.valid), sl.i.payload.eq(pre),
@@ -219,8 +234,7 @@ class ReadSession(wiring.Component):
         c_oh = Signal(S + 1)
 
         owed = Signal(range(self.out_depth + 1))
-        credit = Signal()
-        m.d.comb += credit.eq(owed < self.out_depth)
+        credit = Signal(init=1)           # = owed < out_depth, registered
         issue = Signal()
         m.d.comb += [self.req.eq(c_active & credit & ~c_err),
                      issue.eq(c_active & credit & (c_err | self.go)),
@@ -231,7 +245,8 @@ class ReadSession(wiring.Component):
         m.d.comb += [c_take.eq(n_valid & (~c_active | (issue & c_last))),
                      sl.o.ready.eq(~n_valid | c_take),
                      n_take.eq(sl.o.valid & sl.o.ready),
-                     self.start.eq(n_take), self.start_ok.eq(n_take & ok)]
+                     self.start.eq(n_take), self.start_ok.eq(n_take & ok),
+                     self.start_oh.eq(oh)]
 
         with m.If(issue):
             m.d.sync += [c_addr.eq(c_addr + 1), c_left.eq(c_left - 1), c_last.eq(c_left == 1)]
@@ -265,7 +280,9 @@ class ReadSession(wiring.Component):
                      self.beat.payload.eq(ofifo.r_data), self.beat.valid.eq(ofifo.r_rdy),
                      ofifo.r_en.eq(self.beat.ready)]
         pop = self.beat.valid & self.beat.ready
-        m.d.sync += owed.eq(owed + issue - pop)
+        owed_n = Signal.like(owed)
+        m.d.comb += owed_n.eq(owed + issue - pop)
+        m.d.sync += [owed.eq(owed_n), credit.eq(owed_n < self.out_depth)]
         return m
 
 
@@ -278,7 +295,7 @@ def fill_op(cfg_slots: int, words: int, groups: int, sv_bits: int, fill_words: i
     return hv.struct("FillOp", {
         "data": unsigned(1), "first": unsigned(1), "write": unsigned(1),
         "onehot": unsigned(cfg_slots + 1), "addr": unsigned(bits(words)),
-        "group": unsigned(groups), "phase": unsigned(FILL_PERIOD),
+        "group": unsigned(groups), "phase": unsigned(bits(FILL_PERIOD)),
         "words": data.ArrayLayout(unsigned(sv_bits), fill_words),
         "result": FillResultCode, "stray": unsigned(1),
         "rkind": HBRegionKind, "slot": unsigned(bits(cfg_slots))})
@@ -293,7 +310,7 @@ class FillDecoder(wiring.Component):
     is still well formed and complete) advances on each transfer. A DATA beat
     becomes a write op (``write`` = the fill is well formed up to and
     including this beat) with its absolute address, bank group and fill-slot
-    phase as one-hots; COMMIT/ABORT becomes an end op carrying the predicted
+    (one-hot) and fill-slot phase (index); COMMIT/ABORT becomes an end op carrying the predicted
     result (COMMITTED, ABORTED, MALFORMED, or STRAY with no fill open) and
     the open fill's region.
     """
@@ -347,12 +364,12 @@ class FillDecoder(wiring.Component):
         n_off = Mux(wrap, p.offset + 1, p.offset)
         complete = Mux(is_exp, wrap & (p.offset == SW - 1), wrap)
         grp = p.bank // FW if FW > 1 else p.bank
-        bases = Mux(is_exp, D + p.slot * SW, 0)
+        bases = Mux(is_exp, _slot_base(p.slot, S, SW, D, self.W), 0)
 
         m.d.comb += [self.o.valid.eq(self.i.valid), self.i.ready.eq(self.o.ready),
                      o.words.eq(p.words), o.addr.eq(bases + p.offset),
                      o.group.eq(_onehot(grp, G)),
-                     o.phase.eq(_onehot(grp % FILL_PERIOD, FILL_PERIOD))]
+                     o.phase.eq(grp % FILL_PERIOD)]
         with m.If(~is_end):
             m.d.comb += [o.data.eq(1), o.first.eq(~f_open), o.write.eq(good),
                          o.onehot.eq(Mux(f_open, f_oh, oh))]
@@ -534,9 +551,10 @@ class HBBank(wiring.Component):
         about to cover, and the dense region when resident."""
         return Cat(valid & ~pend, dense_valid)
 
-    def busy_at_check(self, reading, onehot):
-        """A starting fill is refused (BUSY) when a read of its region is open."""
-        return (reading & onehot).any()
+    def busy_at_check(self, hit):
+        """A starting fill is refused (BUSY) when a read of its region is open
+        (``hit``: one was open or accepted in the claim cycle)."""
+        return hit
 
     def covered_thresholds(self) -> list[int]:
         """Slot ``j`` is covered iff ``kv_words > t[j]``
@@ -565,7 +583,8 @@ class HBBank(wiring.Component):
         m.d.comb += open_mask.eq(self.open_regions(valid, pend, dense_valid))
 
         phase = Signal(P, init=1)         # one-hot fill-slot phase
-        m.d.sync += phase.eq(phase.rotate_left(1))
+        phase_i = Signal(range(P))        # the same as an index
+        m.d.sync += [phase.eq(phase.rotate_left(1)), phase_i.eq(phase_i + 1)]
 
         # ---- SRAM banks: single-port, registered inputs, registered output ---------
         # One address per bank for reads and writes (the arbitration gives a
@@ -580,6 +599,7 @@ class HBBank(wiring.Component):
         ram_wdata = [Signal(self.sv_bits, name=f"ram_wdata{b}", reset_less=True)
                      for b in range(B)]
         ram_q = [Signal(self.sv_bits, name=f"ram_q{b}", reset_less=True) for b in range(B)]
+        ram_d = [Signal(self.sv_bits, name=f"ram_d{b}", reset_less=True) for b in range(B)]
         for b in range(B):
             mem = Memory(shape=unsigned(self.sv_bits), depth=W, init=[])
             m.submodules[f"bank{b}"] = mem
@@ -592,7 +612,11 @@ class HBBank(wiring.Component):
                          wp.addr.eq(ram_addr[b]), wp.data.eq(ram_wdata[b]),
                          wp.en.eq(ram_wen[b]),
                          self.probe_ren[b].eq(ram_ren[b]), self.probe_wen[b].eq(ram_wen[b])]
-            m.d.sync += ram_q[b].eq(rp.data)
+            # two registers behind the block RAM: ``ram_q`` has no other load,
+            # so it can sit beside its DP16KD (whose unregistered output
+            # leaves little of the cycle), ``ram_d`` feeds the output FIFO and
+            # the KV response from wherever they are
+            m.d.sync += [ram_q[b].eq(rp.data), ram_d[b].eq(ram_q[b])]
 
         # ---- read sessions ----------------------------------------------------------
         sess = []
@@ -603,7 +627,7 @@ class HBBank(wiring.Component):
             m.submodules[f"read{b}"] = s
             wiring.connect(m, wiring.flipped(self.rd_cmd[b]), s.cmd)
             wiring.connect(m, s.beat, wiring.flipped(self.rd[b]))
-            m.d.comb += [s.open_mask.eq(open_mask), s.ram_data.eq(ram_q[b]),
+            m.d.comb += [s.open_mask.eq(open_mask), s.ram_data.eq(ram_d[b]),
                          self.probe_start[b].eq(s.start),
                          self.probe_start_ok[b].eq(s.start_ok)]
             sess.append(s)
@@ -618,18 +642,21 @@ class HBBank(wiring.Component):
         k_addr = Signal(range(W))
         k_data = Signal(self.sv_bits)
         k_bank = Signal(B)
+        k_reqs = Signal(B)                # the bank a KV access in range wants (one-hot)
+        k_phase = Signal(P)               # the fill slot of its bank group (one-hot)
         k_pipe = Signal(READ_LATENCY)     # a KV read is in the SRAM pipeline
         k_rbank = [Signal(B, name=f"k_rbank{i}") for i in range(READ_LATENCY)]
         move_idle = Signal()
         m.d.comb += self.kv.ready.eq(~k_busy & ~self.kv_rsp.valid & (k_pipe == 0) & move_idle)
         kp = self.kv.payload
+        kv_bad = (kp.addr < kv_lo) | (kp.bank >= B)
         with m.If(self.kv.valid & self.kv.ready):
             m.d.sync += [k_busy.eq(1), k_write.eq(kp.write), k_addr.eq(kp.addr),
                          k_data.eq(kp.data), k_bank.eq(_onehot(kp.bank, B)),
-                         k_err.eq((kp.addr < kv_lo) | (kp.bank >= B))]
-        kv_req = [Signal(name=f"kv_req{b}") for b in range(B)]
-        for b in range(B):
-            m.d.comb += kv_req[b].eq(k_busy & ~k_err & k_bank[b])
+                         k_reqs.eq(Mux(kv_bad, 0, _onehot(kp.bank, B))),
+                         k_phase.eq(_onehot((kp.bank // FW if FW > 1 else kp.bank) % P, P)),
+                         k_err.eq(kv_bad)]
+        kv_req = [k_reqs[b] for b in range(B)]
 
         # ---- fill path: slice -> decoder -> queue -> head ---------------------------------
         m.submodules.fill_slice = fsl = RegisterSlice(self.fill_t)
@@ -660,9 +687,10 @@ class HBBank(wiring.Component):
         m.d.comb += [claim.eq(hv_ & head.data & head.first & (h_state == READY) & ~end_q.v),
                      check.eq(hv_ & head.data & (h_state == CLAIMED))]
         data_here = hv_ & head.data & (h_state == ACTIVE)
+        h_go = Signal()                   # = (h_state == ACTIVE) & ~h_refused
         fill_want = Signal()
         discard = Signal()
-        m.d.comb += [fill_want.eq(data_here & head.write & ~h_refused),
+        m.d.comb += [fill_want.eq(hv_ & head.write & h_go),      # write implies data
                      discard.eq(data_here & ~(head.write & ~h_refused))]
         end_now = Signal()
         m.d.comb += end_now.eq(hv_ & ~head.data & (head.stray | (h_state == ACTIVE)))
@@ -671,25 +699,27 @@ class HBBank(wiring.Component):
         read_req = [s.req for s in sess]
         busy_g = Cat(*[Cat(*[read_req[b] | kv_req[b] for b in range(g * FW, (g + 1) * FW)]).any()
                        for g in range(G)])
-        slot_now = (phase & head.phase).any()
+        slot_now = phase_i == head.phase
         group_free = ~(busy_g & head.group).any()
         fill_go = Signal()
         m.d.comb += fill_go.eq(fill_want & (slot_now | group_free))
         m.d.comb += self.probe_fill_wait.eq(fill_want & ~fill_go)
         fgo = [Signal(name=f"fgo{b}") for b in range(B)]
         kv_go = [Signal(name=f"kv_go{b}") for b in range(B)]
-        # A read loses its bank to a fill only in the fill's slot: outside it
-        # the fill goes only to a group no read wants. So the read grant is
-        # read_req & ~kv_req & ~fgo without waiting for fill_go (a shorter
-        # path into the read sessions).
-        fill_slot_win = Signal()
-        m.d.comb += fill_slot_win.eq(fill_want & slot_now)
+        # Reads and KV accesses do not wait for the fill decision: in a
+        # group's fill slot they leave the group's banks alone whenever a fill
+        # beat is at the queue head (``rsv``, two registers), whether or not
+        # that beat is for this group and can be written now; outside it the
+        # fill goes only to a group no read and no KV access wants. So the
+        # grants are read_req & ~kv_req & ~rsv and kv_req & ~rsv (a read keeps
+        # 3 cycles in 4 while fills are queued, all of them otherwise).
+        rsv = Signal(G)
+        m.d.comb += rsv.eq(Cat(*[hv_ & phase[g % P] for g in range(G)]))
         for b in range(B):
             s = sess[b]
             m.d.comb += [fgo[b].eq(fill_go & head.group[b // FW]),
-                         kv_go[b].eq(kv_req[b] & ~fgo[b]),
-                         s.go.eq(read_req[b] & ~kv_req[b]
-                                 & ~(fill_slot_win & head.group[b // FW]))]
+                         kv_go[b].eq(kv_req[b] & ~rsv[b // FW]),
+                         s.go.eq(read_req[b] & ~kv_req[b] & ~rsv[b // FW])]
             kv_rd = kv_go[b] & ~k_write
             kv_wr = kv_go[b] & k_write
             m.d.sync += [ram_ren[b].eq(s.go | kv_rd),
@@ -701,7 +731,9 @@ class HBBank(wiring.Component):
         m.d.comb += [pop.eq(fill_go | discard | end_now), ff.r_en.eq(pop)]
 
         # ---- KV completion --------------------------------------------------------------
-        kv_any_go = Cat(*kv_go).any()
+        # = Cat(*kv_go).any(), from the KV access's fill-slot one-hot
+        kv_any_go = Signal()
+        m.d.comb += kv_any_go.eq(k_reqs.any() & ~(hv_ & (phase & k_phase).any()))
         kv_rd_go = kv_any_go & ~k_write
         m.d.sync += k_pipe.eq(Cat(kv_rd_go, k_pipe[:-1]))
         m.d.sync += k_rbank[0].eq(k_bank)
@@ -713,29 +745,40 @@ class HBBank(wiring.Component):
             m.d.sync += [k_busy.eq(0), self.kv_rsp.valid.eq(1),
                          self.kv_rsp.payload.error.eq(1), self.kv_rsp.payload.data.eq(0)]
         with m.If(kv_any_go):
-            m.d.sync += k_busy.eq(0)
+            m.d.sync += [k_busy.eq(0), k_reqs.eq(0)]
             with m.If(k_write):
                 m.d.sync += [self.kv_rsp.valid.eq(1), self.kv_rsp.payload.error.eq(0),
                              self.kv_rsp.payload.data.eq(0)]
         with m.If(k_pipe[-1]):
             sel = Const(0, self.sv_bits)
             for b in range(B):
-                sel = sel | Mux(k_rbank[-1][b], ram_q[b], 0)
+                sel = sel | Mux(k_rbank[-1][b], ram_d[b], 0)
             m.d.sync += [self.kv_rsp.valid.eq(1), self.kv_rsp.payload.error.eq(0),
                          self.kv_rsp.payload.data.eq(sel)]
 
         # ---- fill head: claim, check, end ---------------------------------------------------
         claim_clr = Signal(S + 1)
         m.d.comb += claim_clr.eq(Mux(claim, head.onehot, 0))
+        # The refusal is decided from the state of the claim cycle, registered
+        # every cycle against the head's region (the head does not move between
+        # claim and check): the slot covered or being covered (COVERED), a read
+        # of the region open or accepted in that cycle (BUSY; reads accepted
+        # later find the region no longer resident). Registering the hits
+        # keeps the reading/coverage vectors out of the check cycle's logic.
+        cov_q = Signal()
+        open_q = Signal()
+        acc_q = Signal(B)
+        m.d.sync += [cov_q.eq(((covered | pend) & head.onehot[:S]).any()),
+                     open_q.eq((reading & head.onehot).any()),
+                     acc_q.eq(Cat(*[s.start_ok & (s.start_oh & head.onehot).any()
+                                    for s in sess]))]
         with m.If(claim):
-            cov_hit = ((covered | pend) & head.onehot[:S]).any()
-            m.d.sync += [h_state.eq(CLAIMED), h_refused.eq(cov_hit),
-                         h_reason.eq(FillResultCode.COVERED)]
+            m.d.sync += h_state.eq(CLAIMED)
         with m.If(check):
-            busy_hit = self.busy_at_check(reading, head.onehot)
-            m.d.sync += h_state.eq(ACTIVE)
-            with m.If(~h_refused & busy_hit):
-                m.d.sync += [h_refused.eq(1), h_reason.eq(FillResultCode.BUSY)]
+            busy_hit = self.busy_at_check(open_q | acc_q.any())
+            m.d.sync += [h_state.eq(ACTIVE), h_refused.eq(cov_q | busy_hit),
+                         h_go.eq(~(cov_q | busy_hit)),
+                         h_reason.eq(Mux(cov_q, FillResultCode.COVERED, FillResultCode.BUSY))]
         result = Signal(FillResultCode)
         # a refused fill wrote nothing: say so, whatever its beats said
         m.d.comb += result.eq(Mux(h_refused & ~head.stray, h_reason, head.result))
@@ -745,7 +788,7 @@ class HBBank(wiring.Component):
                          end_q.onehot.eq(head.onehot), end_q.rkind.eq(head.rkind),
                          end_q.slot.eq(head.slot), end_q.result.eq(result)]
             with m.If(~head.stray):
-                m.d.sync += [h_state.eq(READY), h_refused.eq(0)]
+                m.d.sync += [h_state.eq(READY), h_refused.eq(0), h_go.eq(0)]
         m.d.comb += [self.fill_done.valid.eq(end_q.v),
                      self.fill_done.region.eq(end_q.rkind),
                      self.fill_done.slot.eq(end_q.slot),
@@ -760,7 +803,7 @@ class HBBank(wiring.Component):
         m.d.sync += filling.eq((filling & ~end_clr) | claim_clr)
 
         # ---- boundary moves (two phases) ----------------------------------------------------
-        IDLE, EVAL, WAIT = 0, 1, 2
+        IDLE, EVAL, SETTLE, WAIT = 0, 1, 2, 3
         mv_state = Signal(2)
         mv_new = Signal(range(W + 1))
         mv_cov = Signal(S)
@@ -775,10 +818,19 @@ class HBBank(wiring.Component):
         with m.If(mv_state == EVAL):
             cov_new = Cat(*[mv_new > t if t >= 0 else Const(1) for t in thr])
             err = mv_new > self.kv_limit
-            m.d.sync += [mv_cov.eq(cov_new), mv_err.eq(err), mv_state.eq(WAIT),
+            m.d.sync += [mv_cov.eq(cov_new), mv_err.eq(err), mv_state.eq(SETTLE),
                          pend.eq(Mux(err, 0, cov_new ^ covered))]
+        with m.If(mv_state == SETTLE):
+            m.d.sync += mv_state.eq(WAIT)
         newly = mv_cov & ~covered
-        blocked = ((pend & (reading[:S] | filling[:S])).any() | k_busy | (k_pipe != 0))
+        # ``blocked`` is registered (one cycle old): from SETTLE on, no read or
+        # fill of a ``pend`` slot starts (they are refused) and no KV access is
+        # accepted, so the set of open ones only shrinks and the value of the
+        # cycle before is a safe (late by one) view; SETTLE makes sure that
+        # cycle already saw ``pend`` (reads accepted in EVAL are open in it)
+        blocked = Signal()
+        m.d.sync += blocked.eq((pend & (reading[:S] | filling[:S])).any() | k_busy
+                               | (k_pipe != 0))
         apply_ = Signal()
         m.d.comb += apply_.eq((mv_state == WAIT) & (mv_err | ~blocked))
         move_clr = Signal(S)
