@@ -15,13 +15,16 @@ Every bank is one single-port SRAM: one access (PE read, KV access or fill
 write) per cycle. A fill beat writes the ``fill_words`` banks of one *bank
 group* at once. Time is cut into periods of ``P = FILL_PERIOD`` (4) cycles,
 and group ``g`` owns cycle ``g mod P`` of every period (its *fill slot*). In
-its fill slot a group's banks go to the fill beat at the head of the fill
-queue if it is for that group (then KV, then the PE read); in every other
-cycle the order is KV access, PE read, fill (a fill beat is written when none
-of its banks is wanted by a KV access or a PE read). So under any read load a
-head fill beat waits at most ``P - 1`` cycles for its banks, and every bank
-gives fills at least one cycle in ``P``: 0.25 words/cycle/bank, while PE reads
-keep at least ``(P-1)/P`` = 0.75 words/cycle (1.00 when no fill is waiting).
+its fill slot a group's banks are *held* whenever a fill beat is at the head
+of the fill queue: the beat is written there if it is for that group, and
+neither a KV access nor a PE read takes the banks in that cycle either way
+(the hold is two registers, so the read and KV grants never wait for the
+fill's decision). In every other cycle the order is KV access, PE read, fill
+(a fill beat is written when none of its banks is wanted by a KV access or a
+PE read). So under any read load a head fill beat waits at most ``P - 1``
+cycles for its banks, and every bank gives fills at least one cycle in
+``P``: 0.25 words/cycle/bank, while PE reads keep at least ``(P-1)/P`` = 0.75
+words/cycle (1.00 when no fill beat is queued).
 Because consecutive groups own consecutive cycles, a fill stream in address
 order (bank fastest, as the stream engine sends it) is written at one beat per
 cycle even while every PE reads continuously. KV accesses wait at most one
@@ -52,17 +55,24 @@ Timing of the state changes
   resident and not about to be covered at that cycle.
 * A fill's first DATA beat *claims* its region when it reaches the head of
   the fill queue: the valid bit clears (``slot_valid`` falls the next cycle);
-  one cycle later the fill is refused if a read of the region is open (BUSY)
-  or the slot is covered or being covered (COVERED). Its COMMIT/ABORT takes
-  effect when it leaves the queue: ``fill_done`` and (for a committed expert
-  slot) the ``commit`` strobe are shown for one cycle, and at the end of that
-  cycle ``slot_valid`` rises -- the tag unit turns PENDING into RESIDENT on
-  the same clock edge.
-* A boundary write is taken into a register (one at a time); its newly
-  covered and uncovered slots are computed the next cycle and from then on
-  refuse new reads and fills. It takes effect once no read or fill of them
-  is open and no KV access is in flight: ``covered``, ``kv_words`` and the
-  valid bits change at one clock edge and ``moved`` reports it.
+  one cycle later the fill is refused if, in the claim cycle, a read of the
+  region was open or was accepted (BUSY) or the slot was covered or being
+  covered (COVERED) -- the hits are registered in the claim cycle, so the
+  check cycle does not see the reading and coverage vectors. Its
+  COMMIT/ABORT takes effect when it leaves the queue: ``fill_done`` and (for
+  a committed expert slot) the ``commit`` strobe are shown for one cycle, and
+  at the end of that cycle ``slot_valid`` rises -- the tag unit turns PENDING
+  into RESIDENT on the same clock edge.
+* A boundary write is taken into a register (one at a time) with its new
+  coverage and error computed from it; the next cycle (EVAL) the slots whose
+  coverage changes are marked (``pend``), and from then on reads and fills
+  of them are refused. After one more cycle (SETTLE: the reads accepted in
+  EVAL are open in it) the move takes effect at the first cycle in which the
+  registered view of the cycle before shows no read or fill of those slots
+  open and no KV access in flight (that set only shrinks once ``pend`` is
+  set, so a view one cycle old is safe): ``covered``, ``kv_words`` and the
+  valid bits change at one clock edge and ``moved`` reports it,
+  ``MOVE_LATENCY`` (4) cycles after the write at the earliest.
 * KV accesses are not accepted while a move is pending; a KV access checks
   its address against the boundary when accepted.
 
@@ -84,7 +94,7 @@ from .vocab import FillBeatKind, FillResultCode, HBRegionKind, bits
 
 __all__ = ["HBBank", "ReadSession", "FillDecoder", "fill_op", "hb_params", "FILL_PERIOD",
            "FILL_READY_BOUND", "READ_LATENCY", "OUT_DEPTH", "FIRST_WORD_LATENCY",
-           "FILL_OVERHEAD"]
+           "FILL_OVERHEAD", "KV_WRITE_LATENCY", "KV_READ_LATENCY", "MOVE_LATENCY"]
 
 #: Period of the fill slots (cycles): each bank group owns one cycle in ``P``.
 FILL_PERIOD = 4
@@ -103,11 +113,34 @@ FIRST_WORD_LATENCY = 9
 #: Cycles a fill costs besides one per DATA beat: up to 3 for its claim (its
 #: first beat) and 1 for its COMMIT/ABORT beat.
 FILL_OVERHEAD = 4
+#: Cycles from a KV write's / read's transfer on ``kv`` to its response on
+#: ``kv_rsp`` on an idle HB (one more when its bank group's fill slot is held
+#: for a queued fill beat); asserted by ``test_hb_kv_and_move_latency``.
+KV_WRITE_LATENCY = 3
+KV_READ_LATENCY = 6
+#: Cycles from a boundary write's transfer to its ``moved`` report when no
+#: read, fill or KV access holds it up (asserted by the same test).
+MOVE_LATENCY = 4
 
 
 def _onehot(value, n: int):
     """``n``-bit one-hot of ``value`` (0 when ``value >= n``)."""
     return Cat(*[value == j for j in range(n)])
+
+
+def _sum_le(a, b, k: int):
+    """``a + b <= k`` for unsigned ``a``, ``b`` and a constant ``k``: the
+    sign of ``a + b - (k + 1)``, the three operands reduced by one carry-save
+    layer (a LUT per bit) to two, so one carry chain instead of an adder and a
+    comparator behind it."""
+    n = max(len(a), len(b)) + 2
+    kk = Const((-(k + 1)) % (1 << n), n)
+    a, b = a.as_unsigned(), b.as_unsigned()
+    a = Cat(a, Const(0, n - len(a)))
+    b = Cat(b, Const(0, n - len(b)))
+    s = a ^ b ^ kk
+    cy = ((a & b) | (a & kk) | (b & kk))[:n - 1]
+    return (s + Cat(Const(0, 1), cy))[n - 1]
 
 
 def _slot_base(slot, slots: int, slot_words: int, dense_words: int, words: int):
@@ -151,8 +184,14 @@ class ReadSession(wiring.Component):
         covered; bit ``S`` = the dense region).
     reading : ``Out(S + 1)``
         Regions with an accepted read that has not read its last word yet.
-    req, go : ``Out(1)``, ``In(1)``
-        The current session wants the bank's SRAM port this cycle / got it.
+    req : ``Out(1)``
+        The current session wants the bank's SRAM port this cycle.
+    kv_next, hold : ``In(1)``
+        A KV access wants the bank in the next cycle (KV goes first) / the
+        bank is held for a fill this cycle.
+    go : ``Out(1)``
+        The session has the bank's SRAM port this cycle: ``req`` and no KV
+        access and no hold.
     addr : ``Out(range(W))``
         Address of the word it wants.
     ram_data : ``In(sv_bits)``
@@ -174,7 +213,8 @@ class ReadSession(wiring.Component):
             "cmd": In(stream.Signature(self.read_t)),
             "beat": Out(stream.Signature(self.beat_t)),
             "open_mask": In(slots + 1), "reading": Out(slots + 1),
-            "req": Out(1), "go": In(1), "addr": Out(range(words)),
+            "req": Out(1), "kv_next": In(1), "hold": In(1), "go": Out(1),
+            "addr": Out(range(words)),
             "ram_data": In(self.sv_bits), "start": Out(1), "start_ok": Out(1),
             "start_oh": Out(slots + 1),
         })
@@ -185,7 +225,10 @@ class ReadSession(wiring.Component):
         accepts a read only adds the residency check)."""
         S, SW, D, W = self.S, self.SW, self.D, self.W
         return data.StructLayout({
-            "in_range": 1,                   # 1 <= count, offset + count <= region size
+            "nz": 1,                         # count != 0
+            "exp": 1,                        # an expert slot (else the dense region)
+            "in_exp": 1,                     # offset + count <= SW
+            "in_dense": 1,                   # offset + count <= D
             "onehot": S + 1,                 # the region (bit S = dense; 0 = no such slot)
             "addr": range(W),                # absolute address of the first word
             "left": range(max(SW, D) + 1),   # count - 1
@@ -201,12 +244,14 @@ class ReadSession(wiring.Component):
         dl = self.decoded_layout()
         pre = Signal(dl)
         c_exp = c.region == HBRegionKind.EXPERT
-        c_end = Signal(range(max(SW, D) * 2 + 2))
         base = Signal(range(W))
         m.d.comb += base.eq(_slot_base(c.slot, S, SW, D, W))
         m.d.comb += [
-            c_end.eq(c.offset + c.count),
-            pre.in_range.eq((c.count != 0) & (c_end <= Mux(c_exp, SW, D))),
+            # offset + count <= size for both sizes; the choice is made behind
+            # the slice, in parallel with the residency check
+            pre.nz.eq(c.count != 0), pre.exp.eq(c_exp),
+            pre.in_exp.eq(_sum_le(c.offset, c.count, SW)),
+            pre.in_dense.eq(_sum_le(c.offset, c.count, D)),
             # a slot number past S names no region (as in golden/hb_map.region_index)
             pre.onehot.eq(Mux(c_exp, Mux(c.slot < S, _onehot(c.slot, S + 1), 0),
                               1 << S)),
@@ -220,7 +265,8 @@ class ReadSession(wiring.Component):
         p = sl.o.payload
         oh = p.onehot
         ok = Signal()
-        m.d.comb += ok.eq(p.in_range & (oh & self.open_mask).any())
+        in_range = p.nz & Mux(p.exp, p.in_exp, p.in_dense)
+        m.d.comb += ok.eq(in_range & (oh & self.open_mask).any())
 
         n_valid, n_err, n_last = Signal(), Signal(), Signal()
         n_addr = Signal(range(W))
@@ -235,11 +281,21 @@ class ReadSession(wiring.Component):
 
         owed = Signal(range(self.out_depth + 1))
         credit = Signal(init=1)           # = owed < out_depth, registered
+        # ``req`` = c_active & credit & ~c_err, kept as its own register (from
+        # the next values of the three) so that the bank arbitration and the
+        # fill's choice of a free group start at a flip-flop
+        # ``req_free`` = req & (no KV access wants the bank) and ``err_go`` =
+        # c_active & credit & c_err likewise, so ``issue`` is one LUT
+        req, req_free, err_go = Signal(), Signal(), Signal()
+        c_active_n, c_err_n, credit_n = Signal(), Signal(), Signal()
         issue = Signal()
-        m.d.comb += [self.req.eq(c_active & credit & ~c_err),
-                     issue.eq(c_active & credit & (c_err | self.go)),
+        m.d.comb += [self.req.eq(req), self.go.eq(req_free & ~self.hold),
+                     issue.eq((req_free & ~self.hold) | err_go),
                      self.addr.eq(c_addr),
                      self.reading.eq(c_oh | n_oh)]
+        m.d.sync += [req.eq(c_active_n & credit_n & ~c_err_n),
+                     req_free.eq(c_active_n & credit_n & ~c_err_n & ~self.kv_next),
+                     err_go.eq(c_active_n & credit_n & c_err_n)]
         c_take = Signal()
         n_take = Signal()
         m.d.comb += [c_take.eq(n_valid & (~c_active | (issue & c_last))),
@@ -248,12 +304,16 @@ class ReadSession(wiring.Component):
                      self.start.eq(n_take), self.start_ok.eq(n_take & ok),
                      self.start_oh.eq(oh)]
 
+        m.d.comb += [c_active_n.eq(c_active), c_err_n.eq(c_err)]
+        m.d.sync += [c_active.eq(c_active_n), c_err.eq(c_err_n)]
         with m.If(issue):
             m.d.sync += [c_addr.eq(c_addr + 1), c_left.eq(c_left - 1), c_last.eq(c_left == 1)]
             with m.If(c_last):
-                m.d.sync += [c_active.eq(0), c_oh.eq(0)]
+                m.d.comb += c_active_n.eq(0)
+                m.d.sync += c_oh.eq(0)
         with m.If(c_take):
-            m.d.sync += [c_active.eq(1), c_err.eq(n_err), c_last.eq(n_last), c_addr.eq(n_addr),
+            m.d.comb += [c_active_n.eq(1), c_err_n.eq(n_err)]
+            m.d.sync += [c_last.eq(n_last), c_addr.eq(n_addr),
                          c_left.eq(n_left), c_plane.eq(n_plane), c_oh.eq(n_oh)]
         with m.If(c_take & ~n_take):
             m.d.sync += [n_valid.eq(0), n_oh.eq(0)]
@@ -281,8 +341,8 @@ class ReadSession(wiring.Component):
                      ofifo.r_en.eq(self.beat.ready)]
         pop = self.beat.valid & self.beat.ready
         owed_n = Signal.like(owed)
-        m.d.comb += owed_n.eq(owed + issue - pop)
-        m.d.sync += [owed.eq(owed_n), credit.eq(owed_n < self.out_depth)]
+        m.d.comb += [owed_n.eq(owed + issue - pop), credit_n.eq(owed_n < self.out_depth)]
+        m.d.sync += [owed.eq(owed_n), credit.eq(credit_n)]
         return m
 
 
@@ -579,8 +639,13 @@ class HBBank(wiring.Component):
         filling = Signal(S + 1)           # regions with a claimed, unfinished fill
         m.d.comb += [self.slot_valid.eq(valid), self.dense_valid.eq(dense_valid),
                      self.covered.eq(covered), self.kv_words.eq(kv_q)]
+        # the regions a read may start on, registered: computed from the next
+        # values of the valid bits and ``pend`` (so it equals
+        # open_regions(valid, pend, dense_valid) in every cycle)
         open_mask = Signal(S + 1)
-        m.d.comb += open_mask.eq(self.open_regions(valid, pend, dense_valid))
+        valid_n, pend_n, dense_n = Signal(S), Signal(S), Signal()
+        m.d.sync += [open_mask.eq(self.open_regions(valid_n, pend_n, dense_n)),
+                     valid.eq(valid_n), pend.eq(pend_n), dense_valid.eq(dense_n)]
 
         phase = Signal(P, init=1)         # one-hot fill-slot phase
         phase_i = Signal(range(P))        # the same as an index
@@ -647,13 +712,18 @@ class HBBank(wiring.Component):
         k_pipe = Signal(READ_LATENCY)     # a KV read is in the SRAM pipeline
         k_rbank = [Signal(B, name=f"k_rbank{i}") for i in range(READ_LATENCY)]
         move_idle = Signal()
-        m.d.comb += self.kv.ready.eq(~k_busy & ~self.kv_rsp.valid & (k_pipe == 0) & move_idle)
+        k_wdone = Signal()                # a KV write was granted last cycle
+        m.d.comb += self.kv.ready.eq(~k_busy & ~k_wdone & ~self.kv_rsp.valid & (k_pipe == 0)
+                                     & move_idle)
         kp = self.kv.payload
         kv_bad = (kp.addr < kv_lo) | (kp.bank >= B)
+        k_reqs_n = Signal(B)
+        m.d.sync += k_reqs.eq(k_reqs_n)
+        m.d.comb += k_reqs_n.eq(k_reqs)
         with m.If(self.kv.valid & self.kv.ready):
+            m.d.comb += k_reqs_n.eq(Mux(kv_bad, 0, _onehot(kp.bank, B)))
             m.d.sync += [k_busy.eq(1), k_write.eq(kp.write), k_addr.eq(kp.addr),
                          k_data.eq(kp.data), k_bank.eq(_onehot(kp.bank, B)),
-                         k_reqs.eq(Mux(kv_bad, 0, _onehot(kp.bank, B))),
                          k_phase.eq(_onehot((kp.bank // FW if FW > 1 else kp.bank) % P, P)),
                          k_err.eq(kv_bad)]
         kv_req = [k_reqs[b] for b in range(B)]
@@ -719,7 +789,7 @@ class HBBank(wiring.Component):
             s = sess[b]
             m.d.comb += [fgo[b].eq(fill_go & head.group[b // FW]),
                          kv_go[b].eq(kv_req[b] & ~rsv[b // FW]),
-                         s.go.eq(read_req[b] & ~kv_req[b] & ~rsv[b // FW])]
+                         s.kv_next.eq(k_reqs_n[b]), s.hold.eq(rsv[b // FW])]
             kv_rd = kv_go[b] & ~k_write
             kv_wr = kv_go[b] & k_write
             m.d.sync += [ram_ren[b].eq(s.go | kv_rd),
@@ -736,6 +806,9 @@ class HBBank(wiring.Component):
         m.d.comb += kv_any_go.eq(k_reqs.any() & ~(hv_ & (phase & k_phase).any()))
         kv_rd_go = kv_any_go & ~k_write
         m.d.sync += k_pipe.eq(Cat(kv_rd_go, k_pipe[:-1]))
+        # a write's response is made from this register, the cycle after its
+        # grant, so that the grant does not fan out into the response payload
+        m.d.sync += k_wdone.eq(kv_any_go & k_write)
         m.d.sync += k_rbank[0].eq(k_bank)
         for i in range(1, READ_LATENCY):
             m.d.sync += k_rbank[i].eq(k_rbank[i - 1])
@@ -745,10 +818,11 @@ class HBBank(wiring.Component):
             m.d.sync += [k_busy.eq(0), self.kv_rsp.valid.eq(1),
                          self.kv_rsp.payload.error.eq(1), self.kv_rsp.payload.data.eq(0)]
         with m.If(kv_any_go):
-            m.d.sync += [k_busy.eq(0), k_reqs.eq(0)]
-            with m.If(k_write):
-                m.d.sync += [self.kv_rsp.valid.eq(1), self.kv_rsp.payload.error.eq(0),
-                             self.kv_rsp.payload.data.eq(0)]
+            m.d.comb += k_reqs_n.eq(0)
+            m.d.sync += k_busy.eq(0)
+        with m.If(k_wdone):
+            m.d.sync += [self.kv_rsp.valid.eq(1), self.kv_rsp.payload.error.eq(0),
+                         self.kv_rsp.payload.data.eq(0)]
         with m.If(k_pipe[-1]):
             sel = Const(0, self.sv_bits)
             for b in range(B):
@@ -812,14 +886,18 @@ class HBBank(wiring.Component):
                      self.boundary.ready.eq((mv_state == IDLE) & ~self.moved.valid)]
         with m.If(self.moved.ready):
             m.d.sync += self.moved.valid.eq(0)
-        with m.If(self.boundary.valid & self.boundary.ready):
-            m.d.sync += [mv_new.eq(self.boundary.payload), mv_state.eq(EVAL)]
+        # the new coverage and the error are computed from the boundary write
+        # itself, into registers; EVAL then only compares them with ``covered``
         thr = self.covered_thresholds()
+        bnd = self.boundary.payload
+        with m.If(self.boundary.valid & self.boundary.ready):
+            m.d.sync += [mv_new.eq(bnd), mv_state.eq(EVAL),
+                         mv_cov.eq(Cat(*[bnd > t if t >= 0 else Const(1) for t in thr])),
+                         mv_err.eq(bnd > self.kv_limit)]
+        m.d.comb += pend_n.eq(pend)
         with m.If(mv_state == EVAL):
-            cov_new = Cat(*[mv_new > t if t >= 0 else Const(1) for t in thr])
-            err = mv_new > self.kv_limit
-            m.d.sync += [mv_cov.eq(cov_new), mv_err.eq(err), mv_state.eq(SETTLE),
-                         pend.eq(Mux(err, 0, cov_new ^ covered))]
+            m.d.sync += mv_state.eq(SETTLE)
+            m.d.comb += pend_n.eq(Mux(mv_err, 0, mv_cov ^ covered))
         with m.If(mv_state == SETTLE):
             m.d.sync += mv_state.eq(WAIT)
         newly = mv_cov & ~covered
@@ -829,14 +907,15 @@ class HBBank(wiring.Component):
         # cycle before is a safe (late by one) view; SETTLE makes sure that
         # cycle already saw ``pend`` (reads accepted in EVAL are open in it)
         blocked = Signal()
-        m.d.sync += blocked.eq((pend & (reading[:S] | filling[:S])).any() | k_busy
+        m.d.sync += blocked.eq((pend & (reading[:S] | filling[:S])).any() | k_busy | k_wdone
                                | (k_pipe != 0))
         apply_ = Signal()
         m.d.comb += apply_.eq((mv_state == WAIT) & (mv_err | ~blocked))
         move_clr = Signal(S)
         m.d.comb += move_clr.eq(Mux(apply_ & ~mv_err, newly, 0))
         with m.If(apply_):
-            m.d.sync += [mv_state.eq(IDLE), pend.eq(0), self.moved.valid.eq(1),
+            m.d.comb += pend_n.eq(0)
+            m.d.sync += [mv_state.eq(IDLE), self.moved.valid.eq(1),
                          self.moved.payload.error.eq(mv_err),
                          self.moved.payload.kv_words.eq(Mux(mv_err, kv_q, mv_new)),
                          self.moved.payload.covered.eq(Mux(mv_err, 0, newly)),
@@ -845,8 +924,8 @@ class HBBank(wiring.Component):
                 m.d.sync += [covered.eq(mv_cov), kv_q.eq(mv_new), kv_lo.eq(W - mv_new)]
 
         # ---- valid bits: commit sets, a claim or a covering move clears -------------------
-        m.d.sync += [valid.eq((valid | end_set[:S]) & ~claim_clr[:S] & ~move_clr),
-                     dense_valid.eq((dense_valid | end_set[S]) & ~claim_clr[S])]
+        m.d.comb += [valid_n.eq((valid | end_set[:S]) & ~claim_clr[:S] & ~move_clr),
+                     dense_n.eq((dense_valid | end_set[S]) & ~claim_clr[S])]
         return m
 
 
