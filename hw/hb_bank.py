@@ -160,8 +160,10 @@ class ReadSession(wiring.Component):
     """The read side of one bank: command decode, the current and the next
     read session, and the output FIFO to the paired PE.
 
-    A command is decoded when it enters the *next* register (that is when it
-    is accepted: the region must be resident then, see ``open_mask``); the
+    Its range check, region one-hot and start address are computed in front
+    of its register slice. A command is decoded when it enters the *next*
+    register (that is when it is accepted: the region must be resident then,
+    see ``open_mask``); the
     next session becomes *current* as soon as the current one has issued its
     last word, so a bank streams one word per cycle back to back across
     commands. A refused command becomes one ``last`` + ``error`` beat. Words
@@ -195,7 +197,8 @@ class ReadSession(wiring.Component):
     addr : ``Out(range(W))``
         Address of the word it wants.
     ram_data : ``In(sv_bits)``
-        The SRAM output register, ``READ_LATENCY`` cycles after a grant.
+        The read data (the second register behind the SRAM), ``READ_LATENCY``
+        cycles after a grant.
     start, start_ok : ``Out(1)``
         A command was decoded this cycle / it was accepted.
     start_oh : ``Out(S + 1)``
@@ -519,17 +522,28 @@ class HBBank(wiring.Component):
     kv_words : ``Out(range(W + 1))``
         The boundary register.
 
-    Latency and throughput (measured by ``tb/test_hb_bank.py``): a read's
-    first word is on ``rd`` 8 cycles after its command's transfer on an idle
-    bank (``FIRST_WORD_LATENCY``) (register slice, decode, grant, registered SRAM address, SRAM,
-    SRAM output register, output FIFO); a bank then streams one word per
-    cycle, back to back across commands, while its PE is ready. Fills: one
-    beat per cycle in address order under any read load (see the
-    arbitration rule), PE reads keep at least 0.75 words/cycle/bank while
-    fills take their slots and 1.00 otherwise; a fill's first beat costs up
-    to 3 extra cycles (its claim). KV: one access in flight; a response 4-6
-    cycles after acceptance. A boundary move takes effect 2 cycles after its
-    write is accepted at the earliest.
+    Latency and throughput (measured by ``tests/test_hb_bank.py``): a read's
+    first word is on ``rd`` 9 cycles after its command's transfer on an idle
+    bank (``FIRST_WORD_LATENCY``; register slice, decode, grant, registered
+    SRAM address, SRAM, the two read-data registers behind the block RAM,
+    output FIFO); a bank then streams one word per cycle, back to back across
+    commands, while its PE is ready. Fills: one beat per cycle in address
+    order under any read load (see the arbitration rule), PE reads keep at
+    least 0.75 words/cycle/bank while fill beats are queued and 1.00
+    otherwise; a fill's first beat costs up to 3 extra cycles (its claim).
+    KV: one access in flight; a write's response ``KV_WRITE_LATENCY`` (3) and
+    a read's ``KV_READ_LATENCY`` (6) cycles after its transfer on an idle HB,
+    one more when the access meets its bank's held fill slot. A boundary move
+    is reported ``MOVE_LATENCY`` (4) cycles after its write at the earliest.
+
+    Timing (issue 11): every input of the arbitration, the read issue and
+    the fill head's decisions is a flip-flop or at most a few LUT levels from
+    one: the per-bank ``req``/``req_free`` registers, the fill-slot hold, the
+    registered open mask, refusal hits and move ``blocked`` view. Each block
+    RAM's read data passes two registers, the first with no other load, so
+    that it can sit next to the DP16KD -- or be packed into its output
+    register (``REGMODE=OUTREG``), which Yosys 0.70 does not do
+    (``docs/blocks/hb_bank.md``).
 
     Raises
     ------
@@ -656,8 +670,10 @@ class HBBank(wiring.Component):
         # bank one access per cycle), so synthesis maps a bank to single-port
         # block RAM without read-during-write bypass logic; the address, write
         # enable and write data come from registers and the read data goes
-        # straight into a register (ECP5: DP16KD, then a fabric FF next to it;
-        # Yosys 0.70 does not pack it into the DP16KD's OUTREG).
+        # straight into a register (ECP5: DP16KD, then a fabric FF; Yosys 0.70
+        # does not pack that FF into the DP16KD's OUTREG, and nextpnr, which
+        # underestimates long vertical routes, often places it tens of rows
+        # from its EBR, where 5.6 ns of clock-to-output leave 2.4 ns).
         ram_ren = [Signal(name=f"ram_ren{b}") for b in range(B)]
         ram_wen = [Signal(name=f"ram_wen{b}") for b in range(B)]
         ram_addr = [Signal(range(W), name=f"ram_addr{b}", reset_less=True) for b in range(B)]
@@ -677,10 +693,10 @@ class HBBank(wiring.Component):
                          wp.addr.eq(ram_addr[b]), wp.data.eq(ram_wdata[b]),
                          wp.en.eq(ram_wen[b]),
                          self.probe_ren[b].eq(ram_ren[b]), self.probe_wen[b].eq(ram_wen[b])]
-            # two registers behind the block RAM: ``ram_q`` has no other load,
-            # so it can sit beside its DP16KD (whose unregistered output
-            # leaves little of the cycle), ``ram_d`` feeds the output FIFO and
-            # the KV response from wherever they are
+            # two registers behind the block RAM: ``ram_q`` has no other load
+            # (no enable, no reset), so it can sit beside its DP16KD or be
+            # packed into its output register; ``ram_d`` feeds the output FIFO
+            # and the KV response from wherever they are
             m.d.sync += [ram_q[b].eq(rp.data), ram_d[b].eq(ram_q[b])]
 
         # ---- read sessions ----------------------------------------------------------
