@@ -15,13 +15,16 @@ Every bank is one single-port SRAM: one access (PE read, KV access or fill
 write) per cycle. A fill beat writes the ``fill_words`` banks of one *bank
 group* at once. Time is cut into periods of ``P = FILL_PERIOD`` (4) cycles,
 and group ``g`` owns cycle ``g mod P`` of every period (its *fill slot*). In
-its fill slot a group's banks go to the fill beat at the head of the fill
-queue if it is for that group (then KV, then the PE read); in every other
-cycle the order is KV access, PE read, fill (a fill beat is written when none
-of its banks is wanted by a KV access or a PE read). So under any read load a
-head fill beat waits at most ``P - 1`` cycles for its banks, and every bank
-gives fills at least one cycle in ``P``: 0.25 words/cycle/bank, while PE reads
-keep at least ``(P-1)/P`` = 0.75 words/cycle (1.00 when no fill is waiting).
+its fill slot a group's banks are *held* whenever a fill beat is at the head
+of the fill queue: the beat is written there if it is for that group, and
+neither a KV access nor a PE read takes the banks in that cycle either way
+(the hold is two registers, so the read and KV grants never wait for the
+fill's decision). In every other cycle the order is KV access, PE read, fill
+(a fill beat is written when none of its banks is wanted by a KV access or a
+PE read). So under any read load a head fill beat waits at most ``P - 1``
+cycles for its banks, and every bank gives fills at least one cycle in
+``P``: 0.25 words/cycle/bank, while PE reads keep at least ``(P-1)/P`` = 0.75
+words/cycle (1.00 when no fill beat is queued).
 Because consecutive groups own consecutive cycles, a fill stream in address
 order (bank fastest, as the stream engine sends it) is written at one beat per
 cycle even while every PE reads continuously. KV accesses wait at most one
@@ -52,17 +55,24 @@ Timing of the state changes
   resident and not about to be covered at that cycle.
 * A fill's first DATA beat *claims* its region when it reaches the head of
   the fill queue: the valid bit clears (``slot_valid`` falls the next cycle);
-  one cycle later the fill is refused if a read of the region is open (BUSY)
-  or the slot is covered or being covered (COVERED). Its COMMIT/ABORT takes
-  effect when it leaves the queue: ``fill_done`` and (for a committed expert
-  slot) the ``commit`` strobe are shown for one cycle, and at the end of that
-  cycle ``slot_valid`` rises -- the tag unit turns PENDING into RESIDENT on
-  the same clock edge.
-* A boundary write is taken into a register (one at a time); its newly
-  covered and uncovered slots are computed the next cycle and from then on
-  refuse new reads and fills. It takes effect once no read or fill of them
-  is open and no KV access is in flight: ``covered``, ``kv_words`` and the
-  valid bits change at one clock edge and ``moved`` reports it.
+  one cycle later the fill is refused if, in the claim cycle, a read of the
+  region was open or was accepted (BUSY) or the slot was covered or being
+  covered (COVERED) -- the hits are registered in the claim cycle, so the
+  check cycle does not see the reading and coverage vectors. Its
+  COMMIT/ABORT takes effect when it leaves the queue: ``fill_done`` and (for
+  a committed expert slot) the ``commit`` strobe are shown for one cycle, and
+  at the end of that cycle ``slot_valid`` rises -- the tag unit turns PENDING
+  into RESIDENT on the same clock edge.
+* A boundary write is taken into a register (one at a time) with its new
+  coverage and error computed from it; the next cycle (EVAL) the slots whose
+  coverage changes are marked (``pend``), and from then on reads and fills
+  of them are refused. After one more cycle (SETTLE: the reads accepted in
+  EVAL are open in it) the move takes effect at the first cycle in which the
+  registered view of the cycle before shows no read or fill of those slots
+  open and no KV access in flight (that set only shrinks once ``pend`` is
+  set, so a view one cycle old is safe): ``covered``, ``kv_words`` and the
+  valid bits change at one clock edge and ``moved`` reports it,
+  ``MOVE_LATENCY`` (4) cycles after the write at the earliest.
 * KV accesses are not accepted while a move is pending; a KV access checks
   its address against the boundary when accepted.
 
@@ -72,7 +82,7 @@ only (the read commands and fill beats enter through register slices).
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -84,29 +94,62 @@ from .vocab import FillBeatKind, FillResultCode, HBRegionKind, bits
 
 __all__ = ["HBBank", "ReadSession", "FillDecoder", "fill_op", "hb_params", "FILL_PERIOD",
            "FILL_READY_BOUND", "READ_LATENCY", "OUT_DEPTH", "FIRST_WORD_LATENCY",
-           "FILL_OVERHEAD"]
+           "FILL_OVERHEAD", "KV_WRITE_LATENCY", "KV_READ_LATENCY", "MOVE_LATENCY"]
 
 #: Period of the fill slots (cycles): each bank group owns one cycle in ``P``.
 FILL_PERIOD = 4
 #: Cycles from a read's grant to its word entering the output FIFO (grant ->
-#: registered SRAM address -> SRAM data -> SRAM output register).
-READ_LATENCY = 3
+#: registered SRAM address -> SRAM data -> SRAM output register -> read-data
+#: register).
+READ_LATENCY = 4
 #: Depth of each bank's output FIFO (= read credits); enough for one word per
 #: cycle with an always-ready PE.
-OUT_DEPTH = 6
+OUT_DEPTH = 7
 #: Longest run of cycles ``fill.ready`` can stay low (formally proved).
 FILL_READY_BOUND = 9
 #: Cycles from a read command's transfer on ``rd_cmd`` (idle bank, PE ready)
 #: to its first word's transfer on ``rd`` (asserted by the bandwidth test).
-FIRST_WORD_LATENCY = 8
+FIRST_WORD_LATENCY = 9
 #: Cycles a fill costs besides one per DATA beat: up to 3 for its claim (its
 #: first beat) and 1 for its COMMIT/ABORT beat.
 FILL_OVERHEAD = 4
+#: Cycles from a KV write's / read's transfer on ``kv`` to its response on
+#: ``kv_rsp`` on an idle HB (one more when its bank group's fill slot is held
+#: for a queued fill beat); asserted by ``test_hb_kv_and_move_latency``.
+KV_WRITE_LATENCY = 3
+KV_READ_LATENCY = 6
+#: Cycles from a boundary write's transfer to its ``moved`` report when no
+#: read, fill or KV access holds it up (asserted by the same test).
+MOVE_LATENCY = 4
 
 
 def _onehot(value, n: int):
     """``n``-bit one-hot of ``value`` (0 when ``value >= n``)."""
     return Cat(*[value == j for j in range(n)])
+
+
+def _sum_le(a, b, k: int):
+    """``a + b <= k`` for unsigned ``a``, ``b`` and a constant ``k``: the
+    sign of ``a + b - (k + 1)``, the three operands reduced by one carry-save
+    layer (a LUT per bit) to two, so one carry chain instead of an adder and a
+    comparator behind it."""
+    n = max(len(a), len(b)) + 2
+    kk = Const((-(k + 1)) % (1 << n), n)
+    a, b = a.as_unsigned(), b.as_unsigned()
+    a = Cat(a, Const(0, n - len(a)))
+    b = Cat(b, Const(0, n - len(b)))
+    s = a ^ b ^ kk
+    cy = ((a & b) | (a & kk) | (b & kk))[:n - 1]
+    return (s + Cat(Const(0, 1), cy))[n - 1]
+
+
+def _slot_base(slot, slots: int, slot_words: int, dense_words: int, words: int):
+    """Address of slot ``slot``'s first word, ``D + slot*SW``, read from a
+    table of constants (0 past ``S``): one LUT level for up to 16 slots,
+    where the product and the sum are two carry chains in front of the add
+    of the offset (issue 11: they were the critical path of both decoders)."""
+    return Array([Const(dense_words + j * slot_words if j < slots else 0, range(words))
+                  for j in range(1 << len(slot))])[slot]
 
 
 # ---------------------------------------------------------------------------------------
@@ -117,8 +160,10 @@ class ReadSession(wiring.Component):
     """The read side of one bank: command decode, the current and the next
     read session, and the output FIFO to the paired PE.
 
-    A command is decoded when it enters the *next* register (that is when it
-    is accepted: the region must be resident then, see ``open_mask``); the
+    Its range check, region one-hot and start address are computed in front
+    of its register slice. A command is decoded when it enters the *next*
+    register (that is when it is accepted: the region must be resident then,
+    see ``open_mask``); the
     next session becomes *current* as soon as the current one has issued its
     last word, so a bank streams one word per cycle back to back across
     commands. A refused command becomes one ``last`` + ``error`` beat. Words
@@ -141,14 +186,23 @@ class ReadSession(wiring.Component):
         covered; bit ``S`` = the dense region).
     reading : ``Out(S + 1)``
         Regions with an accepted read that has not read its last word yet.
-    req, go : ``Out(1)``, ``In(1)``
-        The current session wants the bank's SRAM port this cycle / got it.
+    req : ``Out(1)``
+        The current session wants the bank's SRAM port this cycle.
+    kv_next, hold : ``In(1)``
+        A KV access wants the bank in the next cycle (KV goes first) / the
+        bank is held for a fill this cycle.
+    go : ``Out(1)``
+        The session has the bank's SRAM port this cycle: ``req`` and no KV
+        access and no hold.
     addr : ``Out(range(W))``
         Address of the word it wants.
     ram_data : ``In(sv_bits)``
-        The SRAM output register, ``READ_LATENCY`` cycles after a grant.
+        The read data (the second register behind the SRAM), ``READ_LATENCY``
+        cycles after a grant.
     start, start_ok : ``Out(1)``
-        A command was decoded this cycle / it was accepted (formal probes).
+        A command was decoded this cycle / it was accepted.
+    start_oh : ``Out(S + 1)``
+        The region of the command being decoded (one-hot; valid with ``start``).
     """
 
     def __init__(self, *, slots, slot_words, dense_words, words, slice_bits, lanes, planes,
@@ -162,8 +216,10 @@ class ReadSession(wiring.Component):
             "cmd": In(stream.Signature(self.read_t)),
             "beat": Out(stream.Signature(self.beat_t)),
             "open_mask": In(slots + 1), "reading": Out(slots + 1),
-            "req": Out(1), "go": In(1), "addr": Out(range(words)),
+            "req": Out(1), "kv_next": In(1), "hold": In(1), "go": Out(1),
+            "addr": Out(range(words)),
             "ram_data": In(self.sv_bits), "start": Out(1), "start_ok": Out(1),
+            "start_oh": Out(slots + 1),
         })
 
     def decoded_layout(self):
@@ -172,7 +228,10 @@ class ReadSession(wiring.Component):
         accepts a read only adds the residency check)."""
         S, SW, D, W = self.S, self.SW, self.D, self.W
         return data.StructLayout({
-            "in_range": 1,                   # 1 <= count, offset + count <= region size
+            "nz": 1,                         # count != 0
+            "exp": 1,                        # an expert slot (else the dense region)
+            "in_exp": 1,                     # offset + count <= SW
+            "in_dense": 1,                   # offset + count <= D
             "onehot": S + 1,                 # the region (bit S = dense; 0 = no such slot)
             "addr": range(W),                # absolute address of the first word
             "left": range(max(SW, D) + 1),   # count - 1
@@ -188,14 +247,18 @@ class ReadSession(wiring.Component):
         dl = self.decoded_layout()
         pre = Signal(dl)
         c_exp = c.region == HBRegionKind.EXPERT
-        c_end = Signal(range(max(SW, D) * 2 + 2))
+        base = Signal(range(W))
+        m.d.comb += base.eq(_slot_base(c.slot, S, SW, D, W))
         m.d.comb += [
-            c_end.eq(c.offset + c.count),
-            pre.in_range.eq((c.count != 0) & (c_end <= Mux(c_exp, SW, D))),
+            # offset + count <= size for both sizes; the choice is made behind
+            # the slice, in parallel with the residency check
+            pre.nz.eq(c.count != 0), pre.exp.eq(c_exp),
+            pre.in_exp.eq(_sum_le(c.offset, c.count, SW)),
+            pre.in_dense.eq(_sum_le(c.offset, c.count, D)),
             # a slot number past S names no region (as in golden/hb_map.region_index)
             pre.onehot.eq(Mux(c_exp, Mux(c.slot < S, _onehot(c.slot, S + 1), 0),
                               1 << S)),
-            pre.addr.eq(Mux(c_exp, D + c.slot * SW, 0) + c.offset),
+            pre.addr.eq(Mux(c_exp, base, 0) + c.offset),
             pre.left.eq(c.count - 1), pre.one.eq(c.count == 1), pre.plane.eq(c.plane)]
         m.submodules.slice = sl = RegisterSlice(dl)
         m.d.comb += [sl.i.valid.eq(self.cmd.valid), sl.i.payload.eq(pre),
@@ -205,7 +268,8 @@ class ReadSession(wiring.Component):
         p = sl.o.payload
         oh = p.onehot
         ok = Signal()
-        m.d.comb += ok.eq(p.in_range & (oh & self.open_mask).any())
+        in_range = p.nz & Mux(p.exp, p.in_exp, p.in_dense)
+        m.d.comb += ok.eq(in_range & (oh & self.open_mask).any())
 
         n_valid, n_err, n_last = Signal(), Signal(), Signal()
         n_addr = Signal(range(W))
@@ -219,26 +283,40 @@ class ReadSession(wiring.Component):
         c_oh = Signal(S + 1)
 
         owed = Signal(range(self.out_depth + 1))
-        credit = Signal()
-        m.d.comb += credit.eq(owed < self.out_depth)
+        credit = Signal(init=1)           # = owed < out_depth, registered
+        # ``req`` = c_active & credit & ~c_err, kept as its own register (from
+        # the next values of the three) so that the bank arbitration and the
+        # fill's choice of a free group start at a flip-flop
+        # ``req_free`` = req & (no KV access wants the bank) and ``err_go`` =
+        # c_active & credit & c_err likewise, so ``issue`` is one LUT
+        req, req_free, err_go = Signal(), Signal(), Signal()
+        c_active_n, c_err_n, credit_n = Signal(), Signal(), Signal()
         issue = Signal()
-        m.d.comb += [self.req.eq(c_active & credit & ~c_err),
-                     issue.eq(c_active & credit & (c_err | self.go)),
+        m.d.comb += [self.req.eq(req), self.go.eq(req_free & ~self.hold),
+                     issue.eq((req_free & ~self.hold) | err_go),
                      self.addr.eq(c_addr),
                      self.reading.eq(c_oh | n_oh)]
+        m.d.sync += [req.eq(c_active_n & credit_n & ~c_err_n),
+                     req_free.eq(c_active_n & credit_n & ~c_err_n & ~self.kv_next),
+                     err_go.eq(c_active_n & credit_n & c_err_n)]
         c_take = Signal()
         n_take = Signal()
         m.d.comb += [c_take.eq(n_valid & (~c_active | (issue & c_last))),
                      sl.o.ready.eq(~n_valid | c_take),
                      n_take.eq(sl.o.valid & sl.o.ready),
-                     self.start.eq(n_take), self.start_ok.eq(n_take & ok)]
+                     self.start.eq(n_take), self.start_ok.eq(n_take & ok),
+                     self.start_oh.eq(oh)]
 
+        m.d.comb += [c_active_n.eq(c_active), c_err_n.eq(c_err)]
+        m.d.sync += [c_active.eq(c_active_n), c_err.eq(c_err_n)]
         with m.If(issue):
             m.d.sync += [c_addr.eq(c_addr + 1), c_left.eq(c_left - 1), c_last.eq(c_left == 1)]
             with m.If(c_last):
-                m.d.sync += [c_active.eq(0), c_oh.eq(0)]
+                m.d.comb += c_active_n.eq(0)
+                m.d.sync += c_oh.eq(0)
         with m.If(c_take):
-            m.d.sync += [c_active.eq(1), c_err.eq(n_err), c_last.eq(n_last), c_addr.eq(n_addr),
+            m.d.comb += [c_active_n.eq(1), c_err_n.eq(n_err)]
+            m.d.sync += [c_last.eq(n_last), c_addr.eq(n_addr),
                          c_left.eq(n_left), c_plane.eq(n_plane), c_oh.eq(n_oh)]
         with m.If(c_take & ~n_take):
             m.d.sync += [n_valid.eq(0), n_oh.eq(0)]
@@ -265,7 +343,9 @@ class ReadSession(wiring.Component):
                      self.beat.payload.eq(ofifo.r_data), self.beat.valid.eq(ofifo.r_rdy),
                      ofifo.r_en.eq(self.beat.ready)]
         pop = self.beat.valid & self.beat.ready
-        m.d.sync += owed.eq(owed + issue - pop)
+        owed_n = Signal.like(owed)
+        m.d.comb += [owed_n.eq(owed + issue - pop), credit_n.eq(owed_n < self.out_depth)]
+        m.d.sync += [owed.eq(owed_n), credit.eq(credit_n)]
         return m
 
 
@@ -278,7 +358,7 @@ def fill_op(cfg_slots: int, words: int, groups: int, sv_bits: int, fill_words: i
     return hv.struct("FillOp", {
         "data": unsigned(1), "first": unsigned(1), "write": unsigned(1),
         "onehot": unsigned(cfg_slots + 1), "addr": unsigned(bits(words)),
-        "group": unsigned(groups), "phase": unsigned(FILL_PERIOD),
+        "group": unsigned(groups), "phase": unsigned(bits(FILL_PERIOD)),
         "words": data.ArrayLayout(unsigned(sv_bits), fill_words),
         "result": FillResultCode, "stray": unsigned(1),
         "rkind": HBRegionKind, "slot": unsigned(bits(cfg_slots))})
@@ -293,7 +373,7 @@ class FillDecoder(wiring.Component):
     is still well formed and complete) advances on each transfer. A DATA beat
     becomes a write op (``write`` = the fill is well formed up to and
     including this beat) with its absolute address, bank group and fill-slot
-    phase as one-hots; COMMIT/ABORT becomes an end op carrying the predicted
+    (one-hot) and fill-slot phase (index); COMMIT/ABORT becomes an end op carrying the predicted
     result (COMMITTED, ABORTED, MALFORMED, or STRAY with no fill open) and
     the open fill's region.
     """
@@ -347,12 +427,12 @@ class FillDecoder(wiring.Component):
         n_off = Mux(wrap, p.offset + 1, p.offset)
         complete = Mux(is_exp, wrap & (p.offset == SW - 1), wrap)
         grp = p.bank // FW if FW > 1 else p.bank
-        bases = Mux(is_exp, D + p.slot * SW, 0)
+        bases = Mux(is_exp, _slot_base(p.slot, S, SW, D, self.W), 0)
 
         m.d.comb += [self.o.valid.eq(self.i.valid), self.i.ready.eq(self.o.ready),
                      o.words.eq(p.words), o.addr.eq(bases + p.offset),
                      o.group.eq(_onehot(grp, G)),
-                     o.phase.eq(_onehot(grp % FILL_PERIOD, FILL_PERIOD))]
+                     o.phase.eq(grp % FILL_PERIOD)]
         with m.If(~is_end):
             m.d.comb += [o.data.eq(1), o.first.eq(~f_open), o.write.eq(good),
                          o.onehot.eq(Mux(f_open, f_oh, oh))]
@@ -442,17 +522,28 @@ class HBBank(wiring.Component):
     kv_words : ``Out(range(W + 1))``
         The boundary register.
 
-    Latency and throughput (measured by ``tb/test_hb_bank.py``): a read's
-    first word is on ``rd`` 8 cycles after its command's transfer on an idle
-    bank (``FIRST_WORD_LATENCY``) (register slice, decode, grant, registered SRAM address, SRAM,
-    SRAM output register, output FIFO); a bank then streams one word per
-    cycle, back to back across commands, while its PE is ready. Fills: one
-    beat per cycle in address order under any read load (see the
-    arbitration rule), PE reads keep at least 0.75 words/cycle/bank while
-    fills take their slots and 1.00 otherwise; a fill's first beat costs up
-    to 3 extra cycles (its claim). KV: one access in flight; a response 4-6
-    cycles after acceptance. A boundary move takes effect 2 cycles after its
-    write is accepted at the earliest.
+    Latency and throughput (measured by ``tests/test_hb_bank.py``): a read's
+    first word is on ``rd`` 9 cycles after its command's transfer on an idle
+    bank (``FIRST_WORD_LATENCY``; register slice, decode, grant, registered
+    SRAM address, SRAM, the two read-data registers behind the block RAM,
+    output FIFO); a bank then streams one word per cycle, back to back across
+    commands, while its PE is ready. Fills: one beat per cycle in address
+    order under any read load (see the arbitration rule), PE reads keep at
+    least 0.75 words/cycle/bank while fill beats are queued and 1.00
+    otherwise; a fill's first beat costs up to 3 extra cycles (its claim).
+    KV: one access in flight; a write's response ``KV_WRITE_LATENCY`` (3) and
+    a read's ``KV_READ_LATENCY`` (6) cycles after its transfer on an idle HB,
+    one more when the access meets its bank's held fill slot. A boundary move
+    is reported ``MOVE_LATENCY`` (4) cycles after its write at the earliest.
+
+    Timing (issue 11): every input of the arbitration, the read issue and
+    the fill head's decisions is a flip-flop or at most a few LUT levels from
+    one: the per-bank ``req``/``req_free`` registers, the fill-slot hold, the
+    registered open mask, refusal hits and move ``blocked`` view. Each block
+    RAM's read data passes two registers, the first with no other load, so
+    that it can sit next to the DP16KD -- or be packed into its output
+    register (``REGMODE=OUTREG``), which Yosys 0.70 does not do
+    (``docs/blocks/hb_bank.md``).
 
     Raises
     ------
@@ -534,9 +625,10 @@ class HBBank(wiring.Component):
         about to cover, and the dense region when resident."""
         return Cat(valid & ~pend, dense_valid)
 
-    def busy_at_check(self, reading, onehot):
-        """A starting fill is refused (BUSY) when a read of its region is open."""
-        return (reading & onehot).any()
+    def busy_at_check(self, hit):
+        """A starting fill is refused (BUSY) when a read of its region is open
+        (``hit``: one was open or accepted in the claim cycle)."""
+        return hit
 
     def covered_thresholds(self) -> list[int]:
         """Slot ``j`` is covered iff ``kv_words > t[j]``
@@ -561,25 +653,34 @@ class HBBank(wiring.Component):
         filling = Signal(S + 1)           # regions with a claimed, unfinished fill
         m.d.comb += [self.slot_valid.eq(valid), self.dense_valid.eq(dense_valid),
                      self.covered.eq(covered), self.kv_words.eq(kv_q)]
+        # the regions a read may start on, registered: computed from the next
+        # values of the valid bits and ``pend`` (so it equals
+        # open_regions(valid, pend, dense_valid) in every cycle)
         open_mask = Signal(S + 1)
-        m.d.comb += open_mask.eq(self.open_regions(valid, pend, dense_valid))
+        valid_n, pend_n, dense_n = Signal(S), Signal(S), Signal()
+        m.d.sync += [open_mask.eq(self.open_regions(valid_n, pend_n, dense_n)),
+                     valid.eq(valid_n), pend.eq(pend_n), dense_valid.eq(dense_n)]
 
         phase = Signal(P, init=1)         # one-hot fill-slot phase
-        m.d.sync += phase.eq(phase.rotate_left(1))
+        phase_i = Signal(range(P))        # the same as an index
+        m.d.sync += [phase.eq(phase.rotate_left(1)), phase_i.eq(phase_i + 1)]
 
         # ---- SRAM banks: single-port, registered inputs, registered output ---------
         # One address per bank for reads and writes (the arbitration gives a
         # bank one access per cycle), so synthesis maps a bank to single-port
         # block RAM without read-during-write bypass logic; the address, write
         # enable and write data come from registers and the read data goes
-        # straight into a register (ECP5: DP16KD, then a fabric FF next to it;
-        # Yosys 0.70 does not pack it into the DP16KD's OUTREG).
+        # straight into a register (ECP5: DP16KD, then a fabric FF; Yosys 0.70
+        # does not pack that FF into the DP16KD's OUTREG, and nextpnr, which
+        # underestimates long vertical routes, often places it tens of rows
+        # from its EBR, where 5.6 ns of clock-to-output leave 2.4 ns).
         ram_ren = [Signal(name=f"ram_ren{b}") for b in range(B)]
         ram_wen = [Signal(name=f"ram_wen{b}") for b in range(B)]
         ram_addr = [Signal(range(W), name=f"ram_addr{b}", reset_less=True) for b in range(B)]
         ram_wdata = [Signal(self.sv_bits, name=f"ram_wdata{b}", reset_less=True)
                      for b in range(B)]
         ram_q = [Signal(self.sv_bits, name=f"ram_q{b}", reset_less=True) for b in range(B)]
+        ram_d = [Signal(self.sv_bits, name=f"ram_d{b}", reset_less=True) for b in range(B)]
         for b in range(B):
             mem = Memory(shape=unsigned(self.sv_bits), depth=W, init=[])
             m.submodules[f"bank{b}"] = mem
@@ -592,7 +693,11 @@ class HBBank(wiring.Component):
                          wp.addr.eq(ram_addr[b]), wp.data.eq(ram_wdata[b]),
                          wp.en.eq(ram_wen[b]),
                          self.probe_ren[b].eq(ram_ren[b]), self.probe_wen[b].eq(ram_wen[b])]
-            m.d.sync += ram_q[b].eq(rp.data)
+            # two registers behind the block RAM: ``ram_q`` has no other load
+            # (no enable, no reset), so it can sit beside its DP16KD or be
+            # packed into its output register; ``ram_d`` feeds the output FIFO
+            # and the KV response from wherever they are
+            m.d.sync += [ram_q[b].eq(rp.data), ram_d[b].eq(ram_q[b])]
 
         # ---- read sessions ----------------------------------------------------------
         sess = []
@@ -603,7 +708,7 @@ class HBBank(wiring.Component):
             m.submodules[f"read{b}"] = s
             wiring.connect(m, wiring.flipped(self.rd_cmd[b]), s.cmd)
             wiring.connect(m, s.beat, wiring.flipped(self.rd[b]))
-            m.d.comb += [s.open_mask.eq(open_mask), s.ram_data.eq(ram_q[b]),
+            m.d.comb += [s.open_mask.eq(open_mask), s.ram_data.eq(ram_d[b]),
                          self.probe_start[b].eq(s.start),
                          self.probe_start_ok[b].eq(s.start_ok)]
             sess.append(s)
@@ -618,18 +723,26 @@ class HBBank(wiring.Component):
         k_addr = Signal(range(W))
         k_data = Signal(self.sv_bits)
         k_bank = Signal(B)
+        k_reqs = Signal(B)                # the bank a KV access in range wants (one-hot)
+        k_phase = Signal(P)               # the fill slot of its bank group (one-hot)
         k_pipe = Signal(READ_LATENCY)     # a KV read is in the SRAM pipeline
         k_rbank = [Signal(B, name=f"k_rbank{i}") for i in range(READ_LATENCY)]
         move_idle = Signal()
-        m.d.comb += self.kv.ready.eq(~k_busy & ~self.kv_rsp.valid & (k_pipe == 0) & move_idle)
+        k_wdone = Signal()                # a KV write was granted last cycle
+        m.d.comb += self.kv.ready.eq(~k_busy & ~k_wdone & ~self.kv_rsp.valid & (k_pipe == 0)
+                                     & move_idle)
         kp = self.kv.payload
+        kv_bad = (kp.addr < kv_lo) | (kp.bank >= B)
+        k_reqs_n = Signal(B)
+        m.d.sync += k_reqs.eq(k_reqs_n)
+        m.d.comb += k_reqs_n.eq(k_reqs)
         with m.If(self.kv.valid & self.kv.ready):
+            m.d.comb += k_reqs_n.eq(Mux(kv_bad, 0, _onehot(kp.bank, B)))
             m.d.sync += [k_busy.eq(1), k_write.eq(kp.write), k_addr.eq(kp.addr),
                          k_data.eq(kp.data), k_bank.eq(_onehot(kp.bank, B)),
-                         k_err.eq((kp.addr < kv_lo) | (kp.bank >= B))]
-        kv_req = [Signal(name=f"kv_req{b}") for b in range(B)]
-        for b in range(B):
-            m.d.comb += kv_req[b].eq(k_busy & ~k_err & k_bank[b])
+                         k_phase.eq(_onehot((kp.bank // FW if FW > 1 else kp.bank) % P, P)),
+                         k_err.eq(kv_bad)]
+        kv_req = [k_reqs[b] for b in range(B)]
 
         # ---- fill path: slice -> decoder -> queue -> head ---------------------------------
         m.submodules.fill_slice = fsl = RegisterSlice(self.fill_t)
@@ -660,9 +773,10 @@ class HBBank(wiring.Component):
         m.d.comb += [claim.eq(hv_ & head.data & head.first & (h_state == READY) & ~end_q.v),
                      check.eq(hv_ & head.data & (h_state == CLAIMED))]
         data_here = hv_ & head.data & (h_state == ACTIVE)
+        h_go = Signal()                   # = (h_state == ACTIVE) & ~h_refused
         fill_want = Signal()
         discard = Signal()
-        m.d.comb += [fill_want.eq(data_here & head.write & ~h_refused),
+        m.d.comb += [fill_want.eq(hv_ & head.write & h_go),      # write implies data
                      discard.eq(data_here & ~(head.write & ~h_refused))]
         end_now = Signal()
         m.d.comb += end_now.eq(hv_ & ~head.data & (head.stray | (h_state == ACTIVE)))
@@ -671,25 +785,27 @@ class HBBank(wiring.Component):
         read_req = [s.req for s in sess]
         busy_g = Cat(*[Cat(*[read_req[b] | kv_req[b] for b in range(g * FW, (g + 1) * FW)]).any()
                        for g in range(G)])
-        slot_now = (phase & head.phase).any()
+        slot_now = phase_i == head.phase
         group_free = ~(busy_g & head.group).any()
         fill_go = Signal()
         m.d.comb += fill_go.eq(fill_want & (slot_now | group_free))
         m.d.comb += self.probe_fill_wait.eq(fill_want & ~fill_go)
         fgo = [Signal(name=f"fgo{b}") for b in range(B)]
         kv_go = [Signal(name=f"kv_go{b}") for b in range(B)]
-        # A read loses its bank to a fill only in the fill's slot: outside it
-        # the fill goes only to a group no read wants. So the read grant is
-        # read_req & ~kv_req & ~fgo without waiting for fill_go (a shorter
-        # path into the read sessions).
-        fill_slot_win = Signal()
-        m.d.comb += fill_slot_win.eq(fill_want & slot_now)
+        # Reads and KV accesses do not wait for the fill decision: in a
+        # group's fill slot they leave the group's banks alone whenever a fill
+        # beat is at the queue head (``rsv``, two registers), whether or not
+        # that beat is for this group and can be written now; outside it the
+        # fill goes only to a group no read and no KV access wants. So the
+        # grants are read_req & ~kv_req & ~rsv and kv_req & ~rsv (a read keeps
+        # 3 cycles in 4 while fills are queued, all of them otherwise).
+        rsv = Signal(G)
+        m.d.comb += rsv.eq(Cat(*[hv_ & phase[g % P] for g in range(G)]))
         for b in range(B):
             s = sess[b]
             m.d.comb += [fgo[b].eq(fill_go & head.group[b // FW]),
-                         kv_go[b].eq(kv_req[b] & ~fgo[b]),
-                         s.go.eq(read_req[b] & ~kv_req[b]
-                                 & ~(fill_slot_win & head.group[b // FW]))]
+                         kv_go[b].eq(kv_req[b] & ~rsv[b // FW]),
+                         s.kv_next.eq(k_reqs_n[b]), s.hold.eq(rsv[b // FW])]
             kv_rd = kv_go[b] & ~k_write
             kv_wr = kv_go[b] & k_write
             m.d.sync += [ram_ren[b].eq(s.go | kv_rd),
@@ -701,9 +817,14 @@ class HBBank(wiring.Component):
         m.d.comb += [pop.eq(fill_go | discard | end_now), ff.r_en.eq(pop)]
 
         # ---- KV completion --------------------------------------------------------------
-        kv_any_go = Cat(*kv_go).any()
+        # = Cat(*kv_go).any(), from the KV access's fill-slot one-hot
+        kv_any_go = Signal()
+        m.d.comb += kv_any_go.eq(k_reqs.any() & ~(hv_ & (phase & k_phase).any()))
         kv_rd_go = kv_any_go & ~k_write
         m.d.sync += k_pipe.eq(Cat(kv_rd_go, k_pipe[:-1]))
+        # a write's response is made from this register, the cycle after its
+        # grant, so that the grant does not fan out into the response payload
+        m.d.sync += k_wdone.eq(kv_any_go & k_write)
         m.d.sync += k_rbank[0].eq(k_bank)
         for i in range(1, READ_LATENCY):
             m.d.sync += k_rbank[i].eq(k_rbank[i - 1])
@@ -713,29 +834,41 @@ class HBBank(wiring.Component):
             m.d.sync += [k_busy.eq(0), self.kv_rsp.valid.eq(1),
                          self.kv_rsp.payload.error.eq(1), self.kv_rsp.payload.data.eq(0)]
         with m.If(kv_any_go):
+            m.d.comb += k_reqs_n.eq(0)
             m.d.sync += k_busy.eq(0)
-            with m.If(k_write):
-                m.d.sync += [self.kv_rsp.valid.eq(1), self.kv_rsp.payload.error.eq(0),
-                             self.kv_rsp.payload.data.eq(0)]
+        with m.If(k_wdone):
+            m.d.sync += [self.kv_rsp.valid.eq(1), self.kv_rsp.payload.error.eq(0),
+                         self.kv_rsp.payload.data.eq(0)]
         with m.If(k_pipe[-1]):
             sel = Const(0, self.sv_bits)
             for b in range(B):
-                sel = sel | Mux(k_rbank[-1][b], ram_q[b], 0)
+                sel = sel | Mux(k_rbank[-1][b], ram_d[b], 0)
             m.d.sync += [self.kv_rsp.valid.eq(1), self.kv_rsp.payload.error.eq(0),
                          self.kv_rsp.payload.data.eq(sel)]
 
         # ---- fill head: claim, check, end ---------------------------------------------------
         claim_clr = Signal(S + 1)
         m.d.comb += claim_clr.eq(Mux(claim, head.onehot, 0))
+        # The refusal is decided from the state of the claim cycle, registered
+        # every cycle against the head's region (the head does not move between
+        # claim and check): the slot covered or being covered (COVERED), a read
+        # of the region open or accepted in that cycle (BUSY; reads accepted
+        # later find the region no longer resident). Registering the hits
+        # keeps the reading/coverage vectors out of the check cycle's logic.
+        cov_q = Signal()
+        open_q = Signal()
+        acc_q = Signal(B)
+        m.d.sync += [cov_q.eq(((covered | pend) & head.onehot[:S]).any()),
+                     open_q.eq((reading & head.onehot).any()),
+                     acc_q.eq(Cat(*[s.start_ok & (s.start_oh & head.onehot).any()
+                                    for s in sess]))]
         with m.If(claim):
-            cov_hit = ((covered | pend) & head.onehot[:S]).any()
-            m.d.sync += [h_state.eq(CLAIMED), h_refused.eq(cov_hit),
-                         h_reason.eq(FillResultCode.COVERED)]
+            m.d.sync += h_state.eq(CLAIMED)
         with m.If(check):
-            busy_hit = self.busy_at_check(reading, head.onehot)
-            m.d.sync += h_state.eq(ACTIVE)
-            with m.If(~h_refused & busy_hit):
-                m.d.sync += [h_refused.eq(1), h_reason.eq(FillResultCode.BUSY)]
+            busy_hit = self.busy_at_check(open_q | acc_q.any())
+            m.d.sync += [h_state.eq(ACTIVE), h_refused.eq(cov_q | busy_hit),
+                         h_go.eq(~(cov_q | busy_hit)),
+                         h_reason.eq(Mux(cov_q, FillResultCode.COVERED, FillResultCode.BUSY))]
         result = Signal(FillResultCode)
         # a refused fill wrote nothing: say so, whatever its beats said
         m.d.comb += result.eq(Mux(h_refused & ~head.stray, h_reason, head.result))
@@ -745,7 +878,7 @@ class HBBank(wiring.Component):
                          end_q.onehot.eq(head.onehot), end_q.rkind.eq(head.rkind),
                          end_q.slot.eq(head.slot), end_q.result.eq(result)]
             with m.If(~head.stray):
-                m.d.sync += [h_state.eq(READY), h_refused.eq(0)]
+                m.d.sync += [h_state.eq(READY), h_refused.eq(0), h_go.eq(0)]
         m.d.comb += [self.fill_done.valid.eq(end_q.v),
                      self.fill_done.region.eq(end_q.rkind),
                      self.fill_done.slot.eq(end_q.slot),
@@ -760,7 +893,7 @@ class HBBank(wiring.Component):
         m.d.sync += filling.eq((filling & ~end_clr) | claim_clr)
 
         # ---- boundary moves (two phases) ----------------------------------------------------
-        IDLE, EVAL, WAIT = 0, 1, 2
+        IDLE, EVAL, SETTLE, WAIT = 0, 1, 2, 3
         mv_state = Signal(2)
         mv_new = Signal(range(W + 1))
         mv_cov = Signal(S)
@@ -769,22 +902,36 @@ class HBBank(wiring.Component):
                      self.boundary.ready.eq((mv_state == IDLE) & ~self.moved.valid)]
         with m.If(self.moved.ready):
             m.d.sync += self.moved.valid.eq(0)
-        with m.If(self.boundary.valid & self.boundary.ready):
-            m.d.sync += [mv_new.eq(self.boundary.payload), mv_state.eq(EVAL)]
+        # the new coverage and the error are computed from the boundary write
+        # itself, into registers; EVAL then only compares them with ``covered``
         thr = self.covered_thresholds()
+        bnd = self.boundary.payload
+        with m.If(self.boundary.valid & self.boundary.ready):
+            m.d.sync += [mv_new.eq(bnd), mv_state.eq(EVAL),
+                         mv_cov.eq(Cat(*[bnd > t if t >= 0 else Const(1) for t in thr])),
+                         mv_err.eq(bnd > self.kv_limit)]
+        m.d.comb += pend_n.eq(pend)
         with m.If(mv_state == EVAL):
-            cov_new = Cat(*[mv_new > t if t >= 0 else Const(1) for t in thr])
-            err = mv_new > self.kv_limit
-            m.d.sync += [mv_cov.eq(cov_new), mv_err.eq(err), mv_state.eq(WAIT),
-                         pend.eq(Mux(err, 0, cov_new ^ covered))]
+            m.d.sync += mv_state.eq(SETTLE)
+            m.d.comb += pend_n.eq(Mux(mv_err, 0, mv_cov ^ covered))
+        with m.If(mv_state == SETTLE):
+            m.d.sync += mv_state.eq(WAIT)
         newly = mv_cov & ~covered
-        blocked = ((pend & (reading[:S] | filling[:S])).any() | k_busy | (k_pipe != 0))
+        # ``blocked`` is registered (one cycle old): from SETTLE on, no read or
+        # fill of a ``pend`` slot starts (they are refused) and no KV access is
+        # accepted, so the set of open ones only shrinks and the value of the
+        # cycle before is a safe (late by one) view; SETTLE makes sure that
+        # cycle already saw ``pend`` (reads accepted in EVAL are open in it)
+        blocked = Signal()
+        m.d.sync += blocked.eq((pend & (reading[:S] | filling[:S])).any() | k_busy | k_wdone
+                               | (k_pipe != 0))
         apply_ = Signal()
         m.d.comb += apply_.eq((mv_state == WAIT) & (mv_err | ~blocked))
         move_clr = Signal(S)
         m.d.comb += move_clr.eq(Mux(apply_ & ~mv_err, newly, 0))
         with m.If(apply_):
-            m.d.sync += [mv_state.eq(IDLE), pend.eq(0), self.moved.valid.eq(1),
+            m.d.comb += pend_n.eq(0)
+            m.d.sync += [mv_state.eq(IDLE), self.moved.valid.eq(1),
                          self.moved.payload.error.eq(mv_err),
                          self.moved.payload.kv_words.eq(Mux(mv_err, kv_q, mv_new)),
                          self.moved.payload.covered.eq(Mux(mv_err, 0, newly)),
@@ -793,8 +940,8 @@ class HBBank(wiring.Component):
                 m.d.sync += [covered.eq(mv_cov), kv_q.eq(mv_new), kv_lo.eq(W - mv_new)]
 
         # ---- valid bits: commit sets, a claim or a covering move clears -------------------
-        m.d.sync += [valid.eq((valid | end_set[:S]) & ~claim_clr[:S] & ~move_clr),
-                     dense_valid.eq((dense_valid | end_set[S]) & ~claim_clr[S])]
+        m.d.comb += [valid_n.eq((valid | end_set[:S]) & ~claim_clr[:S] & ~move_clr),
+                     dense_n.eq((dense_valid | end_set[S]) & ~claim_clr[S])]
         return m
 
 

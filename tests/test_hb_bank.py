@@ -264,6 +264,60 @@ def test_hb_read_of_slot_past_s_is_refused():
     assert got == {"error": 1, "last": 1, "sv": 0}
 
 
+def test_hb_kv_and_move_latency():
+    """The documented KV response and boundary-move latencies on an idle HB
+    (Amaranth simulator, 2 banks x 16 words): a move to 4 KV words, a KV write
+    of the top word of bank 1, its read-back."""
+    from amaranth.sim import Simulator
+    from elmoe3d.hw.hb_bank import KV_READ_LATENCY, KV_WRITE_LATENCY, MOVE_LATENCY
+    dut = HBBank(banks=2, words=16, slots=2, slot_words=2, dense_words=4, lanes=1,
+                 slice_bits=4, fill_words=1, fill_depth=2, out_depth=3)
+    got = {}
+
+    async def send(ctx, stream):
+        """Hold ``valid`` until the transfer; return after its clock edge."""
+        ctx.set(stream.valid, 1)
+        while True:
+            rdy = ctx.get(stream.ready)
+            await ctx.tick()
+            if rdy:
+                break
+        ctx.set(stream.valid, 0)
+
+    async def cycles_to_valid(ctx, stream):
+        n = 1
+        while not ctx.get(stream.valid):
+            await ctx.tick()
+            n += 1
+        return n
+
+    async def tb(ctx):
+        ctx.set(dut.moved.ready, 1)
+        ctx.set(dut.kv_rsp.ready, 1)
+        await ctx.tick()
+        ctx.set(dut.boundary.payload, 4)
+        await send(ctx, dut.boundary)
+        got["move"] = await cycles_to_valid(ctx, dut.moved)
+        await ctx.tick().repeat(2)
+        for name, write in (("kv_write", 1), ("kv_read", 0)):
+            ctx.set(dut.kv.payload.write, write)
+            ctx.set(dut.kv.payload.bank, 1)
+            ctx.set(dut.kv.payload.addr, 15)
+            ctx.set(dut.kv.payload.data, 9)
+            await send(ctx, dut.kv)
+            got[name] = await cycles_to_valid(ctx, dut.kv_rsp)
+            got[name + "_rsp"] = (ctx.get(dut.kv_rsp.payload.data),
+                                  ctx.get(dut.kv_rsp.payload.error))
+            await ctx.tick().repeat(2)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(tb)
+    sim.run_until(2e-6)
+    assert got == {"move": MOVE_LATENCY, "kv_write": KV_WRITE_LATENCY, "kv_write_rsp": (0, 0),
+                   "kv_read": KV_READ_LATENCY, "kv_read_rsp": (9, 0)}, got
+
+
 def test_hb_bandwidth(measured_dir):
     """Bandwidth at the default geometry (written for the report and the
     system model): reads alone, reads with a fill stream, PEs half ready."""

@@ -79,10 +79,10 @@ class _BuggyHB(HBBank):
             return Const(-1, self.slots + 1)
         return super().open_regions(valid, pend, dense_valid)
 
-    def busy_at_check(self, reading, onehot):
+    def busy_at_check(self, hit):
         if self.bug == "no_busy_refusal":
             return Const(0)
-        return super().busy_at_check(reading, onehot)
+        return super().busy_at_check(hit)
 
 
 def _fix(v, w):
