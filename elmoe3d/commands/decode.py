@@ -114,7 +114,8 @@ def _picture(res, batch, path):
     print(f"wrote {path}")
 
 
-def _bar(done, total, t0, stream=sys.stderr):
+def _bar(done, total, t0, stream=None):
+    stream = stream or sys.stderr           # the stream of now (a redirected stderr too)
     w = 30
     f = min(1.0, done / total)
     stream.write(f"\r[{'#' * int(w * f):<{w}}] {min(done, total)}/{total} tokens "
