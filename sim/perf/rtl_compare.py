@@ -153,6 +153,18 @@ def _trace_for(run, base: Path):
     return tr
 
 
+def _access(tc, c, li, ids, **kw) -> int:
+    """One layer's lookups through the driver (:meth:`TagCache.access_layer`,
+    then release), counted into ``c``; returns the hits."""
+    hit, filled = tc.access_layer(li, ids, **kw)
+    tc.release()
+    nh = int(hit.sum())
+    c["hb_hits"] += nh
+    c["hb_misses"] += ids.size - nh
+    c["fills"] += int(filled.sum())
+    return nh
+
+
 def _replay_steps(run: dict) -> dict:
     """Version 2: the model's counters for the exact layer steps the tile ran
     (module doc)."""
@@ -191,15 +203,10 @@ def _replay_steps(run: dict) -> dict:
             continue
         if phase == "AR":
             amount = cnt * scale
-            hit, filled = tc.access_layer(li, ids, planes=planes, hots=np.maximum(amount, alloc),
-                                          touch=amount)
+            nh = _access(tc, c, li, ids, planes=planes, hots=np.maximum(amount, alloc),
+                         touch=amount)
         else:
-            hit, filled = tc.access_layer(li, ids, planes=keep, hots=cnt)
-        tc.release()
-        nh = int(hit.sum())
-        c["hb_hits"] += nh
-        c["hb_misses"] += ids.size - nh
-        c["fills"] += int(filled.sum())
+            nh = _access(tc, c, li, ids, planes=keep, hots=cnt)
         if phase == "AR":
             hb, lp = nh * E, (ids.size - nh) * E
             c["ar_cycles"] += cycles(hb, lp)
@@ -257,13 +264,8 @@ def model_counters(run: dict, base: Path | None = None) -> dict:
                 x = ex[:, s, li].reshape(-1)
                 ids, cnt = np.unique(x[x >= 0], return_counts=True)
                 amount = cnt * scale
-                hit, filled = tc.access_layer(li, ids, planes=planes, hots=np.maximum(amount, alloc),
-                                              touch=amount)
-                tc.release()
-                nh = int(hit.sum())
-                c["hb_hits"] += nh
-                c["hb_misses"] += ids.size - nh
-                c["fills"] += int(filled.sum())
+                nh = _access(tc, c, li, ids, planes=planes, hots=np.maximum(amount, alloc),
+                             touch=amount)
                 hb += nh * E
                 lp += (ids.size - nh) * E
             if (s + 1) % period == 0:
@@ -300,12 +302,7 @@ def model_counters(run: dict, base: Path | None = None) -> dict:
         for li in range(nL):
             x = win[:, :, li].reshape(-1)
             ids, cnt = np.unique(x[x >= 0], return_counts=True)
-            hit, filled = tc.access_layer(li, ids, planes=keep, hots=cnt)
-            tc.release()
-            nh = int(hit.sum())
-            c["hb_hits"] += nh
-            c["hb_misses"] += ids.size - nh
-            c["fills"] += int(filled.sum())
+            nh = _access(tc, c, li, ids, planes=keep, hots=cnt)
             hb += nh * msb
             lp += nh * (E - msb) + (ids.size - nh) * E
         tc.decay()
