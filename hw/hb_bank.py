@@ -99,17 +99,17 @@ __all__ = ["HBBank", "ReadSession", "FillDecoder", "fill_op", "hb_params", "FILL
 #: Period of the fill slots (cycles): each bank group owns one cycle in ``P``.
 FILL_PERIOD = 4
 #: Cycles from a read's grant to its word entering the output FIFO (grant ->
-#: registered SRAM address -> SRAM data -> SRAM output register -> read-data
-#: register).
-READ_LATENCY = 4
+#: registered SRAM address -> its copy beside the SRAM -> SRAM data -> SRAM
+#: output register -> the register across the die -> read-data register).
+READ_LATENCY = 6
 #: Depth of each bank's output FIFO (= read credits); enough for one word per
 #: cycle with an always-ready PE.
-OUT_DEPTH = 7
+OUT_DEPTH = 9
 #: Longest run of cycles ``fill.ready`` can stay low (formally proved).
 FILL_READY_BOUND = 9
 #: Cycles from a read command's transfer on ``rd_cmd`` (idle bank, PE ready)
 #: to its first word's transfer on ``rd`` (asserted by the bandwidth test).
-FIRST_WORD_LATENCY = 9
+FIRST_WORD_LATENCY = 11
 #: Cycles a fill costs besides one per DATA beat: up to 3 for its claim (its
 #: first beat) and 1 for its COMMIT/ABORT beat.
 FILL_OVERHEAD = 4
@@ -117,7 +117,7 @@ FILL_OVERHEAD = 4
 #: ``kv_rsp`` on an idle HB (one more when its bank group's fill slot is held
 #: for a queued fill beat); asserted by ``test_hb_kv_and_move_latency``.
 KV_WRITE_LATENCY = 3
-KV_READ_LATENCY = 6
+KV_READ_LATENCY = 8
 #: Cycles from a boundary write's transfer to its ``moved`` report when no
 #: read, fill or KV access holds it up (asserted by the same test).
 MOVE_LATENCY = 4
@@ -197,7 +197,7 @@ class ReadSession(wiring.Component):
     addr : ``Out(range(W))``
         Address of the word it wants.
     ram_data : ``In(sv_bits)``
-        The read data (the second register behind the SRAM), ``READ_LATENCY``
+        The read data (the third register behind the SRAM), ``READ_LATENCY``
         cycles after a grant.
     start, start_ok : ``Out(1)``
         A command was decoded this cycle / it was accepted.
@@ -523,16 +523,17 @@ class HBBank(wiring.Component):
         The boundary register.
 
     Latency and throughput (measured by ``tests/test_hb_bank.py``): a read's
-    first word is on ``rd`` 9 cycles after its command's transfer on an idle
+    first word is on ``rd`` 11 cycles after its command's transfer on an idle
     bank (``FIRST_WORD_LATENCY``; register slice, decode, grant, registered
-    SRAM address, SRAM, the two read-data registers behind the block RAM,
-    output FIFO); a bank then streams one word per cycle, back to back across
+    SRAM address and its copy beside the block RAM, SRAM, the three
+    read-data registers behind it, output FIFO; 9 cycles before the extra
+    address and read-data stages of issue 11); a bank then streams one word per cycle, back to back across
     commands, while its PE is ready. Fills: one beat per cycle in address
     order under any read load (see the arbitration rule), PE reads keep at
     least 0.75 words/cycle/bank while fill beats are queued and 1.00
     otherwise; a fill's first beat costs up to 3 extra cycles (its claim).
     KV: one access in flight; a write's response ``KV_WRITE_LATENCY`` (3) and
-    a read's ``KV_READ_LATENCY`` (6) cycles after its transfer on an idle HB,
+    a read's ``KV_READ_LATENCY`` (8) cycles after its transfer on an idle HB,
     one more when the access meets its bank's held fill slot. A boundary move
     is reported ``MOVE_LATENCY`` (4) cycles after its write at the earliest.
 
@@ -540,10 +541,12 @@ class HBBank(wiring.Component):
     the fill head's decisions is a flip-flop or at most a few LUT levels from
     one: the per-bank ``req``/``req_free`` registers, the fill-slot hold, the
     registered open mask, refusal hits and move ``blocked`` view. Each block
-    RAM's read data passes two registers, the first with no other load, so
-    that it can sit next to the DP16KD -- or be packed into its output
-    register (``REGMODE=OUTREG``), which Yosys 0.70 does not do
-    (``docs/blocks/hb_bank.md``).
+    RAM's address, write data and write enable pass two registers, and its
+    read data three, the first with no other load, so that the synthesis
+    flow packs it into the DP16KD's output register (``REGMODE=OUTREG``,
+    which Yosys 0.70 does not do: ``sim/synth.pack_ebr_outreg``); the other
+    stage on each side carries the routes across the die, where a bank's
+    block RAMs lie (``docs/blocks/hb_bank.md``).
 
     Raises
     ------
@@ -680,7 +683,18 @@ class HBBank(wiring.Component):
         ram_wdata = [Signal(self.sv_bits, name=f"ram_wdata{b}", reset_less=True)
                      for b in range(B)]
         ram_q = [Signal(self.sv_bits, name=f"ram_q{b}", reset_less=True) for b in range(B)]
+        ram_r = [Signal(self.sv_bits, name=f"ram_r{b}", reset_less=True) for b in range(B)]
         ram_d = [Signal(self.sv_bits, name=f"ram_d{b}", reset_less=True) for b in range(B)]
+        # one more register on the way in (``mem_*``, copies of ``ram_*``)
+        # and one more on the way out (``ram_r``): at the default geometry a
+        # bank's 32 DP16KDs span the die, and the routes between them and the
+        # logic (7-7.6 ns without any logic) need a stage of their own.
+        # Reads, KV accesses and fill writes all pass the same stages, so
+        # their order at the block RAM is their grant order.
+        mem_wen = [Signal(name=f"mem_wen{b}") for b in range(B)]
+        mem_addr = [Signal(range(W), name=f"mem_addr{b}", reset_less=True) for b in range(B)]
+        mem_wdata = [Signal(self.sv_bits, name=f"mem_wdata{b}", reset_less=True)
+                     for b in range(B)]
         for b in range(B):
             mem = Memory(shape=unsigned(self.sv_bits), depth=W, init=[])
             m.submodules[f"bank{b}"] = mem
@@ -689,15 +703,18 @@ class HBBank(wiring.Component):
             # the read port reads every cycle (its data is used only when the
             # pipeline says so): a read enable would cost a hold multiplexer
             # behind the block RAM
-            m.d.comb += [rp.addr.eq(ram_addr[b]), rp.en.eq(1),
-                         wp.addr.eq(ram_addr[b]), wp.data.eq(ram_wdata[b]),
-                         wp.en.eq(ram_wen[b]),
+            m.d.sync += [mem_wen[b].eq(ram_wen[b]), mem_addr[b].eq(ram_addr[b]),
+                         mem_wdata[b].eq(ram_wdata[b])]
+            m.d.comb += [rp.addr.eq(mem_addr[b]), rp.en.eq(1),
+                         wp.addr.eq(mem_addr[b]), wp.data.eq(mem_wdata[b]),
+                         wp.en.eq(mem_wen[b]),
                          self.probe_ren[b].eq(ram_ren[b]), self.probe_wen[b].eq(ram_wen[b])]
-            # two registers behind the block RAM: ``ram_q`` has no other load
-            # (no enable, no reset), so it can sit beside its DP16KD or be
-            # packed into its output register; ``ram_d`` feeds the output FIFO
-            # and the KV response from wherever they are
-            m.d.sync += [ram_q[b].eq(rp.data), ram_d[b].eq(ram_q[b])]
+            # three registers behind the block RAM: ``ram_q`` has no other
+            # load (no enable, no reset), so the flow packs it into the
+            # DP16KD's output register (``sim/synth.pack_ebr_outreg``);
+            # ``ram_r`` is the stage across the die; ``ram_d`` feeds the
+            # output FIFO and the KV response
+            m.d.sync += [ram_q[b].eq(rp.data), ram_r[b].eq(ram_q[b]), ram_d[b].eq(ram_r[b])]
 
         # ---- read sessions ----------------------------------------------------------
         sess = []
