@@ -82,7 +82,7 @@ only (the read commands and fill beats enter through register slices).
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.hdl import Array, Cat, Const, Elaboratable, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -121,6 +121,71 @@ KV_READ_LATENCY = 8
 #: Cycles from a boundary write's transfer to its ``moved`` report when no
 #: read, fill or KV access holds it up (asserted by the same test).
 MOVE_LATENCY = 4
+
+
+class _CreditFIFO(Elaboratable):
+    """``amaranth.lib.fifo.SyncFIFOBuffered`` (``depth`` >= 2, same ports and
+    the same cycle behaviour) for a writer that never writes into a full
+    FIFO: the write is ``w_en`` alone, not ``w_en & w_rdy``.
+
+    A read session writes its output FIFO only with a read credit (one per
+    entry), so ``w_rdy`` is never low when ``w_en`` is high. In
+    ``SyncFIFOBuffered`` the write enable of the storage still goes through
+    the level compare; at the default geometry nextpnr placed the storage
+    27-30 columns from the level register, and the level -> ``w_rdy`` ->
+    storage enable -> level loop (two long routes) limited ``hb_bank`` to
+    108-116 MHz on two seeds of three. Here the storage's write enable is the
+    writer's own register. ``w_rdy`` is still an output (the level
+    compare), for assertions: ``w_en & ~w_rdy`` is a broken credit rule.
+    """
+
+    def __init__(self, *, width: int, depth: int):
+        check_int("credit FIFO depth", depth, 2, 1 << 16)
+        self.width, self.depth = width, depth
+        self.w_data = Signal(width)
+        self.w_en = Signal()
+        self.w_rdy = Signal()
+        self.r_data = Signal(width)
+        self.r_rdy = Signal()
+        self.r_en = Signal()
+        self.level = Signal(range(depth + 1))
+
+    def elaborate(self, platform):
+        m = Module()
+        inner_depth = self.depth - 1
+        inner_level = Signal(range(inner_depth + 1))
+        inner_r_rdy = Signal()
+        m.d.comb += [self.w_rdy.eq(inner_level != inner_depth),
+                     inner_r_rdy.eq(inner_level != 0)]
+        do_write = self.w_en
+        do_inner_read = inner_r_rdy & (~self.r_rdy | self.r_en)
+        m.submodules.storage = storage = Memory(shape=self.width, depth=inner_depth, init=[])
+        w_port = storage.write_port()
+        r_port = storage.read_port(domain="sync")
+        produce = Signal(range(inner_depth))
+        consume = Signal(range(inner_depth))
+
+        def incr(v):
+            return Mux(v == inner_depth - 1, 0, v + 1)
+
+        m.d.comb += [w_port.addr.eq(produce), w_port.data.eq(self.w_data),
+                     w_port.en.eq(do_write),
+                     r_port.addr.eq(consume), self.r_data.eq(r_port.data),
+                     r_port.en.eq(do_inner_read)]
+        with m.If(do_write):
+            m.d.sync += produce.eq(incr(produce))
+        with m.If(do_inner_read):
+            m.d.sync += consume.eq(incr(consume))
+        with m.If(do_write & ~do_inner_read):
+            m.d.sync += inner_level.eq(inner_level + 1)
+        with m.If(do_inner_read & ~do_write):
+            m.d.sync += inner_level.eq(inner_level - 1)
+        with m.If(do_inner_read):
+            m.d.sync += self.r_rdy.eq(1)
+        with m.Elif(self.r_en):
+            m.d.sync += self.r_rdy.eq(0)
+        m.d.comb += self.level.eq(inner_level + self.r_rdy)
+        return m
 
 
 def _onehot(value, n: int):
@@ -201,6 +266,9 @@ class ReadSession(wiring.Component):
         cycles after a grant.
     start, start_ok : ``Out(1)``
         A command was decoded this cycle / it was accepted.
+    out_overrun : ``Out(1)``
+        A word is written into a full output FIFO (the credit rule broken;
+        never, asserted by the formal check).
     start_oh : ``Out(S + 1)``
         The region of the command being decoded (one-hot; valid with ``start``).
     """
@@ -209,6 +277,8 @@ class ReadSession(wiring.Component):
                  out_depth=OUT_DEPTH):
         self.S, self.SW, self.D, self.W = slots, slot_words, dense_words, words
         self.out_depth = out_depth
+        #: the output FIFO's entries (= the credits, ``out_depth``)
+        self.fifo_depth = out_depth
         self.sv_bits = slice_bits * lanes
         self.read_t = hv.hb_read(slots, slot_words, dense_words, planes)
         self.beat_t = hv.hb_beat(slice_bits, lanes)
@@ -219,6 +289,7 @@ class ReadSession(wiring.Component):
             "req": Out(1), "kv_next": In(1), "hold": In(1), "go": Out(1),
             "addr": Out(range(words)),
             "ram_data": In(self.sv_bits), "start": Out(1), "start_ok": Out(1),
+            "out_overrun": Out(1),
             "start_oh": Out(slots + 1),
         })
 
@@ -333,15 +404,19 @@ class ReadSession(wiring.Component):
         for a, b in zip(stages, stages[1:]):
             m.d.sync += b.eq(a)
         mo = stages[-1]
-        m.submodules.out = ofifo = fifo.SyncFIFOBuffered(width=self.beat_t.as_shape().size,
-                                                         depth=self.out_depth)
+        # the credits guarantee room: a FIFO whose write is ``w_en`` alone
+        m.submodules.out = ofifo = _CreditFIFO(width=self.beat_t.as_shape().size,
+                                               depth=self.fifo_depth)
         w = Signal(self.beat_t)
         m.d.comb += [w.sv.slices.eq(Mux(mo.err, 0, self.ram_data)),
                      w.sv.plane.eq(Mux(mo.err, 0, mo.plane)),
                      w.last.eq(mo.last), w.error.eq(mo.err),
                      ofifo.w_data.eq(w), ofifo.w_en.eq(mo.v),
                      self.beat.payload.eq(ofifo.r_data), self.beat.valid.eq(ofifo.r_rdy),
-                     ofifo.r_en.eq(self.beat.ready)]
+                     ofifo.r_en.eq(self.beat.ready),
+                     # a write into a full output FIFO: a broken credit rule
+                     # (never; the formal check asserts it)
+                     self.out_overrun.eq(ofifo.w_en & ~ofifo.w_rdy)]
         pop = self.beat.valid & self.beat.ready
         owed_n = Signal.like(owed)
         m.d.comb += [owed_n.eq(owed + issue - pop), credit_n.eq(owed_n < self.out_depth)]
@@ -616,12 +691,15 @@ class HBBank(wiring.Component):
         #: internal strobes for the formal wrapper (tb/formal/hb_bank.py)
         self.probe_start = [Signal(name=f"probe_start{b}") for b in range(banks)]
         self.probe_start_ok = [Signal(name=f"probe_start_ok{b}") for b in range(banks)]
+        self.probe_out_overrun = [Signal(name=f"probe_out_overrun{b}") for b in range(banks)]
         self.probe_ren = [Signal(name=f"probe_ren{b}") for b in range(banks)]
         self.probe_wen = [Signal(name=f"probe_wen{b}") for b in range(banks)]
         self.probe_fill_wait = Signal(name="probe_fill_wait")
 
     #: the fill decoder's class (a subclass may change one of its rules)
     fill_decoder_cls = FillDecoder
+    #: the read session's class (a subclass may change its FIFO depth)
+    read_session_cls = None
 
     def open_regions(self, valid, pend, dense_valid):
         """Regions a read may start on: resident slots that no pending move is
@@ -719,7 +797,7 @@ class HBBank(wiring.Component):
         # ---- read sessions ----------------------------------------------------------
         sess = []
         for b in range(B):
-            s = ReadSession(slots=S, slot_words=SW, dense_words=D, words=W,
+            s = (self.read_session_cls or ReadSession)(slots=S, slot_words=SW, dense_words=D, words=W,
                             slice_bits=self.slice_bits, lanes=self.lanes, planes=self.planes,
                             out_depth=self.out_depth)
             m.submodules[f"read{b}"] = s
@@ -727,7 +805,8 @@ class HBBank(wiring.Component):
             wiring.connect(m, s.beat, wiring.flipped(self.rd[b]))
             m.d.comb += [s.open_mask.eq(open_mask), s.ram_data.eq(ram_d[b]),
                          self.probe_start[b].eq(s.start),
-                         self.probe_start_ok[b].eq(s.start_ok)]
+                         self.probe_start_ok[b].eq(s.start_ok),
+                         self.probe_out_overrun[b].eq(s.out_overrun)]
             sess.append(s)
         reading = Signal(S + 1)
         acc = Const(0, S + 1)

@@ -363,6 +363,7 @@ def test_hb_formal():
 @pytest.mark.skipif(not _fok, reason=_fwhy)
 @pytest.mark.parametrize("bug,depth", [
     ("no_resident_check", HB_BMC_DEPTH),
+    ("fifo_short", HB_BMC_DEPTH),
     # at the current formal geometry (2 words per fill beat, 3-deep output
     # FIFOs) these need more than 16 steps: no_busy_refusal did not fail in
     # steps 0..15; run them deeper, under `slow`

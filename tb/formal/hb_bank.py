@@ -36,7 +36,9 @@ With that, the properties are local:
 ``bug`` plants a mistake that must make the check fail: ``"no_resident_check"``
 (reads of non-resident regions accepted), ``"no_busy_refusal"`` (a fill of a
 slot being read is not refused: the read is torn), ``"commit_incomplete"``
-(a COMMIT before the last word makes the slot resident).
+(a COMMIT before the last word makes the slot resident), ``"fifo_short"``
+(an output FIFO one entry shorter than the read credits: a word is written
+into a full FIFO).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ from amaranth.asserts import AnyConst
 from amaranth.hdl import Assert, Assume, Cat, Const, Module, Mux, ResetSignal, Signal, Value
 from amaranth.lib import wiring
 
-from ...hw.hb_bank import FILL_READY_BOUND, FillDecoder, HBBank
+from ...hw.hb_bank import FILL_READY_BOUND, FillDecoder, HBBank, ReadSession
 from ...hw.vocab import FillBeatKind, FillResultCode, HBRegionKind
 from .common import history_ok, stream_rules_all
 
@@ -57,7 +59,7 @@ __all__ = ["HBBankFormal", "FORMAL_PARAMS", "BUGS"]
 #: throughput)
 FORMAL_PARAMS = dict(banks=2, words=8, slots=2, slot_words=2, dense_words=2, lanes=3,
                      slice_bits=4, fill_words=2, fill_depth=2, out_depth=3)
-BUGS = ("no_resident_check", "no_busy_refusal", "commit_incomplete")
+BUGS = ("no_resident_check", "no_busy_refusal", "commit_incomplete", "fifo_short")
 #: read commands a bank may have outstanding in the environment
 OUTSTANDING = 3
 
@@ -67,12 +69,20 @@ class _CommitIncomplete(FillDecoder):
         return good & same & is_commit
 
 
+class _FifoShort(ReadSession):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.fifo_depth = self.out_depth - 1
+
+
 class _BuggyHB(HBBank):
     def __init__(self, bug, **kw):
         self.bug = bug
         super().__init__(**kw)
         if bug == "commit_incomplete":
             self.fill_decoder_cls = _CommitIncomplete
+        if bug == "fifo_short":
+            self.read_session_cls = _FifoShort
 
     def open_regions(self, valid, pend, dense_valid):
         if self.bug == "no_resident_check":
@@ -250,6 +260,8 @@ class HBBankFormal(wiring.Component):
             # a decode of a command pushed in the same cycle cannot happen (slice)
             m.d.comb += Assert(~(dut.probe_ren[b] & dut.probe_wen[b]),
                                f"bank {b}: two SRAM accesses in one cycle")
+            m.d.comb += Assert(~dut.probe_out_overrun[b],
+                               f"bank {b}: a read word written into a full output FIFO")
 
         # ---- KV: refusals and one shadow word -------------------------------------------
         kb = Signal(range(B))
