@@ -83,7 +83,7 @@ only (the read commands and fill beats enter through register slices).
 from __future__ import annotations
 
 from amaranth.hdl import Array, Cat, Const, Elaboratable, Module, Mux, Signal, unsigned
-from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -99,17 +99,18 @@ __all__ = ["HBBank", "ReadSession", "FillDecoder", "fill_op", "hb_params", "FILL
 #: Period of the fill slots (cycles): each bank group owns one cycle in ``P``.
 FILL_PERIOD = 4
 #: Cycles from a read's grant to its word entering the output FIFO (grant ->
-#: registered SRAM address -> its copy beside the SRAM -> SRAM data -> SRAM
-#: output register -> the register across the die -> read-data register).
-READ_LATENCY = 6
+#: registered SRAM address -> its two copies on the way to the SRAM -> SRAM
+#: data -> SRAM output register -> the register across the die -> read-data
+#: register).
+READ_LATENCY = 7
 #: Depth of each bank's output FIFO (= read credits); enough for one word per
 #: cycle with an always-ready PE.
-OUT_DEPTH = 9
+OUT_DEPTH = 10
 #: Longest run of cycles ``fill.ready`` can stay low (formally proved).
 FILL_READY_BOUND = 9
 #: Cycles from a read command's transfer on ``rd_cmd`` (idle bank, PE ready)
 #: to its first word's transfer on ``rd`` (asserted by the bandwidth test).
-FIRST_WORD_LATENCY = 11
+FIRST_WORD_LATENCY = 12
 #: Cycles a fill costs besides one per DATA beat: up to 3 for its claim (its
 #: first beat) and 1 for its COMMIT/ABORT beat.
 FILL_OVERHEAD = 4
@@ -117,7 +118,7 @@ FILL_OVERHEAD = 4
 #: ``kv_rsp`` on an idle HB (one more when its bank group's fill slot is held
 #: for a queued fill beat); asserted by ``test_hb_kv_and_move_latency``.
 KV_WRITE_LATENCY = 3
-KV_READ_LATENCY = 8
+KV_READ_LATENCY = 9
 #: Cycles from a boundary write's transfer to its ``moved`` report when no
 #: read, fill or KV access holds it up (asserted by the same test).
 MOVE_LATENCY = 4
@@ -139,8 +140,10 @@ class _CreditFIFO(Elaboratable):
     compare), for assertions: ``w_en & ~w_rdy`` is a broken credit rule.
     """
 
+    _what = "credit FIFO depth"
+
     def __init__(self, *, width: int, depth: int):
-        check_int("credit FIFO depth", depth, 2, 1 << 16)
+        check_int(self._what, depth, 2, 1 << 16)
         self.width, self.depth = width, depth
         self.w_data = Signal(width)
         self.w_en = Signal()
@@ -185,6 +188,59 @@ class _CreditFIFO(Elaboratable):
         with m.Elif(self.r_en):
             m.d.sync += self.r_rdy.eq(0)
         m.d.comb += self.level.eq(inner_level + self.r_rdy)
+        return m
+
+
+class _QueueFIFO(_CreditFIFO):
+    """``amaranth.lib.fifo.SyncFIFOBuffered`` (``depth`` >= 2, same ports and
+    the same cycle behaviour) whose fill level is the distance of two
+    pointers with wrap bits instead of a level counter.
+
+    The fill queue's read enable is the head's decision (fill granted,
+    beat discarded, fill ended), the latest signal of the block: in
+    ``SyncFIFOBuffered`` it passes the inner read enable and then the level
+    counter's up/down enable, one LUT and one route more than the pointer
+    and output-register enables here, and that last LUT limited ``hb_bank``
+    to 124.6-125.0 MHz on two seeds of three (``docs/blocks/hb_bank.md``).
+    Its writes are gated by ``w_rdy`` (the fill decoder waits on it); the
+    ports are ``_CreditFIFO``'s.
+    """
+
+    _what = "queue FIFO depth"
+
+    def elaborate(self, platform):
+        m = Module()
+        inner_depth = self.depth - 1
+        produce = Signal(range(inner_depth))
+        consume = Signal(range(inner_depth))
+        p_wrap, c_wrap = Signal(), Signal()
+        same = produce == consume
+        inner_r_rdy = Signal()
+        m.d.comb += [self.w_rdy.eq(~same | (p_wrap == c_wrap)),
+                     inner_r_rdy.eq(~same | (p_wrap != c_wrap))]
+        do_write = self.w_en & self.w_rdy
+        do_inner_read = inner_r_rdy & (~self.r_rdy | self.r_en)
+        m.submodules.storage = storage = Memory(shape=self.width, depth=inner_depth, init=[])
+        w_port = storage.write_port()
+        r_port = storage.read_port(domain="sync")
+
+        def step(ptr, wrap):
+            last = ptr == inner_depth - 1
+            return [ptr.eq(Mux(last, 0, ptr + 1)), wrap.eq(wrap ^ last)]
+
+        m.d.comb += [w_port.addr.eq(produce), w_port.data.eq(self.w_data),
+                     w_port.en.eq(do_write),
+                     r_port.addr.eq(consume), self.r_data.eq(r_port.data),
+                     r_port.en.eq(do_inner_read)]
+        with m.If(do_write):
+            m.d.sync += step(produce, p_wrap)
+        with m.If(do_inner_read):
+            m.d.sync += step(consume, c_wrap)
+            m.d.sync += self.r_rdy.eq(1)
+        with m.Elif(self.r_en):
+            m.d.sync += self.r_rdy.eq(0)
+        inner_level = Mux(p_wrap == c_wrap, produce - consume, produce + inner_depth - consume)
+        m.d.comb += self.level.eq(inner_level[:len(self.level)] + self.r_rdy)
         return m
 
 
@@ -598,17 +654,17 @@ class HBBank(wiring.Component):
         The boundary register.
 
     Latency and throughput (measured by ``tests/test_hb_bank.py``): a read's
-    first word is on ``rd`` 11 cycles after its command's transfer on an idle
+    first word is on ``rd`` 12 cycles after its command's transfer on an idle
     bank (``FIRST_WORD_LATENCY``; register slice, decode, grant, registered
-    SRAM address and its copy beside the block RAM, SRAM, the three
-    read-data registers behind it, output FIFO; 9 cycles before the extra
-    address and read-data stages of issue 11); a bank then streams one word per cycle, back to back across
+    SRAM address and its two copies on the way to the block RAM, SRAM, the
+    three read-data registers behind it, output FIFO; 9 cycles before the
+    extra address and read-data stages of issue 11, 11 with one copy); a bank then streams one word per cycle, back to back across
     commands, while its PE is ready. Fills: one beat per cycle in address
     order under any read load (see the arbitration rule), PE reads keep at
     least 0.75 words/cycle/bank while fill beats are queued and 1.00
     otherwise; a fill's first beat costs up to 3 extra cycles (its claim).
     KV: one access in flight; a write's response ``KV_WRITE_LATENCY`` (3) and
-    a read's ``KV_READ_LATENCY`` (8) cycles after its transfer on an idle HB,
+    a read's ``KV_READ_LATENCY`` (9) cycles after its transfer on an idle HB,
     one more when the access meets its bank's held fill slot. A boundary move
     is reported ``MOVE_LATENCY`` (4) cycles after its write at the earliest.
 
@@ -616,12 +672,12 @@ class HBBank(wiring.Component):
     the fill head's decisions is a flip-flop or at most a few LUT levels from
     one: the per-bank ``req``/``req_free`` registers, the fill-slot hold, the
     registered open mask, refusal hits and move ``blocked`` view. Each block
-    RAM's address, write data and write enable pass two registers, and its
+    RAM's address, write data and write enable pass three registers, and its
     read data three, the first with no other load, so that the synthesis
     flow packs it into the DP16KD's output register (``REGMODE=OUTREG``,
     which Yosys 0.70 does not do: ``sim/synth.pack_ebr_outreg``); the other
-    stage on each side carries the routes across the die, where a bank's
-    block RAMs lie (``docs/blocks/hb_bank.md``).
+    stages carry the routes across the die, where a bank's block RAMs lie
+    (``docs/blocks/hb_bank.md``).
 
     Raises
     ------
@@ -773,6 +829,13 @@ class HBBank(wiring.Component):
         mem_addr = [Signal(range(W), name=f"mem_addr{b}", reset_less=True) for b in range(B)]
         mem_wdata = [Signal(self.sv_bits, name=f"mem_wdata{b}", reset_less=True)
                      for b in range(B)]
+        # and a second copy (``far_*``): with one, nextpnr (whose delay model
+        # underestimates long routes) left the copy beside the logic and the
+        # route to the farthest DP16KD alone took 7.5 ns; two stages split it.
+        far_wen = [Signal(name=f"far_wen{b}") for b in range(B)]
+        far_addr = [Signal(range(W), name=f"far_addr{b}", reset_less=True) for b in range(B)]
+        far_wdata = [Signal(self.sv_bits, name=f"far_wdata{b}", reset_less=True)
+                     for b in range(B)]
         for b in range(B):
             mem = Memory(shape=unsigned(self.sv_bits), depth=W, init=[])
             m.submodules[f"bank{b}"] = mem
@@ -782,10 +845,12 @@ class HBBank(wiring.Component):
             # pipeline says so): a read enable would cost a hold multiplexer
             # behind the block RAM
             m.d.sync += [mem_wen[b].eq(ram_wen[b]), mem_addr[b].eq(ram_addr[b]),
-                         mem_wdata[b].eq(ram_wdata[b])]
-            m.d.comb += [rp.addr.eq(mem_addr[b]), rp.en.eq(1),
-                         wp.addr.eq(mem_addr[b]), wp.data.eq(mem_wdata[b]),
-                         wp.en.eq(mem_wen[b]),
+                         mem_wdata[b].eq(ram_wdata[b]),
+                         far_wen[b].eq(mem_wen[b]), far_addr[b].eq(mem_addr[b]),
+                         far_wdata[b].eq(mem_wdata[b])]
+            m.d.comb += [rp.addr.eq(far_addr[b]), rp.en.eq(1),
+                         wp.addr.eq(far_addr[b]), wp.data.eq(far_wdata[b]),
+                         wp.en.eq(far_wen[b]),
                          self.probe_ren[b].eq(ram_ren[b]), self.probe_wen[b].eq(ram_wen[b])]
             # three registers behind the block RAM: ``ram_q`` has no other
             # load (no enable, no reset), so the flow packs it into the
@@ -848,7 +913,7 @@ class HBBank(wiring.Component):
             sv_bits=self.sv_bits)
         wiring.connect(m, fsl.o, dec.i)
         op_t = dec.op_t
-        m.submodules.fill_fifo = ff = fifo.SyncFIFOBuffered(width=op_t.as_shape().size,
+        m.submodules.fill_fifo = ff = _QueueFIFO(width=op_t.as_shape().size,
                                                             depth=self.fill_depth)
         m.d.comb += [ff.w_data.eq(dec.o.payload), ff.w_en.eq(dec.o.valid),
                      dec.o.ready.eq(ff.w_rdy)]
