@@ -57,6 +57,10 @@ class Softmax(wiring.Component):
     ready : ``Out(T)``
         Token ``t``'s gates are in the table (cleared when its next result
         arrives).
+    ready_clr, ready_clr_token : ``Out``
+        ``ready`` bit ``ready_clr_token`` falls in the next cycle (its token's
+        next result is taken): a consumer that registers a ``ready`` bit a
+        cycle ahead masks it with this (registers only, one compare).
     idle : ``Out(1)``
         No token waiting or in progress.
     """
@@ -70,6 +74,7 @@ class Softmax(wiring.Component):
             "sm_clear": In(1), "sm_clear_par": In(1),
             "g_addr": In(range(max(2, g.T))), "g_data": Out(gate_row(g)),
             "ready": Out(g.T), "idle": Out(1),
+            "ready_clr": Out(1), "ready_clr_token": Out(range(max(2, g.T))),
         })
 
     def elaborate(self, platform):
@@ -141,10 +146,12 @@ class Softmax(wiring.Component):
             m.d.comb += [row.gate[r].eq(Mux(r < cur.count, quo[r], 0)), row.sel[r].eq(cur.sel[r])]
         m.d.comb += [wp.addr.eq(cur.token), wp.data.eq(row)]
 
-        with m.FSM(name="softmax"):
+        take = Signal()
+        m.d.comb += take.eq(fifo.r_rdy & sm_ok.bit_select(head.par, 1))
+        with m.FSM(name="softmax") as fsm:
             with m.State("LOAD"):
                 m.d.comb += self.idle.eq(fifo.level == 0)   # (r_rdy lags a write)
-                with m.If(fifo.r_rdy & sm_ok.bit_select(head.par, 1)):
+                with m.If(take):
                     m.d.comb += fifo.r_en.eq(1)
                     m.d.sync += [cur.eq(head), mult.eq(sm_m[head.par]), shift.eq(sm_s[head.par]),
                                  lr.eq(0), got.eq(0), esum.eq(0),
@@ -170,4 +177,6 @@ class Softmax(wiring.Component):
                 m.d.comb += wp.en.eq(1)
                 m.d.sync += ready.bit_select(cur.token, 1).eq(1)
                 m.next = "LOAD"
+        m.d.comb += [self.ready_clr.eq(fsm.ongoing("LOAD") & take),
+                     self.ready_clr_token.eq(head.token)]
         return m

@@ -35,6 +35,23 @@ every memory output is registered before any logic (``silu``, ``acc``,
 SiLU table, output records), so the longest path is one carry chain: the
 unit is built for 125 MHz.
 
+The entry's decision is a register. Whether an element may advance
+(``ok``) is computed a cycle ahead, for the element that will be at the
+entry in the next cycle (the next element of the result being taken apart,
+the incoming result's first, or the same one if it waits), from what it
+waits for *as it will be then*: every condition only rises, except through
+an event of the current cycle that the entry knows and masks with (its own
+parameter pop, logit into top-k, END, pass ``done``, and the softmax taking
+a token's next result, which clears that token's ``gates_ready`` bit a
+cycle later: the softmax reports it, ``gates_clr``). So a stale bit never
+lets an element pass; a condition that rises while an element waits is seen
+one cycle later than a combinational ``ok`` would see it (the element leaves
+one cycle later; an element whose conditions already hold leaves in its
+first cycle as before, so the unit still takes one element per cycle).
+``i.ready`` is one LUT of flip-flops (``~ser_valid | ok & last``): the 16:1
+select of ``gates_ready`` by the token and the rest of the conditions end
+at the ``ok`` register instead of the PE array's output register enable.
+
 Read-after-write without bypass logic (a transparent read port would put
 Yosys's bypass multiplexer, and the block RAM's 5.8 ns, back in front of
 the multiplier): a ``silu`` entry is written at A9 and read at A7, an
@@ -77,7 +94,8 @@ class VectorUnit(wiring.Component):
         Pass constants (from the HB reader); ``lut_loaded``, ``out_loaded``
         ``In(2)`` say they are complete.
     logit_valid, logit : ``Out``; topk_last_ok, topk_idle : ``In`` (top-k)
-    g_addr : ``Out``; g_data, gates_ready : ``In``; softmax_idle : ``In`` (softmax)
+    g_addr : ``Out``; g_data, gates_ready, gates_clr, gates_clr_token : ``In``;
+    softmax_idle : ``In`` (softmax)
     h_addr : ``In``; h_data : ``Out`` (issue stage)
     y_addr : ``In``; y_data : ``Out``; out_done : ``In(2)`` (output stage)
     up_done : ``Out(1)``
@@ -103,7 +121,8 @@ class VectorUnit(wiring.Component):
             "logit_valid": Out(1), "logit": Out(logit(g)),
             "topk_last_ok": In(1), "topk_idle": In(1),
             "g_addr": Out(range(max(2, T))), "g_data": In(gate_row(g)),
-            "gates_ready": In(T), "softmax_idle": In(1),
+            "gates_ready": In(T), "gates_clr": In(1), "gates_clr_token": In(range(max(2, T))),
+            "softmax_idle": In(1),
             "h_addr": In(unsigned(self.tb + bits(g.c_down))),
             "h_data": Out(data.ArrayLayout(unsigned(8), L)),
             "y_addr": In(unsigned(self.tb + bits(g.c_in))),
@@ -151,48 +170,83 @@ class VectorUnit(wiring.Component):
         ser = Signal(array_result(g))
         ser_valid = Signal()
         bi = Signal(range(max(2, B)))
+        # ``ok``: the element at the entry may advance; ``last``: it is its
+        # result's last (END or bank B-1). Both are registers, computed a
+        # cycle ahead for the element that will be at the entry (see the
+        # module doc, "The entry"), so ``adv`` and ``i.ready`` come from
+        # flip-flops.
+        ok = Signal()
+        last = Signal()
         dsc = ser.desc
         kind = dsc.kind
         is_end = dsc.end
         is_router = (kind == Kind.ROUTER) & ~is_end
         need_params = ~is_router & ~is_end
-        pvalid = Array(p.valid for p in self.params)[bi]
         phead = Signal(seg_params())
         m.d.comb += phead.eq(Array(p.payload for p in self.params)[bi])
-        lut_ok = self.lut_loaded.bit_select(dsc.par, 1)
-        out_ok = self.out_loaded.bit_select(dsc.par, 1)
         ends = Signal(2)
-        y_free = ends == self.out_done
         last_logit = (dsc.group == g.g_router - 1) & (bi == B - 1)
-        ok = Signal()
-        # END also waits for the pass's constants: a pass that runs no
-        # expert never waits for them otherwise, and its `done` clears their
-        # "loaded" flags (a constant arriving later would set them again for
-        # the next pass in this buffer) and ends its HB word count.
-        m.d.comb += ok.eq(Mux(is_end, self.softmax_idle & self.topk_idle & lut_ok & out_ok,
-                              Mux(is_router, ~last_logit | self.topk_last_ok,
-                                  pvalid
-                                  & Mux(kind == Kind.GATE, lut_ok, 1)
-                                  & Mux(kind == Kind.DOWN,
-                                        (~dsc.routed | self.gates_ready.bit_select(dsc.token, 1))
-                                        & (~dsc.last | (y_free & out_ok)), 1))))
         adv = Signal()
-        m.d.comb += adv.eq(ser_valid & ok)
-        done_res = adv & (is_end | (bi == B - 1))
+        m.d.comb += adv.eq(ok)
+        done_res = ok & last
         m.d.comb += self.i.ready.eq(~ser_valid | done_res)
+        load = self.i.valid & self.i.ready
         with m.If(adv):
             m.d.sync += bi.eq(bi + 1)
         with m.If(done_res):
             m.d.sync += [ser_valid.eq(0), bi.eq(0)]
-        with m.If(self.i.valid & self.i.ready):
+        with m.If(load):
             m.d.sync += [ser.eq(self.i.payload), ser_valid.eq(1), bi.eq(0)]
         for b in range(B):
             m.d.comb += self.params[b].ready.eq(adv & (bi == b) & need_params & dsc.seg_last)
+        logit_go = adv & is_router
+
+        # What the entry waits for, as it will be in the next cycle. Every
+        # condition only rises, except through an event of this cycle that is
+        # known here, and is masked with it: a parameter pop (the stream's
+        # ``ready``), a logit into top-k (top-k's ``idle`` / ``last_ok`` fall
+        # a cycle later), an END's ``ends`` increment (the output buffer is
+        # taken), a pass done (its constants' ``loaded`` flags are cleared a
+        # cycle later) and the softmax taking a token's next result (its
+        # ``gates_ready`` bit is cleared a cycle later). A rise is seen a
+        # cycle late (a waiting element leaves a cycle later than a
+        # combinational ``ok`` would let it); a fall never is.
+        pv_n = Cat(p.valid & ~p.ready for p in self.params)
+        topk_idle_n = self.topk_idle & ~logit_go
+        last_ok_n = self.topk_last_ok & ~(logit_go & last_logit)
+        y_free_n = (ends == self.out_done) & ~(adv & is_end)
+
+        def flag_n(flags, par):
+            return flags.bit_select(par, 1) & ~(self.done & (self.done_par == par))
+
+        def ok_of(d, b):
+            """``ok`` of element ``b`` of a result tagged ``d``, in the next cycle.
+
+            END also waits for the pass's constants: a pass that runs no
+            expert never waits for them otherwise, and its `done` clears
+            their "loaded" flags (a constant arriving later would set them
+            again for the next pass in this buffer) and ends its HB word
+            count."""
+            lut_ok, out_ok = flag_n(self.lut_loaded, d.par), flag_n(self.out_loaded, d.par)
+            gate_ok = (self.gates_ready.bit_select(d.token, 1)
+                       & ~(self.gates_clr & (self.gates_clr_token == d.token)))
+            last_lg = (d.group == g.g_router - 1) & (b == B - 1)
+            return Mux(d.end, self.softmax_idle & topk_idle_n & lut_ok & out_ok,
+                       Mux(d.kind == Kind.ROUTER, ~last_lg | last_ok_n,
+                           pv_n.bit_select(b, 1)
+                           & Mux(d.kind == Kind.GATE, lut_ok, 1)
+                           & Mux(d.kind == Kind.DOWN,
+                                 (~d.routed | gate_ok) & (~d.last | (y_free_n & out_ok)), 1)))
+        nd = self.i.payload.desc
+        m.d.sync += [
+            ok.eq(Mux(load, ok_of(nd, Const(0, len(bi))),
+                      Mux(adv, ~last & ok_of(dsc, bi + 1), ser_valid & ok_of(dsc, bi)))),
+            last.eq(Mux(load, nd.end | Const(B == 1, 1), Mux(adv, bi + 1 == B - 1, last)))]
         value = Signal(signed(W))
         m.d.comb += value.eq(Array(ser.value[b] for b in range(B))[bi])
         # logits straight to top-k
         lg = self.logit
-        m.d.comb += [self.logit_valid.eq(adv & is_router), lg.token.eq(dsc.token),
+        m.d.comb += [self.logit_valid.eq(logit_go), lg.token.eq(dsc.token),
                      lg.expert.eq(dsc.group * B + bi), lg.value.eq(value), lg.par.eq(dsc.par),
                      lg.last.eq(last_logit)]
         m.d.comb += self.g_addr.eq(dsc.token)
