@@ -35,8 +35,14 @@ def sweep_points(block) -> list[dict]:
 
 
 def run_sweeps(cfg, names, workroot: Path, *, targets=("generic",), pnr=True, seeds=None,
-               progress=None, max_cells: int | None = None) -> dict:
-    """``{block: [point result, ...]}`` for the named blocks that have a sweep."""
+               progress=None, max_cells: int | None = None,
+               only: dict[str, list] | None = None) -> dict:
+    """``{block: [point result, ...]}`` for the named blocks that have a sweep.
+
+    ``only`` (``{field: values}``, ``elmoe3d synth --sweep-only``) keeps just
+    the points whose value of a listed field is one of its values, e.g. the
+    tag unit at 16 and 32 slots when its larger points take too long to place.
+    """
     from ..blocks import get_block
     from .synth import fpga_target, synth_block
     out = {}
@@ -44,6 +50,8 @@ def run_sweeps(cfg, names, workroot: Path, *, targets=("generic",), pnr=True, se
         b = get_block(name)
         pts, seen = [], []
         for over in sweep_points(b):
+            if any(k in (only or {}) and v not in only[k] for k, v in over.items()):
+                continue
             tag = "-".join(f"{k}{v}" for k, v in over.items())
             note = None
             try:

@@ -19,8 +19,9 @@ from pathlib import Path
 __all__ = ["parse_sets", "points", "run_point", "run_sweep", "pareto", "write_outputs"]
 
 
-def parse_sets(items: list[str]) -> dict[str, list[int]]:
-    """``["lanes=8,16", "slice_bits=2,4"]`` -> ``{"lanes": [8, 16], ...}``."""
+def parse_sets(items: list[str], flag: str = "--set") -> dict[str, list[int]]:
+    """``["lanes=8,16", "slice_bits=2,4"]`` -> ``{"lanes": [8, 16], ...}``; errors
+    name ``flag``, the option the items came from."""
     import dataclasses
 
     from ..config import Config
@@ -28,17 +29,17 @@ def parse_sets(items: list[str]) -> dict[str, list[int]]:
     out = {}
     for item in items:
         if "=" not in item:
-            raise ValueError(f"--set needs KEY=V1,V2,..., not {item!r}")
+            raise ValueError(f"{flag} needs KEY=V1,V2,..., not {item!r}")
         key, _, vals = item.partition("=")
         key = key.strip()
         if key not in fields:
-            raise ValueError(f"--set: unknown Config field {key!r}")
+            raise ValueError(f"{flag}: unknown Config field {key!r}")
         try:
             out[key] = [int(v, 0) for v in vals.split(",") if v.strip()]
         except ValueError:
-            raise ValueError(f"--set {key}: expected integers, not {vals!r}") from None
+            raise ValueError(f"{flag} {key}: expected integers, not {vals!r}") from None
         if not out[key]:
-            raise ValueError(f"--set {key}: no values")
+            raise ValueError(f"{flag} {key}: no values")
     return out
 
 

@@ -128,9 +128,27 @@ def target_mhz(target: str, block: str) -> tuple[float, str]:
 SRAM_MIN_WORDS = int(load_target("generic")["sram_min_words"])
 
 
-def _run(cmd: list[str], cwd: Path, log: Path, timeout: int = 3600) -> str:
-    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    log.write_text(r.stdout + r.stderr)
+#: Seconds one Yosys or nextpnr call may take before the flow stops it
+#: (``elmoe3d synth --tool-timeout``; 0 means no limit). An hour covers every
+#: block ``make demo`` places; the whole tile's place and route is run with
+#: ``--tool-timeout 0``, as a stopped run would lose all it had done.
+TOOL_TIMEOUT_S = 3600
+
+
+def _run(cmd: list[str], cwd: Path, log: Path, timeout: float | None = None) -> str:
+    """Run one tool; its stderr goes to ``log`` as it is written (nextpnr
+    reports its progress there, so a long run can be followed), and the log
+    holds stdout + stderr once the tool has finished."""
+    timeout = TOOL_TIMEOUT_S if timeout is None else timeout
+    with open(log, "w") as err:
+        try:
+            r = subprocess.run(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=err, text=True,
+                               timeout=timeout or None)
+        except subprocess.TimeoutExpired:
+            err.write(f"\n[elmoe3d] stopped after {timeout:g} s (--tool-timeout)\n")
+            raise SynthError(f"{Path(cmd[0]).name} took longer than {timeout:g} s "
+                             f"(--tool-timeout); see {log}") from None
+    log.write_text(r.stdout + log.read_text())
     if r.returncode != 0:
         raise SynthError(f"{Path(cmd[0]).name} failed (exit {r.returncode}); see {log}")
     return r.stdout

@@ -238,6 +238,11 @@ def test_no_generic_skips_the_generic_run(tmp_path, capsys):
     (["synth", "--no-generic", "--fmax", "--sweep"], "--no-generic cannot be combined"),
     (["synth", "--target", "virtex"], "unknown target 'virtex'"),
     (["synth", "--seeds", "a"], "--seeds needs comma-separated integers"),
+    (["synth", "--sweep-only", "tag_slots=16"], "--sweep-only needs --sweep"),
+    (["synth", "--sweep", "--sweep-only", "slots=16"], "--sweep-only: unknown Config field 'slots'"),
+    (["synth", "--sweep", "--sweep-only", "lanes=x"], "--sweep-only lanes: expected integers"),
+    (["synth", "--tool-timeout", "1h"], "--tool-timeout needs a number of seconds, not '1h'"),
+    (["synth", "--tool-timeout", "-5"], "--tool-timeout needs a finite number of seconds >= 0"),
     (["fpga", "--board", "nope"], "invalid choice: 'nope'"),
     (["sweep", "--set", "lanes"], "--set needs KEY=V1,V2"),
     (["sweep", "--blocks", "nope"], "Unknown block 'nope'"),
@@ -247,3 +252,50 @@ def test_cli_errors_are_one_line(argv, msg, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert msg in err and err.count("\n") == 1, err
+
+
+@pytest.mark.cli
+@pytest.mark.parametrize("argv,limit", [([], 3600), (["--tool-timeout", "0"], 0),
+                                        (["--tool-timeout", "7200"], 7200)])
+def test_tool_timeout_reaches_the_flow(argv, limit, monkeypatch, capsys):
+    """`--tool-timeout SECONDS` sets the limit every Yosys / nextpnr call of
+    the run gets (0: none, for the whole tile's place and route); without it
+    the flow keeps its one-hour default."""
+    from elmoe3d.cli import main
+    from elmoe3d.commands import synth as cmd
+    monkeypatch.setattr(fl, "TOOL_TIMEOUT_S", 3600)
+    seen = []
+    monkeypatch.setattr(cmd, "run_synth", lambda *a, **k: seen.append(fl.TOOL_TIMEOUT_S) or {})
+    assert main(["synth", "--blocks", "pe", "--fmax", *argv]) == 0
+    assert seen == [limit]
+
+
+def test_tool_run_logs_live_and_stops_at_the_timeout(tmp_path):
+    """A tool's stderr is in its log while it runs (a long nextpnr run can be
+    followed); a finished run's log is stdout + stderr; a run over the limit
+    is stopped and reported as a SynthError that names the limit."""
+    import sys
+    log = tmp_path / "t.log"
+    py = [sys.executable, "-c"]
+    out = fl._run(py + ["import sys; print('out'); print('err', file=sys.stderr)"], tmp_path, log)
+    assert out == "out\n" and log.read_text() == "out\nerr\n"
+    with pytest.raises(fl.SynthError, match=r"took longer than 1 s \(--tool-timeout\)"):
+        fl._run(py + ["import sys, time; print('placing', file=sys.stderr, flush=True); "
+                      "time.sleep(60)"], tmp_path, log, timeout=1)
+    assert log.read_text().startswith("placing\n") and "stopped after 1 s" in log.read_text()
+
+
+def test_sweep_only_keeps_the_listed_points(tmp_path, monkeypatch):
+    """`--sweep-only tag_slots=16,32` sweeps the tag unit at 16 and 32 slots
+    only (its 64- and 128-slot points take long to place); a field the
+    block's sweep does not vary leaves the sweep whole."""
+    from elmoe3d.sim.scaling import run_sweeps
+    monkeypatch.setattr(fl, "synth_block", lambda *a, **k: {"cells": 1, "logic_depth": 1})
+    cfg = preset("default")
+
+    def slots(only):
+        pts = run_sweeps(cfg, ["tag_unit"], tmp_path, only=only)["tag_unit"]
+        return [p["overrides"]["tag_slots"] for p in pts]
+    assert slots({"tag_slots": [16, 32]}) == [16, 32]
+    whole = slots(None)
+    assert {16, 32, 64, 128} <= set(whole) and slots({"lanes": [8]}) == whole

@@ -34,8 +34,14 @@ def register(p):
                         "hb_bank, whose generic run takes longer than its ECP5 synthesis")
     p.add_argument("--seeds", default=None, metavar="N,N",
                    help="nextpnr seeds (default: the constraints file's, three seeds)")
+    p.add_argument("--tool-timeout", default=None, metavar="SECONDS",
+                   help="stop any one Yosys or nextpnr call after SECONDS (default: 3600; "
+                        "0: no limit, e.g. to place and route the whole tile)")
     p.add_argument("--sweep", action="store_true",
                    help="also run the scaling sweeps (PE lanes, tag-unit slots, ...; sim/scaling.py)")
+    p.add_argument("--sweep-only", action="append", default=[], metavar="KEY=V,V",
+                   help="with --sweep: only the points with these values of KEY, e.g. "
+                        "--sweep-only tag_slots=16,32 (repeatable)")
     p.add_argument("--peers", action="store_true",
                    help="also print the peer table (MACs per cycle / per second per LUT4)")
     add_config_args(p)
@@ -67,10 +73,24 @@ def parse_seeds(text: str | None) -> list[int] | None:
     return seeds
 
 
+def parse_timeout(text: str | None) -> float | None:
+    """``--tool-timeout``: seconds (0: no limit), or ``None`` for the flow default."""
+    if text is None:
+        return None
+    try:
+        t = float(text)
+    except ValueError:
+        raise ValueError(f"--tool-timeout needs a number of seconds, not {text!r}") from None
+    if not t >= 0 or t == float("inf"):
+        raise ValueError(f"--tool-timeout needs a finite number of seconds >= 0 (0: no limit), "
+                         f"not {text!r}")
+    return t
+
+
 def run_synth(cfg, blocks, workroot: Path, *, targets=("generic",), fmax: bool = False,
               pnr: bool = True, seeds=None, sweep: bool = False, progress=None,
               fmax_max_cells: int | None = None, sweep_pnr: bool | None = None,
-              generic: bool = True) -> dict:
+              generic: bool = True, sweep_only: dict | None = None) -> dict:
     """Synthesise ``blocks`` at ``cfg`` on ``targets``; returns ``{name: result}``
     (``generic=False``: FPGA targets only, see ``sim.synth.synth_block``)."""
     from ..sim.synth import synth_block
@@ -95,7 +115,8 @@ def run_synth(cfg, blocks, workroot: Path, *, targets=("generic",), fmax: bool =
         st = tuple(t for t in targets if t != "ice40")
         for name, pts in run_sweeps(cfg, [b.name for b in blocks], workroot, targets=st,
                                     pnr=pnr if sweep_pnr is None else sweep_pnr, seeds=seeds,
-                                    progress=progress, max_cells=fmax_max_cells).items():
+                                    progress=progress, max_cells=fmax_max_cells,
+                                    only=sweep_only).items():
             results[name]["sweep"] = [p for p in pts if "error" not in p]
             bad = [p for p in pts if "error" in p]
             if bad:
@@ -270,15 +291,23 @@ def run(args) -> int:
     blocks = blocks_from_args(args)
     targets = parse_targets(args.target, args.fmax)
     seeds = parse_seeds(args.seeds)
+    timeout = parse_timeout(args.tool_timeout)
+    if args.sweep_only and not args.sweep:
+        raise ValueError("--sweep-only needs --sweep")
+    from ..sim.sweep import parse_sets
+    only = parse_sets(args.sweep_only, "--sweep-only")
     out = writable_file(args.json) if args.json else None
     if args.no_generic and (args.sweep or args.peers):
         raise ValueError("--no-generic cannot be combined with --sweep or --peers "
                          "(they report generic figures)")
     if args.no_generic and targets == ("generic",):
         raise ValueError("--no-generic needs an FPGA target (--fmax or --target ecp5/ice40)")
+    if timeout is not None:
+        from ..sim import synth as flow
+        flow.TOOL_TIMEOUT_S = timeout
     results = run_synth(cfg, blocks, Path(args.workdir), targets=targets, pnr=not args.no_pnr,
                         seeds=seeds, sweep=args.sweep, progress=Progress(len(blocks)),
-                        generic=not args.no_generic)
+                        generic=not args.no_generic, sweep_only=only)
     print(text_report(results, targets))
     doc = {"config": cfg.to_dict(), "targets": list(targets), "blocks": results}
     if args.peers:
