@@ -93,7 +93,7 @@ def _rom_summary(st) -> dict:
 
 #: Yosys for ECP5 the way ``sim/synth.py`` runs it: ``synth_ecp5`` up to
 #: ``map_luts``, classic ``abc -lut 4``, then the rest (YoWASP Yosys 0.70's
-#: ABC9 crashes on designs of the tile's size; ``constraints`` has no say here)
+#: ABC9 crashes on designs of the tile's size)
 ECP5_SYNTH = {"synth_opts": "-run begin:map_luts",
               "script_after_synth": "techmap -map +/lattice/latches_map.v\nabc -lut 4\nclean\n"
                                     "synth_ecp5 -top top -run map_cells:"}
