@@ -52,7 +52,12 @@ def _platform(board: dict):
 
 
 def board_top(board_name: str, *, block: str | None = None, cfg=None, dots: int = 8):
-    """The self-test design for a board: ``(top, selftest, block name)``."""
+    """The self-test design for a board: ``(top, selftest, block name)``.
+
+    ``block`` ``"tile"`` builds :class:`~elmoe3d.sim.tile_selftest.TileSelfTest`
+    (the whole tile, its LPDDR image and host script on chip); any block with
+    golden vectors (:data:`~elmoe3d.sim.selftest.VECTORS`) builds
+    :class:`~elmoe3d.sim.selftest.StreamSelfTest` of that block."""
     from ..blocks import get_block
     from ..config import preset
     from .selftest import StreamSelfTest, vectors_for
@@ -62,12 +67,36 @@ def board_top(board_name: str, *, block: str | None = None, cfg=None, dots: int 
     board = boards[board_name]
     block = block or board["block"]
     cfg = cfg or preset(board["preset"])
+    div = round(board["clock_hz"] / board["uart_baud"])
+    if block == "tile":
+        from .tile_selftest import TileSelfTest
+        st = TileSelfTest(cfg, uart_divisor=div, timeout=board["clock_hz"] // 10)
+        return _BoardTop(st, board), st, block
     dut = get_block(block).build(cfg)
     vec = vectors_for(block, dut, dots=dots)
-    div = round(board["clock_hz"] / board["uart_baud"])
     st = StreamSelfTest(dut, **vec, name=block, uart_divisor=div,
                         timeout=board["clock_hz"] // 10)
     return _BoardTop(st, board), st, block
+
+
+def _rom_summary(st) -> dict:
+    """What the self-test's ROMs hold, for the build summary."""
+    if hasattr(st, "scenario"):
+        sc = st.scenario
+        return {"vectors": {"host_cmd": len(sc.commands)},
+                "expected": dict({k: len(w) for k, (w, _) in sc.responses.items()},
+                                 trace=sc.trace_count),
+                "scenario": sc.summary}
+    return {"vectors": {k: len(v) for k, v in st.inputs.items()},
+            "expected": {k: len(v) for k, v in st.expected.items()}}
+
+
+#: Yosys for ECP5 the way ``sim/synth.py`` runs it: ``synth_ecp5`` up to
+#: ``map_luts``, classic ``abc -lut 4``, then the rest (YoWASP Yosys 0.70's
+#: ABC9 crashes on designs of the tile's size)
+ECP5_SYNTH = {"synth_opts": "-run begin:map_luts",
+              "script_after_synth": "techmap -map +/lattice/latches_map.v\nabc -lut 4\nclean\n"
+                                    "synth_ecp5 -top top -run map_cells:"}
 
 
 @contextmanager
@@ -104,6 +133,21 @@ def timing_summary(build_dir: Path, name: str = "top") -> dict:
     clocks = {}
     for clk, mhz, verdict, target in _FMAX.findall(text):
         clocks[clk] = {"fmax_mhz": float(mhz), "target_mhz": float(target), "pass": verdict == "PASS"}
+    # the routed critical path of each clock: the last report for it
+    for clk in clocks:
+        head = f"Critical path report for clock '{clk}'"
+        if head not in text:
+            continue
+        block = text[text.rindex(head):].split("Critical path report for", 2)[1]
+        start = re.search(r"clk-to-q\s+[\d.]+\s+[\d.]+\s+Source (\S+)", block)
+        end = re.findall(r"setup\s+[\d.]+\s+[\d.]+\s+Source (\S+)", block)
+        split = re.search(r"([\d.]+) ns logic, ([\d.]+) ns routing", block)
+        if start and end:
+            clocks[clk]["critical_path"] = {"from": start.group(1), "to": end[-1]}
+        if split:
+            clocks[clk]["critical_path"] = dict(clocks[clk].get("critical_path", {}),
+                                                logic_ns=float(split.group(1)),
+                                                routing_ns=float(split.group(2)))
     util = {m[0]: (int(m[1]), int(m[2])) for m in
             re.findall(r"Info:\s+(\w+):\s+(\d+)/\s*(\d+)\s+\d+%", text)}
     return {"clocks": clocks, "utilization": util}
@@ -117,13 +161,12 @@ def build_board(board_name: str, build_dir: Path, *, block: str | None = None, c
     board = boards[board_name]
     plat = _platform(board)
     build_dir = Path(build_dir).resolve()
+    opts = ECP5_SYNTH if board["device"].startswith("LFE5") else {}
     with _yowasp_env(build_dir):
-        plat.build(top, name="top", build_dir=str(build_dir), do_program=False)
+        plat.build(top, name="top", build_dir=str(build_dir), do_program=False, **opts)
     bit = build_dir / f"top.{board['bitstream']}"
     if not bit.exists():
         raise RuntimeError(f"board build wrote no {bit.name}; see {build_dir}")
     return {"board": board_name, "device": board["device"], "block": block,
-            "bitstream": str(bit), "bytes": bit.stat().st_size,
-            "vectors": {k: len(v) for k, v in st.inputs.items()},
-            "expected": {k: len(v) for k, v in st.expected.items()},
+            "bitstream": str(bit), "bytes": bit.stat().st_size, **_rom_summary(st),
             "timing": timing_summary(build_dir)}

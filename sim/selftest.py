@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 from amaranth.hdl import Const, Module, Mux, Signal
-from amaranth.lib import memory, wiring
+from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["UARTTx", "StreamSelfTest", "VECTORS", "pe_vectors", "vectors_for", "decode_uart"]
+__all__ = ["UARTTx", "RomSource", "RomChecker", "Verdict", "StreamSelfTest", "VECTORS", "pe_vectors",
+           "vectors_for", "decode_uart"]
 
 
 class UARTTx(wiring.Component):
@@ -88,6 +89,116 @@ class UARTTx(wiring.Component):
         return m
 
 
+class RomSource(wiring.Component):
+    """Replays ``words`` on the stream ``o``, one per transfer, from a ROM
+    read combinationally (LUTs: keep it short); ``done`` once every word
+    was taken. ``valid`` never waits for ``ready`` (the stream rules)."""
+
+    def __init__(self, width: int, words: list[int]):
+        self.width, self.words = width, list(words)
+        super().__init__({"o": Out(stream.Signature(width)), "done": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        n = len(self.words)
+        m.submodules.rom = rom = memory.Memory(shape=self.width, depth=max(n, 1),
+                                               init=self.words or [0])
+        rd = rom.read_port(domain="comb")
+        idx = Signal(range(n + 1))
+        m.d.comb += [rd.addr.eq(idx), self.o.payload.eq(rd.data), self.o.valid.eq(idx < n),
+                     self.done.eq(idx == n)]
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += idx.eq(idx + 1)
+        return m
+
+
+class RomChecker(wiring.Component):
+    """Checks the beats of the stream ``i`` (always ready) against ``words``
+    in order: beat ``j`` must equal ``words[j]`` on the bits set in
+    ``masks[j]`` (every bit when ``masks`` is ``None``). ``error`` is a
+    strobe: a beat that differed, or one more beat than expected; ``done``
+    once every expected beat arrived."""
+
+    def __init__(self, width: int, words: list[int], masks: list[int] | None = None):
+        if masks is not None and len(masks) != len(words):
+            raise ValueError(f"{len(masks)} masks for {len(words)} expected words")
+        self.width, self.words = width, list(words)
+        self.masks = None if masks is None else list(masks)
+        super().__init__({"i": In(stream.Signature(width)), "done": Out(1), "error": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        n, full = len(self.words), (1 << self.width) - 1
+        masks = self.masks if self.masks is not None else [full] * n
+        # the mask beside the word in one ROM row (upper half) when any bit is masked
+        masked = any(x != full for x in masks)
+        init = [w | (mk << self.width) if masked else w for w, mk in zip(self.words, masks)]
+        m.submodules.rom = rom = memory.Memory(shape=self.width * (2 if masked else 1),
+                                               depth=max(n, 1), init=init or [0])
+        rd = rom.read_port(domain="comb")
+        idx = Signal(range(n + 1))
+        want = rd.data[:self.width]
+        mask = rd.data[self.width:] if masked else Const(full, self.width)
+        m.d.comb += [rd.addr.eq(idx), self.i.ready.eq(1), self.done.eq(idx == n)]
+        with m.If(self.i.valid):
+            m.d.comb += self.error.eq((idx == n) | (((self.i.payload ^ want) & mask) != 0))
+            with m.If(idx != n):
+                m.d.sync += idx.eq(idx + 1)
+        return m
+
+
+class Verdict(wiring.Component):
+    """The end of a self-test: counts ``error`` strobes (saturating at
+    0xFFFF, registered once on the way in); once ``finished`` has held for 64 cycles (so that excess beats
+    show) or ``timeout`` cycles have passed (a timeout with no error counts
+    one), ``done`` rises and stays; ``passed`` / ``failed`` follow and one
+    UART line goes out: ``ELMOE3D <name> PASS n=<total, 4 hex digits>`` or
+    ``ELMOE3D <name> FAIL bad=<errors, 4 hex digits>``, CR LF, 8N1."""
+
+    def __init__(self, *, name: str, total: int, uart_divisor: int, timeout: int):
+        if timeout < 1:
+            raise ValueError(f"Self-test timeout must be >= 1 cycle, not {timeout!r}")
+        self.name, self.total = name, total
+        self.uart_divisor, self.timeout = uart_divisor, timeout
+        super().__init__({"finished": In(1), "error": In(1), "passed": Out(1),
+                          "failed": Out(1), "done": Out(1), "uart_tx": Out(1, init=1),
+                          "mismatches": Out(16)})
+
+    def elaborate(self, platform):
+        m = Module()
+        errors = Signal(16)
+        timer = Signal(range(self.timeout + 1))
+        done = Signal()
+        settle = Signal(range(64))
+        # the error strobe is registered first: the checkers' compare logic
+        # and this counter's adder are a cycle apart (the 64 settling cycles
+        # cover the delay)
+        error = Signal()
+        m.d.sync += error.eq(self.error)
+        with m.If(~done & error):
+            m.d.sync += errors.eq(errors + (errors != 0xFFFF))
+        with m.If(~done):
+            m.d.sync += timer.eq(timer + 1)
+            with m.If(self.finished):
+                m.d.sync += settle.eq(settle + 1)
+                with m.If(settle == 63):
+                    m.d.sync += done.eq(1)
+            with m.If(timer == self.timeout):
+                m.d.sync += [done.eq(1), errors.eq(errors | (errors == 0))]
+        ok = done & (errors == 0)
+        m.d.comb += [self.done.eq(done), self.passed.eq(ok), self.failed.eq(done & ~ok),
+                     self.mismatches.eq(errors)]
+        msg_pass = f"ELMOE3D {self.name} PASS n=%%%%\r\n".encode()
+        msg_fail = f"ELMOE3D {self.name} FAIL bad=%%%%\r\n".encode()
+        m.submodules.uart = uart = UARTTx([msg_pass, msg_fail], self.uart_divisor)
+        sent = Signal()
+        m.d.comb += [uart.start.eq(done & ~sent), uart.sel.eq(~ok),
+                     uart.hex.eq(Mux(ok, self.total, errors)), self.uart_tx.eq(uart.tx)]
+        with m.If(done):
+            m.d.sync += sent.eq(1)
+        return m
+
+
 class StreamSelfTest(wiring.Component):
     """Self-test wrapper: ROM-driven input streams, ROM-checked output streams.
 
@@ -97,7 +208,8 @@ class StreamSelfTest(wiring.Component):
         The block; every port is a stream (``valid``/``ready``/``payload``)
         or a static input named in ``statics``.
     inputs, expected : dict of str to list of int
-        Raw payload words per input / output stream, in order.
+        Raw payload words per input / output stream, in order
+        (:class:`RomSource` / :class:`RomChecker` each).
     statics : dict of str to int
         Constant values of the other input ports.
     name : str
@@ -110,7 +222,8 @@ class StreamSelfTest(wiring.Component):
     Members
     -------
     passed, failed, done : Out(1)
-        Result (LEDs); ``done`` once every expected beat arrived or on timeout.
+        Result (LEDs); ``done`` once every expected beat arrived or on timeout
+        (:class:`Verdict`).
     uart_tx : Out(1)
         The result line.
     mismatches : Out(16)
@@ -134,61 +247,25 @@ class StreamSelfTest(wiring.Component):
         m.submodules.dut = dut = self.dut
         for k, v in self.statics.items():
             m.d.comb += getattr(dut, k).eq(v)
-        consumed = []
+        finished, error = Const(1), Const(0)
         for k, words in self.inputs.items():
             port = getattr(dut, k)
-            width = len(port.payload.as_value())
-            rom = memory.Memory(shape=width, depth=max(len(words), 1), init=words or [0])
-            m.submodules[f"rom_{k}"] = rom
-            rd = rom.read_port(domain="comb")
-            idx = Signal(range(len(words) + 1), name=f"{k}_idx")
-            m.d.comb += [rd.addr.eq(idx), port.payload.as_value().eq(rd.data),
-                         port.valid.eq(idx < len(words))]
-            with m.If(port.valid & port.ready):
-                m.d.sync += idx.eq(idx + 1)
-            consumed.append(idx == len(words))
-        errors = Signal(16)
-        arrived = []
+            m.submodules[f"rom_{k}"] = src = RomSource(len(port.payload.as_value()), words)
+            m.d.comb += [port.payload.as_value().eq(src.o.payload), port.valid.eq(src.o.valid),
+                         src.o.ready.eq(port.ready)]
+            finished = finished & src.done
         for k, words in self.expected.items():
             port = getattr(dut, k)
-            width = len(port.payload.as_value())
-            rom = memory.Memory(shape=width, depth=max(len(words), 1), init=words or [0])
-            m.submodules[f"exp_{k}"] = rom
-            rd = rom.read_port(domain="comb")
-            idx = Signal(range(len(words) + 1), name=f"{k}_idx")
-            m.d.comb += [rd.addr.eq(idx), port.ready.eq(1)]
-            with m.If(port.valid):
-                with m.If((idx == len(words)) | (port.payload.as_value() != rd.data)):
-                    m.d.sync += errors.eq(errors + (errors != 0xFFFF))
-                with m.If(idx != len(words)):
-                    m.d.sync += idx.eq(idx + 1)
-            arrived.append(idx == len(words))
-        total = sum(len(w) for w in self.expected.values())
-        timer = Signal(range(self.timeout + 1))
-        done = Signal()
-        settle = Signal(range(64))
-        all_in = Const(1)
-        for c in consumed + arrived:
-            all_in = all_in & c
-        with m.If(~done):
-            m.d.sync += timer.eq(timer + 1)
-            with m.If(all_in):                  # a few cycles for excess beats to show
-                m.d.sync += settle.eq(settle + 1)
-                with m.If(settle == 63):
-                    m.d.sync += done.eq(1)
-            with m.If(timer == self.timeout):
-                m.d.sync += [done.eq(1), errors.eq(errors | (errors == 0))]
-        ok = done & (errors == 0)
-        m.d.comb += [self.done.eq(done), self.passed.eq(ok), self.failed.eq(done & ~ok),
-                     self.mismatches.eq(errors)]
-        msg_pass = f"ELMOE3D {self.name} PASS n=%%%%\r\n".encode()
-        msg_fail = f"ELMOE3D {self.name} FAIL bad=%%%%\r\n".encode()
-        m.submodules.uart = uart = UARTTx([msg_pass, msg_fail], self.uart_divisor)
-        sent = Signal()
-        m.d.comb += [uart.start.eq(done & ~sent), uart.sel.eq(~ok),
-                     uart.hex.eq(Mux(ok, total, errors)), self.uart_tx.eq(uart.tx)]
-        with m.If(done):
-            m.d.sync += sent.eq(1)
+            m.submodules[f"exp_{k}"] = chk = RomChecker(len(port.payload.as_value()), words)
+            m.d.comb += [chk.i.payload.eq(port.payload.as_value()), chk.i.valid.eq(port.valid),
+                         port.ready.eq(chk.i.ready)]
+            finished, error = finished & chk.done, error | chk.error
+        m.submodules.verdict = v = Verdict(name=self.name,
+                                           total=sum(len(w) for w in self.expected.values()),
+                                           uart_divisor=self.uart_divisor, timeout=self.timeout)
+        m.d.comb += [v.finished.eq(finished), v.error.eq(error), self.passed.eq(v.passed),
+                     self.failed.eq(v.failed), self.done.eq(v.done), self.uart_tx.eq(v.uart_tx),
+                     self.mismatches.eq(v.mismatches)]
         return m
 
 

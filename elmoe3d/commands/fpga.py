@@ -1,9 +1,12 @@
 """``elmoe3d fpga --board icebreaker|ulx3s-85f``: a self-testing bitstream.
 
-The design runs ROM-held golden vectors through a block on the fabric and
-shows the verdict on two LEDs and one UART line (:mod:`elmoe3d.sim.selftest`);
-pins from ``constraints/boards.json``; built with amaranth-boards and the
-YoWASP tools (:mod:`elmoe3d.sim.boards`). Prints the routed timing summary.
+The design runs ROM-held golden vectors through the design under test on the
+fabric and shows the verdict on two LEDs and one UART line; pins and the
+design of each board from ``constraints/boards.json``: on the ULX3S-85F the
+whole tile at ``tiny`` with its LPDDR image and host script on chip
+(:mod:`elmoe3d.sim.tile_selftest`), on the iCEBreaker one PE
+(:mod:`elmoe3d.sim.selftest`). Built with amaranth-boards and the YoWASP tools
+(:mod:`elmoe3d.sim.boards`). Prints the routed timing summary.
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ def register(p):
     from ..sim.boards import BOARDS
     p.add_argument("--board", required=True, choices=BOARDS, help="target board")
     p.add_argument("--block", default=None,
-                   help="block under test (default: the board's entry in constraints/boards.json)")
-    p.add_argument("--dots", type=int, default=8, help="golden dot products in the ROM (default 8)")
+                   help="design under test: 'tile' (the whole tile) or a block with golden "
+                        "vectors, e.g. pe (default: the board's entry in constraints/boards.json: "
+                        "ulx3s-85f tile, icebreaker pe)")
+    p.add_argument("--dots", type=int, default=8,
+                   help="golden dot products in a PE self-test's ROM (default 8; not the tile's)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="build folder (default: build/fpga/<board>)")
     p.add_argument("--json", metavar="FILE", help="write the build summary as JSON")
@@ -43,11 +49,21 @@ def run(args) -> int:
     r = build_board(args.board, out, block=args.block, cfg=cfg, dots=args.dots)
     print(f"{r['board']} ({r['device']}): self-test of {r['block']} "
           f"({sum(r['vectors'].values())} input beats, {sum(r['expected'].values())} results)")
+    sc = r.get("scenario")
+    if sc:
+        print(f"scenario: dense load, rounds {','.join(sc['rounds'])} at batch {sc['batch']} "
+              f"({sc['layer_steps']} layer steps, {sc['tokens']} tokens, {sc['events']} trace "
+              f"events), {len(sc['counters'])} counters; LPDDR image {sc['image_bytes']} bytes "
+              f"in block RAM")
     print(f"bitstream: {r['bitstream']} ({r['bytes']} bytes)")
     for clk, t in r["timing"]["clocks"].items():
         print(f"timing: clock {clk}: Fmax {t['fmax_mhz']:.2f} MHz vs {t['target_mhz']:.2f} MHz "
               f"-> {'PASS' if t['pass'] else 'FAIL'}")
-    for res, (used, avail) in sorted(r["timing"]["utilization"].items()):
+        cp = t.get("critical_path")
+        if cp and "from" in cp:
+            print(f"  critical path: {cp['from']} -> {cp['to']} "
+                  f"({cp.get('logic_ns', 0):.2f} ns logic, {cp.get('routing_ns', 0):.2f} ns routing)")
+    for res, (used, avail) in sorted(r["timing"]["utilization"].items()):  # nextpnr's names
         if used:
             print(f"  {res:>16s}: {used}/{avail}")
     if js:
