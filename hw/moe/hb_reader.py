@@ -274,7 +274,10 @@ class HBReader(wiring.Component):
         rec_skip = Array(Const(c[2], 8) for c in rec_cmds)
 
         # ---- per-bank destination queues and record paths --------------------------------
-        dest_l = data.StructLayout({"rec": 1, "count": unsigned(16), "par": 1})
+        # the longest command of any kind (the demux counts up to it)
+        cnt_max = max([g.router_words, n * g.rows, k * g.rows, k * max(g.c_in, g.c_down)]
+                      + [c[1] for c in const_cmd] + [c[1] for c in rec_cmds])
+        dest_l = data.StructLayout({"rec": 1, "count": unsigned(cnt_max.bit_length()), "par": 1})
         dq = [SyncFIFOBuffered(width=dest_l.size, depth=4) for _ in range(B)]
         rps = [RecordPath(g, b) for b in range(B)]
         for b in range(B):
@@ -441,8 +444,11 @@ class HBReader(wiring.Component):
             head = dest_l(dq[b].r_data)
             hv = dq[b].r_rdy
             beat = hb_beat(g.s, g.L)(self.hb_data[b].payload)
-            recvd = Signal(16, name=f"recvd{b}")
-            left = Signal(16, name=f"left{b}")
+            # `nxt` = words of the command received or padded so far + 1: the
+            # word in hand is the command's last iff `nxt == count` (one
+            # compare of registers, no adder before it). Padding counts up
+            # like received words, so a short command needs no second counter.
+            nxt = Signal(dest_l.members["count"].width, name=f"nxt{b}", init=1)
             pad = Signal(name=f"pad{b}")
             word = Signal(g.sv, name=f"word{b}")
             m.d.comb += word.eq(beat.sv.slices.as_value())
@@ -457,29 +463,26 @@ class HBReader(wiring.Component):
                          self.buf_wdata[b].eq(Mux(pad, 0, word))]
             for p in range(2):
                 beats[p].append(take & ~beat.error & (head.par == p))
+            at_end = nxt == head.count
             with m.If(take):
                 with m.If(beat.error):
-                    m.d.sync += self.error.bit_select(head.par, 1).eq(1)
-                    with m.If(recvd < head.count):
-                        m.d.sync += [pad.eq(1), left.eq(head.count - recvd)]
-                    with m.Else():
-                        m.d.comb += dq[b].r_en.eq(1)
-                        m.d.sync += recvd.eq(0)
-                with m.Elif(recvd + 1 == head.count):
+                    # the refused word and the rest of the command are padded
+                    m.d.sync += [self.error.bit_select(head.par, 1).eq(1), pad.eq(1)]
+                with m.Elif(at_end):
                     m.d.comb += dq[b].r_en.eq(1)
-                    m.d.sync += recvd.eq(0)
+                    m.d.sync += nxt.eq(1)
                     with m.If(~beat.last):
                         m.d.sync += self.error.bit_select(head.par, 1).eq(1)
                 with m.Elif(beat.last):
                     m.d.sync += [self.error.bit_select(head.par, 1).eq(1), pad.eq(1),
-                                 left.eq(head.count - recvd - 1)]
+                                 nxt.eq(nxt + 1)]
                 with m.Else():
-                    m.d.sync += recvd.eq(recvd + 1)
+                    m.d.sync += nxt.eq(nxt + 1)
             with m.If(pad & dst_ok):
-                m.d.sync += left.eq(left - 1)
-                with m.If(left == 1):
+                m.d.sync += nxt.eq(nxt + 1)
+                with m.If(at_end):
                     m.d.comb += dq[b].r_en.eq(1)
-                    m.d.sync += [pad.eq(0), recvd.eq(0)]
+                    m.d.sync += [pad.eq(0), nxt.eq(1)]
         for p in range(2):
             # counted a cycle after the handshakes (registered, so that the
             # ready logic does not feed the counter's adder): the count is read

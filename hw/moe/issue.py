@@ -94,8 +94,8 @@ class Issue(wiring.Component):
     x_addr : ``Out``; x_data : ``In``; release, release_par : ``Out``
     rd_addr : ``Out``; rd_entry, rd_src : ``In`` (job table)
     decided, total, total_valid, epoch, sel_done, no_routed, experts, expert_tokens : ``In``
-    hb_pos, hb_free : ``Out``; hb_data, hb_wp : ``In`` (HB buffer)
-    ext_pos, ext_free : ``Out``; ext_data, ext_wp : ``In`` (LPDDR buffer)
+    hb_pos, hb_free : ``Out``; hb_data, hb_wp : ``In`` (HB buffer; ``hb_wp`` its ``wp_all``)
+    ext_pos, ext_free : ``Out``; ext_data, ext_wp : ``In`` (LPDDR buffer; ``ext_wp`` its ``wp_all``)
     h_addr : ``Out``; h_data : ``In`` (vector unit)
     up_done : ``In(1)``
     ext_error, ext_beats, cycle : ``In`` (counters; the HB ones go to the output stage)
@@ -125,10 +125,10 @@ class Issue(wiring.Component):
             "experts": In(unsigned((g.E + g.S).bit_length())).array(2),
             "expert_tokens": In(unsigned((T * (g.E + g.S)).bit_length())).array(2),
             "hb_pos": Out(unsigned(hb_pbits)), "hb_free": Out(unsigned(hb_pbits)),
-            "hb_data": In(unsigned(g.sv)).array(g.B), "hb_wp": In(unsigned(hb_pbits)).array(g.B),
+            "hb_data": In(unsigned(g.sv)).array(g.B), "hb_wp": In(unsigned(hb_pbits)),
             "ext_pos": Out(unsigned(ext_pbits)), "ext_free": Out(unsigned(ext_pbits)),
             "ext_data": In(unsigned(g.sv)).array(g.B),
-            "ext_wp": In(unsigned(ext_pbits)).array(g.B),
+            "ext_wp": In(unsigned(ext_pbits)),
             "h_addr": Out(unsigned(self.tb + bits(g.c_down))),
             "h_data": In(data.ArrayLayout(unsigned(8), L)),
             "up_done": In(1),
@@ -192,7 +192,7 @@ class Issue(wiring.Component):
         # the next and the first token slot. After any token or segment
         # transition those lookahead registers settle for a cycle: a beat that
         # would end the new token at once (a one-beat token) waits one cycle,
-        # and the first beat after an UP -> DOWN change waits one cycle (so
+        # and the first beat after an UP -> DOWN change waits two cycles (so
         # that every UP dot product of the job is counted in `up_inflight`).
         cl = Signal.like(c)                  # chunks - 1 of the current phase
         gl_ = Signal.like(grp)               # groups - 1 of the current phase
@@ -205,6 +205,7 @@ class Issue(wiring.Component):
         h_ok = Signal()
         settle = Signal()
         bubble = Signal()
+        bubble_b = Signal()                  # the bubble's second cycle
         wait_sel = is_down & ent.shared & (ent.expert == S - 1) & ~self.sel_done.bit_select(pi, 1) \
             if S else Const(0)
         last_c = c == cl
@@ -304,7 +305,12 @@ class Issue(wiring.Component):
                          beat.sv[b].slices.eq(Mux(s2_zero, 0, Mux(s2_ext, s2_xd[b], s2_hb[b])))]
 
         # ---- walk updates -------------------------------------------------------------------
-        up_inc = launch & tok_end & ~in_router & (proj == Kind.UP)
+        # an issued UP dot product is counted a cycle after its launch (a
+        # register between `launch` and the counter); the UP -> DOWN bubble
+        # lasts two cycles so that the first DOWN beat still sees every UP
+        # dot product of the job counted (`h_ok` is registered from it)
+        up_inc = Signal()
+        m.d.sync += up_inc.eq(launch & tok_end & ~in_router & (proj == Kind.UP))
         # both outcomes computed from registers, `up_inc` (late: it follows
         # `launch`) only selects one (no carry chain after the launch logic)
         upd_keep = Signal.like(up_inflight)
@@ -329,17 +335,14 @@ class Issue(wiring.Component):
             hb_p_n.eq(Mux(hb_reset, hb_seg, hb_p)),
             ext_p_n.eq(Mux(ext_reset, ext_seg, ext_p))]
         # each candidate compared on its own (the compares run in parallel and
-        # the choice comes after them); `p + 1 != wp` as `p != wp - 1`, with
-        # `wp - 1` registered (one cycle older: still a safe bound)
-        def none_at(pos, wps):
-            ok = Const(1)
-            for w in wps:
-                ok = ok & (pos != w)
-            return ok
-        hb_wm1 = [Signal.like(self.hb_wp[b], name=f"hb_wm1_{b}") for b in range(B)]
-        ext_wm1 = [Signal.like(self.ext_wp[b], name=f"ext_wm1_{b}") for b in range(B)]
-        m.d.sync += [hb_wm1[b].eq(self.hb_wp[b] - 1) for b in range(B)]
-        m.d.sync += [ext_wm1[b].eq(self.ext_wp[b] - 1) for b in range(B)]
+        # the choice comes after them) with the buffer's `wp_all` (one register:
+        # every bank has its word below it); `p + 1 != wp` as `p != wp - 1`,
+        # with `wp - 1` registered (one cycle older: still a safe bound)
+        def none_at(pos, wp):
+            return pos != wp
+        hb_wm1 = Signal.like(self.hb_wp, name="hb_wm1")
+        ext_wm1 = Signal.like(self.ext_wp, name="ext_wm1")
+        m.d.sync += [hb_wm1.eq(self.hb_wp - 1), ext_wm1.eq(self.ext_wp - 1)]
         hb_c_p, hb_c_p1 = none_at(hb_p, self.hb_wp), none_at(hb_p, hb_wm1)
         hb_c_seg, hb_c_nxt = none_at(hb_seg, self.hb_wp), none_at(hb_nxt, self.hb_wp)
         ext_c_p, ext_c_p1 = none_at(ext_p, self.ext_wp), none_at(ext_p, ext_wm1)
@@ -353,7 +356,7 @@ class Issue(wiring.Component):
         ext_ok_n = Mux(ext_reset, ext_c_seg, ext_c_p)
         m.d.sync += [hb_av_l.eq(hb_ok_l), hb_av_n.eq(hb_ok_n), ext_av_l.eq(ext_ok_l),
                      ext_av_n.eq(ext_ok_n)]
-        m.d.sync += [settle.eq(0), bubble.eq(0), h_ok.eq(h_cur)]
+        m.d.sync += [settle.eq(0), bubble.eq(bubble_b), bubble_b.eq(0), h_ok.eq(h_cur)]
 
         def start_token(tt, draft, sl, h):
             m.d.sync += [t.eq(tt), q.eq(0), c.eq(0), tpl.eq(planes_l(draft)), cur_draft.eq(draft),
@@ -395,7 +398,7 @@ class Issue(wiring.Component):
                                 set_phase(Kind.UP)
                             with m.Case(Kind.UP):
                                 set_phase(Kind.DOWN)
-                                m.d.sync += bubble.eq(1)
+                                m.d.sync += [bubble.eq(1), bubble_b.eq(1)]
                             with m.Case(Kind.DOWN):
                                 m.d.sync += [running.eq(0), j.eq(j + 1)]
 
