@@ -89,8 +89,14 @@ class ReplayBuffer(wiring.Component):
         m = Module()
         ab = self.pbits - 1
         for b in range(self.banks):
+            # `no_rw_check`: a read never meets a write of the same entry
+            # (reads stay below `wp_all`, writes at `wp`, and `wp - free <
+            # depth`), so Yosys need not emulate the read-old-data rule with a
+            # bypass multiplexer behind the block RAM: the reader's register
+            # can become the EBR's output register
             mem = m.submodules[f"mem{b}"] = memory.Memory(shape=unsigned(self.width),
-                                                           depth=self.depth, init=[])
+                                                           depth=self.depth, init=[],
+                                                           attrs={"no_rw_check": 1})
             wport = mem.write_port()
             rport = mem.read_port()
             # both outcomes from registers and this cycle's `free`; `we`,

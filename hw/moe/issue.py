@@ -151,6 +151,7 @@ class Issue(wiring.Component):
         # ---- pass state -------------------------------------------------------------
         pi = Signal()
         count = Signal.like(self.count[0])
+        count_m1 = Signal.like(count)        # count - 1, registered with it
         roles = Signal(data.ArrayLayout(TokenRole, T))
         step_last = Signal()
         start = Signal.like(self.cycle)
@@ -208,8 +209,11 @@ class Issue(wiring.Component):
         bubble_b = Signal()                  # the bubble's second cycle
         wait_sel = is_down & ent.shared & (ent.expert == S - 1) & ~self.sel_done.bit_select(pi, 1) \
             if S else Const(0)
-        last_c = c == cl
-        last_q = q == tpl
+        # `c == cl` and `q == tpl` as flip-flops, worked out wherever `c`, `q`,
+        # `cl` or `tpl` is assigned (below, beside each assignment), so that
+        # `launch` and everything it selects start from registers
+        last_c = Signal()
+        last_q = Signal()
         tok_end = last_c & last_q
         last_g = grp == gl_
 
@@ -265,7 +269,11 @@ class Issue(wiring.Component):
                      self.h_addr.eq(Cat(zext(c, bits(g.c_down)), zext(t, self.tb)))]
         m.d.sync += [s1_valid.eq(launch | end_req), launched.eq(launch),
                      hb_p.eq(Mux(launch, hb_p_l, hb_p_n)), ext_p.eq(Mux(launch, ext_p_l, ext_p_n))]
+        # I1 is loaded every cycle (its contents matter only with `s1_valid`):
+        # `launch` enables none of its registers, so its fan-out stays small
         with m.If(launch):
+            m.d.sync += mac.eq(mac + 1)
+        with m.If(~end_req):
             m.d.sync += [s1.mode.eq(mode), s1.keep.eq(k), s1.last.eq(tok_end),
                          s1_ext.eq(~from_hb), s1_h.eq(is_down),
                          dsc.kind.eq(Mux(in_router, Kind.ROUTER, proj)), dsc.end.eq(0),
@@ -276,8 +284,7 @@ class Issue(wiring.Component):
                                          ent.last_mask.bit_select(t, 1))),
                          dsc.seg_last.eq(~rem.any())]
             m.d.sync += [s1.sv[b].plane.eq(q) for b in range(B)]
-            m.d.sync += mac.eq(mac + 1)
-        with m.Elif(end_req):
+        with m.Else():
             # a one-beat MSB dot product of zeros (a legal beat sequence)
             m.d.sync += [s1.mode.eq(PEMode.MSB), s1.keep.eq(1), s1.last.eq(1), s1_ext.eq(0),
                          s1_h.eq(0), dsc.kind.eq(Kind.ROUTER), dsc.end.eq(1), dsc.par.eq(pi),
@@ -288,10 +295,12 @@ class Issue(wiring.Component):
         # I1 -> I2: memory outputs registered as they are
         s2 = Signal(D)
         s2_ext, s2_h, s2_zero = Signal(), Signal(), Signal()
-        s2_hb = [Signal(g.sv, name=f"s2_hb{b}") for b in range(B)]
-        s2_xd = [Signal(g.sv, name=f"s2_xd{b}") for b in range(B)]
-        s2_x = Signal(8 * g.L)
-        s2_hh = Signal(8 * g.L)
+        # (no reset and no enable: on ECP5 the flow packs them into the block
+        # RAMs' output registers, see `ReplayBuffer`)
+        s2_hb = [Signal(g.sv, name=f"s2_hb{b}", reset_less=True) for b in range(B)]
+        s2_xd = [Signal(g.sv, name=f"s2_xd{b}", reset_less=True) for b in range(B)]
+        s2_x = Signal(8 * g.L, reset_less=True)
+        s2_hh = Signal(8 * g.L, reset_less=True)
         m.d.sync += [s2_valid.eq(s1_valid), s2.eq(s1), s2_ext.eq(s1_ext), s2_h.eq(s1_h),
                      s2_zero.eq(s1_zero), s2_x.eq(self.x_data), s2_hh.eq(self.h_data)]
         m.d.sync += [s2_hb[b].eq(self.hb_data[b]) for b in range(B)]
@@ -361,24 +370,26 @@ class Issue(wiring.Component):
         def start_token(tt, draft, sl, h):
             m.d.sync += [t.eq(tt), q.eq(0), c.eq(0), tpl.eq(planes_l(draft)), cur_draft.eq(draft),
                          slot.eq(sl), slack.eq(Mux(in_router, 0, ent.count - 1 - sl)),
-                         settle.eq(1), h_ok.eq(h)]
+                         settle.eq(1), h_ok.eq(h),
+                         last_c.eq(cl == 0), last_q.eq(planes_l(draft) == 0)]
 
         def set_phase(kind):
+            # (`c` is 0 whenever the phase changes)
             ch = g.c_down if kind == Kind.DOWN else g.c_in
             gr = g.g_down if kind == Kind.DOWN else g.g_in
             m.d.sync += [proj.eq(kind), cl.eq(ch - 1), gl_.eq(gr - 1),
-                         hb_len.eq(hbn * ch), ext_len.eq(extn * ch)]
+                         hb_len.eq(hbn * ch), ext_len.eq(extn * ch), last_c.eq(ch == 1)]
 
         with m.If(launch):
-            m.d.sync += c.eq(c + 1)
+            m.d.sync += [c.eq(c + 1), last_c.eq(c + 1 == cl)]
             with m.If(last_c):
-                m.d.sync += [c.eq(0), q.eq(q + 1)]
+                m.d.sync += [c.eq(0), q.eq(q + 1), last_c.eq(cl == 0), last_q.eq(q + 1 == tpl)]
             with m.If(in_router):
                 with m.If(last_c & last_q):
-                    m.d.sync += [q.eq(0), grp.eq(grp + 1)]
+                    m.d.sync += [q.eq(0), grp.eq(grp + 1), last_q.eq(tpl == 0)]
                     with m.If(last_g):                        # token done
                         m.d.sync += [grp.eq(0), settle.eq(1)]
-                        with m.If(t == count - 1):
+                        with m.If(t == count_m1):
                             m.d.sync += [running.eq(0), in_router.eq(0),
                                          hb_seg.eq(hb_seg + g.router_words)]
                         with m.Else():
@@ -409,10 +420,12 @@ class Issue(wiring.Component):
             with m.State("IDLE"):
                 with m.If(self.pass_valid.bit_select(pi, 1)):
                     m.d.sync += [count.eq(Mux(pi, self.count[1], self.count[0])),
+                                 count_m1.eq(Mux(pi, self.count[1], self.count[0]) - 1),
                                  roles.eq(Mux(pi, self.roles[1], self.roles[0])),
                                  step_last.eq(self.step_last.bit_select(pi, 1)),
                                  start.eq(self.cycle), mac.eq(0), j.eq(0),
                                  in_router.eq(1), running.eq(1), grp.eq(0), q.eq(0), c.eq(0),
+                                 last_c.eq(g.c_in == 1), last_q.eq(n == 1),
                                  t.eq(0), tpl.eq(n - 1), cl.eq(g.c_in - 1),
                                  gl_.eq(g.g_router - 1), slack.eq(0),
                                  cur_draft.eq(0), settle.eq(1)]
