@@ -29,6 +29,23 @@ def test_register_slice_formal_catches_bug():
     assert r.status == "FAIL"
 
 
+async def _step(ctx, dut, valid, ready, nxt, sent, got):
+    """One cycle of a stream component with ``i``/``o``: offer payload
+    ``nxt`` (if ``valid``), take ``o`` (if ``ready``); record both
+    handshakes; the next payload number."""
+    ctx.set(dut.i.valid, valid)
+    ctx.set(dut.i.payload, nxt & 0xFF)
+    ctx.set(dut.o.ready, ready)
+    _, _, iv, ir, ov, orr, op = await ctx.tick().sample(
+        dut.i.valid, dut.i.ready, dut.o.valid, dut.o.ready, dut.o.payload)
+    if iv and ir:
+        sent.append(nxt & 0xFF)
+        nxt += 1
+    if ov and orr:
+        got.append(op)
+    return nxt
+
+
 def test_register_slice_throughput_and_order():
     """Random ready on the output, always-valid input: everything arrives in
     order, and with ``o.ready`` high the slice moves one payload per cycle."""
@@ -41,16 +58,7 @@ def test_register_slice_throughput_and_order():
         nxt = 0
         for cyc in range(400):
             ready = 1 if cyc < 200 else rnd.random() < 0.6
-            ctx.set(dut.i.valid, 1)
-            ctx.set(dut.i.payload, nxt & 0xFF)
-            ctx.set(dut.o.ready, ready)
-            _, _, iv, ir, ov, orr, op = await ctx.tick().sample(
-                dut.i.valid, dut.i.ready, dut.o.valid, dut.o.ready, dut.o.payload)
-            if iv and ir:
-                sent.append(nxt & 0xFF)
-                nxt += 1
-            if ov and orr:
-                got.append(op)
+            nxt = await _step(ctx, dut, 1, ready, nxt, sent, got)
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -93,20 +101,11 @@ def test_block_fifo_order_capacity_and_rate(depth, seed):
             phase = cyc // 300
             iv = 1 if phase == 0 else rnd.random() < (0.9 if phase in (1, 3) else 0.4)
             ready = 1 if phase == 0 else (0 if phase == 1 else rnd.random() < 0.5)
-            ctx.set(dut.i.valid, iv)
-            ctx.set(dut.i.payload, nxt & 0xFF)
-            ctx.set(dut.o.ready, ready)
             held = len(sent) - len(got)
             assert held <= cap and (ctx.get(dut.i.ready) or held >= depth), (cyc, held)
             if cyc == 599:
                 assert held == cap and not ctx.get(dut.i.ready)   # stalled output: full
-            _, _, v, r, ov, orr, op = await ctx.tick().sample(
-                dut.i.valid, dut.i.ready, dut.o.valid, dut.o.ready, dut.o.payload)
-            if v and r:
-                sent.append(nxt & 0xFF)
-                nxt += 1
-            if ov and orr:
-                got.append(op)
+            nxt = await _step(ctx, dut, iv, ready, nxt, sent, got)
             if cyc == 299:
                 assert len(got) >= 290, len(got)       # full rate, both sides ready
 
