@@ -11,15 +11,20 @@ chains its consumer's timing into its producer's; three such blocks in a row
 put three blocks' worth of logic on one path. :class:`RegisterSlice` breaks
 both directions: ``o.valid``/``o.payload`` come from registers, and
 ``i.ready`` is a register (the "skid" slot is empty), at full throughput.
+
+:class:`BlockFIFO` is the same promise for a deep queue in block RAM: the
+block RAM's read data passes a plain register (which the ECP5 flow packs
+into the EBR's own output register, :func:`elmoe3d.sim.synth.pack_ebr_outreg`)
+before any logic, and every flag is a flip-flop.
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Signal
-from amaranth.lib import stream, wiring
+from amaranth.hdl import Module, Mux, Signal, unsigned
+from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["RegisterSlice"]
+__all__ = ["RegisterSlice", "BlockFIFO"]
 
 
 class RegisterSlice(wiring.Component):
@@ -65,4 +70,107 @@ class RegisterSlice(wiring.Component):
                 m.d.sync += self.o.valid.eq(0)
         with m.Elif(accept):
             m.d.sync += [skid.eq(self.i.payload), skid_valid.eq(1)]
+        return m
+
+
+class BlockFIFO(wiring.Component):
+    """A stream FIFO in block RAM with registered flags and a registered
+    read path.
+
+    Parameters
+    ----------
+    width : int
+        Payload bits.
+    depth : int
+        Entries of the block RAM (>= 2). Four more wait in the output queue,
+        so up to ``depth + 4`` payloads are held.
+
+    Members
+    -------
+    i : ``In(stream.Signature(unsigned(width)))``
+    o : ``Out(stream.Signature(unsigned(width)))``
+
+    Structure: the block RAM (written at ``i``'s handshake) -> its
+    synchronous read port -> a register with neither enable nor reset (on
+    ECP5 the flow packs it into the EBR's output register, so the EBR's slow
+    clock-to-output never meets logic) -> a four-entry shift queue whose head
+    is ``o.payload``. A read is started only while the queue, counting the
+    two reads in flight, has room (a credit counter), so nothing is lost.
+
+    ``i.ready``, ``o.valid`` and ``o.payload`` are flip-flops; the read
+    start is one LUT of flip-flops. Throughput: one payload per cycle in and
+    out. Latency: a payload written at cycle ``t`` is on ``o`` at ``t + 4``
+    (an empty FIFO), against ``t + 2`` for ``SyncFIFOBuffered``.
+    """
+
+    #: entries of the output queue (the credit: two reads in flight, one
+    #: being taken, one of slack)
+    QUEUE = 4
+
+    def __init__(self, width: int, depth: int):
+        if not isinstance(width, int) or width < 1:
+            raise ValueError(f"BlockFIFO width must be a positive int, not {width!r}")
+        if not isinstance(depth, int) or depth < 2:
+            raise ValueError(f"BlockFIFO depth must be an int >= 2, not {depth!r}")
+        self.width, self.depth = width, depth
+        super().__init__({"i": In(stream.Signature(unsigned(width))),
+                          "o": Out(stream.Signature(unsigned(width)))})
+
+    def elaborate(self, platform):
+        m = Module()
+        D, Q = self.depth, self.QUEUE
+        # `no_rw_check`: a read never meets a write of the same entry (an entry
+        # is read only after its write is counted), so Yosys need not emulate
+        # the read-old-data rule with a bypass multiplexer behind the block RAM
+        mem = m.submodules.storage = memory.Memory(shape=unsigned(self.width), depth=D, init=[],
+                                                   attrs={"no_rw_check": 1})
+        wport = mem.write_port()
+        rport = mem.read_port()             # always enabled: `v1` says which data counts
+
+        def incr(v):
+            return Mux(v == D - 1, 0, v + 1)
+
+        wp = Signal(range(D))
+        rp = Signal(range(D))
+        cnt = Signal(range(D + 1))          # entries in the block RAM not yet read
+        full = Signal()                     # cnt == D, a flip-flop
+        has = Signal()                      # cnt != 0, a flip-flop
+        room = Signal(range(Q + 1), init=Q)  # queue entries not held nor in flight
+        v1, v2 = Signal(), Signal()          # a read in flight: port data, register
+        d2 = Signal(self.width, reset_less=True)   # behind the port (no reset: OUTREG)
+        write = Signal()
+        read = Signal()
+        m.d.comb += [self.i.ready.eq(~full), write.eq(self.i.valid & ~full),
+                     read.eq(has & (room != 0)),
+                     wport.addr.eq(wp), wport.data.eq(self.i.payload), wport.en.eq(write),
+                     rport.addr.eq(rp)]
+        with m.If(write):
+            m.d.sync += wp.eq(incr(wp))
+        with m.If(read):
+            m.d.sync += rp.eq(incr(rp))
+        # the flags from registers; `write`/`read` only select
+        with m.If(write & ~read):
+            m.d.sync += [cnt.eq(cnt + 1), full.eq(cnt == D - 1), has.eq(1)]
+        with m.Elif(read & ~write):
+            m.d.sync += [cnt.eq(cnt - 1), full.eq(0), has.eq(cnt != 1)]
+        m.d.sync += [v1.eq(read), v2.eq(v1), d2.eq(rport.data)]
+
+        # the output queue: q[0] is the head, `held` entries valid
+        q = [Signal(self.width, name=f"q{x}") for x in range(Q)]
+        held = Signal(range(Q + 1))
+        push = v2
+        pop = self.o.valid & self.o.ready
+        m.d.comb += self.o.payload.eq(q[0])
+        # a pushed payload goes to entry `held - pop`: both outcomes compared
+        # from registers, `pop` (the consumer's late `ready`) only selects
+        for x in range(Q):
+            here_pop = push & (held == x + 1)
+            here = push & (held == x)
+            with m.If(pop):
+                m.d.sync += q[x].eq(Mux(here_pop, d2, q[x + 1] if x + 1 < Q else 0))
+            with m.Elif(here):
+                m.d.sync += q[x].eq(d2)
+        m.d.sync += held.eq(held + push - pop)
+        m.d.sync += self.o.valid.eq(push | Mux(pop, held >= 2, self.o.valid))
+        m.d.sync += room.eq(room - read + pop)
         return m

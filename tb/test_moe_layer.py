@@ -68,7 +68,7 @@ def _coverage():
     from cocotb_coverage.coverage import CoverCross, CoverPoint
     P = "moe_layer"
     yn = [False, True]
-    faults = ["hb_refused", "ext_error", "ext_early_last"]
+    faults = ["hb_refused", "hb_error", "hb_early_last", "ext_error", "ext_early_last"]
 
     @CoverPoint(f"{P}.role", xf=lambda c: c["role"], bins=["FULL", "DRAFT", "VERIFY"])
     @CoverPoint(f"{P}.mask", xf=lambda c: c["mask"], bins=["none", "one", "all", "some"])
@@ -184,6 +184,11 @@ class MoETB:
         self.tok_cycles = []                             # cycle each token was accepted
         self.need_pass, self.n_passes = [], 0            # pass of each announcement to come
         self.refused_passes = set()                      # passes with an hb_refused job
+        # HB short reads: slot -> EXPERT reads of it decided so far, and
+        # (slot, read index) -> (kind, bank, word) for a faulted one
+        self.hb_reads_decided = {}
+        self.hb_reads_served = {}
+        self.hb_short = {}
         self.fired_count = collections.Counter()
 
     # -- host --------------------------------------------------------------------------------
@@ -230,6 +235,17 @@ class MoETB:
                 else:
                     self.refused_passes.add(pid)
                     hb, slot = True, self._free_slot()
+            elif fault in ("hb_error", "hb_early_last"):
+                # a resident expert's slot read cut short on one bank: an error
+                # beat or a `last` before the command's count
+                if res:
+                    hb = True
+                    self.hb_short[(slot, self.hb_reads_decided.get(slot, 0))] = (
+                        fault, self.rand.randrange(self.B), self.rand.randrange(1 << 20))
+                else:
+                    fault = None
+        if hb and slot in self.slots:
+            self.hb_reads_decided[slot] = self.hb_reads_decided.get(slot, 0) + 1
         src = gb.Source(hb, slot)
         self.decisions.append((src, fault))
         d0, d1 = self.decision_delay
@@ -298,6 +314,19 @@ class MoETB:
                 self.hb_q[b].append((t0, (1 << off["last"]) | (1 << off["error"])))
                 return
             words = img[b, offset:offset + count]
+            ri = self.hb_reads_served.get((b, slot), 0)
+            self.hb_reads_served[(b, slot)] = ri + 1
+            short = self.hb_short.get((slot, ri))
+            if short is not None and short[1] == b:
+                kind, _, rnd = short
+                cut = rnd % max(1, count - 1)          # the read ends at word `cut` < count - 1
+                for w in words[:cut]:
+                    self.hb_q[b].append((t0, int(w) << off["sv"]))
+                if kind == "hb_error":            # the word at `cut` refused: ends the read
+                    self.hb_q[b].append((t0, (1 << off["last"]) | (1 << off["error"])))
+                else:                             # a word with `last` at `cut` < count - 1
+                    self.hb_q[b].append((t0, (int(words[cut]) << off["sv"]) | (1 << off["last"])))
+                return
         else:
             if offset + count > cfg.dense_words:
                 self.hb_q[b].append((t0, (1 << off["last"]) | (1 << off["error"])))
@@ -894,17 +923,19 @@ async def stress_batches(dut):
 @cocotb.test()
 async def faults(dut):
     """Faults end streams cleanly: an HB read of a slot that is not resident
-    (one error beat), an LPDDR command cut short by an error beat, or by an
-    early last. The pass's outputs carry ``error``; every other pass is bit
+    (one error beat), a resident slot's read cut short on one bank by an
+    error beat or by an early last (the reader pads the rest of the count),
+    an LPDDR command cut short by an error beat, or by an early last. The pass's outputs carry ``error``; every other pass is bit
     exact and the datapath carries on without a reset."""
     # one slot left empty: the controller's "HB" decision naming it is refused
     tb = MoETB(dut, idle=0.1, bp=0.1, policy="random", decision_delay=(0, 4), ext_latency=8,
                free_slots=1)
     await tb.start()
-    for kind in ("hb_refused", "ext_error", "ext_early_last"):
+    for kind in ("hb_refused", "hb_error", "hb_early_last", "ext_error", "ext_early_last"):
         if kind == "hb_refused" and tb._free_slot() is None:
             continue
-        tb.fault = (kind, 0.3)
+        # an HB short read needs a resident expert read from HB: asked more often
+        tb.fault = (kind, 0.6 if kind in ("hb_error", "hb_early_last") else 0.3)
         random_steps(tb, knob("moe_fault_tokens", 12), roles=(R.FULL, R.VERIFY))
         await tb.drain()
         tb.fault = None

@@ -4,6 +4,8 @@ against ``golden.moe_layer.route``, the softmax against ``gate_weights``,
 the replay buffer's rules, the record path against ``layout.dense_records``
 and the scheduler's announce order against ``golden.moe_batched.plan_pass``."""
 
+import random
+
 import numpy as np
 import pytest
 from amaranth.hdl import Module, Signal, signed
@@ -34,7 +36,8 @@ def _sim(dut, bench, cycles=None):
 @pytest.mark.parametrize("width", [23, 28])
 def test_requant_pipe_matches_golden(width):
     """Random operands plus the corners: saturation both ways, shift 1 and
-    47, multiplier 0 and 65535, the most negative input."""
+    47, multiplier 0 and 65535, the most negative input, every value around
+    the two clip edges and the range check's edge."""
     m = Module()
     v, mult, sh = Signal(signed(width)), Signal(16), Signal(6)
     out, lat = requant_pipe(m, v, mult, sh, "rq")
@@ -47,6 +50,11 @@ def test_requant_pipe_matches_golden(width):
     ss = rng.integers(1, 48, N)
     corners = [(lo, 65535, 1), (hi, 65535, 1), (lo, 65535, 47), (hi, 1, 47), (-1, 1, 1),
                (1, 1, 1), (0, 0, 5), (-3, 1, 1), (3, 1, 1), (5, 1, 1), (-5, 1, 1)]
+    # every value around both clip edges (127/128 and -128/-129 after rounding)
+    # and around the edge of the range check (|q| near 512)
+    corners += [(v_, 1, 1) for v_ in list(range(250, 262)) + list(range(-262, -250))]
+    corners += [(v_, 1, 2) for v_ in list(range(505, 520)) + list(range(-520, -505))]
+    corners += [(v_, 1, 1) for v_ in (511, 512, 513, -511, -512, -513, 1023, 1024, -1024, -1025)]
     for i, c in enumerate(corners):
         vs[i], ms[i], ss[i] = c
     exp = gm.requant(vs, ms, ss)
@@ -227,8 +235,8 @@ def test_softmax_matches_gate_weights():
 
 
 def test_replay_buffer_rules():
-    """Space is wp - free < depth; a word can be read the cycle after its
-    write and read again (replayed) until it is freed."""
+    """Space is wp - free < depth (``free`` a cycle old); a word can be read
+    the cycle after its write and read again (replayed) until it is freed."""
     dut = ReplayBuffer(banks=2, width=8, depth=8)
 
     async def bench(ctx):
@@ -250,6 +258,8 @@ def test_replay_buffer_rules():
                 await ctx.tick()
                 assert ctx.get(dut.rd_data[0]) == 10 + pos
         ctx.set(dut.free, 3)
+        assert not ctx.get(dut.space[0])          # `space` sees `free` a cycle later
+        await ctx.tick()
         assert ctx.get(dut.space[0])
         ctx.set(dut.we[0], 1)
         ctx.set(dut.wdata[0], 99)
@@ -258,6 +268,45 @@ def test_replay_buffer_rules():
         ctx.set(dut.rd_pos, 8)
         await ctx.tick()
         assert ctx.get(dut.rd_data[0]) == 99
+    _sim(dut, bench)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_replay_buffer_flags_random(seed):
+    """``space`` and ``wp_all`` against their contract every cycle, under
+    random writes (only while ``space``, as every producer does) and a
+    ``free`` that moves forward at random: ``space`` is exactly
+    ``wp - free_last < depth`` (so never an overflow), ``wp_all`` never
+    passes a bank's write pointer, advances by one exactly when every bank
+    is past it, and so reaches the slowest bank's pointer."""
+    rng = random.Random(seed)
+    depth, banks, P = 8, 3, 16
+    dut = ReplayBuffer(banks=banks, width=8, depth=depth)
+
+    async def bench(ctx):
+        wp, free, free_last, wall = [0] * banks, 0, 0, 0
+        for cyc in range(600):
+            sp = [ctx.get(dut.space[b]) for b in range(banks)]
+            for b in range(banks):
+                assert sp[b] == ((wp[b] - free_last) % P < depth), (cyc, b)
+                assert ctx.get(dut.wp[b]) == wp[b]
+                assert (wp[b] - free) % P <= depth           # never overflowed
+            assert ctx.get(dut.wp_all) == wall, cyc
+            assert all((w - wall) % P <= depth for w in wp)
+            we = [sp[b] and rng.random() < (0.9 if b else 0.5) for b in range(banks)]
+            for b in range(banks):
+                ctx.set(dut.we[b], we[b])
+                ctx.set(dut.wdata[b], rng.randrange(256))
+            # `free` never passes the oldest word any bank still has to deliver
+            lo = min((w - free) % P for w in wp)
+            step = rng.randrange(lo + 1) if rng.random() < 0.3 else 0
+            ctx.set(dut.free, (free + step) % P)
+            await ctx.tick()
+            free_last = (free + step) % P
+            free = free_last
+            if all(w != wall for w in wp):
+                wall = (wall + 1) % P
+            wp = [(wp[b] + we[b]) % P for b in range(banks)]
     _sim(dut, bench)
 
 

@@ -1,12 +1,13 @@
-"""The shared register slice (:class:`elmoe3d.hw.streams.RegisterSlice`):
+"""The shared stream components (:mod:`elmoe3d.hw.streams`): the register slice's
 formal proof of lossless in-order delivery and the stream rules, a planted
-bug that must fail, and full throughput in simulation."""
+bug that must fail, and full throughput in simulation; the block-RAM FIFO's
+order, capacity, rate and latency in simulation."""
 
 import pytest
 from amaranth.hdl import unsigned
 from amaranth.sim import Simulator
 
-from elmoe3d.hw.streams import RegisterSlice
+from elmoe3d.hw.streams import BlockFIFO, RegisterSlice
 from elmoe3d.sim.formal import formal_available, run_sby
 from elmoe3d.tb.formal.streams import RegisterSliceFormal
 
@@ -28,6 +29,23 @@ def test_register_slice_formal_catches_bug():
     assert r.status == "FAIL"
 
 
+async def _step(ctx, dut, valid, ready, nxt, sent, got):
+    """One cycle of a stream component with ``i``/``o``: offer payload
+    ``nxt`` (if ``valid``), take ``o`` (if ``ready``); record both
+    handshakes; the next payload number."""
+    ctx.set(dut.i.valid, valid)
+    ctx.set(dut.i.payload, nxt & 0xFF)
+    ctx.set(dut.o.ready, ready)
+    _, _, iv, ir, ov, orr, op = await ctx.tick().sample(
+        dut.i.valid, dut.i.ready, dut.o.valid, dut.o.ready, dut.o.payload)
+    if iv and ir:
+        sent.append(nxt & 0xFF)
+        nxt += 1
+    if ov and orr:
+        got.append(op)
+    return nxt
+
+
 def test_register_slice_throughput_and_order():
     """Random ready on the output, always-valid input: everything arrives in
     order, and with ``o.ready`` high the slice moves one payload per cycle."""
@@ -40,16 +58,7 @@ def test_register_slice_throughput_and_order():
         nxt = 0
         for cyc in range(400):
             ready = 1 if cyc < 200 else rnd.random() < 0.6
-            ctx.set(dut.i.valid, 1)
-            ctx.set(dut.i.payload, nxt & 0xFF)
-            ctx.set(dut.o.ready, ready)
-            _, _, iv, ir, ov, orr, op = await ctx.tick().sample(
-                dut.i.valid, dut.i.ready, dut.o.valid, dut.o.ready, dut.o.payload)
-            if iv and ir:
-                sent.append(nxt & 0xFF)
-                nxt += 1
-            if ov and orr:
-                got.append(op)
+            nxt = await _step(ctx, dut, 1, ready, nxt, sent, got)
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -57,3 +66,58 @@ def test_register_slice_throughput_and_order():
     sim.run()
     assert got == sent[:len(got)] and len(sent) - len(got) <= 2
     assert len(got) >= 198 + 100           # full rate while o.ready is high
+
+
+@pytest.mark.parametrize("depth,seed", [(2, 1), (5, 2), (16, 3), (16, 4)])
+def test_block_fifo_order_capacity_and_rate(depth, seed):
+    """:class:`BlockFIFO` under random ``i.valid`` / ``o.ready``: every
+    payload arrives once and in order; ``i.ready`` is low only while at least
+    ``depth`` payloads are held (the block RAM is full), never more than
+    ``depth + 4`` are held, and a stalled output fills it to ``depth + 4``; with both sides always ready it moves
+    one payload per cycle; a payload reaches ``o`` 4 cycles after its write
+    into an empty FIFO."""
+    import random
+    dut = BlockFIFO(8, depth)
+    rnd = random.Random(seed)
+    got, sent = [], []
+    cap = depth + BlockFIFO.QUEUE
+
+    async def bench(ctx):
+        nxt = 0
+        # latency into an empty FIFO
+        ctx.set(dut.i.valid, 1)
+        ctx.set(dut.i.payload, 0xA5)
+        await ctx.tick()
+        ctx.set(dut.i.valid, 0)
+        for lat in range(1, 8):
+            if ctx.get(dut.o.valid):
+                break
+            await ctx.tick()
+        assert lat == 4 and ctx.get(dut.o.payload) == 0xA5
+        ctx.set(dut.o.ready, 1)
+        await ctx.tick()
+        ctx.set(dut.o.ready, 0)
+        for cyc in range(1500):
+            phase = cyc // 300
+            iv = 1 if phase == 0 else rnd.random() < (0.9 if phase in (1, 3) else 0.4)
+            ready = 1 if phase == 0 else (0 if phase == 1 else rnd.random() < 0.5)
+            held = len(sent) - len(got)
+            assert held <= cap and (ctx.get(dut.i.ready) or held >= depth), (cyc, held)
+            if cyc == 599:
+                assert held == cap and not ctx.get(dut.i.ready)   # stalled output: full
+            nxt = await _step(ctx, dut, iv, ready, nxt, sent, got)
+            if cyc == 299:
+                assert len(got) >= 290, len(got)       # full rate, both sides ready
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    assert got == sent[:len(got)] and len(got) > 200
+
+
+def test_block_fifo_bad_parameters():
+    with pytest.raises(ValueError, match="depth must be an int >= 2, not 1"):
+        BlockFIFO(8, 1)
+    with pytest.raises(ValueError, match="width must be a positive int, not 0"):
+        BlockFIFO(0, 4)

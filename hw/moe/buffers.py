@@ -16,11 +16,20 @@ LPDDR port keeps streaming while the PEs work through a heavy expert).
 
 Positions are counters modulo ``2 * depth``; ``free <= read < wp`` always, so
 "available" is ``read != wp`` and "space" is ``wp - free < depth``.
+
+For 125 MHz both are flip-flops, each a safe bound one cycle old:
+``space`` is worked out a cycle ahead from this cycle's ``free`` (which only
+moves forward, so a freed word is seen a cycle later), and ``wp_all``, the
+position below which *every* bank holds its word, follows the banks' write
+pointers one word per cycle (a word written at cycle ``t`` counts in
+``wp_all`` from ``t + 2``). A reader compares its position with one register
+instead of ``banks`` of them. Latency, not throughput: ``space`` stays up
+while words stream, and ``wp_all`` advances one word per cycle.
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Signal, unsigned
+from amaranth.hdl import Const, Module, Mux, Signal, unsigned
 from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -39,12 +48,17 @@ class ReplayBuffer(wiring.Component):
     Members
     -------
     space : ``Out(1).array(banks)``
-        ``wp - free < depth``: bank ``b`` can take a word (registers only).
+        A flip-flop: ``wp - free' < depth`` with ``free'`` last cycle's
+        ``free`` (a safe bound): bank ``b`` can take a word.
     we, wdata : ``In.array(banks)``
         Write ``wdata[b]`` at ``wp[b]`` (only while ``space[b]``; a producer
         that feeds several banks at once checks all their ``space`` first).
     wp : ``Out(unsigned(P)).array(banks)``
         Write position per bank (``P = log2(depth) + 1`` bits, modulo ``2 depth``).
+    wp_all : ``Out(unsigned(P))``
+        A flip-flop: every bank holds its word at every position before
+        ``wp_all`` (``wp_all <= wp[b]`` for all ``b``); it advances by one
+        when every bank's ``wp`` is past it.
     rd_pos : ``In(unsigned(P))``
         Read position; ``rd_data[b]`` holds the word one cycle later.
     rd_data : ``Out(unsigned(width)).array(banks)``
@@ -65,6 +79,7 @@ class ReplayBuffer(wiring.Component):
             "we": In(1).array(banks),
             "wdata": In(unsigned(width)).array(banks),
             "wp": Out(unsigned(self.pbits)).array(banks),
+            "wp_all": Out(unsigned(self.pbits)),
             "rd_pos": In(unsigned(self.pbits)),
             "rd_data": Out(unsigned(width)).array(banks),
             "free": In(unsigned(self.pbits)),
@@ -74,16 +89,33 @@ class ReplayBuffer(wiring.Component):
         m = Module()
         ab = self.pbits - 1
         for b in range(self.banks):
+            # `no_rw_check`: a read never meets a write of the same entry
+            # (reads stay below `wp_all`, writes at `wp`, and `wp - free <
+            # depth`), so Yosys need not emulate the read-old-data rule with a
+            # bypass multiplexer behind the block RAM: the reader's register
+            # can become the EBR's output register
             mem = m.submodules[f"mem{b}"] = memory.Memory(shape=unsigned(self.width),
-                                                           depth=self.depth, init=[])
+                                                           depth=self.depth, init=[],
+                                                           attrs={"no_rw_check": 1})
             wport = mem.write_port()
             rport = mem.read_port()
-            used = Signal(self.pbits, name=f"used{b}")
-            m.d.comb += [used.eq(self.wp[b] - self.free),
-                         self.space[b].eq(used < self.depth)]
+            # both outcomes from registers and this cycle's `free`; `we`,
+            # which comes late, only selects
+            used_n = Signal(self.pbits, name=f"used_n{b}")
+            used_w = Signal(self.pbits, name=f"used_w{b}")
+            m.d.comb += [used_n.eq(self.wp[b] - self.free),
+                         used_w.eq(self.wp[b] + 1 - self.free)]
+            space = Signal(name=f"space_r{b}", init=1)
+            m.d.sync += space.eq(Mux(self.we[b], used_w < self.depth, used_n < self.depth))
+            m.d.comb += self.space[b].eq(space)
             m.d.comb += [wport.addr.eq(self.wp[b][:ab]), wport.data.eq(self.wdata[b]),
                          wport.en.eq(self.we[b]),
                          rport.addr.eq(self.rd_pos[:ab]), self.rd_data[b].eq(rport.data)]
             with m.If(self.we[b]):
                 m.d.sync += self.wp[b].eq(self.wp[b] + 1)
+        ahead = Const(1)
+        for b in range(self.banks):
+            ahead = ahead & (self.wp[b] != self.wp_all)
+        with m.If(ahead):
+            m.d.sync += self.wp_all.eq(self.wp_all + 1)
         return m

@@ -172,22 +172,28 @@ def requant_pipe(m: Module, v, mult, shift, name: str):
     qa = Signal(prod.shape(), name=f"{name}_qa")
     s1b = Signal(3, name=f"{name}_s1b")
     m.d.sync += [qa.eq(prod >> s1[:3]), s1b.eq(s1[3:])]
-    qb = Signal(prod.shape(), name=f"{name}_qb")
-    m.d.sync += qb.eq(qa >> Cat(Const(0, 3), s1b))
-    # clamp: q in [-512, 511] iff bits 9.. all equal the sign
-    width = len(qb)
-    neg = qb[width - 1]
-    hi = qb[9:]
-    in_range = (hi == 0) | (hi == (1 << len(hi)) - 1) if len(hi) > 0 else Const(1)
+    qb_c = Signal(prod.shape(), name=f"{name}_qb_c")
+    m.d.comb += qb_c.eq(qa >> Cat(Const(0, 3), s1b))
+    # the second barrel stage, and beside it the rounding adder (a 10-bit
+    # carry chain after an 8:1 select) and the range check, so that the last
+    # stage is a few LUTs of registers: r = (low + 1) >> 1 with low the low
+    # 10 bits of the shifted value q; q is in [-512, 511] iff bits 9.. all
+    # equal its sign
     low = Signal(signed(10), name=f"{name}_low")
-    m.d.comb += low.eq(qb[:10])
+    m.d.comb += low.eq(qb_c[:10])
+    width = len(qb_c)
+    hi = qb_c[9:]
     r = Signal(signed(10), name=f"{name}_r")
-    m.d.comb += r.eq((low + 1) >> 1)
-    # the clamp decided on `low` itself, beside the rounding adder rather than
-    # behind it: (low + 1) >> 1 > 127 iff low >= 255, < -128 iff low <= -258
+    in_range = Signal(name=f"{name}_in")
+    neg = Signal(name=f"{name}_neg")
+    m.d.sync += [r.eq((low + 1) >> 1), neg.eq(qb_c[width - 1]),
+                 in_range.eq((hi == 0) | (hi == (1 << len(hi)) - 1) if len(hi) > 0 else 1)]
+    # then r clipped: r >= 128 (bits 9..7 = 001, 010 or 011) and r <= -129
+    # (bits 9..7 = 100, 101 or 110), written as bit logic so that no carry
+    # chain compares a constant
     hi_clip = Signal(name=f"{name}_hi")
     lo_clip = Signal(name=f"{name}_lo")
-    m.d.comb += [hi_clip.eq(low >= 255), lo_clip.eq(low <= -258)]
+    m.d.comb += [hi_clip.eq(~r[9] & (r[8] | r[7])), lo_clip.eq(r[9] & ~(r[8] & r[7]))]
     out = Signal(signed(8), name=name)
     m.d.sync += out.eq(Mux(in_range & ~hi_clip & ~lo_clip, r[:8],
                            Mux(in_range, Mux(hi_clip, 127, -128), Mux(neg, -128, 127))))

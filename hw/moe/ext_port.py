@@ -101,8 +101,12 @@ class ExtWriter(wiring.Component):
         for b in range(B):
             m.d.comb += [self.buf_we[b].eq(adv & (bg == b // fw)),
                          self.buf_wdata[b].eq(Mux(pad, 0, beat.words[b % fw]))]
+        # the expected row and plane (`row0 + c`, `p0 + q`) kept as registers
+        # beside the walk, so that the check compares the beat with registers
+        erow = Signal.like(row0)
+        eplane = Signal.like(p0)
         bad = Signal()
-        m.d.comb += bad.eq((beat.plane != p0 + q) | (beat.row != row0 + c)
+        m.d.comb += bad.eq((beat.plane != eplane) | (beat.row != erow)
                            | (beat.bank != bg * fw) | (beat.last != last_beat))
         with m.If(take):
             with m.If(beat.error | bad):
@@ -117,11 +121,12 @@ class ExtWriter(wiring.Component):
         with m.If(adv):
             m.d.sync += bg.eq(bg + 1)
             with m.If(last_bg):
-                m.d.sync += [bg.eq(0), c.eq(c + 1)]
+                m.d.sync += [bg.eq(0), c.eq(c + 1), erow.eq(erow + 1)]
                 with m.If(last_c):
-                    m.d.sync += [c.eq(0), q.eq(q + 1)]
+                    m.d.sync += [c.eq(0), q.eq(q + 1), erow.eq(row0), eplane.eq(eplane + 1)]
                     with m.If(last_q):
-                        m.d.sync += [q.eq(0), grp.eq(grp + 1), row0.eq(row0 + chunks)]
+                        m.d.sync += [q.eq(0), grp.eq(grp + 1), row0.eq(row0 + chunks),
+                                     erow.eq(row0 + chunks), eplane.eq(p0)]
                         with m.If(last_g):
                             m.d.sync += [grp.eq(0), proj.eq(proj + 1)]
                             with m.If(proj == 2):
@@ -144,6 +149,7 @@ class ExtWriter(wiring.Component):
                                  self.beats[1].eq(Mux(pe, self.beats[1], 0))]
             with m.State("READ"):
                 m.d.sync += [proj.eq(0), grp.eq(0), q.eq(0), c.eq(0), bg.eq(0), row0.eq(0),
+                             erow.eq(0), eplane.eq(Mux(src.hb, k, 0)),
                              pad.eq(0), p0.eq(Mux(src.hb, k, 0)),
                              planes.eq(Mux(src.hb, need - k, need))]
                 with m.If(ent.shared | (src.hb & (ent.precision == TokenRole.DRAFT))):

@@ -39,7 +39,7 @@ from amaranth.lib.wiring import In, Out
 from ...golden import moe_batched as gb
 from ..vocab import HBRegionKind, TokenRole, bits, hb_beat, hb_read
 from .common import pow2ceil, zext
-from ..streams import RegisterSlice
+from ..streams import BlockFIFO
 from .payloads import job_entry, job_source, seg_params
 
 __all__ = ["HBReader", "RecordPath", "rec_cmd"]
@@ -67,8 +67,8 @@ class RecordPath(wiring.Component):
 
     Words (``word``) queue in a FIFO deep enough for two jobs' records, so
     the HB stream is never held up by the one-record-per-cycle unpacker;
-    a register slice after the FIFO keeps its block RAM output off the
-    unpacker's logic (for 125 MHz). Per command (``cmd``): skip ``skip`` records of the first word, take
+    the FIFO (:class:`~elmoe3d.hw.streams.BlockFIFO`) registers its block
+    RAM's output before the unpacker's logic (for 125 MHz). Per command (``cmd``): skip ``skip`` records of the first word, take
     ``nrec`` records, drop the rest of the last word. A job's records become
     one ``SegParams`` per segment row (GATE: one record; UP: ``up_rq`` and
     ``prod_rq``; DOWN: one) on ``params``; the pass constants are written
@@ -97,34 +97,44 @@ class RecordPath(wiring.Component):
         m = Module()
         g = self.g
         sv = g.sv
-        raw = m.submodules.raw = SyncFIFOBuffered(width=sv, depth=self.raw_depth)
+        # the words queue in block RAM whose read data passes a plain register
+        # (the EBR's output register on ECP5) before the unpacker's lane
+        # select and the former: one word per cycle, flags from flip-flops
+        raw = m.submodules.raw = BlockFIFO(sv, self.raw_depth)
         cmdq = m.submodules.cmdq = SyncFIFOBuffered(width=rec_cmd(g).size, depth=4)
         pq = m.submodules.pq = SyncFIFOBuffered(width=data.Layout.cast(seg_params()).size, depth=16)
-        m.d.comb += [raw.w_data.eq(self.word.payload), raw.w_en.eq(self.word.valid),
-                     self.word.ready.eq(raw.w_rdy),
-                     cmdq.w_data.eq(self.cmd.payload), cmdq.w_en.eq(self.cmd.valid),
+        wiring.connect(m, wiring.flipped(self.word), raw.i)
+        m.d.comb += [cmdq.w_data.eq(self.cmd.payload), cmdq.w_en.eq(self.cmd.valid),
                      self.cmd.ready.eq(cmdq.w_rdy),
                      self.params.payload.eq(pq.r_data), self.params.valid.eq(pq.r_rdy),
                      pq.r_en.eq(self.params.ready)]
-        # the FIFO's block RAM output is registered before the unpacker's
-        # lane select and the former (a full-throughput register slice: one
-        # word per cycle, one cycle more latency)
-        rs = m.submodules.raw_slice = RegisterSlice(unsigned(sv))
-        m.d.comb += [rs.i.payload.eq(raw.r_data), rs.i.valid.eq(raw.r_rdy),
-                     raw.r_en.eq(rs.i.ready)]
-        raw = _RawView(rs.o)
+        raw = _RawView(raw.o)
         cur = Signal(rec_cmd(g))
         ri = Signal.like(cur.nrec)
         rec = Signal(32)
         rec_valid = Signal()
         take = Signal()                     # the former takes `rec` this cycle
+        # flip-flops beside `ri` (worked out as it advances), so that the
+        # word queue's read enable is a few LUTs of registers: `ri` is the
+        # command's last record; `ri` is an UP record
+        Gi = g.g_in
+        ri_last = Signal()
+        is_up = Signal()
+
+        def ri_load(nrec):
+            m.d.sync += [ri.eq(0), ri_last.eq(nrec == 1), is_up.eq(0)]
+
+        def ri_next():
+            m.d.sync += [ri.eq(ri + 1), ri_last.eq(ri + 2 == cur.nrec),
+                         is_up.eq((ri + 1 >= Gi) & (ri + 1 < 3 * Gi))]
 
         # ---- unpacker ---------------------------------------------------------------
         with m.FSM(name="unpack"):
             with m.State("IDLE"):
                 with m.If(cmdq.r_rdy):
                     m.d.comb += cmdq.r_en.eq(1)
-                    m.d.sync += [cur.eq(cmdq.r_data), ri.eq(0)]
+                    m.d.sync += cur.eq(cmdq.r_data)
+                    ri_load(rec_cmd(g)(cmdq.r_data).nrec)
                     m.next = "RUN"
             with m.State("RUN"):
                 if sv >= 32:
@@ -136,15 +146,16 @@ class RecordPath(wiring.Component):
                                         else raw.r_data),
                                  rec_valid.eq(raw.r_rdy)]
                     with m.If(rec_valid & take):
-                        m.d.sync += [ri.eq(ri + 1), started.eq(1)]
+                        ri_next()
+                        m.d.sync += started.eq(1)
                         if R > 1:
                             m.d.sync += lane.eq(cur_lane + 1)
                         end_word = (cur_lane == R - 1) if R > 1 else Const(1)
-                        with m.If(end_word | (ri == cur.nrec - 1)):
+                        with m.If(end_word | ri_last):
                             m.d.comb += raw.r_en.eq(1)
                             if R > 1:
                                 m.d.sync += lane.eq(0)
-                        with m.If(ri == cur.nrec - 1):
+                        with m.If(ri_last):
                             m.d.sync += started.eq(0)
                             m.next = "IDLE"
                 else:
@@ -156,15 +167,15 @@ class RecordPath(wiring.Component):
                         m.d.comb += raw.r_en.eq(1)
                         m.d.sync += [acc.eq(Cat(acc[sv:], raw.r_data)), have.eq(have + 1)]
                     with m.If(rec_valid & take):
-                        m.d.sync += [ri.eq(ri + 1), have.eq(0)]
-                        with m.If(ri == cur.nrec - 1):
+                        ri_next()
+                        m.d.sync += have.eq(0)
+                        with m.If(ri_last):
                             m.next = "IDLE"
 
         # ---- former -----------------------------------------------------------------
-        Gi, Gd = g.g_in, g.g_down
+        Gd = g.g_down
         mult, shift = rec[:16], rec[16:22]
         held = Signal(22)
-        is_up = (ri >= Gi) & (ri < 3 * Gi)
         up_second = ri[0] ^ (Gi & 1)          # (ri - Gi) odd: the row's prod_rq
         emit = Signal()
         pp = seg_params()(pq.w_data)
@@ -177,7 +188,7 @@ class RecordPath(wiring.Component):
             m.d.comb += take.eq(1)
             with m.If(rec_valid):
                 m.d.comb += [self.out_we.eq(ri < Gd),
-                             self.const_done.eq(ri == cur.nrec - 1)]
+                             self.const_done.eq(ri_last)]
                 if self.bank == 0:
                     m.d.comb += [self.sm_we.eq(ri == Gd), self.lut_we.eq(ri > Gd)]
         with m.Else():
@@ -274,7 +285,10 @@ class HBReader(wiring.Component):
         rec_skip = Array(Const(c[2], 8) for c in rec_cmds)
 
         # ---- per-bank destination queues and record paths --------------------------------
-        dest_l = data.StructLayout({"rec": 1, "count": unsigned(16), "par": 1})
+        # the longest command of any kind (the demux counts up to it)
+        cnt_max = max([g.router_words, n * g.rows, k * g.rows, k * max(g.c_in, g.c_down)]
+                      + [c[1] for c in const_cmd] + [c[1] for c in rec_cmds])
+        dest_l = data.StructLayout({"rec": 1, "count": unsigned(cnt_max.bit_length()), "par": 1})
         dq = [SyncFIFOBuffered(width=dest_l.size, depth=4) for _ in range(B)]
         rps = [RecordPath(g, b) for b in range(B)]
         for b in range(B):
@@ -330,9 +344,14 @@ class HBReader(wiring.Component):
         fire = Signal(B)
         # The command payloads are computed from registers that hold still
         # while a command is active and are registered themselves: a command
-        # is offered from its second active cycle.
+        # is offered from its second active cycle. A command is done the
+        # cycle after its last bank took it (`acc` full, a register): the
+        # sequencer's decisions start from flip-flops, not from the banks'
+        # `ready` (one cycle per command).
         armed = Signal()
-        m.d.sync += armed.eq(active & ~(active & (acc | fire).all()))
+        done_all = Signal()
+        m.d.comb += done_all.eq(acc.all())
+        m.d.sync += armed.eq(active & ~done_all)
         # The command's fields but ``plane`` (HB copies it into the beats; this
         # reader does not use it): a comb signal with a never-assigned bit
         # becomes an empty ``always @*`` in Verilog (X on Icarus, ALWNEVER).
@@ -378,7 +397,6 @@ class HBReader(wiring.Component):
             m.d.comb += self.hb_cmd[b].valid.eq(active & armed & ~acc[b] & room)
             hs = self.hb_cmd[b].valid & self.hb_cmd[b].ready
             m.d.comb += [fire[b].eq(hs), dq[b].w_en.eq(hs), rps[b].cmd.valid.eq(hs & need_rc)]
-        done_all = (acc | fire) == (1 << B) - 1
         with m.If(active):
             m.d.sync += acc.eq(acc | fire)
             with m.If(done_all):
@@ -441,8 +459,11 @@ class HBReader(wiring.Component):
             head = dest_l(dq[b].r_data)
             hv = dq[b].r_rdy
             beat = hb_beat(g.s, g.L)(self.hb_data[b].payload)
-            recvd = Signal(16, name=f"recvd{b}")
-            left = Signal(16, name=f"left{b}")
+            # `nxt` = words of the command received or padded so far + 1: the
+            # word in hand is the command's last iff `nxt == count` (one
+            # compare of registers, no adder before it). Padding counts up
+            # like received words, so a short command needs no second counter.
+            nxt = Signal(dest_l.members["count"].width, name=f"nxt{b}", init=1)
             pad = Signal(name=f"pad{b}")
             word = Signal(g.sv, name=f"word{b}")
             m.d.comb += word.eq(beat.sv.slices.as_value())
@@ -457,29 +478,26 @@ class HBReader(wiring.Component):
                          self.buf_wdata[b].eq(Mux(pad, 0, word))]
             for p in range(2):
                 beats[p].append(take & ~beat.error & (head.par == p))
+            at_end = nxt == head.count
             with m.If(take):
                 with m.If(beat.error):
-                    m.d.sync += self.error.bit_select(head.par, 1).eq(1)
-                    with m.If(recvd < head.count):
-                        m.d.sync += [pad.eq(1), left.eq(head.count - recvd)]
-                    with m.Else():
-                        m.d.comb += dq[b].r_en.eq(1)
-                        m.d.sync += recvd.eq(0)
-                with m.Elif(recvd + 1 == head.count):
+                    # the refused word and the rest of the command are padded
+                    m.d.sync += [self.error.bit_select(head.par, 1).eq(1), pad.eq(1)]
+                with m.Elif(at_end):
                     m.d.comb += dq[b].r_en.eq(1)
-                    m.d.sync += recvd.eq(0)
+                    m.d.sync += nxt.eq(1)
                     with m.If(~beat.last):
                         m.d.sync += self.error.bit_select(head.par, 1).eq(1)
                 with m.Elif(beat.last):
                     m.d.sync += [self.error.bit_select(head.par, 1).eq(1), pad.eq(1),
-                                 left.eq(head.count - recvd - 1)]
+                                 nxt.eq(nxt + 1)]
                 with m.Else():
-                    m.d.sync += recvd.eq(recvd + 1)
+                    m.d.sync += nxt.eq(nxt + 1)
             with m.If(pad & dst_ok):
-                m.d.sync += left.eq(left - 1)
-                with m.If(left == 1):
+                m.d.sync += nxt.eq(nxt + 1)
+                with m.If(at_end):
                     m.d.comb += dq[b].r_en.eq(1)
-                    m.d.sync += [pad.eq(0), recvd.eq(0)]
+                    m.d.sync += [pad.eq(0), nxt.eq(1)]
         for p in range(2):
             # counted a cycle after the handshakes (registered, so that the
             # ready logic does not feed the counter's adder): the count is read

@@ -94,8 +94,8 @@ class Issue(wiring.Component):
     x_addr : ``Out``; x_data : ``In``; release, release_par : ``Out``
     rd_addr : ``Out``; rd_entry, rd_src : ``In`` (job table)
     decided, total, total_valid, epoch, sel_done, no_routed, experts, expert_tokens : ``In``
-    hb_pos, hb_free : ``Out``; hb_data, hb_wp : ``In`` (HB buffer)
-    ext_pos, ext_free : ``Out``; ext_data, ext_wp : ``In`` (LPDDR buffer)
+    hb_pos, hb_free : ``Out``; hb_data, hb_wp : ``In`` (HB buffer; ``hb_wp`` its ``wp_all``)
+    ext_pos, ext_free : ``Out``; ext_data, ext_wp : ``In`` (LPDDR buffer; ``ext_wp`` its ``wp_all``)
     h_addr : ``Out``; h_data : ``In`` (vector unit)
     up_done : ``In(1)``
     ext_error, ext_beats, cycle : ``In`` (counters; the HB ones go to the output stage)
@@ -125,10 +125,10 @@ class Issue(wiring.Component):
             "experts": In(unsigned((g.E + g.S).bit_length())).array(2),
             "expert_tokens": In(unsigned((T * (g.E + g.S)).bit_length())).array(2),
             "hb_pos": Out(unsigned(hb_pbits)), "hb_free": Out(unsigned(hb_pbits)),
-            "hb_data": In(unsigned(g.sv)).array(g.B), "hb_wp": In(unsigned(hb_pbits)).array(g.B),
+            "hb_data": In(unsigned(g.sv)).array(g.B), "hb_wp": In(unsigned(hb_pbits)),
             "ext_pos": Out(unsigned(ext_pbits)), "ext_free": Out(unsigned(ext_pbits)),
             "ext_data": In(unsigned(g.sv)).array(g.B),
-            "ext_wp": In(unsigned(ext_pbits)).array(g.B),
+            "ext_wp": In(unsigned(ext_pbits)),
             "h_addr": Out(unsigned(self.tb + bits(g.c_down))),
             "h_data": In(data.ArrayLayout(unsigned(8), L)),
             "up_done": In(1),
@@ -151,6 +151,7 @@ class Issue(wiring.Component):
         # ---- pass state -------------------------------------------------------------
         pi = Signal()
         count = Signal.like(self.count[0])
+        count_m1 = Signal.like(count)        # count - 1, registered with it
         roles = Signal(data.ArrayLayout(TokenRole, T))
         step_last = Signal()
         start = Signal.like(self.cycle)
@@ -192,7 +193,7 @@ class Issue(wiring.Component):
         # the next and the first token slot. After any token or segment
         # transition those lookahead registers settle for a cycle: a beat that
         # would end the new token at once (a one-beat token) waits one cycle,
-        # and the first beat after an UP -> DOWN change waits one cycle (so
+        # and the first beat after an UP -> DOWN change waits two cycles (so
         # that every UP dot product of the job is counted in `up_inflight`).
         cl = Signal.like(c)                  # chunks - 1 of the current phase
         gl_ = Signal.like(grp)               # groups - 1 of the current phase
@@ -205,10 +206,14 @@ class Issue(wiring.Component):
         h_ok = Signal()
         settle = Signal()
         bubble = Signal()
+        bubble_b = Signal()                  # the bubble's second cycle
         wait_sel = is_down & ent.shared & (ent.expert == S - 1) & ~self.sel_done.bit_select(pi, 1) \
             if S else Const(0)
-        last_c = c == cl
-        last_q = q == tpl
+        # `c == cl` and `q == tpl` as flip-flops, worked out wherever `c`, `q`,
+        # `cl` or `tpl` is assigned (below, beside each assignment), so that
+        # `launch` and everything it selects start from registers
+        last_c = Signal()
+        last_q = Signal()
         tok_end = last_c & last_q
         last_g = grp == gl_
 
@@ -264,7 +269,11 @@ class Issue(wiring.Component):
                      self.h_addr.eq(Cat(zext(c, bits(g.c_down)), zext(t, self.tb)))]
         m.d.sync += [s1_valid.eq(launch | end_req), launched.eq(launch),
                      hb_p.eq(Mux(launch, hb_p_l, hb_p_n)), ext_p.eq(Mux(launch, ext_p_l, ext_p_n))]
+        # I1 is loaded every cycle (its contents matter only with `s1_valid`):
+        # `launch` enables none of its registers, so its fan-out stays small
         with m.If(launch):
+            m.d.sync += mac.eq(mac + 1)
+        with m.If(~end_req):
             m.d.sync += [s1.mode.eq(mode), s1.keep.eq(k), s1.last.eq(tok_end),
                          s1_ext.eq(~from_hb), s1_h.eq(is_down),
                          dsc.kind.eq(Mux(in_router, Kind.ROUTER, proj)), dsc.end.eq(0),
@@ -275,8 +284,7 @@ class Issue(wiring.Component):
                                          ent.last_mask.bit_select(t, 1))),
                          dsc.seg_last.eq(~rem.any())]
             m.d.sync += [s1.sv[b].plane.eq(q) for b in range(B)]
-            m.d.sync += mac.eq(mac + 1)
-        with m.Elif(end_req):
+        with m.Else():
             # a one-beat MSB dot product of zeros (a legal beat sequence)
             m.d.sync += [s1.mode.eq(PEMode.MSB), s1.keep.eq(1), s1.last.eq(1), s1_ext.eq(0),
                          s1_h.eq(0), dsc.kind.eq(Kind.ROUTER), dsc.end.eq(1), dsc.par.eq(pi),
@@ -287,10 +295,12 @@ class Issue(wiring.Component):
         # I1 -> I2: memory outputs registered as they are
         s2 = Signal(D)
         s2_ext, s2_h, s2_zero = Signal(), Signal(), Signal()
-        s2_hb = [Signal(g.sv, name=f"s2_hb{b}") for b in range(B)]
-        s2_xd = [Signal(g.sv, name=f"s2_xd{b}") for b in range(B)]
-        s2_x = Signal(8 * g.L)
-        s2_hh = Signal(8 * g.L)
+        # (no reset and no enable: on ECP5 the flow packs them into the block
+        # RAMs' output registers, see `ReplayBuffer`)
+        s2_hb = [Signal(g.sv, name=f"s2_hb{b}", reset_less=True) for b in range(B)]
+        s2_xd = [Signal(g.sv, name=f"s2_xd{b}", reset_less=True) for b in range(B)]
+        s2_x = Signal(8 * g.L, reset_less=True)
+        s2_hh = Signal(8 * g.L, reset_less=True)
         m.d.sync += [s2_valid.eq(s1_valid), s2.eq(s1), s2_ext.eq(s1_ext), s2_h.eq(s1_h),
                      s2_zero.eq(s1_zero), s2_x.eq(self.x_data), s2_hh.eq(self.h_data)]
         m.d.sync += [s2_hb[b].eq(self.hb_data[b]) for b in range(B)]
@@ -304,7 +314,12 @@ class Issue(wiring.Component):
                          beat.sv[b].slices.eq(Mux(s2_zero, 0, Mux(s2_ext, s2_xd[b], s2_hb[b])))]
 
         # ---- walk updates -------------------------------------------------------------------
-        up_inc = launch & tok_end & ~in_router & (proj == Kind.UP)
+        # an issued UP dot product is counted a cycle after its launch (a
+        # register between `launch` and the counter); the UP -> DOWN bubble
+        # lasts two cycles so that the first DOWN beat still sees every UP
+        # dot product of the job counted (`h_ok` is registered from it)
+        up_inc = Signal()
+        m.d.sync += up_inc.eq(launch & tok_end & ~in_router & (proj == Kind.UP))
         # both outcomes computed from registers, `up_inc` (late: it follows
         # `launch`) only selects one (no carry chain after the launch logic)
         upd_keep = Signal.like(up_inflight)
@@ -329,17 +344,14 @@ class Issue(wiring.Component):
             hb_p_n.eq(Mux(hb_reset, hb_seg, hb_p)),
             ext_p_n.eq(Mux(ext_reset, ext_seg, ext_p))]
         # each candidate compared on its own (the compares run in parallel and
-        # the choice comes after them); `p + 1 != wp` as `p != wp - 1`, with
-        # `wp - 1` registered (one cycle older: still a safe bound)
-        def none_at(pos, wps):
-            ok = Const(1)
-            for w in wps:
-                ok = ok & (pos != w)
-            return ok
-        hb_wm1 = [Signal.like(self.hb_wp[b], name=f"hb_wm1_{b}") for b in range(B)]
-        ext_wm1 = [Signal.like(self.ext_wp[b], name=f"ext_wm1_{b}") for b in range(B)]
-        m.d.sync += [hb_wm1[b].eq(self.hb_wp[b] - 1) for b in range(B)]
-        m.d.sync += [ext_wm1[b].eq(self.ext_wp[b] - 1) for b in range(B)]
+        # the choice comes after them) with the buffer's `wp_all` (one register:
+        # every bank has its word below it); `p + 1 != wp` as `p != wp - 1`,
+        # with `wp - 1` registered (one cycle older: still a safe bound)
+        def none_at(pos, wp):
+            return pos != wp
+        hb_wm1 = Signal.like(self.hb_wp, name="hb_wm1")
+        ext_wm1 = Signal.like(self.ext_wp, name="ext_wm1")
+        m.d.sync += [hb_wm1.eq(self.hb_wp - 1), ext_wm1.eq(self.ext_wp - 1)]
         hb_c_p, hb_c_p1 = none_at(hb_p, self.hb_wp), none_at(hb_p, hb_wm1)
         hb_c_seg, hb_c_nxt = none_at(hb_seg, self.hb_wp), none_at(hb_nxt, self.hb_wp)
         ext_c_p, ext_c_p1 = none_at(ext_p, self.ext_wp), none_at(ext_p, ext_wm1)
@@ -353,29 +365,31 @@ class Issue(wiring.Component):
         ext_ok_n = Mux(ext_reset, ext_c_seg, ext_c_p)
         m.d.sync += [hb_av_l.eq(hb_ok_l), hb_av_n.eq(hb_ok_n), ext_av_l.eq(ext_ok_l),
                      ext_av_n.eq(ext_ok_n)]
-        m.d.sync += [settle.eq(0), bubble.eq(0), h_ok.eq(h_cur)]
+        m.d.sync += [settle.eq(0), bubble.eq(bubble_b), bubble_b.eq(0), h_ok.eq(h_cur)]
 
         def start_token(tt, draft, sl, h):
             m.d.sync += [t.eq(tt), q.eq(0), c.eq(0), tpl.eq(planes_l(draft)), cur_draft.eq(draft),
                          slot.eq(sl), slack.eq(Mux(in_router, 0, ent.count - 1 - sl)),
-                         settle.eq(1), h_ok.eq(h)]
+                         settle.eq(1), h_ok.eq(h),
+                         last_c.eq(cl == 0), last_q.eq(planes_l(draft) == 0)]
 
         def set_phase(kind):
+            # (`c` is 0 whenever the phase changes)
             ch = g.c_down if kind == Kind.DOWN else g.c_in
             gr = g.g_down if kind == Kind.DOWN else g.g_in
             m.d.sync += [proj.eq(kind), cl.eq(ch - 1), gl_.eq(gr - 1),
-                         hb_len.eq(hbn * ch), ext_len.eq(extn * ch)]
+                         hb_len.eq(hbn * ch), ext_len.eq(extn * ch), last_c.eq(ch == 1)]
 
         with m.If(launch):
-            m.d.sync += c.eq(c + 1)
+            m.d.sync += [c.eq(c + 1), last_c.eq(c + 1 == cl)]
             with m.If(last_c):
-                m.d.sync += [c.eq(0), q.eq(q + 1)]
+                m.d.sync += [c.eq(0), q.eq(q + 1), last_c.eq(cl == 0), last_q.eq(q + 1 == tpl)]
             with m.If(in_router):
                 with m.If(last_c & last_q):
-                    m.d.sync += [q.eq(0), grp.eq(grp + 1)]
+                    m.d.sync += [q.eq(0), grp.eq(grp + 1), last_q.eq(tpl == 0)]
                     with m.If(last_g):                        # token done
                         m.d.sync += [grp.eq(0), settle.eq(1)]
-                        with m.If(t == count - 1):
+                        with m.If(t == count_m1):
                             m.d.sync += [running.eq(0), in_router.eq(0),
                                          hb_seg.eq(hb_seg + g.router_words)]
                         with m.Else():
@@ -395,7 +409,7 @@ class Issue(wiring.Component):
                                 set_phase(Kind.UP)
                             with m.Case(Kind.UP):
                                 set_phase(Kind.DOWN)
-                                m.d.sync += bubble.eq(1)
+                                m.d.sync += [bubble.eq(1), bubble_b.eq(1)]
                             with m.Case(Kind.DOWN):
                                 m.d.sync += [running.eq(0), j.eq(j + 1)]
 
@@ -406,10 +420,12 @@ class Issue(wiring.Component):
             with m.State("IDLE"):
                 with m.If(self.pass_valid.bit_select(pi, 1)):
                     m.d.sync += [count.eq(Mux(pi, self.count[1], self.count[0])),
+                                 count_m1.eq(Mux(pi, self.count[1], self.count[0]) - 1),
                                  roles.eq(Mux(pi, self.roles[1], self.roles[0])),
                                  step_last.eq(self.step_last.bit_select(pi, 1)),
                                  start.eq(self.cycle), mac.eq(0), j.eq(0),
                                  in_router.eq(1), running.eq(1), grp.eq(0), q.eq(0), c.eq(0),
+                                 last_c.eq(g.c_in == 1), last_q.eq(n == 1),
                                  t.eq(0), tpl.eq(n - 1), cl.eq(g.c_in - 1),
                                  gl_.eq(g.g_router - 1), slack.eq(0),
                                  cur_draft.eq(0), settle.eq(1)]

@@ -87,13 +87,18 @@ class OutputStage(wiring.Component):
         rd_c = Signal.like(c)
         y = Signal(8 * g.H)
         m.d.comb += self.y_addr.eq(Cat(zext(c, self.cb), zext(t, self.tb)))
+        # a token that selected no expert (`zero_mask`) gets zeros: applied as
+        # its words are read, from a flip-flop, so that `o.y` is a register
+        # (the 16:1 select by `t` no longer drives the output's H x 8 bits)
+        zero = Signal()
+        m.d.sync += zero.eq(cur.zero_mask.bit_select(t, 1))
         with m.If(rd_valid):
-            m.d.sync += y.word_select(rd_c, 8 * L).eq(self.y_data)
+            m.d.sync += y.word_select(rd_c, 8 * L).eq(Mux(zero, 0, self.y_data))
         m.d.sync += [rd_valid.eq(0), rd_c.eq(c)]
         o = self.o.payload
-        zero = cur.zero_mask.bit_select(t, 1)
-        m.d.comb += [o.y.eq(Mux(zero, 0, y)), o.error.eq(err),
-                     o.last.eq(cur.step_last & (t == cur.count - 1))]
+        cm1 = Signal.like(t)                 # the pass's count - 1, registered
+        t_last = t == cm1
+        m.d.comb += [o.y.eq(y), o.error.eq(err), o.last.eq(cur.step_last & t_last)]
         st = self.stats.payload
         m.d.comb += [st.cycles.eq(self.cycle - cur.start), st.hb_words.eq(hb_words),
                      st.ext_beats.eq(cur.ext_beats), st.mac_beats.eq(cur.mac_beats),
@@ -105,6 +110,7 @@ class OutputStage(wiring.Component):
                 with m.If(sq.r_rdy & dq.r_rdy):
                     m.d.comb += [sq.r_en.eq(1), dq.r_en.eq(1)]
                     m.d.sync += [cur.eq(sq.r_data),
+                                 cm1.eq(pass_summary(g)(sq.r_data).count - 1),
                                  err.eq(dq.r_data[0] | pass_summary(g)(sq.r_data).error),
                                  hb_words.eq(dq.r_data[1:]),
                                  t.eq(0), c.eq(0), cycles.eq(self.cycle)]
@@ -112,7 +118,7 @@ class OutputStage(wiring.Component):
             with m.State("READ"):
                 m.d.sync += [rd_valid.eq(1), c.eq(c + 1)]
                 with m.If(c == C - 1):
-                    with m.If(t == cur.count - 1):
+                    with m.If(t_last):
                         m.d.sync += self.out_done.eq(self.out_done + 1)
                     m.next = "LAST_WORD"
             with m.State("LAST_WORD"):
@@ -120,7 +126,7 @@ class OutputStage(wiring.Component):
             with m.State("SEND"):
                 with m.If(self.o.ready):
                     m.d.sync += [t.eq(t + 1), c.eq(0)]
-                    with m.If(t == cur.count - 1):
+                    with m.If(t_last):
                         m.next = "STATS"
                     with m.Else():
                         m.next = "READ"

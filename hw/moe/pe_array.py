@@ -6,7 +6,9 @@ Every beat carries one ``PEBeat`` per PE (shared activations, mode, keep and
 and their ``ready``/``valid`` agree cycle by cycle. A dot product's tag
 (``Desc``) waits in a FIFO from its last beat to its results, and leaves with
 them as one ``ArrayResult`` through a register slice (so the array's
-``i.ready`` does not depend on the vector unit's ``ready``).
+``i.ready`` does not depend on the vector unit's ``ready``); ``i.ready`` is
+the AND of two flip-flops (the PEs' credit and a registered "two tags
+free").
 
 Latency: the PE's (a result ``LATENCY`` cycles after its ``last`` beat) plus
 one for the register slice; one beat per cycle.
@@ -63,7 +65,13 @@ class PEArray(wiring.Component):
         wiring.connect(m, out.o, wiring.flipped(self.o))
 
         PEBeat = pe_beat(g.s, g.L)
-        ready = pes[0].i.ready & tags.w_rdy
+        # room for a tag, as a flip-flop: at least two free entries last cycle
+        # (one tag per cycle at most, so one is still free): `i.ready` is two
+        # flip-flops and the issue stage's FIFO read enable does not wait for
+        # the tag queue's level compare
+        tag_room = Signal()
+        m.d.sync += tag_room.eq(tags.level <= depth - 2)
+        ready = pes[0].i.ready & tag_room
         m.d.comb += self.i.ready.eq(ready)
         for b, pe in enumerate(pes):
             beat = Signal(PEBeat, name=f"beat{b}")
@@ -71,7 +79,7 @@ class PEArray(wiring.Component):
                          beat.mode.eq(self.i.payload.mode), beat.keep.eq(self.i.payload.keep),
                          beat.last.eq(self.i.payload.last),
                          pe.i.payload.as_value().eq(beat.as_value()),
-                         pe.i.valid.eq(self.i.valid & tags.w_rdy)]
+                         pe.i.valid.eq(self.i.valid & tag_room)]
         m.d.comb += [tags.w_data.eq(self.i.payload.desc),
                      tags.w_en.eq(self.i.valid & ready & self.i.payload.last)]
         res = out.i.payload

@@ -147,6 +147,10 @@ class ExpertScheduler(wiring.Component):
         anyv = Signal(E)
         anyf = Signal(E)
         rem = [Signal(range(K + 1), name=f"rem{t}") for t in range(T)]
+        # (a token's selection count in two steps, as the columns' counts)
+        Eh = (E + 1) // 2
+        rem_lo = [Signal(range(min(K, Eh) + 1), name=f"rem_lo{t}") for t in range(T)]
+        rem_hi = [Signal(range(min(K, E - Eh) + 1), name=f"rem_hi{t}") for t in range(T)]
         seen = Signal(T)
         done_e = Signal(E)
         routed = Signal(E)                  # experts any token of the pass selected
@@ -163,9 +167,23 @@ class ExpertScheduler(wiring.Component):
         # decisions: accepted while an announced expert is undecided. `dec` is
         # `decided[ps]` and `lim` is `S + announced`, kept as registers of their
         # own (no buffer mux and no adder in front of `source.ready`).
+        # `source.ready` (dec < lim) is a flip-flop: `pend` = lim - dec (dec
+        # never passes lim) moves by the events below, and the flag is worked
+        # out for both outcomes from registers (the events only select)
         dec = Signal.like(self.decided[0])
         lim = Signal(range(g.jobs + 1))
-        m.d.comb += self.source.ready.eq(dec < lim)
+        pend = Signal(range(g.jobs + 1))
+        start = Signal()                     # IDLE: a new pass (dec = 0, lim = S)
+        dec_inc = Signal()                   # dec + 1 (a decision, or a shared job)
+        lim_inc = Signal()                   # lim + 1 (an announced expert)
+        rdy = Signal()
+        m.d.comb += [self.source.ready.eq(rdy), dec_inc.eq(self.source.valid & rdy)]
+        with m.If(start):
+            m.d.sync += [pend.eq(S), rdy.eq(S != 0)]
+        with m.Elif(lim_inc & ~dec_inc):
+            m.d.sync += [pend.eq(pend + 1), rdy.eq(1)]
+        with m.Elif(dec_inc & ~lim_inc):
+            m.d.sync += [pend.eq(pend - 1), rdy.eq(pend != 1)]
         with m.If(self.source.valid & self.source.ready):
             m.d.sync += [decided[ps].eq(dec + 1), dec.eq(dec + 1)]
             m.d.comb += [sw.addr.eq(Cat(zext(dec, jb), ps)), sw.data.eq(self.source.payload),
@@ -193,6 +211,7 @@ class ExpertScheduler(wiring.Component):
             with m.State("IDLE"):
                 with m.If(self.pass_valid.bit_select(ps, 1)
                           & (self.pass_seq.bit_select(ps, 1) != my_seq.bit_select(ps, 1))):
+                    m.d.comb += start.eq(1)
                     m.d.sync += [my_seq.bit_select(ps, 1).eq(self.pass_seq.bit_select(ps, 1)),
                                  self.epoch.bit_select(ps, 1).eq(~self.epoch.bit_select(ps, 1)),
                                  count.eq(self.count[0]), layer.eq(self.layer[0]),
@@ -223,6 +242,7 @@ class ExpertScheduler(wiring.Component):
                                  sw.addr.eq(Cat(zext(sidx, jb), ps)), sw.en.eq(1),
                                  job_source(g)(sw.data).hb.eq(1)]
                     m.d.sync += [sidx.eq(sidx + 1), decided[ps].eq(dec + 1), dec.eq(dec + 1)]
+                    m.d.comb += dec_inc.eq(1)
                     with m.If(sidx == S - 1):
                         m.next = "WAIT_SEL"
             with m.State("WAIT_SEL"):
@@ -237,7 +257,8 @@ class ExpertScheduler(wiring.Component):
                     m.d.sync += [col[e].eq(ce), anyv[e].eq((ce & is_v).any()),
                                  anyf[e].eq((ce & ~is_d).any())]
                 for t in range(T):
-                    m.d.sync += rem[t].eq(sum(cur_rows[t][e] for e in range(E)))
+                    m.d.sync += [rem_lo[t].eq(sum(cur_rows[t][e] for e in range(Eh))),
+                                 rem_hi[t].eq(sum(cur_rows[t][e] for e in range(Eh, E)))]
                 m.d.sync += [seen.eq(Mux(S > 0, pmask, 0)),
                              self.no_routed[0].eq(Mux(ps, self.no_routed[0],
                                                       Cat(*[(cur_rows[t] == 0) & pmask[t]
@@ -250,6 +271,7 @@ class ExpertScheduler(wiring.Component):
                 # popcounts in two steps (halves, then their sum): 16 bits in
                 # one cycle missed 125 MHz
                 m.d.sync += routed.eq(Cat(*[col[e].any() for e in range(E)]))
+                m.d.sync += [rem[t].eq(rem_lo[t] + rem_hi[t]) for t in range(T)]
                 for e in range(E):
                     m.d.sync += [cnt_lo[e].eq(sum(col[e][t] for t in range(Th))),
                                  cnt_hi[e].eq(sum(col[e][t] for t in range(Th, T)))]
@@ -267,22 +289,26 @@ class ExpertScheduler(wiring.Component):
                     m.d.sync += [pick.eq(c_idx), done_e.bit_select(c_idx, 1).eq(1)]
                     m.next = "OFFER"
                 with m.Elif(level <= 1):
-                    m.d.sync += [total[ps].eq(S + announced),
-                                 self.total_valid.bit_select(ps, 1).eq(1)]
-                    m.next = "WAIT_DEC"
-                    with m.If(announced == 0):
-                        # a pass that routes no expert: one `none` beat (no decision)
-                        m.d.sync += [self.need.valid.eq(1),
-                                     self.need.payload.layer.eq(layer),
-                                     self.need.payload.expert.eq(0),
-                                     self.need.payload.tokens.eq(0),
-                                     self.need.payload.precision.eq(TokenRole.FULL),
-                                     self.need.payload.last.eq(1),
-                                     self.need.payload.none.eq(1)]
-                        m.next = "NONE"
+                    m.next = "FINISH"
                 with m.Else():
                     m.d.sync += level.eq(level - 1)
                     m.next = "ORDER"
+            with m.State("FINISH"):
+                # (a state of its own: the `need` registers written here do not
+                # wait for PICK's priority tree)
+                m.d.sync += [total[ps].eq(S + announced),
+                             self.total_valid.bit_select(ps, 1).eq(1)]
+                m.next = "WAIT_DEC"
+                with m.If(announced == 0):
+                    # a pass that routes no expert: one `none` beat (no decision)
+                    m.d.sync += [self.need.valid.eq(1),
+                                 self.need.payload.layer.eq(layer),
+                                 self.need.payload.expert.eq(0),
+                                 self.need.payload.tokens.eq(0),
+                                 self.need.payload.precision.eq(TokenRole.FULL),
+                                 self.need.payload.last.eq(1),
+                                 self.need.payload.none.eq(1)]
+                    m.next = "NONE"
             with m.State("OFFER"):
                 m.d.sync += [ncol.eq(ncol_c), ncol_first.eq(ncol_c & ~seen),
                              last_of.eq(Cat(*[ncol_c[t] & (rem[t] == 1) for t in range(T)]))]
@@ -306,6 +332,7 @@ class ExpertScheduler(wiring.Component):
                                  ent.first_mask.eq(ncol_first), ent.last_mask.eq(last_of),
                                  ent.count.eq(self.need.payload.tokens),
                                  ent.precision.eq(self.need.payload.precision)]
+                    m.d.comb += lim_inc.eq(1)
                     m.d.sync += [self.need.valid.eq(0), announced.eq(announced + 1),
                                  lim.eq(lim + 1),
                                  seen.eq(seen | ncol),

@@ -82,8 +82,11 @@ class TokenStore(wiring.Component):
         m = Module()
         g = self.g
         T, L, C = g.T, g.L, g.c_in
+        # `no_rw_check`: tokens are written into a buffer no pass is reading
+        # (`valid` low), so a read that meets a write is never used
         mem = m.submodules.x_mem = memory.Memory(shape=unsigned(8 * L),
-                                                 depth=1 << (1 + self.tb + self.cb), init=[])
+                                                 depth=1 << (1 + self.tb + self.cb), init=[],
+                                                 attrs={"no_rw_check": 1})
         wp, rp = mem.write_port(), mem.read_port()
         m.d.comb += [rp.addr.eq(self.x_addr), self.x_data.eq(rp.data)]
 

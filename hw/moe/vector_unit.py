@@ -140,8 +140,18 @@ class VectorUnit(wiring.Component):
         rb = bits(max(g.E, g.I, g.H))
 
         # ---- memories ----------------------------------------------------------------------
+        # `no_rw_check` on every memory: no read whose data is used meets a
+        # write of the same entry in the same cycle (``silu``/``acc``: the same
+        # (token, row) is at least I elements apart, see the module doc; ``h``:
+        # the issue stage reads a token's ``h`` only once its UP results are
+        # written; ``y``: read only after the pass is done, written again only
+        # after ``out_done``; the SiLU table and the output records of a buffer:
+        # loaded only while no pass of that buffer runs). Without it Yosys
+        # puts a read-old-data bypass multiplexer behind each block RAM, and
+        # the register behind it cannot become the EBR's output register.
         def mem(name, shape, depth, gran=None):
-            mm = m.submodules[name] = memory.Memory(shape=shape, depth=depth, init=[])
+            mm = m.submodules[name] = memory.Memory(shape=shape, depth=depth, init=[],
+                                                    attrs={"no_rw_check": 1})
             w = mm.write_port(granularity=gran) if gran else mm.write_port()
             return mm, w
         silu_m, silu_w = mem("silu", signed(8), T << bits(g.I))
@@ -303,9 +313,10 @@ class VectorUnit(wiring.Component):
 
         # ---- A8: the read data, registered into A9 (a block RAM drives no logic) ------------
         c8 = {k8: carry(v, 1, k8 + "_8") for k8, v in c7.items()}
-        lut_q = Signal(32)
-        silu_q = Signal(signed(8))
-        out_q = [Signal(22, name=f"out_q{b}") for b in range(B)]
+        # (no reset and no enable: on ECP5 they become the EBRs' output registers)
+        lut_q = Signal(32, reset_less=True)
+        silu_q = Signal(signed(8), reset_less=True)
+        out_q = [Signal(22, name=f"out_q{b}", reset_less=True) for b in range(B)]
         m.d.sync += [lut_q.eq(lut_r.data), silu_q.eq(silu_r.data)]
         m.d.sync += [out_q[b].eq(out_r[b].data) for b in range(B)]
 
@@ -333,7 +344,7 @@ class VectorUnit(wiring.Component):
         # acc read issued at A10, its data registered at A12
         c10 = {k0: carry(v, 1, k0 + "_10") for k0, v in c9.items()}
         m.d.comb += acc_r.addr.eq(Cat(zext(c10["w7"], bits(g.H)), zext(c10["t7"], tb)))
-        acc_q = Signal(signed(g.accw))
+        acc_q = Signal(signed(g.accw), reset_less=True)     # (the EBR's output register)
         m.d.sync += acc_q.eq(acc_r.data)
 
         # ---- A12: combine ------------------------------------------------------------------
