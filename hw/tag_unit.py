@@ -56,10 +56,13 @@ follows two stages later (the response stage, then ``o``). Three classes:
   per cycle, back to back** (each reads the slot registers its predecessor
   wrote at the previous edge; no hazard). STATS waits while a statistics
   increment may be in flight (counters add one cycle after the event;
-  commits and slots freed by ``disabled`` two): 4 cycles on a quiet state,
-  5 right behind a counted command, up to 6 behind a commit strobe or a
-  change of ``disabled`` (any change: a slot is freed by ``disabled`` only
-  in a cycle in which the mask changes, so STATS waits on that superset).
+  commits two; slots freed by ``disabled`` ``1 +``
+  :attr:`TagUnit.kv_count_stages`, i.e. two up to 16 slots, three at 32 and
+  64, four at 128): 4 cycles on a quiet state, 5 right behind a counted
+  command, up to 6 behind a commit strobe and up to ``5 +
+  kv_count_stages`` behind a change of ``disabled`` (any change: a slot is
+  freed by ``disabled`` only in a cycle in which the mask changes, so STATS
+  waits on that superset).
 * **two-cycle** - LOOKUP_PIN, INVALIDATE, INVALIDATE_SLOT, PIN, UNPIN, ABORT can
   fail on slot state (pin limit, pinned, not valid, not pending). In their
   first cycle in ``x_`` their per-slot terms are registered (the slot they
@@ -132,8 +135,13 @@ loaded with its next-cycle value as two flip-flops, ``x_go_q`` and
 the formal wrapper asserts it equals its definition), so ``fire`` (the
 command executes) is one LUT of registers and ``o.valid`` / ``o.ready``.
 Statistics counters add their increments one cycle after the event
-(effective commit strobes and slots freed by ``disabled``: two), saturating
-on the carry out.
+(effective commit strobes: two), saturating on the carry out. Slots freed by
+``disabled`` are a mask of S bits: its popcount (``kv_frees``) is 4-bit
+counts in plain logic (one LUT4 per result bit) and then a tree of adders,
+registered after every :attr:`TagUnit.KV_ADDER_LEVELS_PER_STAGE` = 2 adder
+levels (:attr:`TagUnit.kv_count_stages` stages: 1 up to 16 slots, 2 at 32
+and 64, 3 at 128), so its depth does not grow with S; in one stage it was
+the critical path at 32 slots (10 logic levels, 106.95 MHz).
 """
 
 from __future__ import annotations
@@ -201,6 +209,12 @@ class TagUnit(wiring.Component):
     victim_settle : int
         ``P``: register stages of the victim search (leaves included),
         ``1 + ceil(log2(S))``.
+    kv_count_stages : int
+        Register stages of the ``kv_frees`` popcount (1 up to 16 slots, 2 at
+        32 and 64, 3 at 128): ``kv_frees`` counts a slot freed by
+        ``disabled`` ``1 + kv_count_stages`` cycles after the event, and a
+        STATS right behind a change of ``disabled`` takes ``LATENCY + 1 +
+        kv_count_stages`` cycles.
 
     Raises
     ------
@@ -213,6 +227,9 @@ class TagUnit(wiring.Component):
     RESPONSE_DELAY = 2
     #: comparator levels of the victim argmin tree between two registers
     LEVELS_PER_STAGE = 1
+    #: adder levels of the ``kv_frees`` popcount between two registers (after
+    #: the leaves' 4-bit counts, which are plain logic)
+    KV_ADDER_LEVELS_PER_STAGE = 2
 
     def __init__(self, *, slots: int = 16, layer_bits: int = 6, expert_bits: int = 7,
                  hot_bits: int = 8, decay_shift: int = 2, plane_bits: int = 2,
@@ -235,6 +252,7 @@ class TagUnit(wiring.Component):
         self.rsp_layout = tag_response(slots, self.tag_bits, plane_bits, self.value_bits)
         self.victim_levels = max(1, math.ceil(math.log2(slots)))
         self.victim_settle = 1 + math.ceil(self.victim_levels / self.LEVELS_PER_STAGE)
+        self.kv_count_stages = popcount_stages(slots, self.KV_ADDER_LEVELS_PER_STAGE)
         super().__init__({
             "i": In(stream.Signature(self.cmd_layout)),
             "o": Out(stream.Signature(self.rsp_layout)),
@@ -503,13 +521,15 @@ class TagUnit(wiring.Component):
         inc_any = Signal()                       # a 1-bit increment may be in flight
         inc_any_cm = Signal()                    # a commit strobe was valid last cycle
         m.d.sync += inc_any_cm.eq(self.commit.valid)
-        # slots freed by ``disabled`` are counted two cycles late: their mask is
-        # registered first (kv_q), then counted (inc_kv_frees), then added;
-        # kv1_any / kv2_any (a change of ``disabled`` one / two cycles ago) cover
-        # them for STATS (a slot is freed by ``disabled`` only in a cycle in which
-        # ``disabled`` changed: ALLOCATE never takes a covered slot)
+        # slots freed by ``disabled`` are counted ``1 + kv_count_stages`` cycles
+        # late: their mask is registered first (kv_q), then counted by a
+        # pipelined popcount (``kv_count_stages`` register stages, the last one
+        # inc_kv_frees), then added; kv_any[j] (a change of ``disabled`` j + 1
+        # cycles ago) covers them for STATS (a slot is freed by ``disabled``
+        # only in a cycle in which ``disabled`` changed: ALLOCATE never takes a
+        # covered slot)
         kv_q = Signal(S)
-        kv1_any, kv2_any = Signal(), Signal()
+        kv_any = [Signal(name=f"kv{j + 1}_any") for j in range(1 + self.kv_count_stages)]
         # commits are counted from registered pieces (the strobe, ``res`` and the
         # ALLOCATE of the cycle), then counted, then added; ``inc_any`` also
         # covers every commit strobe of the previous cycle and cm2 the one before
@@ -517,7 +537,7 @@ class TagUnit(wiring.Component):
             Signal(S, name="alloc_q")
         cm2 = Signal()
         stats_quiet = Signal()
-        m.d.comb += stats_quiet.eq(~inc_any & ~kv1_any & ~kv2_any & ~cm2)
+        m.d.comb += stats_quiet.eq(~inc_any & ~Cat(*kv_any).any() & ~cm2)
 
         can_out = ~self.o.valid | self.o.ready
         waits = (settle & ~settled) | (two & ~steady) | (I[Op.STATS] & ~stats_quiet)
@@ -680,18 +700,23 @@ class TagUnit(wiring.Component):
         # freed by that cycle's command or ``disabled``) and was PENDING before
         # it (or just allocated)
         ce = Cat(cm_q[s] & held[s] & (~res_q[s] | alloc_q[s]) for s in range(S))
+        # the popcount of kv_q: its first kv_count_stages - 1 stages here, the
+        # last one into inc_kv_frees below (cleared with the counters by RESET)
+        kv_count, kv_pipe = _popcount_pipeline(m, kv_q, self.KV_ADDER_LEVELS_PER_STAGE,
+                                               clear=reset_go)
+        assert len(kv_pipe) == self.kv_count_stages - 1
         new = {"lookups": lk, "hits": lk & m_hit, "pending": lk & m_pend,
                "allocations": alloc_go, "evictions": alloc_go & v_evict,
                "commits": ce.any(),
                "aborts": fire & I[Op.ABORT] & ~x_slot_bad & e_fnd,
-               "kv_frees": _popcount(kv_q)}
+               "kv_frees": kv_count}
         m.d.sync += [cm_q.eq(Cat(cm)), res_q.eq(Cat(res)), alloc_q.eq(Cat(alloc)),
                      cm2.eq(inc_any_cm)]
         smax = (1 << self.stat_bits) - 1
         with m.If(reset_go):
             m.d.sync += [cnt.eq(0) for cnt in self.counters]
-            m.d.sync += [inc[n].eq(0) for n in names] + [inc_any.eq(0), kv_q.eq(0),
-                                                         kv1_any.eq(0), kv2_any.eq(0)]
+            m.d.sync += [inc[n].eq(0) for n in names] + [inc_any.eq(0), kv_q.eq(0)]
+            m.d.sync += [a.eq(0) for a in kv_any]
         with m.Else():
             for j, n in enumerate(names):
                 cnt = self.counters[j]
@@ -704,14 +729,17 @@ class TagUnit(wiring.Component):
             # a superset of the 1-bit increments loaded now (kept shallow: one
             # AND with ``fire``); it only makes STATS wait
             m.d.sync += [inc_any.eq((fire & k["cnt"]) | self.commit.valid),
-                         kv_q.eq(kv), kv1_any.eq(dis_change), kv2_any.eq(kv1_any)]
+                         kv_q.eq(kv), kv_any[0].eq(dis_change)]
+            m.d.sync += [kv_any[j + 1].eq(kv_any[j]) for j in range(len(kv_any) - 1)]
         # ---- x_go for the next cycle ---------------------------------------------
         # "statistics quiet" next cycle, split into the part from registers
         # (sq_reg) and the inputs of this cycle (``ev_change``, in x_kill); exact
         # whenever the next x_ command is a STATS (it then follows a command
         # that executed or an empty x_, so the terms need no ``fire``)
         after_reset = x_valid & I[Op.RESET]          # executes now if a STATS loads behind it
-        sq_reg = Mux(after_reset, ~inc_any_cm, ~(x_valid & k["cnt"]) & ~kv1_any & ~inc_any_cm)
+        # (next cycle kv_any[j + 1] is this cycle's kv_any[j]; kv_any[0] is ev_change's)
+        kv_next = Cat(*kv_any[:-1]).any()
+        sq_reg = Mux(after_reset, ~inc_any_cm, ~(x_valid & k["cnt"]) & ~kv_next & ~inc_any_cm)
         cp_wait = Cat(cp.op == op for op in two_ops + settle_ops).any()
         cp_stats = cp.op == Op.STATS
         go_load = c.o.valid & ~cp_wait & ~(cp_stats & ~sq_reg)
@@ -735,13 +763,50 @@ def _or_tree(terms: list, width: int):
     return terms[0][:width]
 
 
-def _popcount(v):
-    """Number of set bits of ``v``, as a balanced adder tree."""
-    terms = [v[k] for k in range(len(v))]
+def _count4(bits):
+    """Number of set bits among up to four 1-bit values, as plain logic (each
+    result bit is one LUT4 of the inputs; ``+`` would become carry chains)."""
+    a, b, c, d = (list(bits) + [Const(0, 1)] * 4)[:4]
+    x1, x2, p, q = a ^ b, c ^ d, a & b, c & d         # a + b = {p, x1}, c + d = {q, x2}
+    c0 = x1 & x2
+    return Cat(x1 ^ x2, p ^ q ^ c0, (p & q) | ((p ^ q) & c0))
+
+
+def popcount_levels(width: int) -> int:
+    """Adder levels of :func:`_popcount_pipeline` over ``width`` bits: the
+    4-bit counts of its leaves, then a balanced binary tree of adders."""
+    return max(0, math.ceil(math.log2(max(1, math.ceil(width / 4)))))
+
+
+def popcount_stages(width: int, levels_per_stage: int) -> int:
+    """Register stages of :func:`_popcount_pipeline`: the leaves' 4-bit counts
+    and up to ``levels_per_stage`` adder levels in the first, as many in each
+    later one (at least one stage)."""
+    return max(1, math.ceil(popcount_levels(width) / levels_per_stage))
+
+
+def _popcount_pipeline(m, v, levels_per_stage: int, *, clear):
+    """Number of set bits of ``v``: 4-bit counts as plain logic, then a
+    balanced adder tree with a register after every ``levels_per_stage``
+    adder levels except the last. Returns the count (combinational, the
+    caller registers it: :func:`popcount_stages` stages in all) and the list
+    of the pipeline's registers (cleared when ``clear`` is 1)."""
+    terms = [_count4([v[k] for k in range(j, min(j + 4, len(v)))])
+             for j in range(0, len(v), 4)]
+    regs, level = [], 0
     while len(terms) > 1:
         terms = [terms[j] + terms[j + 1] if j + 1 < len(terms) else terms[j]
                  for j in range(0, len(terms), 2)]
-    return terms[0]
+        level += 1
+        if level % levels_per_stage == 0 and len(terms) > 1:
+            staged = []
+            for j, t in enumerate(terms):
+                r = Signal(len(t), name=f"kv_cnt{len(regs)}_{j}")
+                m.d.sync += r.eq(Mux(clear, 0, t))
+                staged.append(r)
+            regs.append(staged)
+            terms = staged
+    return terms[0], regs
 
 
 def _tag_params(cfg) -> dict:

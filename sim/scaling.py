@@ -4,13 +4,27 @@
 slots 16-128); every registered block's own ``Block.sweep`` (a tuple of
 Config overrides, e.g. a batched datapath's batch sizes) is swept too, so a
 new block joins by declaring its sweep, with no change here.
+
+A point whose block parameters equal the block's own at the swept Config
+(the tag unit at 16 slots, the PE at 16 lanes, the MoE layer at ``T = 16``
+under ``default``) is synthesised in the block's own work folder
+(``WORKROOT/NAME``, where ``elmoe3d synth`` puts the block), so the stage
+caches there (keyed by the Verilog's hash) serve it when the same run, or an
+earlier one, synthesised the block.
+
+The blocks in :data:`ON_REQUEST` are swept only when the caller puts no cap
+on the run's cost (``max_cells`` None: ``elmoe3d synth --sweep``, e.g.
+``elmoe3d synth --sweep --no-pnr --target generic,ecp5 --blocks
+moe_layer``); ``make demo`` / ``elmoe3d build``, which pass ``max_cells``,
+leave them out and record why under the block's ``sweep_refused``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["SCALING", "sweep_points", "run_sweeps", "plot_sweeps", "growth_sentence"]
+__all__ = ["SCALING", "ON_REQUEST", "sweep_points", "run_sweeps", "plot_sweeps",
+           "growth_sentence"]
 
 #: block -> (Config field, values, the block parameter it sets). Where the
 #: Config refuses a point (its cross-block geometry checks: e.g. 64 lanes
@@ -19,6 +33,13 @@ __all__ = ["SCALING", "sweep_points", "run_sweeps", "plot_sweeps", "growth_sente
 SCALING = {
     "pe": ("lanes", (8, 16, 32, 64), "lanes"),
     "tag_unit": ("tag_slots", (16, 32, 64, 128), "slots"),
+}
+
+#: block -> why its sweep runs only on request (see the module docstring)
+ON_REQUEST = {
+    "moe_layer": "one Yosys ECP5 run of the whole layer takes 10-30 min on the 2-core "
+                 "machine, too long for make demo: run `elmoe3d synth --sweep --no-pnr "
+                 "--target generic,ecp5 --blocks moe_layer`",
 }
 
 
@@ -42,6 +63,8 @@ def run_sweeps(cfg, names, workroot: Path, *, targets=("generic",), pnr=True, se
     ``only`` (``{field: values}``, ``elmoe3d synth --sweep-only``) keeps just
     the points whose value of a listed field is one of its values, e.g. the
     tag unit at 16 and 32 slots when its larger points take too long to place.
+    A block in :data:`ON_REQUEST` is swept only when ``max_cells`` is None;
+    otherwise its points come back with an ``error`` saying why.
     """
     from ..blocks import get_block
     from .synth import fpga_target, synth_block
@@ -51,6 +74,9 @@ def run_sweeps(cfg, names, workroot: Path, *, targets=("generic",), pnr=True, se
         pts, seen = [], []
         for over in sweep_points(b):
             if any(k in (only or {}) and v not in only[k] for k, v in over.items()):
+                continue
+            if name in ON_REQUEST and max_cells is not None:
+                pts.append({"overrides": over, "error": f"not swept here: {ON_REQUEST[name]}"})
                 continue
             tag = "-".join(f"{k}{v}" for k, v in over.items())
             note = None
@@ -73,7 +99,8 @@ def run_sweeps(cfg, names, workroot: Path, *, targets=("generic",), pnr=True, se
             seen.append(params_now)
             if progress:
                 progress(f"sweep {name} {tag}", step=False)
-            wd = workroot / f"{name}-{tag}"
+            # the block at its own parameters: its own folder, so its caches serve
+            wd = workroot / name if params_now == b.params(cfg) else workroot / f"{name}-{tag}"
             r = synth_block(comp, b.top, wd, name=name,
                             targets=targets if pnr else ("generic",), seeds=seeds,
                             fmax_max_cells=max_cells, progress=progress)

@@ -210,6 +210,7 @@ class TagTB:
         self.S = m.slots
         unit = TagUnit(**self.p)
         self.latency, self.settle = unit.LATENCY, unit.victim_settle
+        self.kv_stages = unit.kv_count_stages
         self.cmd = _Packer(tag_command(self.S, m.tag_bits, m.hot_bits, m.plane_bits))
         self.rsp = _Packer(tag_response(self.S, m.tag_bits, m.plane_bits, unit.value_bits))
         del unit
@@ -1142,8 +1143,9 @@ async def latency_and_throughput(dut):
     ``LATENCY`` (4) cycles after its command; ALLOCATE and INVALIDATE_MASK
     ``LATENCY + 1`` on a quiet state and ``LATENCY + victim_settle`` right
     behind a state-changing command; STATS ``LATENCY`` on a quiet state,
-    ``LATENCY + 1`` right behind a LOOKUP and ``LATENCY + 2`` when a KV move
-    or a commit strobe arrives in the cycle after its transfer (the
+    ``LATENCY + 1`` right behind a LOOKUP, ``LATENCY + 2`` when a commit
+    strobe and ``LATENCY + 1 + kv_count_stages`` (``LATENCY + 2`` up to 16
+    slots) when a KV move arrives in the cycle after its transfer (the
     documented timing)."""
     tb = TagTB(dut)
     await tb.start()
@@ -1227,7 +1229,7 @@ async def latency_and_throughput(dut):
     want = {("ALLOCATE", "quiet"): L + 1, ("ALLOCATE", "behind"): L + P,
             ("INVALIDATE_MASK", "quiet"): L + 1, ("INVALIDATE_MASK", "behind"): L + P,
             ("STATS", "quiet"): L, ("STATS", "behind"): L + 1,
-            ("STATS", "kv_move"): L + 2, ("STATS", "commit"): L + 2}
+            ("STATS", "kv_move"): L + 1 + tb.kv_stages, ("STATS", "commit"): L + 2}
     assert got == want, (got, want)
     dut._log.info("latency_and_throughput: %d single-cycle commands, 0 input stalls, latency %d; "
                   "%d two-cycle commands, latency %d; waiting ops %s (victim_settle P = %d)",

@@ -37,7 +37,8 @@ def _register():
     return [Block("moe_layer", "elmoe3d_moe_layer",
                   "token-batched MoE layer: router, top-k, SwiGLU experts on the bit-slice PE "
                   "array, one weight load per expert per pass, split MSB/LSB verification",
-                  _params, _factory, order=60)]
+                  _params, _factory, order=60,
+                  sweep=(dict(batch_tokens=4), dict(batch_tokens=16)))]
 
 
 BLOCK_SPECS = _register()
