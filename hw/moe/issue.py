@@ -347,15 +347,13 @@ class Issue(wiring.Component):
         # the choice comes after them) with the buffer's `wp_all` (one register:
         # every bank has its word below it); `p + 1 != wp` as `p != wp - 1`,
         # with `wp - 1` registered (one cycle older: still a safe bound)
-        def none_at(pos, wp):
-            return pos != wp
         hb_wm1 = Signal.like(self.hb_wp, name="hb_wm1")
         ext_wm1 = Signal.like(self.ext_wp, name="ext_wm1")
         m.d.sync += [hb_wm1.eq(self.hb_wp - 1), ext_wm1.eq(self.ext_wp - 1)]
-        hb_c_p, hb_c_p1 = none_at(hb_p, self.hb_wp), none_at(hb_p, hb_wm1)
-        hb_c_seg, hb_c_nxt = none_at(hb_seg, self.hb_wp), none_at(hb_nxt, self.hb_wp)
-        ext_c_p, ext_c_p1 = none_at(ext_p, self.ext_wp), none_at(ext_p, ext_wm1)
-        ext_c_seg, ext_c_nxt = none_at(ext_seg, self.ext_wp), none_at(ext_nxt, self.ext_wp)
+        hb_c_p, hb_c_p1 = hb_p != self.hb_wp, hb_p != hb_wm1
+        hb_c_seg, hb_c_nxt = hb_seg != self.hb_wp, hb_nxt != self.hb_wp
+        ext_c_p, ext_c_p1 = ext_p != self.ext_wp, ext_p != ext_wm1
+        ext_c_seg, ext_c_nxt = ext_seg != self.ext_wp, ext_nxt != self.ext_wp
         hb_ok_l = Mux(in_router, Mux(tok_end & last_g, hb_c_seg, hb_c_p1),
                       Mux(tok_end, Mux(nxt_any, hb_c_seg, hb_c_nxt), Mux(from_hb, hb_c_p1, hb_c_p)))
         ext_ok_l = Mux(in_router, ext_c_p,
