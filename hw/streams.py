@@ -61,15 +61,24 @@ class RegisterSlice(wiring.Component):
         m.d.comb += self.i.ready.eq(~skid_valid)
         accept = self.i.valid & ~skid_valid
         out_free = ~self.o.valid | self.o.ready
+        # Payload registers are enabled by as few signals as possible, since
+        # the enable of a wide register fans out to every bit and is the
+        # late arrival: the skid slot loads whenever it is empty (its enable
+        # is the flip-flop ``~skid_valid``; what it holds matters only once
+        # ``skid_valid`` is set), and ``o.payload`` loads whenever ``o`` is
+        # free (enable ``out_free``, select ``skid_valid``; with nothing to
+        # send it loads don't-care data under ``o.valid = 0``). Neither
+        # enable depends on ``i.valid``. Transfers are those of the textbook
+        # skid buffer, cycle for cycle.
+        with m.If(~skid_valid):
+            m.d.sync += skid.eq(self.i.payload)
         with m.If(out_free):
+            m.d.sync += self.o.payload.eq(Mux(skid_valid, skid, self.i.payload))
+            m.d.sync += self.o.valid.eq(skid_valid | self.i.valid)
             with m.If(skid_valid):
-                m.d.sync += [self.o.payload.eq(skid), self.o.valid.eq(1), skid_valid.eq(0)]
-            with m.Elif(accept):
-                m.d.sync += [self.o.payload.eq(self.i.payload), self.o.valid.eq(1)]
-            with m.Else():
-                m.d.sync += self.o.valid.eq(0)
+                m.d.sync += skid_valid.eq(0)
         with m.Elif(accept):
-            m.d.sync += [skid.eq(self.i.payload), skid_valid.eq(1)]
+            m.d.sync += skid_valid.eq(1)
         return m
 
 
