@@ -59,7 +59,7 @@ from . import vocab as hv
 from .streams import RegisterSlice
 
 __all__ = ["HostOp", "TagOp", "EsdCtrl", "host_command", "host_response", "esd_ports",
-           "BLOCK_SPECS"]
+           "saturating_add", "BLOCK_SPECS"]
 
 #: Host command opcodes (``HostCommand.op``).
 class HostOp:
@@ -130,6 +130,19 @@ COUNTERS = ("hb_hits", "hb_misses", "hb_pending", "hb_bytes", "lpddr_bytes", "fi
             "aborts", "allocations", "no_victim", "touches", "decays", "drafted_tokens",
             "rounds_ar", "rounds_sd", "decode_steps", "tokens_out", "kv_moves",
             "kv_invalidations", "ext_errors", "draft_lookups")
+
+
+def saturating_add(counter, amount):
+    """``min(counter + amount, 2**len(counter) - 1)`` for an unsigned
+    ``counter`` and a non-negative ``amount`` (a value or an int). The sum's
+    bits above the counter are its overflow: an OR of the adder's top bits,
+    not a compare chain behind it (the statistics counters' bumps are on the
+    controller's longest paths)."""
+    n = len(counter)
+    s = counter + amount
+    if len(s) <= n:
+        return s
+    return Mux(s[n:].any(), (1 << n) - 1, s[:n])
 
 
 class EsdCtrl(wiring.Component):
@@ -203,8 +216,18 @@ class EsdCtrl(wiring.Component):
         m.d.comb += [self.trace.valid.eq(tq.r_stream.valid),
                      self.trace.payload.eq(tq.r_stream.payload),
                      tq.r_stream.ready.eq(self.trace.ready)]
+        # Events enter the FIFO through a register slice: the FSM's event
+        # multiplexer (every state's fields) ends at the slice's registers,
+        # not at the FIFO's distributed-RAM storage, and ``emit``'s handshake
+        # is the slice's ``i.ready`` (a flip-flop) instead of the FIFO's
+        # level compare. An event reaches ``trace`` one cycle later; the
+        # order and the FSM's cycles are unchanged while the trace is read.
+        ts = RegisterSlice(t["TraceEvent"])
+        m.submodules.trace_slice = ts
+        m.d.comb += [tq.w_stream.valid.eq(ts.o.valid), tq.w_stream.payload.eq(ts.o.payload),
+                     ts.o.ready.eq(tq.w_stream.ready)]
         ev = Signal(t["TraceEvent"])
-        m.d.comb += tq.w_stream.payload.eq(ev)
+        m.d.comb += ts.i.payload.eq(ev)
 
         host_i, host_o = in_slice("host_cmd"), out_slice("host_rsp")
         tag_o, tag_i = out_slice("tag_cmd"), in_slice("tag_rsp")
@@ -230,10 +253,7 @@ class EsdCtrl(wiring.Component):
         ctr = {name: Signal(cfg.stat_bits, name=f"ctr_{name}") for name in COUNTERS}
 
         def bump(name, amount=1):
-            c = ctr[name]
-            s = c + amount
-            top = (1 << cfg.stat_bits) - 1
-            return c.eq(Mux(s > top, top, s))
+            return ctr[name].eq(saturating_add(ctr[name], amount))
 
         # registered derived values (they change only with ROUND / KV moves, long
         # before they are used): keep the multiply and the popcount off the FSM
@@ -246,6 +266,10 @@ class EsdCtrl(wiring.Component):
         verify_tok = Signal(range(gesd.MAX_BATCH * (cfg.draft_len_max + 1) + 1))
         m.d.sync += [drafted.eq(batch * round_k), verify_tok.eq(batch * (round_k + 1))]
         words = Signal(VALUE_BITS + 8)
+        acc = Signal(data.StructLayout({
+            "over": 1, "all": 1, "low": 1,
+            "out": VALUE_BITS + 1,
+            "back": len(drafted)}), name="acc")
         err = Signal(3)
         rsp_value = Signal(max(VALUE_BITS, cfg.stat_bits))
         phase = Signal(2)
@@ -328,11 +352,11 @@ class EsdCtrl(wiring.Component):
 
         def emit(kind, **fields):
             """Drive one trace event this cycle; returns the handshake."""
-            m.d.comb += [tq.w_stream.valid.eq(1), ev.kind.eq(kind)]
+            m.d.comb += [ts.i.valid.eq(1), ev.kind.eq(kind)]
             for f in ev_fields:
                 if f != "kind":
                     m.d.comb += getattr(ev, f).eq(fields.get(f, 0))
-            return tq.w_stream.ready
+            return ts.i.ready
 
         def tag(op, **fields):
             m.d.comb += [tag_o.valid.eq(1), tag_o.payload.op.eq(op)]
@@ -354,6 +378,13 @@ class EsdCtrl(wiring.Component):
                 m.d.comb += host_i.ready.eq(1)
                 with m.If(host_i.valid):
                     m.d.sync += [cmd.eq(host_i.payload), err.eq(0), rsp_value.eq(0)]
+                    # ACCEPT's arithmetic, from the command as it is taken
+                    # (``batch`` and ``drafted`` change only with ROUND, long
+                    # before): ACCEPT, ROLLBACK and ADAPT test registers
+                    nv = host_i.payload.value
+                    m.d.sync += [acc.over.eq(nv > drafted), acc.all.eq(nv == drafted),
+                                 acc.low.eq(nv * 2 < drafted), acc.out.eq(nv + batch),
+                                 acc.back.eq(drafted - nv)]
                     with m.Switch(host_i.payload.op):
                         with m.Case(HostOp.ROUND):
                             m.next = "ROUND"
@@ -721,26 +752,26 @@ class EsdCtrl(wiring.Component):
 
             # ---- ACCEPT n ----------------------------------------------------------
             with m.State("ACCEPT"):
-                with m.If(~round_open | ~expect_accept | (cmd.value > drafted)):
+                with m.If(~round_open | ~expect_accept | acc.over):
                     m.d.sync += err.eq(gesd.HostError.BAD_ACCEPT)
                     m.next = "RESPOND"
                 with m.Else():
                     with m.If(emit(EK.ACCEPT, value=cmd.value)):
                         m.d.sync += [bump("accepted_tokens", cmd.value),
                                      bump("drafted_tokens", drafted),
-                                     bump("tokens_out", cmd.value + batch)]
+                                     bump("tokens_out", acc.out)]
                         m.next = "ROLLBACK"
             with m.State("ROLLBACK"):
-                with m.If(cmd.value == drafted):
+                with m.If(acc.all):
                     m.next = "ADAPT"
                 with m.Else():
-                    with m.If(emit(EK.ROLLBACK, value=drafted - cmd.value)):
+                    with m.If(emit(EK.ROLLBACK, value=acc.back)):
                         m.next = "ADAPT"
             with m.State("ADAPT"):
                 newk = Signal.like(K)
-                with m.If((cmd.value == drafted) & (K < cfg.draft_len_max)):
+                with m.If(acc.all & (K < cfg.draft_len_max)):
                     m.d.comb += newk.eq(K + 1)
-                with m.Elif((cmd.value * 2 < drafted) & (K > cfg.draft_len_min)):
+                with m.Elif(acc.low & (K > cfg.draft_len_min)):
                     m.d.comb += newk.eq(K - 1)
                 with m.Else():
                     m.d.comb += newk.eq(K)
@@ -807,7 +838,7 @@ class EsdCtrl(wiring.Component):
                              host_o.payload.k.eq(round_k), host_o.payload.value.eq(rsp_value)]
                 with m.If(host_o.ready):
                     m.next = "IDLE"
-        m.d.comb += fs_clr.eq(Mux(fsm.ongoing("EV_FILL_END") & tq.w_stream.ready,
+        m.d.comb += fs_clr.eq(Mux(fsm.ongoing("EV_FILL_END") & ts.i.ready,
                                   Const(1, S) << x_slot, 0))
         return m
 

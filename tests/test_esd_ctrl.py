@@ -275,3 +275,34 @@ def test_esd_tag_join_2000_steps(tmp_path, measured_dir, batch):
     _record_join(measured_dir, "2000_steps", runs, outs, _cpu() - t0)
     assert runs[0].counters["decode_steps"] >= 2000
     assert outs[0]["events"] == len(runs[0].events)
+
+
+@pytest.mark.parametrize("amount_bits", [2, 4, 6])
+def test_saturating_add_every_value(amount_bits):
+    """The statistics counters' bump, ``min(c + a, 2**n - 1)``, at every
+    counter value and every amount of a 4-bit counter (amounts narrower,
+    as wide and wider than it), and with constant amounts; a mutant whose
+    overflow test misses the sum's top bit fails here."""
+    from amaranth.hdl import Module, Signal
+    from amaranth.sim import Simulator
+    from elmoe3d.hw.esd_ctrl import saturating_add
+    m = Module()
+    c, a = Signal(4), Signal(amount_bits)
+    out, out1, out7 = Signal(4), Signal(4), Signal(4)
+    m.d.comb += [out.eq(saturating_add(c, a)), out1.eq(saturating_add(c, 1)),
+                 out7.eq(saturating_add(c, 7))]
+    seen = []
+
+    async def bench(ctx):
+        for cv in range(16):
+            for av in range(1 << amount_bits):
+                ctx.set(c, cv)
+                ctx.set(a, av)
+                seen.append((cv, av, ctx.get(out), ctx.get(out1), ctx.get(out7)))
+
+    sim = Simulator(m)
+    sim.add_testbench(bench)
+    sim.run()
+    assert len(seen) == 16 << amount_bits
+    for cv, av, o, o1, o7 in seen:
+        assert (o, o1, o7) == (min(cv + av, 15), min(cv + 1, 15), min(cv + 7, 15)), (cv, av)
