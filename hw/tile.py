@@ -482,10 +482,16 @@ class Tile(wiring.Component):
         wiring.connect(m, rout.o, wiring.flipped(self.host_rsp))
         r_out, r_ctrl, r_tile = (Signal(self.rsp_t, name=f"rsp_{n}")
                                  for n in ("out", "ctrl", "tile"))
-        m.d.comb += [r_out.kind.eq(TileRspKind.OUTPUT), r_out.out.eq(dp.o.payload),
+        m.d.comb += [r_out.kind.eq(TileRspKind.OUTPUT),
                      r_ctrl.kind.eq(TileRspKind.CTRL), r_ctrl.rsp.eq(mem.host_rsp.payload),
                      r_tile.kind.eq(TileRspKind.TILE), r_tile.rsp.eq(ans)]
-        priority_arbiter(m, "rsp_arb", [(dp.o.valid, dp.o.ready, r_out),
+        # the datapath's outputs reach the arbiter through a register slice of
+        # their own: the output stage's state ends at flip-flops beside it, not
+        # at the response slice's 557 payload bits across the die
+        m.submodules.out_slice = oslice = RegisterSlice(dp.o.payload.shape())
+        wiring.connect(m, dp.o, oslice.i)
+        m.d.comb += r_out.out.eq(oslice.o.payload)
+        priority_arbiter(m, "rsp_arb", [(oslice.o.valid, oslice.o.ready, r_out),
                                         (mem.host_rsp.valid, mem.host_rsp.ready, r_ctrl),
                                         (ans_valid, ans_ready, r_tile)], rout.i)
         fwd = hc.valid & hc.ready
