@@ -677,7 +677,14 @@ class HBBank(wiring.Component):
     flow packs it into the DP16KD's output register (``REGMODE=OUTREG``,
     which Yosys 0.70 does not do: ``sim/synth.pack_ebr_outreg``); the other
     stages carry the routes across the die, where a bank's block RAMs lie
-    (``docs/blocks/hb_bank.md``).
+    (``docs/blocks/hb_bank.md``). A bank is ``mem_parts`` block memories
+    (default: 2048 words or more each, at most 4), each with a last address,
+    data and write-enable copy of its own, loaded only by an access to that
+    part, so the copies cannot be merged back into one and each sits beside
+    its own DP16KDs; their outputs meet in a ``mem_parts``:1 select in front
+    of the stage across the die. Same latency and behaviour for any
+    ``mem_parts`` (``mem_parts`` must be a power of two, at most
+    ``words / 2``).
 
     Raises
     ------
@@ -688,7 +695,7 @@ class HBBank(wiring.Component):
     def __init__(self, *, banks: int = 4, words: int = 8192, slots: int = 16,
                  slot_words: int = 384, dense_words: int = 1938, lanes: int = 16,
                  slice_bits: int = 4, fill_words: int = 1, fill_depth: int = 8,
-                 out_depth: int = OUT_DEPTH):
+                 out_depth: int = OUT_DEPTH, mem_parts: int | None = None):
         check_int("HB bank count", banks, 1, 1024)
         check_int("HB words per bank", words, 2)
         if words & (words - 1):
@@ -722,6 +729,14 @@ class HBBank(wiring.Component):
         self.sv_bits = lanes * slice_bits
         self.fill_words, self.fill_depth = fill_words, fill_depth
         self.kv_limit = words - dense_words
+        #: block memories per bank (each with its own address / data / enable
+        #: copy, see ``elaborate``); by default 2048 words or more each, at most 4
+        if mem_parts is None:
+            mem_parts = max(1, min(4, words // 2048))
+        check_int("HB memory parts per bank", mem_parts, 1, words // 2)
+        if mem_parts & (mem_parts - 1):
+            raise ValueError(f"HB memory parts per bank must be a power of two, not {mem_parts!r}")
+        self.mem_parts = mem_parts
         S, SW, D, W = slots, slot_words, dense_words, words
         self.read_t = hv.hb_read(S, SW, D, self.planes)
         self.beat_t = hv.hb_beat(slice_bits, lanes)
@@ -754,6 +769,8 @@ class HBBank(wiring.Component):
 
     #: the fill decoder's class (a subclass may change one of its rules)
     fill_decoder_cls = FillDecoder
+    #: select a memory part's output a cycle early (a planted bug only)
+    part_select_early = False
     #: the read session's class (a subclass may change its FIFO depth)
     read_session_cls = None
 
@@ -832,32 +849,55 @@ class HBBank(wiring.Component):
         # and a second copy (``far_*``): with one, nextpnr (whose delay model
         # underestimates long routes) left the copy beside the logic and the
         # route to the farthest DP16KD alone took 7.5 ns; two stages split it.
-        far_wen = [Signal(name=f"far_wen{b}") for b in range(B)]
-        far_addr = [Signal(range(W), name=f"far_addr{b}", reset_less=True) for b in range(B)]
-        far_wdata = [Signal(self.sv_bits, name=f"far_wdata{b}", reset_less=True)
-                     for b in range(B)]
+        # A bank is ``Q`` block memories of ``W / Q`` words (``mem_parts``), each
+        # with its own copy, loaded only for an access to that part (so the
+        # copies are distinct logic that synthesis cannot merge back into one):
+        # at the default geometry each copy drives 8 DP16KDs instead of 32, and
+        # nextpnr can place it beside them. The parts' outputs (each packed
+        # into its DP16KD's output register) meet in a Q:1 select in front of
+        # ``ram_r``, by the part number carried alongside (no select for Q = 1).
+        Q = self.mem_parts
+        PW = W // Q
+        lo_bits = (PW - 1).bit_length()
         for b in range(B):
-            mem = Memory(shape=unsigned(self.sv_bits), depth=W, init=[])
-            m.submodules[f"bank{b}"] = mem
-            wp = mem.write_port()
-            rp = mem.read_port()
-            # the read port reads every cycle (its data is used only when the
-            # pipeline says so): a read enable would cost a hold multiplexer
-            # behind the block RAM
             m.d.sync += [mem_wen[b].eq(ram_wen[b]), mem_addr[b].eq(ram_addr[b]),
-                         mem_wdata[b].eq(ram_wdata[b]),
-                         far_wen[b].eq(mem_wen[b]), far_addr[b].eq(mem_addr[b]),
-                         far_wdata[b].eq(mem_wdata[b])]
-            m.d.comb += [rp.addr.eq(far_addr[b]), rp.en.eq(1),
-                         wp.addr.eq(far_addr[b]), wp.data.eq(far_wdata[b]),
-                         wp.en.eq(far_wen[b]),
-                         self.probe_ren[b].eq(ram_ren[b]), self.probe_wen[b].eq(ram_wen[b])]
-            # three registers behind the block RAM: ``ram_q`` has no other
-            # load (no enable, no reset), so the flow packs it into the
-            # DP16KD's output register (``sim/synth.pack_ebr_outreg``);
-            # ``ram_r`` is the stage across the die; ``ram_d`` feeds the
-            # output FIFO and the KV response
-            m.d.sync += [ram_q[b].eq(rp.data), ram_r[b].eq(ram_q[b]), ram_d[b].eq(ram_r[b])]
+                         mem_wdata[b].eq(ram_wdata[b])]
+            m.d.comb += [self.probe_ren[b].eq(ram_ren[b]), self.probe_wen[b].eq(ram_wen[b])]
+            hi = mem_addr[b][lo_bits:]
+            # the part of the word in ``ram_q``: far copy -> read -> output register
+            hi_far = Signal(range(Q), name=f"far_part{b}")
+            hi_rd = Signal(range(Q), name=f"rd_part{b}")
+            hi_q = Signal(range(Q), name=f"q_part{b}")
+            m.d.sync += [hi_far.eq(hi), hi_rd.eq(hi_far), hi_q.eq(hi_rd)]
+            if self.part_select_early:         # (a planted bug, for the formal check)
+                hi_q = hi_rd
+            parts_q = []
+            for i in range(Q):
+                mem = Memory(shape=unsigned(self.sv_bits), depth=PW, init=[])
+                m.submodules[f"bank{b}_{i}"] = mem
+                wp = mem.write_port()
+                # the read port reads every cycle (its data is used only when the
+                # pipeline says so): a read enable would cost a hold multiplexer
+                # behind the block RAM
+                rp = mem.read_port()
+                sel = hi == i if Q > 1 else Const(1)
+                p_wen = Signal(name=f"far_wen{b}_{i}")
+                p_addr = Signal(range(PW), name=f"far_addr{b}_{i}", reset_less=True)
+                p_wdata = Signal(self.sv_bits, name=f"far_wdata{b}_{i}", reset_less=True)
+                # no other load, no enable, no reset: the flow packs it into the
+                # DP16KD's output register (``sim/synth.pack_ebr_outreg``)
+                p_q = Signal(self.sv_bits, name=f"ram_q{b}_{i}", reset_less=True)
+                m.d.sync += p_wen.eq(mem_wen[b] & sel)
+                with m.If(sel):
+                    m.d.sync += [p_addr.eq(mem_addr[b][:lo_bits]), p_wdata.eq(mem_wdata[b])]
+                m.d.comb += [rp.addr.eq(p_addr), rp.en.eq(1),
+                             wp.addr.eq(p_addr), wp.data.eq(p_wdata), wp.en.eq(p_wen)]
+                m.d.sync += p_q.eq(rp.data)
+                parts_q.append(p_q)
+            # ``ram_r`` is the stage across the die; ``ram_d`` feeds the output
+            # FIFO and the KV response
+            m.d.comb += ram_q[b].eq(Array(parts_q)[hi_q] if Q > 1 else parts_q[0])
+            m.d.sync += [ram_r[b].eq(ram_q[b]), ram_d[b].eq(ram_r[b])]
 
         # ---- read sessions ----------------------------------------------------------
         sess = []

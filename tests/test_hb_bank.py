@@ -208,6 +208,7 @@ def test_golden_fill_results_allowed():
 @pytest.mark.parametrize("kw,match", [
     (dict(banks=0), "0"), (dict(fill_words=3), "3"), (dict(words=100), "100"),
     (dict(slice_bits=3), "3"), (dict(fill_depth=1), "1"), (dict(out_depth=2), "2"),
+    (dict(mem_parts=3), "3"), (dict(mem_parts=8192), "8192"), (dict(mem_parts=0), "0"),
     (dict(slots=8, slot_words=100, dense_words=300), "1100"),
 ])
 def test_hb_bad_params(kw, match):
@@ -374,6 +375,21 @@ def test_hb_formal_catches_bug(bug, depth):
     from elmoe3d.tb.formal.hb_bank import HBBankFormal
     r = run_sby(HBBankFormal(bug=bug), name=f"hb_bank_bug_{bug}", depth=depth,
                 expect="FAIL")
+    assert r.status == "FAIL"
+
+
+@pytest.mark.formal
+@pytest.mark.skipif(not _fok, reason=_fwhy)
+def test_hb_formal_mem_parts():
+    """The same proof with each bank split into two block memories (as the
+    default geometry splits into four), and the planted part-select bug
+    (the output taken from the part of the next access) fails it."""
+    from elmoe3d.tb.formal.hb_bank import HBBankFormal
+    r = run_sby(HBBankFormal(mem_parts=2), name="hb_bank_bmc_parts2", depth=HB_BMC_DEPTH,
+                mode="bmc")
+    assert r.status == "PASS"
+    r = run_sby(HBBankFormal(bug="part_select_early", mem_parts=2),
+                name="hb_bank_bug_part_select_early", depth=HB_BUG_DEPTH, expect="FAIL")
     assert r.status == "FAIL"
 
 

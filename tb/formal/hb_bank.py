@@ -38,7 +38,8 @@ With that, the properties are local:
 slot being read is not refused: the read is torn), ``"commit_incomplete"``
 (a COMMIT before the last word makes the slot resident), ``"fifo_short"``
 (an output FIFO one entry shorter than the read credits: a word is written
-into a full FIFO).
+into a full FIFO), ``"part_select_early"`` (with ``mem_parts=2``: a bank's
+output taken from the memory part of the next access, a cycle early).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ __all__ = ["HBBankFormal", "FORMAL_PARAMS", "BUGS"]
 #: throughput)
 FORMAL_PARAMS = dict(banks=2, words=8, slots=2, slot_words=2, dense_words=2, lanes=3,
                      slice_bits=4, fill_words=2, fill_depth=2, out_depth=3)
-BUGS = ("no_resident_check", "no_busy_refusal", "commit_incomplete", "fifo_short")
+BUGS = ("no_resident_check", "no_busy_refusal", "commit_incomplete", "fifo_short",
+        "part_select_early")
 #: read commands a bank may have outstanding in the environment
 OUTSTANDING = 3
 
@@ -83,6 +85,8 @@ class _BuggyHB(HBBank):
             self.fill_decoder_cls = _CommitIncomplete
         if bug == "fifo_short":
             self.read_session_cls = _FifoShort
+        if bug == "part_select_early":
+            self.part_select_early = True
 
     def open_regions(self, valid, pend, dense_valid):
         if self.bug == "no_resident_check":
