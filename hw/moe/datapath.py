@@ -31,6 +31,8 @@ from .hb_reader import HBReader
 from .issue import Issue
 from .output import OutputStage
 from .pe_array import PEArray
+from .payloads import array_beat
+from ..streams import RegisterSlice
 from .scheduler import ExpertScheduler
 from .softmax import Softmax
 from .tokens import TokenStore
@@ -181,7 +183,13 @@ class MoEDatapath(wiring.Component):
               hbr.pass_done.eq(vu.done), hbr.pass_done_par.eq(vu.done_par)]
 
         # compute chain
-        wiring.connect(m, iss.o, pea.i)
+        # the beats cross a register slice on their way to the PE array: the
+        # issue stage's FIFO and the PE array's input sit far apart, and the
+        # FIFO's read then answers a flip-flop beside it (`i.ready`), not the
+        # PE array's readiness
+        m.submodules.beat_slice = beat_slice = RegisterSlice(array_beat(g))
+        wiring.connect(m, iss.o, beat_slice.i)
+        wiring.connect(m, beat_slice.o, pea.i)
         wiring.connect(m, pea.o, vu.i)
         c += [vu.h_addr.eq(iss.h_addr), iss.h_data.eq(vu.h_data), iss.up_done.eq(vu.up_done)]
         wiring.connect(m, iss.summary, out.summary)

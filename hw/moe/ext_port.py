@@ -118,6 +118,24 @@ class ExtWriter(wiring.Component):
             with m.If(take & (pe == p)):
                 m.d.sync += self.beats[p].eq(self.beats[p] + 1)
 
+        # The job decisions compare `j` with the scheduler's counters, which sit
+        # far away: the compares are registered (`go_job`, `go_end`), each a
+        # snapshot of the scheduler's epoch and counters of one cycle (which
+        # it changes together: a new pass flips the epoch and clears the
+        # counters at one edge), and a cycle in which `j`, `pe` or `running`
+        # changed here is followed by one that decides nothing (`settle`), so
+        # a snapshot older than this port's own state is never used. Within
+        # a pass the counters only move towards a decision, so a snapshot a
+        # cycle old can only decide a cycle late.
+        my_epoch = Signal(2)
+        fresh = self.epoch.bit_select(pe, 1) != my_epoch.bit_select(pe, 1)
+        go_job = Signal()
+        go_end = Signal()
+        settle = Signal()
+        m.d.sync += [go_job.eq(fresh & (j < decided[pe])),
+                     go_end.eq(fresh & self.total_valid.bit_select(pe, 1) & (j == total[pe])),
+                     settle.eq(0)]
+
         with m.If(adv):
             m.d.sync += bg.eq(bg + 1)
             with m.If(last_bg):
@@ -130,25 +148,25 @@ class ExtWriter(wiring.Component):
                         with m.If(last_g):
                             m.d.sync += [grp.eq(0), proj.eq(proj + 1)]
                             with m.If(proj == 2):
-                                m.d.sync += [running.eq(0), pad.eq(0), j.eq(j + 1)]
+                                m.d.sync += [running.eq(0), pad.eq(0), j.eq(j + 1),
+                                             settle.eq(1)]
 
         ent = job_entry(g)(self.rd_entry)
         src = job_source(g)(self.rd_src)
         need = Mux(ent.precision == TokenRole.DRAFT, k, n)
-        my_epoch = Signal(2)
-        fresh = self.epoch.bit_select(pe, 1) != my_epoch.bit_select(pe, 1)
         with m.FSM(name="ext"):
             with m.State("IDLE"):
-                with m.If(~running & fresh & (j < decided[pe])):
+                with m.If(~running & ~settle & go_job):
                     m.next = "READ"
-                with m.Elif(~running & fresh & self.total_valid.bit_select(pe, 1)
-                            & (j == total[pe])):
+                with m.Elif(~running & ~settle & go_end):
                     m.d.sync += [pe.eq(~pe), j.eq(0), self.error.bit_select(~pe, 1).eq(0),
+                                 settle.eq(1),
                                  my_epoch.bit_select(pe, 1).eq(self.epoch.bit_select(pe, 1)),
                                  self.beats[0].eq(Mux(pe, 0, self.beats[0])),
                                  self.beats[1].eq(Mux(pe, self.beats[1], 0))]
             with m.State("READ"):
                 m.d.sync += [proj.eq(0), grp.eq(0), q.eq(0), c.eq(0), bg.eq(0), row0.eq(0),
+                             settle.eq(1),
                              erow.eq(0), eplane.eq(Mux(src.hb, k, 0)),
                              pad.eq(0), p0.eq(Mux(src.hb, k, 0)),
                              planes.eq(Mux(src.hb, need - k, need))]

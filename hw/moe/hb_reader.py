@@ -470,11 +470,17 @@ class HBReader(wiring.Component):
             dst_ok = Mux(head.rec, rps[b].word.ready, self.buf_space[b])
             m.d.comb += self.hb_data[b].ready.eq(hv & ~pad & dst_ok)
             take = self.hb_data[b].valid & self.hb_data[b].ready
-            write = Signal(name=f"write{b}")
-            m.d.comb += write.eq((take & ~beat.error) | (pad & dst_ok))
-            m.d.comb += [rps[b].word.valid.eq(write & head.rec),
+            # Each destination's write is worked out from its own room only
+            # (the same function as `(take & ~error | pad & dst_ok)` split by
+            # `head.rec`): the record FIFO's write and level never see the
+            # weight buffer's `space`, which had been the layer's critical
+            # path through `dst_ok` although the two never meet in one word.
+            def write_to(room):
+                return ((self.hb_data[b].valid & hv & ~pad & room & ~beat.error)
+                        | (pad & room))
+            m.d.comb += [rps[b].word.valid.eq(head.rec & write_to(rps[b].word.ready)),
                          rps[b].word.payload.eq(Mux(pad, 0, word)),
-                         self.buf_we[b].eq(write & ~head.rec),
+                         self.buf_we[b].eq(~head.rec & write_to(self.buf_space[b])),
                          self.buf_wdata[b].eq(Mux(pad, 0, word))]
             for p in range(2):
                 beats[p].append(take & ~beat.error & (head.par == p))

@@ -201,7 +201,7 @@ class Issue(wiring.Component):
         from_hb = in_router | (q < hbn)
         s1_valid, s2_valid = Signal(), Signal()
         inflight = Signal(range(CREDITS + 2))
-        credit = inflight < CREDITS
+        credit = Signal(init=1)              # `inflight < CREDITS`, as a flip-flop (below)
         is_down = ~in_router & (proj == Kind.DOWN)
         h_ok = Signal()
         settle = Signal()
@@ -240,7 +240,8 @@ class Issue(wiring.Component):
         inf_keep = Signal.like(inflight)
         inf_inc = Signal.like(inflight)
         m.d.comb += [inf_keep.eq(inflight - rd_now), inf_inc.eq(inflight + 1 - rd_now)]
-        m.d.sync += inflight.eq(Mux(launch | end_req, inf_inc, inf_keep))
+        m.d.sync += [inflight.eq(Mux(launch | end_req, inf_inc, inf_keep)),
+                     credit.eq(Mux(launch | end_req, inf_inc < CREDITS, inf_keep < CREDITS))]
 
         # next token of the segment, one cycle ahead; the first one of the job
         nxt_any_c, nxt_t_c = lowest_set(m, rem, "nxt")

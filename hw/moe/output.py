@@ -11,7 +11,14 @@ step's last token, ``error`` if the pass lost data). After the last token's
 reads it tells the vector unit that ``y`` is free again (``out_done``), and
 after the last transfer it offers the pass's ``PassStats`` on ``stats``.
 
-Throughput: ``H / L + 1`` cycles per token when ``o`` is always ready.
+Throughput: ``H / L + 2`` cycles per token when ``o`` is always ready.
+
+Timing: ``y``'s read port is followed by a register with no enable and no
+reset (``y_q``), which the ECP5 flow packs into the block RAM's output
+register, so no logic sits behind the DP16KD's slow clock-to-out; a pass is
+taken from the two FIFOs in a state of its own (``TAKE``), so their read
+enables are decoded from the state register alone (the ``r_rdy`` test ends
+at the state register, one cycle earlier).
 """
 
 from __future__ import annotations
@@ -85,6 +92,9 @@ class OutputStage(wiring.Component):
         c = Signal(range(C + 1))
         rd_valid = Signal()
         rd_c = Signal.like(c)
+        rd_valid2 = Signal()
+        rd_c2 = Signal.like(c)
+        y_q = Signal(8 * L, reset_less=True)   # packed into the EBR's output register
         y = Signal(8 * g.H)
         m.d.comb += self.y_addr.eq(Cat(zext(c, self.cb), zext(t, self.tb)))
         # a token that selected no expert (`zero_mask`) gets zeros: applied as
@@ -92,9 +102,10 @@ class OutputStage(wiring.Component):
         # (the 16:1 select by `t` no longer drives the output's H x 8 bits)
         zero = Signal()
         m.d.sync += zero.eq(cur.zero_mask.bit_select(t, 1))
-        with m.If(rd_valid):
-            m.d.sync += y.word_select(rd_c, 8 * L).eq(Mux(zero, 0, self.y_data))
-        m.d.sync += [rd_valid.eq(0), rd_c.eq(c)]
+        m.d.sync += y_q.eq(self.y_data)
+        with m.If(rd_valid2):
+            m.d.sync += y.word_select(rd_c2, 8 * L).eq(Mux(zero, 0, y_q))
+        m.d.sync += [rd_valid.eq(0), rd_c.eq(c), rd_valid2.eq(rd_valid), rd_c2.eq(rd_c)]
         o = self.o.payload
         cm1 = Signal.like(t)                 # the pass's count - 1, registered
         t_last = t == cm1
@@ -108,13 +119,16 @@ class OutputStage(wiring.Component):
         with m.FSM(name="output") as fsm:
             with m.State("WAIT"):
                 with m.If(sq.r_rdy & dq.r_rdy):
-                    m.d.comb += [sq.r_en.eq(1), dq.r_en.eq(1)]
-                    m.d.sync += [cur.eq(sq.r_data),
-                                 cm1.eq(pass_summary(g)(sq.r_data).count - 1),
-                                 err.eq(dq.r_data[0] | pass_summary(g)(sq.r_data).error),
-                                 hb_words.eq(dq.r_data[1:]),
-                                 t.eq(0), c.eq(0), cycles.eq(self.cycle)]
-                    m.next = "READ"
+                    m.next = "TAKE"
+            with m.State("TAKE"):
+                # (both FIFOs had a word in WAIT and nothing else reads them)
+                m.d.comb += [sq.r_en.eq(1), dq.r_en.eq(1)]
+                m.d.sync += [cur.eq(sq.r_data),
+                             cm1.eq(pass_summary(g)(sq.r_data).count - 1),
+                             err.eq(dq.r_data[0] | pass_summary(g)(sq.r_data).error),
+                             hb_words.eq(dq.r_data[1:]),
+                             t.eq(0), c.eq(0), cycles.eq(self.cycle)]
+                m.next = "READ"
             with m.State("READ"):
                 m.d.sync += [rd_valid.eq(1), c.eq(c + 1)]
                 with m.If(c == C - 1):
@@ -122,6 +136,8 @@ class OutputStage(wiring.Component):
                         m.d.sync += self.out_done.eq(self.out_done + 1)
                     m.next = "LAST_WORD"
             with m.State("LAST_WORD"):
+                m.next = "LAST_WORD2"
+            with m.State("LAST_WORD2"):
                 m.next = "SEND"
             with m.State("SEND"):
                 with m.If(self.o.ready):

@@ -12,8 +12,9 @@ Per token (``m <= k`` selected logits ``l_0 >= l_1 >= ...``):
 3. one write of the token's ``k`` gates and experts into the gate table,
    and its bit of ``ready`` set.
 
-About ``m + 8 + 14`` cycles per token; the router spends ``E H n / (B L)``
-cycles per token, so the softmax keeps pace at every preset. ``sm_mult`` /
+About ``m + 9 + 14`` cycles per token (one of them the ``TAKE`` state, for
+timing); the router spends ``E H n / (B L)`` cycles per token, so the
+softmax keeps pace at every preset. ``sm_mult`` /
 ``sm_shift`` come from the pass's softmax record (two sets, one per pass
 buffer), loaded by the HB reader.
 """
@@ -152,11 +153,16 @@ class Softmax(wiring.Component):
             with m.State("LOAD"):
                 m.d.comb += self.idle.eq(fifo.level == 0)   # (r_rdy lags a write)
                 with m.If(take):
-                    m.d.comb += fifo.r_en.eq(1)
-                    m.d.sync += [cur.eq(head), mult.eq(sm_m[head.par]), shift.eq(sm_s[head.par]),
-                                 lr.eq(0), got.eq(0), esum.eq(0),
-                                 ready.bit_select(head.token, 1).eq(0)]
-                    m.next = "EXP"
+                    m.next = "TAKE"
+            with m.State("TAKE"):
+                # the head seen in LOAD is still there (nothing else reads the
+                # FIFO): its read enable and `ready_clr` are decoded from the
+                # state register alone, so the take decision ends at it
+                m.d.comb += fifo.r_en.eq(1)
+                m.d.sync += [cur.eq(head), mult.eq(sm_m[head.par]), shift.eq(sm_s[head.par]),
+                             lr.eq(0), got.eq(0), esum.eq(0),
+                             ready.bit_select(head.token, 1).eq(0)]
+                m.next = "EXP"
             with m.State("EXP"):
                 with m.If(lr < cur.count):
                     m.d.comb += launch.eq(1)
@@ -177,6 +183,6 @@ class Softmax(wiring.Component):
                 m.d.comb += wp.en.eq(1)
                 m.d.sync += ready.bit_select(cur.token, 1).eq(1)
                 m.next = "LOAD"
-        m.d.comb += [self.ready_clr.eq(fsm.ongoing("LOAD") & take),
+        m.d.comb += [self.ready_clr.eq(fsm.ongoing("TAKE")),
                      self.ready_clr_token.eq(head.token)]
         return m

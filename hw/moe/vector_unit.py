@@ -377,7 +377,11 @@ class VectorUnit(wiring.Component):
                      y_w.addr.eq(Cat(zext(row19 >> lane_bits, bits(g.c_in)), zext(tok19, tb))),
                      y_w.data.eq(word),
                      y_w.en.eq(Mux(v19 & (c19["k7"] == Kind.DOWN) & c19["l7"], lane_en, 0))]
-        m.d.comb += [self.up_done.eq(v19 & (c19["k7"] == Kind.UP) & (c19["b7"] == B - 1)),
-                     self.done.eq(c19["v7"] & c19["e7"]), self.done_par.eq(c19["p7"]),
-                     self.done_error.eq(c19["r7"])]
+        # the pulses leave from flip-flops (worked out a stage early, from the
+        # same carried fields one register shorter: the same cycle as the writes)
+        c18 = {k8: carry(c13[k8], 6, k8 + "_19") for k8 in ("v7", "k7", "e7", "b7", "p7", "r7")}
+        m.d.sync += [self.up_done.eq(c18["v7"] & ~c18["e7"] & (c18["k7"] == Kind.UP)
+                                     & (c18["b7"] == B - 1)),
+                     self.done.eq(c18["v7"] & c18["e7"]), self.done_par.eq(c18["p7"]),
+                     self.done_error.eq(c18["r7"])]
         return m
