@@ -14,7 +14,8 @@ still finds every word it expects and the next job starts on the next
 command. Every such case flags the pass.
 
 Throughput: one beat per cycle while every bank's buffer has space
-(``ready`` is the AND of the buffer's registered ``space``).
+(``ready`` follows the buffer's ``room2``, one flip-flop: every bank had
+room for two words a cycle ago).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class ExtWriter(wiring.Component):
     rd_addr : ``Out``; rd_entry, rd_src : ``In`` (job-table read port)
     decided, total, total_valid, epoch : ``In`` per buffer (scheduler)
     ext : ``In(stream.Signature(ExtBeat))``
-    buf_space : ``In.array(B)``; buf_we, buf_wdata : ``Out.array(B)``
+    buf_room2 : ``In(1)`` (the buffer's ``room2``); buf_we, buf_wdata : ``Out.array(B)``
     error : ``Out(2)``; beats : ``Out.array(2)``
         Per buffer: a beat out of order, with ``error``, or a misplaced
         ``last``; LPDDR beats received.
@@ -56,7 +57,7 @@ class ExtWriter(wiring.Component):
             "total": In(unsigned(g.jobs.bit_length())).array(2), "total_valid": In(2),
             "epoch": In(2),
             "ext": In(stream.Signature(self.ExtBeat)),
-            "buf_space": In(1).array(g.B), "buf_we": Out(1).array(g.B),
+            "buf_room2": In(1), "buf_we": Out(1).array(g.B),
             "buf_wdata": Out(unsigned(g.sv)).array(g.B),
             "error": Out(2), "beats": Out(unsigned(cfg.stat_bits)).array(2),
         })
@@ -83,15 +84,13 @@ class ExtWriter(wiring.Component):
         pad = Signal()
         chunks = Mux(proj == 2, g.c_down, g.c_in)
         ngroups = Mux(proj == 2, g.g_down, g.g_in)
-        last_c = c == chunks - 1
-        last_q = q == planes - 1
-        last_g = grp == ngroups - 1
-        last_bg = bg == groups - 1
+        # the walk's "last" compares as flip-flops, worked out wherever the
+        # walk's counters are assigned (below, beside each assignment), so that
+        # `adv` only enables registers whose next values come from registers
+        last_c, last_q, last_g, last_bg = Signal(), Signal(), Signal(), Signal()
         last_beat = last_bg & last_c & last_q & last_g & (proj == 2)
 
-        space = self.buf_space[0]
-        for b in range(1, B):
-            space = space & self.buf_space[b]
+        space = self.buf_room2
         beat = self.ExtBeat(self.ext.payload)
         running = Signal()
         m.d.comb += self.ext.ready.eq(running & ~pad & space)
@@ -137,16 +136,22 @@ class ExtWriter(wiring.Component):
                      settle.eq(0)]
 
         with m.If(adv):
-            m.d.sync += bg.eq(bg + 1)
+            m.d.sync += [bg.eq(bg + 1), last_bg.eq(bg + 1 == groups - 1)]
             with m.If(last_bg):
-                m.d.sync += [bg.eq(0), c.eq(c + 1), erow.eq(erow + 1)]
+                m.d.sync += [bg.eq(0), c.eq(c + 1), erow.eq(erow + 1),
+                             last_bg.eq(groups == 1), last_c.eq(c + 1 == chunks - 1)]
                 with m.If(last_c):
-                    m.d.sync += [c.eq(0), q.eq(q + 1), erow.eq(row0), eplane.eq(eplane + 1)]
+                    m.d.sync += [c.eq(0), q.eq(q + 1), erow.eq(row0), eplane.eq(eplane + 1),
+                                 last_c.eq(chunks == 1), last_q.eq(q + 1 == planes - 1)]
                     with m.If(last_q):
                         m.d.sync += [q.eq(0), grp.eq(grp + 1), row0.eq(row0 + chunks),
-                                     erow.eq(row0 + chunks), eplane.eq(p0)]
+                                     erow.eq(row0 + chunks), eplane.eq(p0),
+                                     last_q.eq(planes == 1), last_g.eq(grp + 1 == ngroups - 1)]
                         with m.If(last_g):
-                            m.d.sync += [grp.eq(0), proj.eq(proj + 1)]
+                            # the next projection's limits (DOWN after UP)
+                            m.d.sync += [grp.eq(0), proj.eq(proj + 1),
+                                         last_c.eq(Mux(proj == 1, g.c_down == 1, g.c_in == 1)),
+                                         last_g.eq(Mux(proj == 1, g.g_down == 1, g.g_in == 1))]
                             with m.If(proj == 2):
                                 m.d.sync += [running.eq(0), pad.eq(0), j.eq(j + 1),
                                              settle.eq(1)]
@@ -166,6 +171,9 @@ class ExtWriter(wiring.Component):
                                  self.beats[1].eq(Mux(pe, self.beats[1], 0))]
             with m.State("READ"):
                 m.d.sync += [proj.eq(0), grp.eq(0), q.eq(0), c.eq(0), bg.eq(0), row0.eq(0),
+                             last_bg.eq(groups == 1), last_c.eq(g.c_in == 1),
+                             last_g.eq(g.g_in == 1),
+                             last_q.eq(Mux(src.hb, need - k, need) == 1),
                              settle.eq(1),
                              erow.eq(0), eplane.eq(Mux(src.hb, k, 0)),
                              pad.eq(0), p0.eq(Mux(src.hb, k, 0)),

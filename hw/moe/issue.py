@@ -198,7 +198,9 @@ class Issue(wiring.Component):
         cl = Signal.like(c)                  # chunks - 1 of the current phase
         gl_ = Signal.like(grp)               # groups - 1 of the current phase
         tpl = Signal(range(n))               # planes - 1 of the current token
-        from_hb = in_router | (q < hbn)
+        # `in_router | (q < hbn)` as a flip-flop, worked out wherever `q`,
+        # `in_router` or `hbn` is assigned (below, beside each assignment)
+        from_hb = Signal(init=1)
         s1_valid, s2_valid = Signal(), Signal()
         inflight = Signal(range(CREDITS + 2))
         credit = Signal(init=1)              # `inflight < CREDITS`, as a flip-flop (below)
@@ -207,8 +209,14 @@ class Issue(wiring.Component):
         settle = Signal()
         bubble = Signal()
         bubble_b = Signal()                  # the bubble's second cycle
-        wait_sel = is_down & ent.shared & (ent.expert == S - 1) & ~self.sel_done.bit_select(pi, 1) \
-            if S else Const(0)
+        # the last shared job waits for the pass's routing before its DOWN
+        # segments: "the last shared expert" is registered with the job entry,
+        # and `sel_done` (far away, in the scheduler) a cycle late, a safe
+        # bound (it only rises within a pass, long before a DOWN segment)
+        last_sh = Signal()
+        sel_done = Signal()
+        m.d.sync += sel_done.eq(self.sel_done.bit_select(pi, 1))
+        wait_sel = is_down & last_sh & ~sel_done if S else Const(0)
         # `c == cl` and `q == tpl` as flip-flops, worked out wherever `c`, `q`,
         # `cl` or `tpl` is assigned (below, beside each assignment), so that
         # `launch` and everything it selects start from registers
@@ -369,7 +377,7 @@ class Issue(wiring.Component):
         def start_token(tt, draft, sl, h):
             m.d.sync += [t.eq(tt), q.eq(0), c.eq(0), tpl.eq(planes_l(draft)), cur_draft.eq(draft),
                          slot.eq(sl), slack.eq(Mux(in_router, 0, ent.count - 1 - sl)),
-                         settle.eq(1), h_ok.eq(h),
+                         settle.eq(1), h_ok.eq(h), from_hb.eq(hbn != 0),
                          last_c.eq(cl == 0), last_q.eq(planes_l(draft) == 0)]
 
         def set_phase(kind):
@@ -382,10 +390,11 @@ class Issue(wiring.Component):
         with m.If(launch):
             m.d.sync += [c.eq(c + 1), last_c.eq(c + 1 == cl)]
             with m.If(last_c):
-                m.d.sync += [c.eq(0), q.eq(q + 1), last_c.eq(cl == 0), last_q.eq(q + 1 == tpl)]
+                m.d.sync += [c.eq(0), q.eq(q + 1), last_c.eq(cl == 0), last_q.eq(q + 1 == tpl),
+                             from_hb.eq(in_router | (q + 1 < hbn))]
             with m.If(in_router):
                 with m.If(last_c & last_q):
-                    m.d.sync += [q.eq(0), grp.eq(grp + 1), last_q.eq(tpl == 0)]
+                    m.d.sync += [q.eq(0), grp.eq(grp + 1), last_q.eq(tpl == 0), from_hb.eq(1)]
                     with m.If(last_g):                        # token done
                         m.d.sync += [grp.eq(0), settle.eq(1)]
                         with m.If(t == count_m1):
@@ -424,6 +433,7 @@ class Issue(wiring.Component):
                                  step_last.eq(self.step_last.bit_select(pi, 1)),
                                  start.eq(self.cycle), mac.eq(0), j.eq(0),
                                  in_router.eq(1), running.eq(1), grp.eq(0), q.eq(0), c.eq(0),
+                                 from_hb.eq(1),
                                  last_c.eq(g.c_in == 1), last_q.eq(n == 1),
                                  t.eq(0), tpl.eq(n - 1), cl.eq(g.c_in - 1),
                                  gl_.eq(g.g_router - 1), slack.eq(0),
@@ -445,6 +455,8 @@ class Issue(wiring.Component):
                 nh = Mux(e.shared, need, Mux(s_.hb, k, 0))
                 m.d.sync += [ent.eq(self.rd_entry), src.eq(self.rd_src), hbn.eq(nh),
                              extn.eq(Mux(e.shared, 0, need - nh)), grp.eq(0)]
+                if S:
+                    m.d.sync += last_sh.eq(e.shared & (e.expert == S - 1))
                 m.next = "JOB_FIRST"
             with m.State("JOB_FIRST"):
                 set_phase(Kind.GATE)

@@ -131,8 +131,12 @@ class Softmax(wiring.Component):
         e_val = Array(Signal(16, name=f"e{r}") for r in range(K))
         esum = Signal(16 + K.bit_length())
         got = Signal(range(K + 1))
+        # `got == cur.count` as a flip-flop, worked out beside each assignment
+        # of `got` (the dividers' load enable then starts at a register)
+        all_got = Signal()
         with m.If(v4):
-            m.d.sync += [e_val[r4].eq(e_now), esum.eq(esum + e_now), got.eq(got + 1)]
+            m.d.sync += [e_val[r4].eq(e_now), esum.eq(esum + e_now), got.eq(got + 1),
+                         all_got.eq(got + 1 == cur.count)]
 
         # dividers
         rem = [Signal(16 + F + 1, name=f"rem{r}") for r in range(K)]
@@ -160,14 +164,14 @@ class Softmax(wiring.Component):
                 # state register alone, so the take decision ends at it
                 m.d.comb += fifo.r_en.eq(1)
                 m.d.sync += [cur.eq(head), mult.eq(sm_m[head.par]), shift.eq(sm_s[head.par]),
-                             lr.eq(0), got.eq(0), esum.eq(0),
+                             lr.eq(0), got.eq(0), all_got.eq(head.count == 0), esum.eq(0),
                              ready.bit_select(head.token, 1).eq(0)]
                 m.next = "EXP"
             with m.State("EXP"):
                 with m.If(lr < cur.count):
                     m.d.comb += launch.eq(1)
                     m.d.sync += lr.eq(lr + 1)
-                with m.If(got == cur.count):
+                with m.If(all_got):
                     m.d.sync += [dv.eq(esum << F), step.eq(0)]
                     for r in range(K):
                         m.d.sync += [rem[r].eq(e_val[r] << F), quo[r].eq(0)]

@@ -24,7 +24,7 @@ A8     the read data registered as it is (no logic after a block RAM)
 A9     GATE: ``silu = LUT[q1]`` written; UP/DOWN: ``b = silu`` or the gate
 A9-A12 ``p = q1 * b`` (UP: ``silu * u``; DOWN: ``gate * d``); the ``acc``
        read is issued at A10 and its data registered at A12
-A12    DOWN: ``acc = (first ? 0 : acc) + p`` written (unless last)
+A12    DOWN: ``acc = (first ? 0 : acc) + p`` (written at A13, unless last)
 A13-20 ``q2 = rq(UP: p, prod_rq | DOWN last: acc, out_rq)``
 A20    UP: ``h`` written, and after the segment row's last bank an
        ``up_done`` pulse; DOWN last: ``y`` written; END: ``done`` pulse
@@ -55,8 +55,11 @@ at the ``ok`` register instead of the PE array's output register enable.
 Read-after-write without bypass logic (a transparent read port would put
 Yosys's bypass multiplexer, and the block RAM's 5.8 ns, back in front of
 the multiplier): a ``silu`` entry is written at A9 and read at A7, an
-``acc`` entry written at A12 and read at A10, so an element sees the
-writes of every element at least three ahead of it. The same ``(token,
+``acc`` entry written at A13 and read at A10, so an element sees the
+``silu`` writes of every element at least three ahead of it and the
+``acc`` writes of every element at least four ahead. (The ``acc`` write
+is registered after the adder: the read-add-write loop through a block
+RAM placed far from the adder had been one path, two long routes.) The same ``(token,
 row)`` is much further apart: a GATE row's UP element comes after the
 remaining GATE segments and the UP segments before it (at least
 ``g_in * B = I`` elements), a DOWN row's next accumulation is a later
@@ -351,7 +354,8 @@ class VectorUnit(wiring.Component):
         is_down12 = c12["v7"] & (c12["k7"] == Kind.DOWN) & ~c12["e7"]
         acc_new = Signal(signed(g.accw))
         m.d.comb += acc_new.eq(Mux(c12["f7"], 0, acc_q) + prod)
-        m.d.comb += [acc_w.addr.eq(Cat(zext(c12["w7"], bits(g.H)), zext(c12["t7"], tb))),
+        # (written a cycle later, from registers: see the module doc)
+        m.d.sync += [acc_w.addr.eq(Cat(zext(c12["w7"], bits(g.H)), zext(c12["t7"], tb))),
                      acc_w.data.eq(acc_new), acc_w.en.eq(is_down12 & ~c12["l7"])]
         v2 = Signal(signed(max(g.accw, len(prod))))
         m2, s2 = Signal(16), Signal(6)
