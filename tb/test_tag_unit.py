@@ -551,7 +551,11 @@ class TagTB:
             prev = (commit_now, self.dis_now)
             if len(self.errors) >= max_errors or self.rule_violations:
                 break
-            if cur is None and not self.queue and not more and not self.inflight and not waiting:
+            # (a run ends only once `o` is empty: a response held under
+            # back-pressure past the quiet cycles had been left on `o` for
+            # the next run, which saw it as a response without a command)
+            if cur is None and not self.queue and not more and not self.inflight \
+                    and not waiting and not ov:
                 quiet += 1
                 if quiet > 8:                   # nothing extra may arrive
                     break
