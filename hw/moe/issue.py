@@ -217,13 +217,14 @@ class Issue(wiring.Component):
         sel_done = Signal()
         m.d.sync += sel_done.eq(self.sel_done.bit_select(pi, 1))
         wait_sel = is_down & last_sh & ~sel_done if S else Const(0)
-        # `c == cl` and `q == tpl` as flip-flops, worked out wherever `c`, `q`,
-        # `cl` or `tpl` is assigned (below, beside each assignment), so that
-        # `launch` and everything it selects start from registers
+        # `c == cl`, `q == tpl` and `grp == gl_` as flip-flops, worked out
+        # wherever `c`, `q`, `grp`, `cl`, `tpl` or `gl_` is assigned (below,
+        # beside each assignment), so that `launch` and everything it selects
+        # start from registers
         last_c = Signal()
         last_q = Signal()
+        last_g = Signal()
         tok_end = last_c & last_q
-        last_g = grp == gl_
 
         # Read positions: both next values computed from registers (`launch`,
         # which is late, only selects one), and the availability of the word
@@ -384,8 +385,10 @@ class Issue(wiring.Component):
             # (`c` is 0 whenever the phase changes)
             ch = g.c_down if kind == Kind.DOWN else g.c_in
             gr = g.g_down if kind == Kind.DOWN else g.g_in
+            # (`grp` is 0 whenever the phase changes)
             m.d.sync += [proj.eq(kind), cl.eq(ch - 1), gl_.eq(gr - 1),
-                         hb_len.eq(hbn * ch), ext_len.eq(extn * ch), last_c.eq(ch == 1)]
+                         hb_len.eq(hbn * ch), ext_len.eq(extn * ch), last_c.eq(ch == 1),
+                         last_g.eq(gr == 1)]
 
         with m.If(launch):
             m.d.sync += [c.eq(c + 1), last_c.eq(c + 1 == cl)]
@@ -394,9 +397,10 @@ class Issue(wiring.Component):
                              from_hb.eq(in_router | (q + 1 < hbn))]
             with m.If(in_router):
                 with m.If(last_c & last_q):
-                    m.d.sync += [q.eq(0), grp.eq(grp + 1), last_q.eq(tpl == 0), from_hb.eq(1)]
+                    m.d.sync += [q.eq(0), grp.eq(grp + 1), last_q.eq(tpl == 0), from_hb.eq(1),
+                                 last_g.eq(grp + 1 == gl_)]
                     with m.If(last_g):                        # token done
-                        m.d.sync += [grp.eq(0), settle.eq(1)]
+                        m.d.sync += [grp.eq(0), settle.eq(1), last_g.eq(gl_ == 0)]
                         with m.If(t == count_m1):
                             m.d.sync += [running.eq(0), in_router.eq(0),
                                          hb_seg.eq(hb_seg + g.router_words)]
@@ -407,11 +411,12 @@ class Issue(wiring.Component):
                     start_token(nxt_t, nxt_draft, slot + 1, h_nxt)
                     m.d.sync += rem.eq(rem & ~(Const(1, T) << nxt_t))
                 with m.Else():                                # segment done
-                    m.d.sync += [hb_seg.eq(hb_nxt), ext_seg.eq(ext_nxt), grp.eq(grp + 1)]
+                    m.d.sync += [hb_seg.eq(hb_nxt), ext_seg.eq(ext_nxt), grp.eq(grp + 1),
+                                 last_g.eq(grp + 1 == gl_)]
                     start_token(f_t, f_draft, 0, h_first)
                     m.d.sync += rem.eq(ent.tok_mask & ~(Const(1, T) << f_t))
                     with m.If(last_g):
-                        m.d.sync += grp.eq(0)
+                        m.d.sync += [grp.eq(0), last_g.eq(gl_ == 0)]
                         with m.Switch(proj):
                             with m.Case(Kind.GATE):
                                 set_phase(Kind.UP)
@@ -436,7 +441,7 @@ class Issue(wiring.Component):
                                  from_hb.eq(1),
                                  last_c.eq(g.c_in == 1), last_q.eq(n == 1),
                                  t.eq(0), tpl.eq(n - 1), cl.eq(g.c_in - 1),
-                                 gl_.eq(g.g_router - 1), slack.eq(0),
+                                 gl_.eq(g.g_router - 1), last_g.eq(g.g_router == 1), slack.eq(0),
                                  cur_draft.eq(0), settle.eq(1)]
                     m.d.comb += hb_reset.eq(1)
                     m.next = "ROUTER"
@@ -454,7 +459,8 @@ class Issue(wiring.Component):
                 need = Mux(e.precision == TokenRole.DRAFT, k, n)
                 nh = Mux(e.shared, need, Mux(s_.hb, k, 0))
                 m.d.sync += [ent.eq(self.rd_entry), src.eq(self.rd_src), hbn.eq(nh),
-                             extn.eq(Mux(e.shared, 0, need - nh)), grp.eq(0)]
+                             extn.eq(Mux(e.shared, 0, need - nh)), grp.eq(0),
+                             last_g.eq(gl_ == 0)]
                 if S:
                     m.d.sync += last_sh.eq(e.shared & (e.expert == S - 1))
                 m.next = "JOB_FIRST"
