@@ -194,6 +194,9 @@ def test_topk_matches_route(over):
 
 
 def test_softmax_matches_gate_weights():
+    """Gate rows against ``gate_weights``; and, every cycle, the
+    ``ready_clr`` contract the vector unit relies on: a ``ready`` bit falls
+    only in the cycle after ``ready_clr`` names its token, and always then."""
     g = _g(experts=16, top_k=5, hb_words=8192)
     dut = Softmax(g)
     rng = np.random.default_rng(2)
@@ -231,7 +234,29 @@ def test_softmax_matches_gate_weights():
             exp = gm.gate_weights(lg, sm_mult, sm_shift)
             assert [int(row.gate[r]) for r in range(len(lg))] == list(exp)
             assert [int(row.sel[r]) for r in range(len(lg))] == sel
-    _sim(dut, bench)
+        assert clears["n"] == len(cases)
+
+    clears = {"n": 0}
+
+    async def monitor(ctx):
+        ready, clr, tok = 0, 0, 0
+        while True:
+            await ctx.tick()
+            now = ctx.get(dut.ready)
+            fell = ready & ~now
+            if clr:
+                assert not now >> tok & 1, f"ready bit {tok} still up after ready_clr"
+                assert fell & ~(1 << tok) == 0, f"ready bits {fell:#x} fell, only {tok} named"
+                clears["n"] += 1
+            else:
+                assert fell == 0, f"ready bits {fell:#x} fell without ready_clr"
+            ready, clr, tok = now, ctx.get(dut.ready_clr), ctx.get(dut.ready_clr_token)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.add_testbench(monitor, background=True)
+    sim.run()
 
 
 def test_replay_buffer_rules():
