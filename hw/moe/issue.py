@@ -64,9 +64,9 @@ from __future__ import annotations
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
+from ..streams import QueueFIFO
 from ..vocab import PEMode, TokenRole, bits
 from .common import lowest_set, pow2ceil, zext
 from .payloads import Kind, array_beat, job_entry, job_source, pass_summary
@@ -81,8 +81,14 @@ __all__ = ["Issue"]
 CREDITS = 5
 #: The FIFO is deeper than the credits: a buffered FIFO refuses a write
 #: while its inner memory is full even if its output register is empty, so
-#: its ``level`` alone does not guarantee ``w_rdy``.
+#: its ``level`` alone does not guarantee ``w_rdy``. With ``CREDITS`` below
+#: the inner memory's ``FIFO_DEPTH - 1`` entries no write meets a full FIFO,
+#: so the FIFO (:class:`~elmoe3d.hw.streams.QueueFIFO`, ``credit=True``)
+#: writes on ``w_en`` alone and counts its level with two pointers: neither
+#: the 450-bit storage's write enable nor its read enable passes a level
+#: counter (the layer's critical path in round 8, both ways).
 FIFO_DEPTH = 8
+assert CREDITS < FIFO_DEPTH - 1
 
 
 class Issue(wiring.Component):
@@ -143,8 +149,8 @@ class Issue(wiring.Component):
         g = self.g
         T, B, n, k, S = g.T, g.B, g.n, g.k, g.S
         AB = array_beat(g)
-        fifo = m.submodules.fifo = SyncFIFOBuffered(width=data.Layout.cast(AB).size,
-                                                    depth=FIFO_DEPTH)
+        fifo = m.submodules.fifo = QueueFIFO(width=data.Layout.cast(AB).size,
+                                             depth=FIFO_DEPTH, credit=True)
         m.d.comb += [self.o.payload.eq(fifo.r_data), self.o.valid.eq(fifo.r_rdy),
                      fifo.r_en.eq(self.o.ready)]
 
