@@ -82,14 +82,14 @@ only (the read commands and fill beats enter through register slices).
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, Cat, Const, Elaboratable, Module, Mux, Signal, unsigned
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from . import vocab as hv
 from .common import check_int
-from .streams import RegisterSlice
+from .streams import CreditFIFO, QueueFIFO, RegisterSlice
 from .vocab import FillBeatKind, FillResultCode, HBRegionKind, bits
 
 __all__ = ["HBBank", "ReadSession", "FillDecoder", "fill_op", "hb_params", "FILL_PERIOD",
@@ -122,126 +122,6 @@ KV_READ_LATENCY = 9
 #: Cycles from a boundary write's transfer to its ``moved`` report when no
 #: read, fill or KV access holds it up (asserted by the same test).
 MOVE_LATENCY = 4
-
-
-class _CreditFIFO(Elaboratable):
-    """``amaranth.lib.fifo.SyncFIFOBuffered`` (``depth`` >= 2, same ports and
-    the same cycle behaviour) for a writer that never writes into a full
-    FIFO: the write is ``w_en`` alone, not ``w_en & w_rdy``.
-
-    A read session writes its output FIFO only with a read credit (one per
-    entry), so ``w_rdy`` is never low when ``w_en`` is high. In
-    ``SyncFIFOBuffered`` the write enable of the storage still goes through
-    the level compare; at the default geometry nextpnr placed the storage
-    27-30 columns from the level register, and the level -> ``w_rdy`` ->
-    storage enable -> level loop (two long routes) limited ``hb_bank`` to
-    108-116 MHz on two seeds of three. Here the storage's write enable is the
-    writer's own register. ``w_rdy`` is still an output (the level
-    compare), for assertions: ``w_en & ~w_rdy`` is a broken credit rule.
-    """
-
-    _what = "credit FIFO depth"
-
-    def __init__(self, *, width: int, depth: int):
-        check_int(self._what, depth, 2, 1 << 16)
-        self.width, self.depth = width, depth
-        self.w_data = Signal(width)
-        self.w_en = Signal()
-        self.w_rdy = Signal()
-        self.r_data = Signal(width)
-        self.r_rdy = Signal()
-        self.r_en = Signal()
-        self.level = Signal(range(depth + 1))
-
-    def elaborate(self, platform):
-        m = Module()
-        inner_depth = self.depth - 1
-        inner_level = Signal(range(inner_depth + 1))
-        inner_r_rdy = Signal()
-        m.d.comb += [self.w_rdy.eq(inner_level != inner_depth),
-                     inner_r_rdy.eq(inner_level != 0)]
-        do_write = self.w_en
-        do_inner_read = inner_r_rdy & (~self.r_rdy | self.r_en)
-        m.submodules.storage = storage = Memory(shape=self.width, depth=inner_depth, init=[])
-        w_port = storage.write_port()
-        r_port = storage.read_port(domain="sync")
-        produce = Signal(range(inner_depth))
-        consume = Signal(range(inner_depth))
-
-        def incr(v):
-            return Mux(v == inner_depth - 1, 0, v + 1)
-
-        m.d.comb += [w_port.addr.eq(produce), w_port.data.eq(self.w_data),
-                     w_port.en.eq(do_write),
-                     r_port.addr.eq(consume), self.r_data.eq(r_port.data),
-                     r_port.en.eq(do_inner_read)]
-        with m.If(do_write):
-            m.d.sync += produce.eq(incr(produce))
-        with m.If(do_inner_read):
-            m.d.sync += consume.eq(incr(consume))
-        with m.If(do_write & ~do_inner_read):
-            m.d.sync += inner_level.eq(inner_level + 1)
-        with m.If(do_inner_read & ~do_write):
-            m.d.sync += inner_level.eq(inner_level - 1)
-        with m.If(do_inner_read):
-            m.d.sync += self.r_rdy.eq(1)
-        with m.Elif(self.r_en):
-            m.d.sync += self.r_rdy.eq(0)
-        m.d.comb += self.level.eq(inner_level + self.r_rdy)
-        return m
-
-
-class _QueueFIFO(_CreditFIFO):
-    """``amaranth.lib.fifo.SyncFIFOBuffered`` (``depth`` >= 2, same ports and
-    the same cycle behaviour) whose fill level is the distance of two
-    pointers with wrap bits instead of a level counter.
-
-    The fill queue's read enable is the head's decision (fill granted,
-    beat discarded, fill ended), the latest signal of the block: in
-    ``SyncFIFOBuffered`` it passes the inner read enable and then the level
-    counter's up/down enable, one LUT and one route more than the pointer
-    and output-register enables here, and that last LUT limited ``hb_bank``
-    to 124.6-125.0 MHz on two seeds of three (``docs/blocks/hb_bank.md``).
-    Its writes are gated by ``w_rdy`` (the fill decoder waits on it); the
-    ports are ``_CreditFIFO``'s.
-    """
-
-    _what = "queue FIFO depth"
-
-    def elaborate(self, platform):
-        m = Module()
-        inner_depth = self.depth - 1
-        produce = Signal(range(inner_depth))
-        consume = Signal(range(inner_depth))
-        p_wrap, c_wrap = Signal(), Signal()
-        same = produce == consume
-        inner_r_rdy = Signal()
-        m.d.comb += [self.w_rdy.eq(~same | (p_wrap == c_wrap)),
-                     inner_r_rdy.eq(~same | (p_wrap != c_wrap))]
-        do_write = self.w_en & self.w_rdy
-        do_inner_read = inner_r_rdy & (~self.r_rdy | self.r_en)
-        m.submodules.storage = storage = Memory(shape=self.width, depth=inner_depth, init=[])
-        w_port = storage.write_port()
-        r_port = storage.read_port(domain="sync")
-
-        def step(ptr, wrap):
-            last = ptr == inner_depth - 1
-            return [ptr.eq(Mux(last, 0, ptr + 1)), wrap.eq(wrap ^ last)]
-
-        m.d.comb += [w_port.addr.eq(produce), w_port.data.eq(self.w_data),
-                     w_port.en.eq(do_write),
-                     r_port.addr.eq(consume), self.r_data.eq(r_port.data),
-                     r_port.en.eq(do_inner_read)]
-        with m.If(do_write):
-            m.d.sync += step(produce, p_wrap)
-        with m.If(do_inner_read):
-            m.d.sync += step(consume, c_wrap)
-            m.d.sync += self.r_rdy.eq(1)
-        with m.Elif(self.r_en):
-            m.d.sync += self.r_rdy.eq(0)
-        inner_level = Mux(p_wrap == c_wrap, produce - consume, produce + inner_depth - consume)
-        m.d.comb += self.level.eq(inner_level[:len(self.level)] + self.r_rdy)
-        return m
 
 
 def _onehot(value, n: int):
@@ -461,7 +341,7 @@ class ReadSession(wiring.Component):
             m.d.sync += b.eq(a)
         mo = stages[-1]
         # the credits guarantee room: a FIFO whose write is ``w_en`` alone
-        m.submodules.out = ofifo = _CreditFIFO(width=self.beat_t.as_shape().size,
+        m.submodules.out = ofifo = CreditFIFO(width=self.beat_t.as_shape().size,
                                                depth=self.fifo_depth)
         w = Signal(self.beat_t)
         m.d.comb += [w.sv.slices.eq(Mux(mo.err, 0, self.ram_data)),
@@ -953,7 +833,7 @@ class HBBank(wiring.Component):
             sv_bits=self.sv_bits)
         wiring.connect(m, fsl.o, dec.i)
         op_t = dec.op_t
-        m.submodules.fill_fifo = ff = _QueueFIFO(width=op_t.as_shape().size,
+        m.submodules.fill_fifo = ff = QueueFIFO(width=op_t.as_shape().size,
                                                             depth=self.fill_depth)
         m.d.comb += [ff.w_data.eq(dec.o.payload), ff.w_en.eq(dec.o.valid),
                      dec.o.ready.eq(ff.w_rdy)]

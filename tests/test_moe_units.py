@@ -194,6 +194,9 @@ def test_topk_matches_route(over):
 
 
 def test_softmax_matches_gate_weights():
+    """Gate rows against ``gate_weights``; and, every cycle, the
+    ``ready_clr`` contract the vector unit relies on: a ``ready`` bit falls
+    only in the cycle after ``ready_clr`` names its token, and always then."""
     g = _g(experts=16, top_k=5, hb_words=8192)
     dut = Softmax(g)
     rng = np.random.default_rng(2)
@@ -231,7 +234,29 @@ def test_softmax_matches_gate_weights():
             exp = gm.gate_weights(lg, sm_mult, sm_shift)
             assert [int(row.gate[r]) for r in range(len(lg))] == list(exp)
             assert [int(row.sel[r]) for r in range(len(lg))] == sel
-    _sim(dut, bench)
+        assert clears["n"] == len(cases)
+
+    clears = {"n": 0}
+
+    async def monitor(ctx):
+        ready, clr, tok = 0, 0, 0
+        while True:
+            await ctx.tick()
+            now = ctx.get(dut.ready)
+            fell = ready & ~now
+            if clr:
+                assert not now >> tok & 1, f"ready bit {tok} still up after ready_clr"
+                assert fell & ~(1 << tok) == 0, f"ready bits {fell:#x} fell, only {tok} named"
+                clears["n"] += 1
+            else:
+                assert fell == 0, f"ready bits {fell:#x} fell without ready_clr"
+            ready, clr, tok = now, ctx.get(dut.ready_clr), ctx.get(dut.ready_clr_token)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.add_testbench(monitor, background=True)
+    sim.run()
 
 
 def test_replay_buffer_rules():
@@ -278,21 +303,22 @@ def test_replay_buffer_flags_random(seed):
     ``free`` that moves forward at random: ``space`` is exactly
     ``wp - free_last < depth`` (so never an overflow), ``wp_all`` never
     passes a bank's write pointer, advances by one exactly when every bank
-    is past it, and so reaches the slowest bank's pointer. ``room2`` is
-    exactly "every bank had room for two words last cycle", and implies that
-    every bank has room for one now (what the LPDDR writer relies on)."""
+    is past it, and so reaches the slowest bank's pointer. ``room`` is
+    exactly "every bank had room for three words two cycles ago", and
+    implies that every bank has room for one now (what the LPDDR writer
+    relies on)."""
     rng = random.Random(seed)
     depth, banks, P = 8, 3, 16
     dut = ReplayBuffer(banks=banks, width=8, depth=depth)
 
     async def bench(ctx):
-        wp, free, free_last, wall, room2 = [0] * banks, 0, 0, 0, True
+        wp, free, free_last, wall, room, room_b = [0] * banks, 0, 0, 0, True, True
         seen = set()
         for cyc in range(600):
             sp = [ctx.get(dut.space[b]) for b in range(banks)]
-            assert ctx.get(dut.room2) == room2, cyc
-            seen.add(room2)
-            if room2:
+            assert ctx.get(dut.room) == room, cyc
+            seen.add(room)
+            if room:
                 assert all((w - free) % P < depth for w in wp), cyc
             for b in range(banks):
                 assert sp[b] == ((wp[b] - free_last) % P < depth), (cyc, b)
@@ -311,7 +337,7 @@ def test_replay_buffer_flags_random(seed):
             await ctx.tick()
             free_last = (free + step) % P
             free = free_last
-            room2 = all((w - free) % P <= depth - 2 for w in wp)
+            room, room_b = room_b, all((w - free) % P <= depth - 3 for w in wp)
             if all(w != wall for w in wp):
                 wall = (wall + 1) % P
             wp = [(wp[b] + we[b]) % P for b in range(banks)]

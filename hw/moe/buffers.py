@@ -27,11 +27,13 @@ instead of ``banks`` of them. Latency, not throughput: ``space`` stays up
 while words stream, and ``wp_all`` advances one word per cycle.
 
 A producer that writes one beat across the banks (the LPDDR writer) reads
-one flip-flop instead of the AND of ``banks`` of them: ``room2`` says every
-bank had room for two words last cycle (from registers only, ``we`` plays
-no part), so each has room for at least one now (a bank takes at most one
-word a cycle, and ``free`` only moves forward). It costs one word of depth
-and a cycle of latency after a word is freed, not throughput.
+one flip-flop instead of the AND of ``banks`` of them: ``room`` says every
+bank had room for three words two cycles ago (each bank's flag is a
+flip-flop, worked out from its ``wp`` and ``free`` alone, ``we`` plays no
+part; ``room`` is their AND a cycle later), so each has room for at least
+one now (a bank takes at most one word a cycle, and ``free`` only moves
+forward). It costs two words of depth and two cycles of latency after a
+word is freed, not throughput.
 """
 
 from __future__ import annotations
@@ -62,9 +64,9 @@ class ReplayBuffer(wiring.Component):
         that feeds several banks at once checks all their ``space`` first).
     wp : ``Out(unsigned(P)).array(banks)``
         Write position per bank (``P = log2(depth) + 1`` bits, modulo ``2 depth``).
-    room2 : ``Out(1)``
-        A flip-flop: last cycle every bank had room for two words
-        (``wp[b] - free' <= depth - 2``), so every bank can take a word now.
+    room : ``Out(1)``
+        A flip-flop: two cycles ago every bank had room for three words
+        (``wp[b] - free'' <= depth - 3``), so every bank can take a word now.
     wp_all : ``Out(unsigned(P))``
         A flip-flop: every bank holds its word at every position before
         ``wp_all`` (``wp_all <= wp[b]`` for all ``b``); it advances by one
@@ -80,13 +82,13 @@ class ReplayBuffer(wiring.Component):
     """
 
     def __init__(self, *, banks: int, width: int, depth: int):
-        if depth < 2 or depth & (depth - 1):
-            raise ValueError(f"Buffer depth must be a power of two >= 2, not {depth!r}")
+        if depth < 4 or depth & (depth - 1):
+            raise ValueError(f"Buffer depth must be a power of two >= 4, not {depth!r}")
         self.banks, self.width, self.depth = banks, width, depth
         self.pbits = depth.bit_length()          # log2(depth) + 1
         super().__init__({
             "space": Out(1).array(banks),
-            "room2": Out(1, init=1),
+            "room": Out(1, init=1),
             "we": In(1).array(banks),
             "wdata": In(unsigned(width)).array(banks),
             "wp": Out(unsigned(self.pbits)).array(banks),
@@ -99,7 +101,7 @@ class ReplayBuffer(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         ab = self.pbits - 1
-        room2 = Const(1)
+        room = Const(1)
         for b in range(self.banks):
             # `no_rw_check`: a read never meets a write of the same entry
             # (reads stay below `wp_all`, writes at `wp`, and `wp - free <
@@ -120,13 +122,16 @@ class ReplayBuffer(wiring.Component):
             space = Signal(name=f"space_r{b}", init=1)
             m.d.sync += space.eq(Mux(self.we[b], used_w < self.depth, used_n < self.depth))
             m.d.comb += self.space[b].eq(space)
-            room2 = room2 & (used_n <= self.depth - 2)
+            # (a flip-flop per bank next to its pointer; their AND a cycle later)
+            room_b = Signal(name=f"room_r{b}", init=1)
+            m.d.sync += room_b.eq(used_n <= self.depth - 3)
+            room = room & room_b
             m.d.comb += [wport.addr.eq(self.wp[b][:ab]), wport.data.eq(self.wdata[b]),
                          wport.en.eq(self.we[b]),
                          rport.addr.eq(self.rd_pos[:ab]), self.rd_data[b].eq(rport.data)]
             with m.If(self.we[b]):
                 m.d.sync += self.wp[b].eq(self.wp[b] + 1)
-        m.d.sync += self.room2.eq(room2)
+        m.d.sync += self.room.eq(room)
         ahead = Const(1)
         for b in range(self.banks):
             ahead = ahead & (self.wp[b] != self.wp_all)

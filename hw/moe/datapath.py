@@ -169,7 +169,7 @@ class MoEDatapath(wiring.Component):
                   hbb.wdata[b].eq(hbr.buf_wdata[b]), iss.hb_data[b].eq(hbb.rd_data[b]),
                   extb.we[b].eq(extw.buf_we[b]),
                   extb.wdata[b].eq(extw.buf_wdata[b]), iss.ext_data[b].eq(extb.rd_data[b])]
-        c += [iss.hb_wp.eq(hbb.wp_all), iss.ext_wp.eq(extb.wp_all), extw.buf_room2.eq(extb.room2),
+        c += [iss.hb_wp.eq(hbb.wp_all), iss.ext_wp.eq(extb.wp_all), extw.buf_room.eq(extb.room),
               hbb.rd_pos.eq(iss.hb_pos), hbb.free.eq(iss.hb_free),
               extb.rd_pos.eq(iss.ext_pos), extb.free.eq(iss.ext_free)]
 

@@ -14,8 +14,8 @@ still finds every word it expects and the next job starts on the next
 command. Every such case flags the pass.
 
 Throughput: one beat per cycle while every bank's buffer has space
-(``ready`` follows the buffer's ``room2``, one flip-flop: every bank had
-room for two words a cycle ago).
+(``ready`` follows the buffer's ``room``, one flip-flop: every bank had
+room for three words two cycles ago).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class ExtWriter(wiring.Component):
     rd_addr : ``Out``; rd_entry, rd_src : ``In`` (job-table read port)
     decided, total, total_valid, epoch : ``In`` per buffer (scheduler)
     ext : ``In(stream.Signature(ExtBeat))``
-    buf_room2 : ``In(1)`` (the buffer's ``room2``); buf_we, buf_wdata : ``Out.array(B)``
+    buf_room : ``In(1)`` (the buffer's ``room``); buf_we, buf_wdata : ``Out.array(B)``
     error : ``Out(2)``; beats : ``Out.array(2)``
         Per buffer: a beat out of order, with ``error``, or a misplaced
         ``last``; LPDDR beats received.
@@ -57,7 +57,7 @@ class ExtWriter(wiring.Component):
             "total": In(unsigned(g.jobs.bit_length())).array(2), "total_valid": In(2),
             "epoch": In(2),
             "ext": In(stream.Signature(self.ExtBeat)),
-            "buf_room2": In(1), "buf_we": Out(1).array(g.B),
+            "buf_room": In(1), "buf_we": Out(1).array(g.B),
             "buf_wdata": Out(unsigned(g.sv)).array(g.B),
             "error": Out(2), "beats": Out(unsigned(cfg.stat_bits)).array(2),
         })
@@ -90,7 +90,7 @@ class ExtWriter(wiring.Component):
         last_c, last_q, last_g, last_bg = Signal(), Signal(), Signal(), Signal()
         last_beat = last_bg & last_c & last_q & last_g & (proj == 2)
 
-        space = self.buf_room2
+        space = self.buf_room
         beat = self.ExtBeat(self.ext.payload)
         running = Signal()
         m.d.comb += self.ext.ready.eq(running & ~pad & space)

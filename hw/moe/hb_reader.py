@@ -402,7 +402,14 @@ class HBReader(wiring.Component):
             with m.If(done_all):
                 m.d.sync += [acc.eq(0), active.eq(0)]
 
-        words = Array(self.words)
+        # a pass's start clears its buffer's word count and error flag a cycle
+        # later, from a flip-flop (`fresh_pass`): their clock enables then
+        # do not wait for the start decision (no word of the pass can arrive
+        # that early: its first command is offered a cycle after the start)
+        fresh_pass = Signal(2)
+        m.d.sync += fresh_pass.eq(0)
+        with m.If(fresh_pass.any()):
+            m.d.sync += self.error.eq(self.error & ~fresh_pass)
         my_epoch = Signal(2)
         fresh = self.epoch.bit_select(ph, 1) != my_epoch.bit_select(ph, 1)
         with m.FSM(name="hb_reader"):
@@ -414,7 +421,7 @@ class HBReader(wiring.Component):
                                  layer.eq(Mux(ph, self.layer[1], self.layer[0])),
                                  kind.eq(0), active.eq(1), j.eq(0),
                                  const_busy.bit_select(ph, 1).eq(1),
-                                 self.error.bit_select(ph, 1).eq(0), words[ph].eq(0)]
+                                 fresh_pass.bit_select(ph, 1).eq(1)]
                     m.next = "ROUTER"
             with m.State("ROUTER"):
                 with m.If(active & done_all):
@@ -512,6 +519,6 @@ class HBReader(wiring.Component):
             m.d.sync += [beats_r[b].eq(beats[p][b]) for b in range(B)]
             got = Signal(range(B + 1), name=f"got{p}")
             m.d.comb += got.eq(sum(beats_r))
-            with m.If(got != 0):
-                m.d.sync += self.words[p].eq(self.words[p] + got)
+            with m.If(fresh_pass[p] | (got != 0)):
+                m.d.sync += self.words[p].eq(Mux(fresh_pass[p], 0, self.words[p]) + got)
         return m

@@ -64,9 +64,9 @@ from __future__ import annotations
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
+from ..streams import QueueFIFO
 from ..vocab import PEMode, TokenRole, bits
 from .common import lowest_set, pow2ceil, zext
 from .payloads import Kind, array_beat, job_entry, job_source, pass_summary
@@ -81,8 +81,14 @@ __all__ = ["Issue"]
 CREDITS = 5
 #: The FIFO is deeper than the credits: a buffered FIFO refuses a write
 #: while its inner memory is full even if its output register is empty, so
-#: its ``level`` alone does not guarantee ``w_rdy``.
+#: its ``level`` alone does not guarantee ``w_rdy``. With ``CREDITS`` below
+#: the inner memory's ``FIFO_DEPTH - 1`` entries no write meets a full FIFO,
+#: so the FIFO (:class:`~elmoe3d.hw.streams.QueueFIFO`, ``credit=True``)
+#: writes on ``w_en`` alone and counts its level with two pointers: neither
+#: the 450-bit storage's write enable nor its read enable passes a level
+#: counter (the layer's critical path in round 8, both ways).
 FIFO_DEPTH = 8
+assert CREDITS < FIFO_DEPTH - 1
 
 
 class Issue(wiring.Component):
@@ -143,8 +149,8 @@ class Issue(wiring.Component):
         g = self.g
         T, B, n, k, S = g.T, g.B, g.n, g.k, g.S
         AB = array_beat(g)
-        fifo = m.submodules.fifo = SyncFIFOBuffered(width=data.Layout.cast(AB).size,
-                                                    depth=FIFO_DEPTH)
+        fifo = m.submodules.fifo = QueueFIFO(width=data.Layout.cast(AB).size,
+                                             depth=FIFO_DEPTH, credit=True)
         m.d.comb += [self.o.payload.eq(fifo.r_data), self.o.valid.eq(fifo.r_rdy),
                      fifo.r_en.eq(self.o.ready)]
 
@@ -217,13 +223,14 @@ class Issue(wiring.Component):
         sel_done = Signal()
         m.d.sync += sel_done.eq(self.sel_done.bit_select(pi, 1))
         wait_sel = is_down & last_sh & ~sel_done if S else Const(0)
-        # `c == cl` and `q == tpl` as flip-flops, worked out wherever `c`, `q`,
-        # `cl` or `tpl` is assigned (below, beside each assignment), so that
-        # `launch` and everything it selects start from registers
+        # `c == cl`, `q == tpl` and `grp == gl_` as flip-flops, worked out
+        # wherever `c`, `q`, `grp`, `cl`, `tpl` or `gl_` is assigned (below,
+        # beside each assignment), so that `launch` and everything it selects
+        # start from registers
         last_c = Signal()
         last_q = Signal()
+        last_g = Signal()
         tok_end = last_c & last_q
-        last_g = grp == gl_
 
         # Read positions: both next values computed from registers (`launch`,
         # which is late, only selects one), and the availability of the word
@@ -384,8 +391,10 @@ class Issue(wiring.Component):
             # (`c` is 0 whenever the phase changes)
             ch = g.c_down if kind == Kind.DOWN else g.c_in
             gr = g.g_down if kind == Kind.DOWN else g.g_in
+            # (`grp` is 0 whenever the phase changes)
             m.d.sync += [proj.eq(kind), cl.eq(ch - 1), gl_.eq(gr - 1),
-                         hb_len.eq(hbn * ch), ext_len.eq(extn * ch), last_c.eq(ch == 1)]
+                         hb_len.eq(hbn * ch), ext_len.eq(extn * ch), last_c.eq(ch == 1),
+                         last_g.eq(gr == 1)]
 
         with m.If(launch):
             m.d.sync += [c.eq(c + 1), last_c.eq(c + 1 == cl)]
@@ -394,9 +403,10 @@ class Issue(wiring.Component):
                              from_hb.eq(in_router | (q + 1 < hbn))]
             with m.If(in_router):
                 with m.If(last_c & last_q):
-                    m.d.sync += [q.eq(0), grp.eq(grp + 1), last_q.eq(tpl == 0), from_hb.eq(1)]
+                    m.d.sync += [q.eq(0), grp.eq(grp + 1), last_q.eq(tpl == 0), from_hb.eq(1),
+                                 last_g.eq(grp + 1 == gl_)]
                     with m.If(last_g):                        # token done
-                        m.d.sync += [grp.eq(0), settle.eq(1)]
+                        m.d.sync += [grp.eq(0), settle.eq(1), last_g.eq(gl_ == 0)]
                         with m.If(t == count_m1):
                             m.d.sync += [running.eq(0), in_router.eq(0),
                                          hb_seg.eq(hb_seg + g.router_words)]
@@ -407,11 +417,12 @@ class Issue(wiring.Component):
                     start_token(nxt_t, nxt_draft, slot + 1, h_nxt)
                     m.d.sync += rem.eq(rem & ~(Const(1, T) << nxt_t))
                 with m.Else():                                # segment done
-                    m.d.sync += [hb_seg.eq(hb_nxt), ext_seg.eq(ext_nxt), grp.eq(grp + 1)]
+                    m.d.sync += [hb_seg.eq(hb_nxt), ext_seg.eq(ext_nxt), grp.eq(grp + 1),
+                                 last_g.eq(grp + 1 == gl_)]
                     start_token(f_t, f_draft, 0, h_first)
                     m.d.sync += rem.eq(ent.tok_mask & ~(Const(1, T) << f_t))
                     with m.If(last_g):
-                        m.d.sync += grp.eq(0)
+                        m.d.sync += [grp.eq(0), last_g.eq(gl_ == 0)]
                         with m.Switch(proj):
                             with m.Case(Kind.GATE):
                                 set_phase(Kind.UP)
@@ -436,7 +447,7 @@ class Issue(wiring.Component):
                                  from_hb.eq(1),
                                  last_c.eq(g.c_in == 1), last_q.eq(n == 1),
                                  t.eq(0), tpl.eq(n - 1), cl.eq(g.c_in - 1),
-                                 gl_.eq(g.g_router - 1), slack.eq(0),
+                                 gl_.eq(g.g_router - 1), last_g.eq(g.g_router == 1), slack.eq(0),
                                  cur_draft.eq(0), settle.eq(1)]
                     m.d.comb += hb_reset.eq(1)
                     m.next = "ROUTER"
@@ -454,7 +465,8 @@ class Issue(wiring.Component):
                 need = Mux(e.precision == TokenRole.DRAFT, k, n)
                 nh = Mux(e.shared, need, Mux(s_.hb, k, 0))
                 m.d.sync += [ent.eq(self.rd_entry), src.eq(self.rd_src), hbn.eq(nh),
-                             extn.eq(Mux(e.shared, 0, need - nh)), grp.eq(0)]
+                             extn.eq(Mux(e.shared, 0, need - nh)), grp.eq(0),
+                             last_g.eq(gl_ == 0)]
                 if S:
                     m.d.sync += last_sh.eq(e.shared & (e.expert == S - 1))
                 m.next = "JOB_FIRST"

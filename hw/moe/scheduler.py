@@ -74,7 +74,8 @@ class ExpertScheduler(wiring.Component):
         are then fresh): a job-table reader takes a buffer's jobs only once
         its epoch has moved on from the pass it last finished there.
     decided, total, total_valid, sel_done, no_routed : ``Out`` per buffer
-    experts, expert_tokens : ``Out`` per buffer (routed jobs, sum of their tokens)
+    experts, expert_tokens : ``Out`` per buffer (routed jobs, sum of their
+        tokens); valid with ``total_valid``
     """
 
     def __init__(self, g):
@@ -163,6 +164,12 @@ class ExpertScheduler(wiring.Component):
         total = Array(self.total)
         n_exp = Array(self.experts)
         n_tok = Array(self.expert_tokens)
+        # the pass's counts are kept in registers of their own (no buffer
+        # mux in front of their enables) and copied into the buffer's outputs
+        # with `total_valid` (the issue stage reads them at the pass's END,
+        # after `total_valid`)
+        exp_c = Signal.like(self.experts[0])
+        tok_c = Signal.like(self.expert_tokens[0])
 
         # decisions: accepted while an announced expert is undecided. `dec` is
         # `decided[ps]` and `lim` is `S + announced`, kept as registers of their
@@ -219,7 +226,7 @@ class ExpertScheduler(wiring.Component):
                                  sidx.eq(0),
                                  self.total_valid.bit_select(ps, 1).eq(0),
                                  self.sel_done.bit_select(ps, 1).eq(0),
-                                 n_exp[ps].eq(0), n_tok[ps].eq(0), done_e.eq(0)]
+                                 exp_c.eq(0), tok_c.eq(0), done_e.eq(0)]
                     for t in range(T):
                         rl = Mux(ps, self.roles[1][t], self.roles[0][t])
                         m.d.sync += [is_d[t].eq(rl == TokenRole.DRAFT),
@@ -297,7 +304,8 @@ class ExpertScheduler(wiring.Component):
                 # (a state of its own: the `need` registers written here do not
                 # wait for PICK's priority tree)
                 m.d.sync += [total[ps].eq(S + announced),
-                             self.total_valid.bit_select(ps, 1).eq(1)]
+                             self.total_valid.bit_select(ps, 1).eq(1),
+                             n_exp[ps].eq(exp_c), n_tok[ps].eq(tok_c)]
                 m.next = "WAIT_DEC"
                 with m.If(announced == 0):
                     # a pass that routes no expert: one `none` beat (no decision)
@@ -336,8 +344,8 @@ class ExpertScheduler(wiring.Component):
                     m.d.sync += [self.need.valid.eq(0), announced.eq(announced + 1),
                                  lim.eq(lim + 1),
                                  seen.eq(seen | ncol),
-                                 n_exp[ps].eq(n_exp[ps] + 1),
-                                 n_tok[ps].eq(n_tok[ps] + self.need.payload.tokens)]
+                                 exp_c.eq(exp_c + 1),
+                                 tok_c.eq(tok_c + self.need.payload.tokens)]
                     for t in range(T):
                         m.d.sync += rem[t].eq(rem[t] - ncol[t])
                     m.next = "ORDER"

@@ -153,10 +153,19 @@ class Softmax(wiring.Component):
 
         take = Signal()
         m.d.comb += take.eq(fifo.r_rdy & sm_ok.bit_select(head.par, 1))
-        with m.FSM(name="softmax") as fsm:
+        # `ready_clr` / `ready_clr_token` are flip-flops of their own, set as
+        # TAKE is entered (TAKE lasts one cycle and the head does not change
+        # from LOAD to TAKE): the vector unit's `ok` register, far away,
+        # starts its path at them, not at this FSM's state decode
+        clr = Signal()
+        clr_token = Signal.like(self.ready_clr_token)
+        m.d.comb += [self.ready_clr.eq(clr), self.ready_clr_token.eq(clr_token)]
+        m.d.sync += [clr.eq(0), clr_token.eq(head.token)]
+        with m.FSM(name="softmax"):
             with m.State("LOAD"):
                 m.d.comb += self.idle.eq(fifo.level == 0)   # (r_rdy lags a write)
                 with m.If(take):
+                    m.d.sync += clr.eq(1)
                     m.next = "TAKE"
             with m.State("TAKE"):
                 # the head seen in LOAD is still there (nothing else reads the
@@ -187,6 +196,4 @@ class Softmax(wiring.Component):
                 m.d.comb += wp.en.eq(1)
                 m.d.sync += ready.bit_select(cur.token, 1).eq(1)
                 m.next = "LOAD"
-        m.d.comb += [self.ready_clr.eq(fsm.ongoing("TAKE")),
-                     self.ready_clr_token.eq(head.token)]
         return m

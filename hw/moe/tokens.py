@@ -95,8 +95,14 @@ class TokenStore(wiring.Component):
         c = Signal(range(C + 1))
         cur_layer = Signal.like(self.layer[0])
         # input register: loaded every cycle it is empty (``rdy``), so its
-        # clock enable is one flip-flop and ``tok.ready`` is that flip-flop
+        # clock enable is one flip-flop and ``tok.ready`` is that flip-flop.
+        # ``rdy`` is high exactly in IDLE, and its next value is one LUT of
+        # flip-flops: it falls with ``tok.valid`` and rises after WRITE's
+        # last cycle (``w_last``, a flip-flop), so the FSM's state decode is
+        # not in front of the wide register's enable
         rdy = Signal(init=1)
+        w_last = Signal()
+        m.d.sync += rdy.eq(Mux(rdy, ~self.tok.valid, w_last))
         lat = Signal.like(self.tok.payload)
         # registered write enables: slot ``t`` of buffer ``pw`` (roles and
         # mask), buffer ``pw``'s layer (first token), the current layer
@@ -130,8 +136,7 @@ class TokenStore(wiring.Component):
 
         with m.FSM(name="tokens"):
             with m.State("IDLE"):
-                with m.If(self.tok.valid & rdy):
-                    m.d.sync += rdy.eq(0)
+                with m.If(self.tok.valid):
                     m.next = "CHECK"
             with m.State("CHECK"):
                 with m.If((t != 0) & (lat.layer != cur_layer)):
@@ -140,7 +145,7 @@ class TokenStore(wiring.Component):
                 m.next = "WAIT_BUF"
             with m.State("WAIT_BUF"):
                 with m.If(~self.valid.bit_select(pw, 1)):
-                    m.d.sync += [c.eq(0), we_cur.eq(1)]
+                    m.d.sync += [c.eq(0), we_cur.eq(1), w_last.eq(C == 1)]
                     for p in range(2):
                         m.d.sync += we_layer[p].eq((pw == p) & (t == 0))
                         for j in range(T):
@@ -148,12 +153,12 @@ class TokenStore(wiring.Component):
                     m.next = "WRITE"
             with m.State("WRITE"):
                 m.d.comb += wp.en.eq(1)
-                m.d.sync += c.eq(c + 1)
+                m.d.sync += [c.eq(c + 1), w_last.eq(c + 2 == C)]
                 with m.If(c == C - 1):
                     with m.If(lat.last | (t == T - 1)):
                         close(t + 1, lat.last)
                     with m.Else():
                         m.d.sync += t.eq(t + 1)
-                    m.d.sync += rdy.eq(1)
+                    m.d.sync += w_last.eq(0)
                     m.next = "IDLE"
         return m
