@@ -342,7 +342,7 @@ class ReadSession(wiring.Component):
         mo = stages[-1]
         # the credits guarantee room: a FIFO whose write is ``w_en`` alone
         m.submodules.out = ofifo = CreditFIFO(width=self.beat_t.as_shape().size,
-                                               depth=self.fifo_depth)
+                                              depth=self.fifo_depth)
         w = Signal(self.beat_t)
         m.d.comb += [w.sv.slices.eq(Mux(mo.err, 0, self.ram_data)),
                      w.sv.plane.eq(Mux(mo.err, 0, mo.plane)),
@@ -834,7 +834,7 @@ class HBBank(wiring.Component):
         wiring.connect(m, fsl.o, dec.i)
         op_t = dec.op_t
         m.submodules.fill_fifo = ff = QueueFIFO(width=op_t.as_shape().size,
-                                                            depth=self.fill_depth)
+                                                depth=self.fill_depth)
         m.d.comb += [ff.w_data.eq(dec.o.payload), ff.w_en.eq(dec.o.valid),
                      dec.o.ready.eq(ff.w_rdy)]
         head = Signal(op_t)

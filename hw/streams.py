@@ -34,6 +34,11 @@ from .common import check_int
 __all__ = ["RegisterSlice", "BlockFIFO", "CreditFIFO", "QueueFIFO"]
 
 
+def _ring_next(ptr, depth: int):
+    """The position after ``ptr`` in a ring of ``depth`` entries."""
+    return Mux(ptr == depth - 1, 0, ptr + 1)
+
+
 class RegisterSlice(wiring.Component):
     """Full-throughput register slice (skid buffer) for one stream.
 
@@ -143,9 +148,6 @@ class BlockFIFO(wiring.Component):
         wport = mem.write_port()
         rport = mem.read_port()             # always enabled: `v1` says which data counts
 
-        def incr(v):
-            return Mux(v == D - 1, 0, v + 1)
-
         wp = Signal(range(D))
         rp = Signal(range(D))
         cnt = Signal(range(D + 1))          # entries in the block RAM not yet read
@@ -161,9 +163,9 @@ class BlockFIFO(wiring.Component):
                      wport.addr.eq(wp), wport.data.eq(self.i.payload), wport.en.eq(write),
                      rport.addr.eq(rp)]
         with m.If(write):
-            m.d.sync += wp.eq(incr(wp))
+            m.d.sync += wp.eq(_ring_next(wp, D))
         with m.If(read):
-            m.d.sync += rp.eq(incr(rp))
+            m.d.sync += rp.eq(_ring_next(rp, D))
         # the flags from registers; `write`/`read` only select
         with m.If(write & ~read):
             m.d.sync += [cnt.eq(cnt + 1), full.eq(cnt == D - 1), has.eq(1)]
@@ -236,17 +238,14 @@ class CreditFIFO(Elaboratable):
         produce = Signal(range(inner_depth))
         consume = Signal(range(inner_depth))
 
-        def incr(v):
-            return Mux(v == inner_depth - 1, 0, v + 1)
-
         m.d.comb += [w_port.addr.eq(produce), w_port.data.eq(self.w_data),
                      w_port.en.eq(do_write),
                      r_port.addr.eq(consume), self.r_data.eq(r_port.data),
                      r_port.en.eq(do_inner_read)]
         with m.If(do_write):
-            m.d.sync += produce.eq(incr(produce))
+            m.d.sync += produce.eq(_ring_next(produce, inner_depth))
         with m.If(do_inner_read):
-            m.d.sync += consume.eq(incr(consume))
+            m.d.sync += consume.eq(_ring_next(consume, inner_depth))
         with m.If(do_write & ~do_inner_read):
             m.d.sync += inner_level.eq(inner_level + 1)
         with m.If(do_inner_read & ~do_write):
@@ -300,8 +299,7 @@ class QueueFIFO(CreditFIFO):
         r_port = storage.read_port(domain="sync")
 
         def step(ptr, wrap):
-            last = ptr == inner_depth - 1
-            return [ptr.eq(Mux(last, 0, ptr + 1)), wrap.eq(wrap ^ last)]
+            return [ptr.eq(_ring_next(ptr, inner_depth)), wrap.eq(wrap ^ (ptr == inner_depth - 1))]
 
         m.d.comb += [w_port.addr.eq(produce), w_port.data.eq(self.w_data),
                      w_port.en.eq(do_write),
