@@ -21,12 +21,12 @@ buffer), loaded by the HB reader.
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, memory, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ...golden import moe_layer as gm
+from ..streams import CreditFIFO
 from ..vocab import bits
 from .common import delay, mul_pipe
 from .payloads import topk_result
@@ -82,10 +82,17 @@ class Softmax(wiring.Component):
         m = Module()
         g = self.g
         K, T, W = g.K, g.T, g.W
-        fifo = m.submodules.fifo = SyncFIFOBuffered(width=len(self.i.payload.as_value()),
-                                                    depth=max(2, T))
-        m.d.comb += [fifo.w_data.eq(self.i.payload), fifo.w_en.eq(self.i.valid),
-                     self.i.ready.eq(fifo.w_rdy)]
+        # `i.ready` is a flip-flop (`room`: room for a write next cycle too, as
+        # at most one write happens per cycle), so top-k's output handshake
+        # and the scheduler's snoop of it start at registers; one entry more
+        # than the tokens of a pass keeps a whole pass's results acceptable.
+        # The FIFO writes on `w_en` alone (`CreditFIFO`).
+        fifo = m.submodules.fifo = CreditFIFO(width=len(self.i.payload.as_value()),
+                                              depth=max(2, T) + 1)
+        room = Signal()
+        m.d.sync += room.eq(fifo.level <= fifo.depth - 2)
+        m.d.comb += [fifo.w_data.eq(self.i.payload), fifo.w_en.eq(self.i.valid & room),
+                     self.i.ready.eq(room)]
         head = Signal(topk_result(g))
         m.d.comb += head.eq(fifo.r_data)
 
@@ -187,8 +194,11 @@ class Softmax(wiring.Component):
                     m.next = "DIV"
             with m.State("DIV"):
                 for r in range(K):
-                    ge = rem[r] >= dv
-                    m.d.sync += [rem[r].eq(Mux(ge, rem[r] - dv, rem[r])), quo[r].eq(Cat(ge, quo[r]))]
+                    # one carry chain: `rem >= dv` is the difference's sign
+                    diff = Signal(signed(max(len(rem[r]), len(dv)) + 1), name=f"diff{r}")
+                    m.d.comb += diff.eq(rem[r] - dv)
+                    ge = ~diff[-1]
+                    m.d.sync += [rem[r].eq(Mux(ge, diff, rem[r])), quo[r].eq(Cat(ge, quo[r]))]
                 m.d.sync += [dv.eq(dv >> 1), step.eq(step + 1)]
                 with m.If(step == F):
                     m.next = "WRITE"

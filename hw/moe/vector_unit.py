@@ -15,7 +15,7 @@ stage  work
 E0     router logits go to top-k; parameters are popped after a segment's
        last token; the gate-table read is issued
 A0     element registered (value, parameters, tag); the gate of its token
-       for its expert selected
+       for its expert selected (compares at A1, select at A2)
 A0-A7  ``q1 = rq(value, mult, shift)`` (partial-product tree, two barrel
        stages, clamp)
 A7     reads issued: SiLU table (GATE), ``silu`` of the row (UP), the
@@ -193,12 +193,14 @@ class VectorUnit(wiring.Component):
         dsc = ser.desc
         kind = dsc.kind
         is_end = dsc.end
-        is_router = (kind == Kind.ROUTER) & ~is_end
+        # (flags of the held result, registered as it is loaded)
+        is_router = Signal()
+        lgrp = Signal()                      # its group is the router's last
         need_params = ~is_router & ~is_end
         phead = Signal(seg_params())
         m.d.comb += phead.eq(Array(p.payload for p in self.params)[bi])
         ends = Signal(2)
-        last_logit = (dsc.group == g.g_router - 1) & (bi == B - 1)
+        last_logit = lgrp & (bi == B - 1)
         adv = Signal()
         m.d.comb += adv.eq(ok)
         done_res = ok & last
@@ -209,7 +211,10 @@ class VectorUnit(wiring.Component):
         with m.If(done_res):
             m.d.sync += [ser_valid.eq(0), bi.eq(0)]
         with m.If(load):
-            m.d.sync += [ser.eq(self.i.payload), ser_valid.eq(1), bi.eq(0)]
+            nd_ = self.i.payload.desc
+            m.d.sync += [ser.eq(self.i.payload), ser_valid.eq(1), bi.eq(0),
+                         is_router.eq((nd_.kind == Kind.ROUTER) & ~nd_.end),
+                         lgrp.eq(nd_.group == g.g_router - 1)]
         for b in range(B):
             m.d.comb += self.params[b].ready.eq(adv & (bi == b) & need_params & dsc.seg_last)
         logit_go = adv & is_router
@@ -232,7 +237,7 @@ class VectorUnit(wiring.Component):
         def flag_n(flags, par):
             return flags.bit_select(par, 1) & ~(self.done & (self.done_par == par))
 
-        def ok_of(d, b):
+        def ok_of(d, b, d_lgrp):
             """``ok`` of element ``b`` of a result tagged ``d``, in the next cycle.
 
             END also waits for the pass's constants: a pass that runs no
@@ -243,7 +248,7 @@ class VectorUnit(wiring.Component):
             lut_ok, out_ok = flag_n(self.lut_loaded, d.par), flag_n(self.out_loaded, d.par)
             gate_ok = (self.gates_ready.bit_select(d.token, 1)
                        & ~(self.gates_clr & (self.gates_clr_token == d.token)))
-            last_lg = (d.group == g.g_router - 1) & (b == B - 1)
+            last_lg = d_lgrp & (b == B - 1)
             return Mux(d.end, self.softmax_idle & topk_idle_n & lut_ok & out_ok,
                        Mux(d.kind == Kind.ROUTER, ~last_lg | last_ok_n,
                            pv_n.bit_select(b, 1)
@@ -252,8 +257,9 @@ class VectorUnit(wiring.Component):
                                  (~d.routed | gate_ok) & (~d.last | (y_free_n & out_ok)), 1)))
         nd = self.i.payload.desc
         m.d.sync += [
-            ok.eq(Mux(load, ok_of(nd, Const(0, len(bi))),
-                      Mux(adv, ~last & ok_of(dsc, bi + 1), ser_valid & ok_of(dsc, bi)))),
+            ok.eq(Mux(load, ok_of(nd, Const(0, len(bi)), nd.group == g.g_router - 1),
+                      Mux(adv, ~last & ok_of(dsc, bi + 1, lgrp),
+                          ser_valid & ok_of(dsc, bi, lgrp)))),
             last.eq(Mux(load, nd.end | Const(B == 1, 1), Mux(adv, bi + 1 == B - 1, last)))]
         value = Signal(signed(W))
         m.d.comb += value.eq(Array(ser.value[b] for b in range(B))[bi])
@@ -287,12 +293,20 @@ class VectorUnit(wiring.Component):
                      a_last.eq(dsc.last), a_err.eq(pass_err | ser.error), a_tok.eq(dsc.token),
                      a_row.eq(dsc.group * B + bi), a_grp.eq(dsc.group), a_b.eq(bi),
                      a_exp.eq(dsc.expert), a_val.eq(value), a_p.eq(phead)]
-        # gate of this token for this expert (routed DOWN), in Q12
+        # gate of this token for this expert (routed DOWN), in Q12: the expert
+        # compares are registered at A1 with the gates, the select at A2 (the
+        # gate is first used at A9)
+        g_hit = Signal(K)
+        g_gates = [Signal(gm.GATE_FRAC + 1, name=f"g_gate{r}") for r in range(K)]
+        g_routed = Signal()
+        m.d.sync += [g_hit.eq(Cat(*[self.g_data.sel[r] == a_exp for r in range(K)])),
+                     g_routed.eq(a_routed)]
+        m.d.sync += [g_gates[r].eq(self.g_data.gate[r]) for r in range(K)]
         gsel = Const(gm.GATE_ONE, gm.GATE_FRAC + 1)
         for r in reversed(range(K)):
-            gsel = Mux(self.g_data.sel[r] == a_exp, self.g_data.gate[r], gsel)
+            gsel = Mux(g_hit[r], g_gates[r], gsel)
         gate = Signal(gm.GATE_FRAC + 1)
-        m.d.sync += gate.eq(Mux(a_routed, gsel, gm.GATE_ONE))   # at A1
+        m.d.sync += gate.eq(Mux(g_routed, gsel, gm.GATE_ONE))   # at A2
 
         # ---- A0..A7: q1 = rq(value) ----------------------------------------------------------
         q1, lat1 = requant_pipe(m, a_val, a_p.mult, a_p.shift, "rq1")
@@ -306,7 +320,7 @@ class VectorUnit(wiring.Component):
                ("b7", a_b), ("rt7", a_routed))}
         m27 = carry(a_p.mult2, 7, "m2_7")
         s27 = carry(a_p.shift2, 7, "s2_7")
-        gate7 = carry(gate, 6, "gate7")
+        gate7 = carry(gate, 5, "gate7")
         code = Signal(8)
         m.d.comb += code.eq(q1.as_unsigned() ^ 0x80)
         m.d.comb += [lut_r.addr.eq(Cat(code[2:8], c7["p7"])),
