@@ -228,7 +228,14 @@ def lowest_set(m: Module, vec, name: str):
         a_any, a_idx = tree(lo, mid)
         b_any, b_idx = tree(mid, hi)
         wbits = max(1, (pow2ceil(hi - lo) - 1).bit_length())
-        idx = Mux(a_any, a_idx, b_idx + (mid - lo))
+        if mid - lo == 1 << (wbits - 1):
+            # the upper half's offset is the top index bit: a select, no adder
+            lo_w = wbits - 1                # both halves' indices fit below it
+            a_lo = Cat(a_idx, Const(0, lo_w))[:lo_w]
+            b_lo = Cat(b_idx, Const(0, lo_w))[:lo_w]
+            idx = Mux(a_any, Cat(a_lo, Const(0, 1)), Cat(b_lo, Const(1, 1)))
+        else:
+            idx = Mux(a_any, a_idx, b_idx + (mid - lo))
         return a_any | b_any, idx[:wbits] if len(idx) > wbits else idx
     w = len(vec)
     a, i = tree(0, w)

@@ -97,7 +97,7 @@ class VectorUnit(wiring.Component):
         Pass constants (from the HB reader); ``lut_loaded``, ``out_loaded``
         ``In(2)`` say they are complete.
     logit_valid, logit : ``Out``; topk_last_ok, topk_idle : ``In`` (top-k)
-    g_addr : ``Out``; g_data, gates_ready, gates_clr, gates_clr_token : ``In``;
+    g_addr : ``Out``; g_data, gates_keep : ``In``;
     softmax_idle : ``In`` (softmax)
     h_addr : ``In``; h_data : ``Out`` (issue stage)
     y_addr : ``In``; y_data : ``Out``; out_done : ``In(2)`` (output stage)
@@ -124,7 +124,7 @@ class VectorUnit(wiring.Component):
             "logit_valid": Out(1), "logit": Out(logit(g)),
             "topk_last_ok": In(1), "topk_idle": In(1),
             "g_addr": Out(range(max(2, T))), "g_data": In(gate_row(g)),
-            "gates_ready": In(T), "gates_clr": In(1), "gates_clr_token": In(range(max(2, T))),
+            "gates_keep": In(T),
             "softmax_idle": In(1),
             "h_addr": In(unsigned(self.tb + bits(g.c_down))),
             "h_data": Out(data.ArrayLayout(unsigned(8), L)),
@@ -226,7 +226,8 @@ class VectorUnit(wiring.Component):
         # a cycle later), an END's ``ends`` increment (the output buffer is
         # taken), a pass done (its constants' ``loaded`` flags are cleared a
         # cycle later) and the softmax taking a token's next result (its
-        # ``gates_ready`` bit is cleared a cycle later). A rise is seen a
+        # ``ready`` bit is cleared a cycle later: ``gates_keep`` is the
+        # softmax's ``ready`` without it, a register). A rise is seen a
         # cycle late (a waiting element leaves a cycle later than a
         # combinational ``ok`` would let it); a fall never is.
         pv_n = Cat(p.valid & ~p.ready for p in self.params)
@@ -238,7 +239,8 @@ class VectorUnit(wiring.Component):
             return flags.bit_select(par, 1) & ~(self.done & (self.done_par == par))
 
         def ok_of(d, b, d_lgrp):
-            """``ok`` of element ``b`` of a result tagged ``d``, in the next cycle.
+            """``ok`` of element ``b`` of a result tagged ``d``, in the next
+            cycle, but for its token's gate: ``(base, needs_gate)``.
 
             END also waits for the pass's constants: a pass that runs no
             expert never waits for them otherwise, and its `done` clears
@@ -246,27 +248,43 @@ class VectorUnit(wiring.Component):
             again for the next pass in this buffer) and ends its HB word
             count."""
             lut_ok, out_ok = flag_n(self.lut_loaded, d.par), flag_n(self.out_loaded, d.par)
-            gate_ok = (self.gates_ready.bit_select(d.token, 1)
-                       & ~(self.gates_clr & (self.gates_clr_token == d.token)))
             last_lg = d_lgrp & (b == B - 1)
-            return Mux(d.end, self.softmax_idle & topk_idle_n & lut_ok & out_ok,
+            base = Mux(d.end, self.softmax_idle & topk_idle_n & lut_ok & out_ok,
                        Mux(d.kind == Kind.ROUTER, ~last_lg | last_ok_n,
                            pv_n.bit_select(b, 1)
                            & Mux(d.kind == Kind.GATE, lut_ok, 1)
-                           & Mux(d.kind == Kind.DOWN,
-                                 (~d.routed | gate_ok) & (~d.last | (y_free_n & out_ok)), 1)))
+                           & Mux(d.kind == Kind.DOWN, ~d.last | (y_free_n & out_ok), 1)))
+            return base, ~d.end & (d.kind == Kind.DOWN) & d.routed
         nd = self.i.payload.desc
+        # The token's gate comes last: for the incoming result a select of
+        # `gates_keep` by its token, for the held one an AND-OR with the
+        # token's one-hot (a register loaded with it); each meets the rest
+        # of the decision in the last LUT levels.
+        tok_oh = Signal(T)
+        with m.If(load):
+            m.d.sync += tok_oh.eq(1 << nd.token)
+        g_in = self.gates_keep.bit_select(nd.token, 1)
+        g_held = (self.gates_keep & tok_oh).any()
+        b_in, n_in = ok_of(nd, Const(0, len(bi)), nd.group == g.g_router - 1)
+        b_nx, n_held = ok_of(dsc, bi + 1, lgrp)
+        b_st, _ = ok_of(dsc, bi, lgrp)
+        b_held = Mux(adv, ~last & b_nx, ser_valid & b_st)
+        ok_p, ok_qi, ok_qh = Signal(), Signal(), Signal()
+        m.d.comb += [ok_p.eq(Mux(load, b_in & ~n_in, b_held & ~n_held)),
+                     ok_qi.eq(load & b_in & n_in), ok_qh.eq(~load & b_held & n_held)]
         m.d.sync += [
-            ok.eq(Mux(load, ok_of(nd, Const(0, len(bi)), nd.group == g.g_router - 1),
-                      Mux(adv, ~last & ok_of(dsc, bi + 1, lgrp),
-                          ser_valid & ok_of(dsc, bi, lgrp)))),
+            ok.eq((ok_p | (ok_qh & g_held)) | (ok_qi & g_in)),
             last.eq(Mux(load, nd.end | Const(B == 1, 1), Mux(adv, bi + 1 == B - 1, last)))]
+        # the value of the element at the entry, a register loaded as `bi`
+        # moves (the `B`:1 select by `bi` ends there, not in top-k's compares)
         value = Signal(signed(W))
-        m.d.comb += value.eq(Array(ser.value[b] for b in range(B))[bi])
+        m.d.sync += value.eq(Mux(load, self.i.payload.value[0],
+                                 Mux(adv, Array(ser.value[b] for b in range(B))[bi + 1], value)))
         # logits straight to top-k
         lg = self.logit
         m.d.comb += [self.logit_valid.eq(logit_go), lg.token.eq(dsc.token),
-                     lg.expert.eq(dsc.group * B + bi), lg.value.eq(value), lg.par.eq(dsc.par),
+                     lg.expert.eq(Cat(bi, dsc.group) if B == 1 << (B - 1).bit_length() and B > 1
+                                   else dsc.group * B + bi), lg.value.eq(value), lg.par.eq(dsc.par),
                      lg.last.eq(last_logit)]
         m.d.comb += self.g_addr.eq(dsc.token)
         pass_err = Signal()
