@@ -24,7 +24,7 @@ enables do not pass its level logic (first written for ``hb_bank``).
 
 from __future__ import annotations
 
-from amaranth.hdl import Elaboratable, Module, Mux, Signal, unsigned
+from amaranth.hdl import Array, Elaboratable, Module, Mux, Signal, unsigned
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -114,12 +114,13 @@ class BlockFIFO(wiring.Component):
     Structure: the block RAM (written at ``i``'s handshake) -> its
     synchronous read port -> a register with neither enable nor reset (on
     ECP5 the flow packs it into the EBR's output register, so the EBR's slow
-    clock-to-output never meets logic) -> a four-entry shift queue whose head
+    clock-to-output never meets logic) -> a four-entry ring queue whose head
     is ``o.payload``. A read is started only while the queue, counting the
     two reads in flight, has room (a credit counter), so nothing is lost.
 
-    ``i.ready``, ``o.valid`` and ``o.payload`` are flip-flops; the read
-    start is one LUT of flip-flops. Throughput: one payload per cycle in and
+    ``i.ready`` and ``o.valid`` are flip-flops, ``o.payload`` a 4:1 select of
+    flip-flops by a head pointer (a pop steps the pointer and moves no
+    payload); the read start is one LUT of flip-flops. Throughput: one payload per cycle in and
     out. Latency: a payload written at cycle ``t`` is on ``o`` at ``t + 4``
     (an empty FIFO), against ``t + 2`` for ``SyncFIFOBuffered``.
     """
@@ -173,21 +174,25 @@ class BlockFIFO(wiring.Component):
             m.d.sync += [cnt.eq(cnt - 1), full.eq(0), has.eq(cnt != 1)]
         m.d.sync += [v1.eq(read), v2.eq(v1), d2.eq(rport.data)]
 
-        # the output queue: q[0] is the head, `held` entries valid
+        # the output queue: a ring of `Q` entries, `held` of them valid from
+        # `head` on. A push writes entry `tail` (both registers), a pop only
+        # steps `head`: the consumer's `ready`, the latest signal here, drives
+        # a few pointer and count bits, not every payload bit (it had been the
+        # MoE layer's worst path as the enable of a 4 x 64-bit shift queue)
         q = [Signal(self.width, name=f"q{x}") for x in range(Q)]
+        head = Signal(range(Q))
+        tail = Signal(range(Q))
         held = Signal(range(Q + 1))
         push = v2
         pop = self.o.valid & self.o.ready
-        m.d.comb += self.o.payload.eq(q[0])
-        # a pushed payload goes to entry `held - pop`: both outcomes compared
-        # from registers, `pop` (the consumer's late `ready`) only selects
+        m.d.comb += self.o.payload.eq(Array(q)[head])
         for x in range(Q):
-            here_pop = push & (held == x + 1)
-            here = push & (held == x)
-            with m.If(pop):
-                m.d.sync += q[x].eq(Mux(here_pop, d2, q[x + 1] if x + 1 < Q else 0))
-            with m.Elif(here):
+            with m.If(push & (tail == x)):
                 m.d.sync += q[x].eq(d2)
+        with m.If(push):
+            m.d.sync += tail.eq(_ring_next(tail, Q))
+        with m.If(pop):
+            m.d.sync += head.eq(_ring_next(head, Q))
         m.d.sync += held.eq(held + push - pop)
         m.d.sync += self.o.valid.eq(push | Mux(pop, held >= 2, self.o.valid))
         m.d.sync += room.eq(room - read + pop)

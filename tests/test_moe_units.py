@@ -16,7 +16,7 @@ from elmoe3d.golden import layout as gl
 from elmoe3d.golden import moe_batched as gb
 from elmoe3d.golden import moe_layer as gm
 from elmoe3d.hw.moe.buffers import ReplayBuffer
-from elmoe3d.hw.moe.common import geom, lowest_set, mul_pipe, requant_pipe
+from elmoe3d.hw.moe.common import geom, lowest_flag, lowest_set, mul_pipe, requant_pipe
 from elmoe3d.hw.moe.hb_reader import RecordPath
 from elmoe3d.hw.moe.scheduler import ExpertScheduler
 from elmoe3d.hw.moe.softmax import Softmax
@@ -98,17 +98,28 @@ def test_mul_pipe(b_signed):
     assert np.array_equal(np.array(got[:500]), A * Bv)
 
 
-def test_lowest_set():
+@pytest.mark.parametrize("w", [1, 2, 3, 4, 5, 7, 8, 13, 16, 17])
+def test_lowest_set_and_flag(w):
+    """`lowest_set`'s index (the upper half's offset is a select when the
+    split is a power of two, an adder otherwise) and `lowest_flag`'s flag of
+    that bit, against Python: every value up to 10 bits, a sample beyond."""
     m = Module()
-    vec = Signal(13)
+    vec, flags = Signal(w), Signal(w)
     anyb, idx = lowest_set(m, vec, "ls")
+    flag = lowest_flag(m, vec, flags, "lf")
+    rng = np.random.default_rng(w)
+    xs = range(1 << w) if w <= 10 else [int(x) for x in rng.integers(0, 1 << w, 3000)]
 
     async def bench(ctx):
-        for x in list(range(0, 1 << 13, 37)) + [1 << 12, 0]:
+        for x in list(xs) + [0, 1 << (w - 1)]:
+            f = int(rng.integers(0, 1 << w))
             ctx.set(vec, x)
+            ctx.set(flags, f)
             assert ctx.get(anyb) == (x != 0)
+            low = (x & -x).bit_length() - 1
             if x:
-                assert ctx.get(idx) == (x & -x).bit_length() - 1
+                assert ctx.get(idx) == low
+            assert ctx.get(flag) == (bool(x) and (f >> low) & 1)
     sim = Simulator(m)
     sim.add_testbench(bench)
     sim.run()
@@ -196,7 +207,8 @@ def test_topk_matches_route(over):
 def test_softmax_matches_gate_weights():
     """Gate rows against ``gate_weights``; and, every cycle, the
     ``ready_clr`` contract the vector unit relies on: a ``ready`` bit falls
-    only in the cycle after ``ready_clr`` names its token, and always then."""
+    only in the cycle after ``ready_clr`` names its token, and always then;
+    and ``ready_keep`` is ``ready`` without that bit, in the same cycle."""
     g = _g(experts=16, top_k=5, hb_words=8192)
     dut = Softmax(g)
     rng = np.random.default_rng(2)
@@ -234,9 +246,10 @@ def test_softmax_matches_gate_weights():
             exp = gm.gate_weights(lg, sm_mult, sm_shift)
             assert [int(row.gate[r]) for r in range(len(lg))] == list(exp)
             assert [int(row.sel[r]) for r in range(len(lg))] == sel
-        assert clears["n"] == len(cases)
+        assert clears["n"] == len(cases) == keeps["n"]
 
     clears = {"n": 0}
+    keeps = {"n": 0}
 
     async def monitor(ctx):
         ready, clr, tok = 0, 0, 0
@@ -251,6 +264,8 @@ def test_softmax_matches_gate_weights():
             else:
                 assert fell == 0, f"ready bits {fell:#x} fell without ready_clr"
             ready, clr, tok = now, ctx.get(dut.ready_clr), ctx.get(dut.ready_clr_token)
+            assert ctx.get(dut.ready_keep) == ready & ~(clr << tok), "ready_keep"
+            keeps["n"] += clr
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)

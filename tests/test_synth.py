@@ -344,3 +344,44 @@ def test_sweep_on_request_and_own_folder(tmp_path, monkeypatch):
     seen.clear()
     run_sweeps(cfg, ["tag_unit"], tmp_path, only={"tag_slots": [16, 32]})
     assert sorted(seen) == ["tag_unit", "tag_unit-tag_slots32"]
+
+
+class AndTree(wiring.Component):
+    """A registered ``n``-input AND: its least LUT4 depth is ceil(log4 n)."""
+
+    def __init__(self, n):
+        self.n = n
+        super().__init__({"a": In(n), "y": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        a = Signal(self.n)
+        m.d.sync += [a.eq(self.a), self.y.eq(a.all())]
+        return m
+
+
+@pytest.mark.parametrize("n, depth", [(4, 1), (16, 2), (17, 3)])
+def test_logic_depth_counts_lut_levels(tmp_path, n, depth, capsys):
+    """`sim/logic_depth.py` on a real mapped netlist: a registered AND of
+    ``n`` inputs is ``depth`` LUT4 levels deep (one more input than 16 needs
+    a third level), and the CLI names that depth and the path to it."""
+    from elmoe3d.sim import logic_depth as ld
+    wfile = fl._write(fl.IORegistered(AndTree(n)), "andtree_ooc", tmp_path / "andtree_ooc.v")
+    path = fl.pnr_netlist(wfile, "andtree_ooc", tmp_path, "ecp5")
+    nl = ld.Netlist(json.loads(path.read_text()))
+    assert max(e[0] for e in nl.endpoints()) == depth
+    assert ld.main([str(path), "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"components at the deepest level ({depth})" in out
+    assert len([ln for ln in out.splitlines() if ln.startswith("    ")]) == depth + 1
+
+
+def test_logic_depth_rejects_what_is_not_a_mapped_netlist(tmp_path, capsys):
+    f = tmp_path / "x.json"
+    f.write_text(json.dumps({"modules": {"top": {"cells": {}}}}))
+    from elmoe3d.sim import logic_depth as ld
+    with pytest.raises(SystemExit) as e:
+        ld.main([str(f)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].endswith("no module with TRELLIS_FF cells: not a mapped ECP5 netlist")

@@ -30,7 +30,7 @@ from ...golden import moe_layer as gm
 from ...golden.bitslice import acc_width
 
 __all__ = ["Geom", "geom", "pow2ceil", "mul_pipe", "requant_pipe", "delay", "lowest_set",
-           "zext", "MUL_BITS"]
+           "lowest_flag", "zext", "MUL_BITS"]
 
 MUL_BITS = gm.MULT_BITS
 
@@ -165,13 +165,29 @@ def requant_pipe(m: Module, v, mult, shift, name: str):
     signed, ``mult`` unsigned 16 bits, ``shift`` unsigned 6 bits; all read in
     the cycle ``v`` is presented. Returns ``(INT8 signal, latency)``."""
     prod, lat = mul_pipe(m, v, mult, f"{name}_mul")
-    sh = delay(m, shift, lat, f"{name}_sh")
-    s1 = Signal(6, name=f"{name}_s1")
-    m.d.comb += s1.eq(sh - 1)
+    # `shift - 1` before the delay line (no adder before the barrel)
+    s1_in = Signal(6, name=f"{name}_s1_in")
+    m.d.comb += s1_in.eq(shift - 1)
+    s1 = delay(m, s1_in, lat, f"{name}_s1")
     # barrel, low three bits of the shift
     qa = Signal(prod.shape(), name=f"{name}_qa")
+    qa_c = Signal(prod.shape(), name=f"{name}_qa_c")
     s1b = Signal(3, name=f"{name}_s1b")
-    m.d.sync += [qa.eq(prod >> s1[:3]), s1b.eq(s1[3:])]
+    m.d.comb += qa_c.eq(prod >> s1[:3])
+    m.d.sync += [qa.eq(qa_c), s1b.eq(s1[3:])]
+    # The range check below needs bits 9.. of the second barrel's output all
+    # equal: those are the bits of `qa` from `9 + 8 * s1b` on (and their sign
+    # extension). Per 8-bit group of `qa` (group `j` from bit `9 + 8 j`), "all
+    # zeros", "all ones" and "before the shift's start" (`s1b > j`) are
+    # registered with `qa`, so the check is an AND of a few flip-flops and
+    # no wide reduction follows the barrel.
+    width = len(qa)
+    zf, of, skip = [], [], []
+    for j, lo in enumerate(range(9, width, 8)):
+        grp = qa_c[lo:min(lo + 8, width)]
+        z, o, sk = (Signal(name=f"{name}_{x}{j}") for x in ("z", "o", "skip"))
+        m.d.sync += [z.eq(grp == 0), o.eq(grp == (1 << len(grp)) - 1), sk.eq(s1[3:] > j)]
+        zf.append(z), of.append(o), skip.append(sk)
     qb_c = Signal(prod.shape(), name=f"{name}_qb_c")
     m.d.comb += qb_c.eq(qa >> Cat(Const(0, 3), s1b))
     # the second barrel stage, and beside it the rounding adder (a 10-bit
@@ -181,13 +197,13 @@ def requant_pipe(m: Module, v, mult, shift, name: str):
     # equal its sign
     low = Signal(signed(10), name=f"{name}_low")
     m.d.comb += low.eq(qb_c[:10])
-    width = len(qb_c)
-    hi = qb_c[9:]
     r = Signal(signed(10), name=f"{name}_r")
     in_range = Signal(name=f"{name}_in")
     neg = Signal(name=f"{name}_neg")
+    zs = Cat(*[sk | z for sk, z in zip(skip, zf)])
+    os_ = Cat(*[sk | o for sk, o in zip(skip, of)])
     m.d.sync += [r.eq((low + 1) >> 1), neg.eq(qb_c[width - 1]),
-                 in_range.eq((hi == 0) | (hi == (1 << len(hi)) - 1) if len(hi) > 0 else 1)]
+                 in_range.eq(zs.all() | os_.all() if skip else 1)]
     # then r clipped: r >= 128 (bits 9..7 = 001, 010 or 011) and r <= -129
     # (bits 9..7 = 100, 101 or 110), written as bit logic so that no carry
     # chain compares a constant
@@ -212,7 +228,14 @@ def lowest_set(m: Module, vec, name: str):
         a_any, a_idx = tree(lo, mid)
         b_any, b_idx = tree(mid, hi)
         wbits = max(1, (pow2ceil(hi - lo) - 1).bit_length())
-        idx = Mux(a_any, a_idx, b_idx + (mid - lo))
+        if mid - lo == 1 << (wbits - 1):
+            # the upper half's offset is the top index bit: a select, no adder
+            lo_w = wbits - 1                # both halves' indices fit below it
+            a_lo = Cat(a_idx, Const(0, lo_w))[:lo_w]
+            b_lo = Cat(b_idx, Const(0, lo_w))[:lo_w]
+            idx = Mux(a_any, Cat(a_lo, Const(0, 1)), Cat(b_lo, Const(1, 1)))
+        else:
+            idx = Mux(a_any, a_idx, b_idx + (mid - lo))
         return a_any | b_any, idx[:wbits] if len(idx) > wbits else idx
     w = len(vec)
     a, i = tree(0, w)
@@ -220,3 +243,21 @@ def lowest_set(m: Module, vec, name: str):
     idx = Signal(range(max(2, w)), name=f"{name}_idx")
     m.d.comb += [anyb.eq(a), idx.eq(i)]
     return anyb, idx
+
+
+def lowest_flag(m: Module, vec, flags, name: str):
+    """``flags[i]`` of the lowest set bit ``i`` of ``vec`` (0 if none): the
+    same tree as :func:`lowest_set`, carrying the flag instead of the index,
+    so that no index-addressed select follows the priority tree."""
+    def tree(lo, hi):
+        if hi - lo == 1:
+            return vec[lo], flags[lo]
+        mid = lo + pow2ceil(hi - lo) // 2
+        if mid >= hi:
+            mid = lo + (hi - lo) // 2
+        a_any, a_f = tree(lo, mid)
+        b_any, b_f = tree(mid, hi)
+        return a_any | b_any, Mux(a_any, a_f, b_f)
+    out = Signal(name=f"{name}_flag")
+    m.d.comb += out.eq(tree(0, len(vec))[1] & vec.any())
+    return out

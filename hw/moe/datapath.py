@@ -146,8 +146,8 @@ class MoEDatapath(wiring.Component):
         c += [sm.sm_we.eq(hbr.sm_we), sm.sm_par.eq(hbr.sm_par), sm.sm_mult.eq(hbr.sm_mult),
               sm.sm_shift.eq(hbr.sm_shift), sm.sm_clear.eq(vu.done),
               sm.sm_clear_par.eq(vu.done_par), sm.g_addr.eq(vu.g_addr),
-              vu.g_data.eq(sm.g_data), vu.gates_ready.eq(sm.ready), vu.gates_clr.eq(sm.ready_clr),
-              vu.gates_clr_token.eq(sm.ready_clr_token), vu.softmax_idle.eq(sm.idle)]
+              vu.g_data.eq(sm.g_data), vu.gates_keep.eq(sm.ready_keep),
+              vu.softmax_idle.eq(sm.idle)]
 
         # job table readers: HB reader, LPDDR writer, issue
         for r, cons in enumerate((hbr, extw, iss)):

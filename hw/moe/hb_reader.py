@@ -33,13 +33,12 @@ from __future__ import annotations
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ...golden import moe_batched as gb
 from ..vocab import HBRegionKind, TokenRole, bits, hb_beat, hb_read
 from .common import pow2ceil, zext
-from ..streams import BlockFIFO
+from ..streams import BlockFIFO, CreditFIFO, QueueFIFO
 from .payloads import job_entry, job_source, seg_params
 
 __all__ = ["HBReader", "RecordPath", "rec_cmd"]
@@ -101,8 +100,16 @@ class RecordPath(wiring.Component):
         # (the EBR's output register on ECP5) before the unpacker's lane
         # select and the former: one word per cycle, flags from flip-flops
         raw = m.submodules.raw = BlockFIFO(sv, self.raw_depth)
-        cmdq = m.submodules.cmdq = SyncFIFOBuffered(width=rec_cmd(g).size, depth=4)
-        pq = m.submodules.pq = SyncFIFOBuffered(width=data.Layout.cast(seg_params()).size, depth=16)
+        # (the reader offers a command only while `cmd.ready`: the queue writes
+        # on `w_en` alone and counts its level with pointers)
+        cmdq = m.submodules.cmdq = QueueFIFO(width=rec_cmd(g).size, depth=4, credit=True)
+        # the parameter queue's room is a flip-flop (`pq_room`: room for one
+        # more write next cycle too, as at most one write happens per cycle),
+        # so the word queue's read enable does not wait for a level compare;
+        # the queue writes on `w_en` alone (a `CreditFIFO`)
+        pq = m.submodules.pq = CreditFIFO(width=data.Layout.cast(seg_params()).size, depth=16)
+        pq_room = Signal()
+        m.d.sync += pq_room.eq(pq.level <= pq.depth - 2)
         wiring.connect(m, wiring.flipped(self.word), raw.i)
         m.d.comb += [cmdq.w_data.eq(self.cmd.payload), cmdq.w_en.eq(self.cmd.valid),
                      self.cmd.ready.eq(cmdq.w_rdy),
@@ -197,8 +204,8 @@ class RecordPath(wiring.Component):
                 with m.If(rec_valid):
                     m.d.sync += held.eq(rec[:22])
             with m.Else():
-                m.d.comb += take.eq(pq.w_rdy)
-                with m.If(rec_valid & pq.w_rdy):
+                m.d.comb += take.eq(pq_room)
+                with m.If(rec_valid & pq_room):
                     m.d.comb += emit.eq(1)
                 with m.If(is_up):
                     m.d.comb += [pp.mult.eq(held[:16]), pp.shift.eq(held[16:22]),
@@ -288,8 +295,13 @@ class HBReader(wiring.Component):
         # the longest command of any kind (the demux counts up to it)
         cnt_max = max([g.router_words, n * g.rows, k * g.rows, k * max(g.c_in, g.c_down)]
                       + [c[1] for c in const_cmd] + [c[1] for c in rec_cmds])
-        dest_l = data.StructLayout({"rec": 1, "count": unsigned(cnt_max.bit_length()), "par": 1})
-        dq = [SyncFIFOBuffered(width=dest_l.size, depth=4) for _ in range(B)]
+        # (`one`: `count == 1`, so that a new head's "last word" needs no compare)
+        dest_l = data.StructLayout({"rec": 1, "count": unsigned(cnt_max.bit_length()), "par": 1,
+                                    "one": 1})
+        # (pointer-based level: a command's last word pops the queue without a
+        # level counter behind the demux's late `take`; a command is offered
+        # only while `w_rdy`, so the queue writes on `w_en` alone)
+        dq = [QueueFIFO(width=dest_l.size, depth=4, credit=True) for _ in range(B)]
         rps = [RecordPath(g, b) for b in range(B)]
         for b in range(B):
             m.submodules[f"dq{b}"] = dq[b]
@@ -333,11 +345,21 @@ class HBReader(wiring.Component):
         srow = Signal(range(g.rows + 1))
         schunks = Mux(sproj == 2, g.c_down, g.c_in)
         sgroups = Mux(sproj == 2, g.g_down, g.g_in)
-        s_last = (sproj == 2) & (sgrp == sgroups - 1)
+        # `sgrp == sgroups - 1` and `s_last` registered a cycle late: they are
+        # read when a command is done, at least two cycles after `sgrp` or
+        # `sproj` moved (a command is offered from its second active cycle)
+        sg_end = Signal()
+        s_last = Signal()
+        m.d.sync += [sg_end.eq(sgrp == sgroups - 1),
+                     s_last.eq((sproj == 2) & (sgrp == sgroups - 1))]
         seg_reads = Signal()
         active = Signal()
+        # the job's record index and the pass's region bases are registers
+        # (loaded with the job entry / the layer): a command's offset is one
+        # select and one adder after flip-flops
         jx = Signal(range(E + S + 1))
-        m.d.comb += jx.eq(Mux(ent.shared, E + ent.expert, ent.expert))
+        rbase = Signal(16)
+        pbase = Signal(16)
         m.d.comb += self.rd_addr.eq(Cat(zext(j, jb), ph))
         decided = Array(self.decided)
         total = Array(self.total)
@@ -367,16 +389,16 @@ class HBReader(wiring.Component):
             need_rc = (kind == 1) | (kind == 2)
             with m.Switch(kind):
                 with m.Case(0):
-                    m.d.comb += [c.region.eq(HBRegionKind.DENSE), c.offset.eq(router_base[layer]),
+                    m.d.comb += [c.region.eq(HBRegionKind.DENSE), c.offset.eq(rbase),
                                  c.count.eq(g.router_words), dent.count.eq(g.router_words)]
                 with m.Case(1):
                     m.d.comb += [c.region.eq(HBRegionKind.DENSE),
-                                 c.offset.eq(params_base[layer] + w0), c.count.eq(words),
+                                 c.offset.eq(pbase + w0), c.count.eq(words),
                                  dent.rec.eq(1), dent.count.eq(words),
                                  rc.const.eq(1), rc.skip.eq(skip), rc.nrec.eq(nrec)]
                 with m.Case(2):
                     m.d.comb += [c.region.eq(HBRegionKind.DENSE),
-                                 c.offset.eq(params_base[layer] + rec_w0[jx]),
+                                 c.offset.eq(pbase + rec_w0[jx]),
                                  c.count.eq(rec_wn[jx]), dent.rec.eq(1), dent.count.eq(rec_wn[jx]),
                                  rc.const.eq(0), rc.skip.eq(rec_skip[jx]), rc.nrec.eq(per)]
                 with m.Case(3):
@@ -392,8 +414,12 @@ class HBReader(wiring.Component):
                         m.d.comb += [c.region.eq(HBRegionKind.EXPERT), c.slot.eq(src.slot),
                                      c.offset.eq(0), c.count.eq(k * g.rows),
                                      dent.count.eq(k * g.rows)]
-            m.d.comb += [dent.par.eq(ph), rc.par.eq(ph)]
-            room = dq[b].w_rdy & (~need_rc | rps[b].cmd.ready)
+            m.d.comb += [dent.par.eq(ph), rc.par.eq(ph), dent.one.eq(dent.count == 1)]
+            # room in the bank's queues, registered: a bank takes at most one
+            # command every two cycles (a command is offered from its second
+            # active cycle), so last cycle's room already counts its last write
+            room = Signal(name=f"room{b}")
+            m.d.sync += room.eq(dq[b].w_rdy & (~need_rc | rps[b].cmd.ready))
             m.d.comb += self.hb_cmd[b].valid.eq(active & armed & ~acc[b] & room)
             hs = self.hb_cmd[b].valid & self.hb_cmd[b].ready
             m.d.comb += [fire[b].eq(hs), dq[b].w_en.eq(hs), rps[b].cmd.valid.eq(hs & need_rc)]
@@ -411,7 +437,17 @@ class HBReader(wiring.Component):
         with m.If(fresh_pass.any()):
             m.d.sync += self.error.eq(self.error & ~fresh_pass)
         my_epoch = Signal(2)
-        fresh = self.epoch.bit_select(ph, 1) != my_epoch.bit_select(ph, 1)
+        # the scheduler's outputs for buffer `ph`, selected into registers a
+        # cycle late (no buffer select before JOB_WAIT's compares): they only
+        # grow / rise within a pass, `epoch` and `total_valid` move at the
+        # same edge, and `ph` changes many cycles before the next JOB_WAIT
+        fresh = Signal()
+        dec_ph = Signal.like(self.decided[0])
+        tot_ph = Signal.like(self.total[0])
+        tv_ph = Signal()
+        m.d.sync += [fresh.eq(self.epoch.bit_select(ph, 1) != my_epoch.bit_select(ph, 1)),
+                     dec_ph.eq(decided[ph]), tot_ph.eq(total[ph]),
+                     tv_ph.eq(self.total_valid.bit_select(ph, 1))]
         with m.FSM(name="hb_reader"):
             with m.State("IDLE"):
                 with m.If(self.pass_valid.bit_select(ph, 1)
@@ -419,6 +455,8 @@ class HBReader(wiring.Component):
                           & ~const_busy.bit_select(ph, 1)):
                     m.d.sync += [my_seq.bit_select(ph, 1).eq(self.pass_seq.bit_select(ph, 1)),
                                  layer.eq(Mux(ph, self.layer[1], self.layer[0])),
+                                 rbase.eq(router_base[Mux(ph, self.layer[1], self.layer[0])]),
+                                 pbase.eq(params_base[Mux(ph, self.layer[1], self.layer[0])]),
                                  kind.eq(0), active.eq(1), j.eq(0),
                                  const_busy.bit_select(ph, 1).eq(1),
                                  fresh_pass.bit_select(ph, 1).eq(1)]
@@ -431,14 +469,16 @@ class HBReader(wiring.Component):
                 with m.If(active & done_all):
                     m.next = "JOB_WAIT"
             with m.State("JOB_WAIT"):
-                with m.If(fresh & (j < decided[ph])):
+                with m.If(fresh & (j < dec_ph)):
                     m.next = "JOB_READ"
-                with m.Elif(fresh & self.total_valid.bit_select(ph, 1) & (j == total[ph])):
+                with m.Elif(fresh & tv_ph & (j == tot_ph)):
                     m.d.sync += [ph.eq(~ph),
                                  my_epoch.bit_select(ph, 1).eq(self.epoch.bit_select(ph, 1))]
                     m.next = "IDLE"
             with m.State("JOB_READ"):
                 m.d.sync += [ent.eq(self.rd_entry), src.eq(self.rd_src), kind.eq(2),
+                             jx.eq(Mux(self.rd_entry.shared, E + self.rd_entry.expert,
+                                       self.rd_entry.expert)),
                              active.eq(1), sproj.eq(0), sgrp.eq(0), srow.eq(0),
                              seg_reads.eq(self.rd_entry.precision == TokenRole.DRAFT)]
                 m.next = "REC"
@@ -454,7 +494,7 @@ class HBReader(wiring.Component):
                 with m.If(active & done_all):
                     with m.If(ent.shared & seg_reads & ~s_last):
                         m.d.sync += [active.eq(1), srow.eq(srow + schunks), sgrp.eq(sgrp + 1)]
-                        with m.If(sgrp == sgroups - 1):
+                        with m.If(sg_end):
                             m.d.sync += [sgrp.eq(0), sproj.eq(sproj + 1)]
                     with m.Else():
                         m.d.sync += j.eq(j + 1)
@@ -491,7 +531,17 @@ class HBReader(wiring.Component):
                          self.buf_wdata[b].eq(Mux(pad, 0, word))]
             for p in range(2):
                 beats[p].append(take & ~beat.error & (head.par == p))
-            at_end = nxt == head.count
+            # `nxt == head.count` without a compare after the registers: a head
+            # that was already the head last cycle (`hold`) has it registered
+            # (`at_end_r`, worked out for both outcomes as `nxt` moves), a new
+            # head brings it (`one`, as `nxt` restarts at 1)
+            at_end = Signal(name=f"at_end{b}")
+            at_end_r = Signal(name=f"at_end_r{b}")
+            hold = Signal(name=f"hold{b}")
+            m.d.comb += at_end.eq(Mux(hold, at_end_r, head.one))
+            nxt_inc = (take & ~beat.error & ~at_end) | (pad & dst_ok & ~at_end)
+            m.d.sync += [hold.eq(hv & ~dq[b].r_en),
+                         at_end_r.eq(Mux(nxt_inc, nxt + 1 == head.count, at_end))]
             with m.If(take):
                 with m.If(beat.error):
                     # the refused word and the rest of the command are padded

@@ -68,7 +68,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..streams import QueueFIFO
 from ..vocab import PEMode, TokenRole, bits
-from .common import lowest_set, pow2ceil, zext
+from .common import lowest_flag, lowest_set, pow2ceil, zext
 from .payloads import Kind, array_beat, job_entry, job_source, pass_summary
 
 __all__ = ["Issue"]
@@ -158,7 +158,7 @@ class Issue(wiring.Component):
         pi = Signal()
         count = Signal.like(self.count[0])
         count_m1 = Signal.like(count)        # count - 1, registered with it
-        roles = Signal(data.ArrayLayout(TokenRole, T))
+        dmask = Signal(T)                    # the DRAFT tokens of the pass
         step_last = Signal()
         start = Signal.like(self.cycle)
         mac = Signal.like(self.cycle)
@@ -204,6 +204,11 @@ class Issue(wiring.Component):
         cl = Signal.like(c)                  # chunks - 1 of the current phase
         gl_ = Signal.like(grp)               # groups - 1 of the current phase
         tpl = Signal(range(n))               # planes - 1 of the current token
+        # `cl - 1`, `gl_ - 1`, `tpl - 1` (wrapping: `c`, `grp`, `q` never reach
+        # all-ones) and `hbn - 1` (0 for 0), registered with them, so that the
+        # "next is last" compares `x + 1 == lim` are `x == lim_m1`, no adder
+        cl_m1, gl_m1, tpl_m1 = Signal.like(cl), Signal.like(gl_), Signal.like(tpl)
+        hbn_m1 = Signal(range(n + 1))
         # `in_router | (q < hbn)` as a flip-flop, worked out wherever `q`,
         # `in_router` or `hbn` is assigned (below, beside each assignment)
         from_hb = Signal(init=1)
@@ -260,9 +265,12 @@ class Issue(wiring.Component):
 
         # next token of the segment, one cycle ahead; the first one of the job
         nxt_any_c, nxt_t_c = lowest_set(m, rem, "nxt")
+        # (the token's role travels through the priority tree with it: no
+        # select by the tree's index after the tree)
         m.d.sync += [nxt_any.eq(nxt_any_c), nxt_t.eq(nxt_t_c),
-                     nxt_draft.eq(roles[nxt_t_c] == TokenRole.DRAFT)]
+                     nxt_draft.eq(lowest_flag(m, rem, dmask, "nxt"))]
         f_any_c, f_t_c = lowest_set(m, ent.tok_mask, "first")
+        f_draft_c = lowest_flag(m, ent.tok_mask, dmask, "first")
         f_t, f_draft = Signal.like(t), Signal()
         cur_draft = Signal()
         # h-ready for the current, the next and the first slot (up_inflight only
@@ -382,7 +390,8 @@ class Issue(wiring.Component):
         m.d.sync += [settle.eq(0), bubble.eq(bubble_b), bubble_b.eq(0), h_ok.eq(h_cur)]
 
         def start_token(tt, draft, sl, h):
-            m.d.sync += [t.eq(tt), q.eq(0), c.eq(0), tpl.eq(planes_l(draft)), cur_draft.eq(draft),
+            m.d.sync += [t.eq(tt), q.eq(0), c.eq(0), tpl.eq(planes_l(draft)),
+                         tpl_m1.eq(planes_l(draft) - 1), cur_draft.eq(draft),
                          slot.eq(sl), slack.eq(Mux(in_router, 0, ent.count - 1 - sl)),
                          settle.eq(1), h_ok.eq(h), from_hb.eq(hbn != 0),
                          last_c.eq(cl == 0), last_q.eq(planes_l(draft) == 0)]
@@ -392,19 +401,20 @@ class Issue(wiring.Component):
             ch = g.c_down if kind == Kind.DOWN else g.c_in
             gr = g.g_down if kind == Kind.DOWN else g.g_in
             # (`grp` is 0 whenever the phase changes)
-            m.d.sync += [proj.eq(kind), cl.eq(ch - 1), gl_.eq(gr - 1),
+            m.d.sync += [proj.eq(kind), cl.eq(ch - 1), gl_.eq(gr - 1), cl_m1.eq(ch - 2),
+                         gl_m1.eq(gr - 2),
                          hb_len.eq(hbn * ch), ext_len.eq(extn * ch), last_c.eq(ch == 1),
                          last_g.eq(gr == 1)]
 
         with m.If(launch):
-            m.d.sync += [c.eq(c + 1), last_c.eq(c + 1 == cl)]
+            m.d.sync += [c.eq(c + 1), last_c.eq(c == cl_m1)]
             with m.If(last_c):
-                m.d.sync += [c.eq(0), q.eq(q + 1), last_c.eq(cl == 0), last_q.eq(q + 1 == tpl),
-                             from_hb.eq(in_router | (q + 1 < hbn))]
+                m.d.sync += [c.eq(0), q.eq(q + 1), last_c.eq(cl == 0), last_q.eq(q == tpl_m1),
+                             from_hb.eq(in_router | (q < hbn_m1))]
             with m.If(in_router):
                 with m.If(last_c & last_q):
                     m.d.sync += [q.eq(0), grp.eq(grp + 1), last_q.eq(tpl == 0), from_hb.eq(1),
-                                 last_g.eq(grp + 1 == gl_)]
+                                 last_g.eq(grp == gl_m1)]
                     with m.If(last_g):                        # token done
                         m.d.sync += [grp.eq(0), settle.eq(1), last_g.eq(gl_ == 0)]
                         with m.If(t == count_m1):
@@ -418,7 +428,7 @@ class Issue(wiring.Component):
                     m.d.sync += rem.eq(rem & ~(Const(1, T) << nxt_t))
                 with m.Else():                                # segment done
                     m.d.sync += [hb_seg.eq(hb_nxt), ext_seg.eq(ext_nxt), grp.eq(grp + 1),
-                                 last_g.eq(grp + 1 == gl_)]
+                                 last_g.eq(grp == gl_m1)]
                     start_token(f_t, f_draft, 0, h_first)
                     m.d.sync += rem.eq(ent.tok_mask & ~(Const(1, T) << f_t))
                     with m.If(last_g):
@@ -440,14 +450,17 @@ class Issue(wiring.Component):
                 with m.If(self.pass_valid.bit_select(pi, 1)):
                     m.d.sync += [count.eq(Mux(pi, self.count[1], self.count[0])),
                                  count_m1.eq(Mux(pi, self.count[1], self.count[0]) - 1),
-                                 roles.eq(Mux(pi, self.roles[1], self.roles[0])),
+                                 dmask.eq(Cat(*[Mux(pi, self.roles[1][x], self.roles[0][x])
+                                                == TokenRole.DRAFT for x in range(T)])),
                                  step_last.eq(self.step_last.bit_select(pi, 1)),
                                  start.eq(self.cycle), mac.eq(0), j.eq(0),
                                  in_router.eq(1), running.eq(1), grp.eq(0), q.eq(0), c.eq(0),
                                  from_hb.eq(1),
                                  last_c.eq(g.c_in == 1), last_q.eq(n == 1),
                                  t.eq(0), tpl.eq(n - 1), cl.eq(g.c_in - 1),
-                                 gl_.eq(g.g_router - 1), last_g.eq(g.g_router == 1), slack.eq(0),
+                                 tpl_m1.eq(n - 2), cl_m1.eq(g.c_in - 2),
+                                 gl_.eq(g.g_router - 1), gl_m1.eq(g.g_router - 2),
+                                 last_g.eq(g.g_router == 1), slack.eq(0),
                                  cur_draft.eq(0), settle.eq(1)]
                     m.d.comb += hb_reset.eq(1)
                     m.next = "ROUTER"
@@ -465,6 +478,7 @@ class Issue(wiring.Component):
                 need = Mux(e.precision == TokenRole.DRAFT, k, n)
                 nh = Mux(e.shared, need, Mux(s_.hb, k, 0))
                 m.d.sync += [ent.eq(self.rd_entry), src.eq(self.rd_src), hbn.eq(nh),
+                             hbn_m1.eq(Mux(nh == 0, 0, nh - 1)),
                              extn.eq(Mux(e.shared, 0, need - nh)), grp.eq(0),
                              last_g.eq(gl_ == 0)]
                 if S:
@@ -472,7 +486,7 @@ class Issue(wiring.Component):
                 m.next = "JOB_FIRST"
             with m.State("JOB_FIRST"):
                 set_phase(Kind.GATE)
-                m.d.sync += [f_t.eq(f_t_c), f_draft.eq(roles[f_t_c] == TokenRole.DRAFT)]
+                m.d.sync += [f_t.eq(f_t_c), f_draft.eq(f_draft_c)]
                 m.next = "JOB_START"
             with m.State("JOB_START"):
                 start_token(f_t, f_draft, 0, h_first)

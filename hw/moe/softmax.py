@@ -21,12 +21,12 @@ buffer), loaded by the HB reader.
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, memory, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ...golden import moe_layer as gm
+from ..streams import CreditFIFO
 from ..vocab import bits
 from .common import delay, mul_pipe
 from .payloads import topk_result
@@ -62,6 +62,11 @@ class Softmax(wiring.Component):
         ``ready`` bit ``ready_clr_token`` falls in the next cycle (its token's
         next result is taken): a consumer that registers a ``ready`` bit a
         cycle ahead masks it with this (registers only, one compare).
+    ready_keep : ``Out(T)``
+        ``ready`` without the bit ``ready_clr`` names: the bits certain to be
+        up in the next cycle, as a register of its own (a consumer that
+        registers a ``ready`` bit a cycle ahead selects from it, with no
+        compare after the select).
     idle : ``Out(1)``
         No token waiting or in progress.
     """
@@ -76,16 +81,24 @@ class Softmax(wiring.Component):
             "g_addr": In(range(max(2, g.T))), "g_data": Out(gate_row(g)),
             "ready": Out(g.T), "idle": Out(1),
             "ready_clr": Out(1), "ready_clr_token": Out(range(max(2, g.T))),
+            "ready_keep": Out(g.T),
         })
 
     def elaborate(self, platform):
         m = Module()
         g = self.g
         K, T, W = g.K, g.T, g.W
-        fifo = m.submodules.fifo = SyncFIFOBuffered(width=len(self.i.payload.as_value()),
-                                                    depth=max(2, T))
-        m.d.comb += [fifo.w_data.eq(self.i.payload), fifo.w_en.eq(self.i.valid),
-                     self.i.ready.eq(fifo.w_rdy)]
+        # `i.ready` is a flip-flop (`room`: room for a write next cycle too, as
+        # at most one write happens per cycle), so top-k's output handshake
+        # and the scheduler's snoop of it start at registers; one entry more
+        # than the tokens of a pass keeps a whole pass's results acceptable.
+        # The FIFO writes on `w_en` alone (`CreditFIFO`).
+        fifo = m.submodules.fifo = CreditFIFO(width=len(self.i.payload.as_value()),
+                                              depth=max(2, T) + 1)
+        room = Signal()
+        m.d.sync += room.eq(fifo.level <= fifo.depth - 2)
+        m.d.comb += [fifo.w_data.eq(self.i.payload), fifo.w_en.eq(self.i.valid & room),
+                     self.i.ready.eq(room)]
         head = Signal(topk_result(g))
         m.d.comb += head.eq(fifo.r_data)
 
@@ -112,7 +125,14 @@ class Softmax(wiring.Component):
         d_valid = Signal()
         d_rank = Signal(range(K))
         logits = Array(cur.logit[r] for r in range(K))
-        m.d.sync += [d.eq(cur.logit[0] - logits[lr]), d_valid.eq(launch), d_rank.eq(lr)]
+        # the logit of rank `lr` is selected into a register of its own, and
+        # subtracted a cycle later (the select and the carry chain had been
+        # one path, the layer's worst on two seeds of round 10)
+        l_sel = Signal.like(cur.logit[0])
+        l_valid = Signal()
+        l_rank = Signal(range(K))
+        m.d.sync += [l_sel.eq(logits[lr]), l_valid.eq(launch), l_rank.eq(lr)]
+        m.d.sync += [d.eq(cur.logit[0] - l_sel), d_valid.eq(l_valid), d_rank.eq(l_rank)]
         prod, lat = mul_pipe(m, d, mult, "sm_mul")
         pv = delay(m, d_valid, lat, "sm_pv")
         pr = delay(m, d_rank, lat, "sm_pr")
@@ -161,11 +181,20 @@ class Softmax(wiring.Component):
         clr_token = Signal.like(self.ready_clr_token)
         m.d.comb += [self.ready_clr.eq(clr), self.ready_clr_token.eq(clr_token)]
         m.d.sync += [clr.eq(0), clr_token.eq(head.token)]
+        # `ready_keep` = `ready & ~(ready_clr ? 1 << ready_clr_token : 0)`,
+        # registered from the next values of both (set below with them)
+        keep = Signal(T)
+        ready_set = Signal(T)               # WRITE: the bit it sets
+        ready_drop = Signal(T)              # TAKE: the bit it clears
+        clr_next = Signal(T)                # LOAD -> TAKE: the bit `ready_clr` will name
+        m.d.comb += self.ready_keep.eq(keep)
+        m.d.sync += keep.eq(((ready & ~ready_drop) | ready_set) & ~clr_next)
         with m.FSM(name="softmax"):
             with m.State("LOAD"):
                 m.d.comb += self.idle.eq(fifo.level == 0)   # (r_rdy lags a write)
                 with m.If(take):
                     m.d.sync += clr.eq(1)
+                    m.d.comb += clr_next.eq(1 << head.token)
                     m.next = "TAKE"
             with m.State("TAKE"):
                 # the head seen in LOAD is still there (nothing else reads the
@@ -175,6 +204,7 @@ class Softmax(wiring.Component):
                 m.d.sync += [cur.eq(head), mult.eq(sm_m[head.par]), shift.eq(sm_s[head.par]),
                              lr.eq(0), got.eq(0), all_got.eq(head.count == 0), esum.eq(0),
                              ready.bit_select(head.token, 1).eq(0)]
+                m.d.comb += ready_drop.eq(1 << head.token)
                 m.next = "EXP"
             with m.State("EXP"):
                 with m.If(lr < cur.count):
@@ -187,13 +217,17 @@ class Softmax(wiring.Component):
                     m.next = "DIV"
             with m.State("DIV"):
                 for r in range(K):
-                    ge = rem[r] >= dv
-                    m.d.sync += [rem[r].eq(Mux(ge, rem[r] - dv, rem[r])), quo[r].eq(Cat(ge, quo[r]))]
+                    # one carry chain: `rem >= dv` is the difference's sign
+                    diff = Signal(signed(max(len(rem[r]), len(dv)) + 1), name=f"diff{r}")
+                    m.d.comb += diff.eq(rem[r] - dv)
+                    ge = ~diff[-1]
+                    m.d.sync += [rem[r].eq(Mux(ge, diff, rem[r])), quo[r].eq(Cat(ge, quo[r]))]
                 m.d.sync += [dv.eq(dv >> 1), step.eq(step + 1)]
                 with m.If(step == F):
                     m.next = "WRITE"
             with m.State("WRITE"):
                 m.d.comb += wp.en.eq(1)
                 m.d.sync += ready.bit_select(cur.token, 1).eq(1)
+                m.d.comb += ready_set.eq(1 << cur.token)
                 m.next = "LOAD"
         return m

@@ -92,6 +92,7 @@ class TokenStore(wiring.Component):
 
         pw = Signal()                        # buffer being filled
         t = Signal(range(T + 1))
+        t_last = Signal(init=T == 1)          # `t == T - 1`, set with `t`
         c = Signal(range(C + 1))
         cur_layer = Signal.like(self.layer[0])
         # input register: loaded every cycle it is empty (``rdy``), so its
@@ -132,7 +133,7 @@ class TokenStore(wiring.Component):
                          self.valid.bit_select(pw, 1).eq(1),
                          self.seq.bit_select(pw, 1).eq(~self.seq.bit_select(pw, 1)),
                          self.step_last.bit_select(pw, 1).eq(step_last),
-                         pw.eq(~pw), t.eq(0)]
+                         pw.eq(~pw), t.eq(0), t_last.eq(T == 1)]
 
         with m.FSM(name="tokens"):
             with m.State("IDLE"):
@@ -154,11 +155,13 @@ class TokenStore(wiring.Component):
             with m.State("WRITE"):
                 m.d.comb += wp.en.eq(1)
                 m.d.sync += [c.eq(c + 1), w_last.eq(c + 2 == C)]
-                with m.If(c == C - 1):
-                    with m.If(lat.last | (t == T - 1)):
+                # (`w_last` is `c == C - 1` here: the pass's close starts at
+                # flip-flops, not at the chunk counter's compare)
+                with m.If(w_last):
+                    with m.If(lat.last | t_last):
                         close(t + 1, lat.last)
                     with m.Else():
-                        m.d.sync += t.eq(t + 1)
+                        m.d.sync += [t.eq(t + 1), t_last.eq(t == T - 2)]
                     m.d.sync += w_last.eq(0)
                     m.next = "IDLE"
         return m

@@ -15,7 +15,7 @@ stage  work
 E0     router logits go to top-k; parameters are popped after a segment's
        last token; the gate-table read is issued
 A0     element registered (value, parameters, tag); the gate of its token
-       for its expert selected
+       for its expert selected (compares at A1, select at A2)
 A0-A7  ``q1 = rq(value, mult, shift)`` (partial-product tree, two barrel
        stages, clamp)
 A7     reads issued: SiLU table (GATE), ``silu`` of the row (UP), the
@@ -97,7 +97,7 @@ class VectorUnit(wiring.Component):
         Pass constants (from the HB reader); ``lut_loaded``, ``out_loaded``
         ``In(2)`` say they are complete.
     logit_valid, logit : ``Out``; topk_last_ok, topk_idle : ``In`` (top-k)
-    g_addr : ``Out``; g_data, gates_ready, gates_clr, gates_clr_token : ``In``;
+    g_addr : ``Out``; g_data, gates_keep : ``In``;
     softmax_idle : ``In`` (softmax)
     h_addr : ``In``; h_data : ``Out`` (issue stage)
     y_addr : ``In``; y_data : ``Out``; out_done : ``In(2)`` (output stage)
@@ -124,7 +124,7 @@ class VectorUnit(wiring.Component):
             "logit_valid": Out(1), "logit": Out(logit(g)),
             "topk_last_ok": In(1), "topk_idle": In(1),
             "g_addr": Out(range(max(2, T))), "g_data": In(gate_row(g)),
-            "gates_ready": In(T), "gates_clr": In(1), "gates_clr_token": In(range(max(2, T))),
+            "gates_keep": In(T),
             "softmax_idle": In(1),
             "h_addr": In(unsigned(self.tb + bits(g.c_down))),
             "h_data": Out(data.ArrayLayout(unsigned(8), L)),
@@ -193,12 +193,14 @@ class VectorUnit(wiring.Component):
         dsc = ser.desc
         kind = dsc.kind
         is_end = dsc.end
-        is_router = (kind == Kind.ROUTER) & ~is_end
+        # (flags of the held result, registered as it is loaded)
+        is_router = Signal()
+        lgrp = Signal()                      # its group is the router's last
         need_params = ~is_router & ~is_end
         phead = Signal(seg_params())
         m.d.comb += phead.eq(Array(p.payload for p in self.params)[bi])
         ends = Signal(2)
-        last_logit = (dsc.group == g.g_router - 1) & (bi == B - 1)
+        last_logit = lgrp & (bi == B - 1)
         adv = Signal()
         m.d.comb += adv.eq(ok)
         done_res = ok & last
@@ -209,7 +211,10 @@ class VectorUnit(wiring.Component):
         with m.If(done_res):
             m.d.sync += [ser_valid.eq(0), bi.eq(0)]
         with m.If(load):
-            m.d.sync += [ser.eq(self.i.payload), ser_valid.eq(1), bi.eq(0)]
+            nd_ = self.i.payload.desc
+            m.d.sync += [ser.eq(self.i.payload), ser_valid.eq(1), bi.eq(0),
+                         is_router.eq((nd_.kind == Kind.ROUTER) & ~nd_.end),
+                         lgrp.eq(nd_.group == g.g_router - 1)]
         for b in range(B):
             m.d.comb += self.params[b].ready.eq(adv & (bi == b) & need_params & dsc.seg_last)
         logit_go = adv & is_router
@@ -221,7 +226,8 @@ class VectorUnit(wiring.Component):
         # a cycle later), an END's ``ends`` increment (the output buffer is
         # taken), a pass done (its constants' ``loaded`` flags are cleared a
         # cycle later) and the softmax taking a token's next result (its
-        # ``gates_ready`` bit is cleared a cycle later). A rise is seen a
+        # ``ready`` bit is cleared a cycle later: ``gates_keep`` is the
+        # softmax's ``ready`` without it, a register). A rise is seen a
         # cycle late (a waiting element leaves a cycle later than a
         # combinational ``ok`` would let it); a fall never is.
         pv_n = Cat(p.valid & ~p.ready for p in self.params)
@@ -232,8 +238,9 @@ class VectorUnit(wiring.Component):
         def flag_n(flags, par):
             return flags.bit_select(par, 1) & ~(self.done & (self.done_par == par))
 
-        def ok_of(d, b):
-            """``ok`` of element ``b`` of a result tagged ``d``, in the next cycle.
+        def ok_of(d, b, d_lgrp):
+            """``ok`` of element ``b`` of a result tagged ``d``, in the next
+            cycle, but for its token's gate: ``(base, needs_gate)``.
 
             END also waits for the pass's constants: a pass that runs no
             expert never waits for them otherwise, and its `done` clears
@@ -241,26 +248,43 @@ class VectorUnit(wiring.Component):
             again for the next pass in this buffer) and ends its HB word
             count."""
             lut_ok, out_ok = flag_n(self.lut_loaded, d.par), flag_n(self.out_loaded, d.par)
-            gate_ok = (self.gates_ready.bit_select(d.token, 1)
-                       & ~(self.gates_clr & (self.gates_clr_token == d.token)))
-            last_lg = (d.group == g.g_router - 1) & (b == B - 1)
-            return Mux(d.end, self.softmax_idle & topk_idle_n & lut_ok & out_ok,
+            last_lg = d_lgrp & (b == B - 1)
+            base = Mux(d.end, self.softmax_idle & topk_idle_n & lut_ok & out_ok,
                        Mux(d.kind == Kind.ROUTER, ~last_lg | last_ok_n,
                            pv_n.bit_select(b, 1)
                            & Mux(d.kind == Kind.GATE, lut_ok, 1)
-                           & Mux(d.kind == Kind.DOWN,
-                                 (~d.routed | gate_ok) & (~d.last | (y_free_n & out_ok)), 1)))
+                           & Mux(d.kind == Kind.DOWN, ~d.last | (y_free_n & out_ok), 1)))
+            return base, ~d.end & (d.kind == Kind.DOWN) & d.routed
         nd = self.i.payload.desc
+        # The token's gate comes last: for the incoming result a select of
+        # `gates_keep` by its token, for the held one an AND-OR with the
+        # token's one-hot (a register loaded with it); each meets the rest
+        # of the decision in the last LUT levels.
+        tok_oh = Signal(T)
+        with m.If(load):
+            m.d.sync += tok_oh.eq(1 << nd.token)
+        g_in = self.gates_keep.bit_select(nd.token, 1)
+        g_held = (self.gates_keep & tok_oh).any()
+        b_in, n_in = ok_of(nd, Const(0, len(bi)), nd.group == g.g_router - 1)
+        b_nx, n_held = ok_of(dsc, bi + 1, lgrp)
+        b_st, _ = ok_of(dsc, bi, lgrp)
+        b_held = Mux(adv, ~last & b_nx, ser_valid & b_st)
+        ok_p, ok_qi, ok_qh = Signal(), Signal(), Signal()
+        m.d.comb += [ok_p.eq(Mux(load, b_in & ~n_in, b_held & ~n_held)),
+                     ok_qi.eq(load & b_in & n_in), ok_qh.eq(~load & b_held & n_held)]
         m.d.sync += [
-            ok.eq(Mux(load, ok_of(nd, Const(0, len(bi))),
-                      Mux(adv, ~last & ok_of(dsc, bi + 1), ser_valid & ok_of(dsc, bi)))),
+            ok.eq((ok_p | (ok_qh & g_held)) | (ok_qi & g_in)),
             last.eq(Mux(load, nd.end | Const(B == 1, 1), Mux(adv, bi + 1 == B - 1, last)))]
+        # the value of the element at the entry, a register loaded as `bi`
+        # moves (the `B`:1 select by `bi` ends there, not in top-k's compares)
         value = Signal(signed(W))
-        m.d.comb += value.eq(Array(ser.value[b] for b in range(B))[bi])
+        m.d.sync += value.eq(Mux(load, self.i.payload.value[0],
+                                 Mux(adv, Array(ser.value[b] for b in range(B))[bi + 1], value)))
         # logits straight to top-k
         lg = self.logit
         m.d.comb += [self.logit_valid.eq(logit_go), lg.token.eq(dsc.token),
-                     lg.expert.eq(dsc.group * B + bi), lg.value.eq(value), lg.par.eq(dsc.par),
+                     lg.expert.eq(Cat(bi, dsc.group) if B == 1 << (B - 1).bit_length() and B > 1
+                                   else dsc.group * B + bi), lg.value.eq(value), lg.par.eq(dsc.par),
                      lg.last.eq(last_logit)]
         m.d.comb += self.g_addr.eq(dsc.token)
         pass_err = Signal()
@@ -287,12 +311,20 @@ class VectorUnit(wiring.Component):
                      a_last.eq(dsc.last), a_err.eq(pass_err | ser.error), a_tok.eq(dsc.token),
                      a_row.eq(dsc.group * B + bi), a_grp.eq(dsc.group), a_b.eq(bi),
                      a_exp.eq(dsc.expert), a_val.eq(value), a_p.eq(phead)]
-        # gate of this token for this expert (routed DOWN), in Q12
+        # gate of this token for this expert (routed DOWN), in Q12: the expert
+        # compares are registered at A1 with the gates, the select at A2 (the
+        # gate is first used at A9)
+        g_hit = Signal(K)
+        g_gates = [Signal(gm.GATE_FRAC + 1, name=f"g_gate{r}") for r in range(K)]
+        g_routed = Signal()
+        m.d.sync += [g_hit.eq(Cat(*[self.g_data.sel[r] == a_exp for r in range(K)])),
+                     g_routed.eq(a_routed)]
+        m.d.sync += [g_gates[r].eq(self.g_data.gate[r]) for r in range(K)]
         gsel = Const(gm.GATE_ONE, gm.GATE_FRAC + 1)
         for r in reversed(range(K)):
-            gsel = Mux(self.g_data.sel[r] == a_exp, self.g_data.gate[r], gsel)
+            gsel = Mux(g_hit[r], g_gates[r], gsel)
         gate = Signal(gm.GATE_FRAC + 1)
-        m.d.sync += gate.eq(Mux(a_routed, gsel, gm.GATE_ONE))   # at A1
+        m.d.sync += gate.eq(Mux(g_routed, gsel, gm.GATE_ONE))   # at A2
 
         # ---- A0..A7: q1 = rq(value) ----------------------------------------------------------
         q1, lat1 = requant_pipe(m, a_val, a_p.mult, a_p.shift, "rq1")
@@ -306,7 +338,7 @@ class VectorUnit(wiring.Component):
                ("b7", a_b), ("rt7", a_routed))}
         m27 = carry(a_p.mult2, 7, "m2_7")
         s27 = carry(a_p.shift2, 7, "s2_7")
-        gate7 = carry(gate, 6, "gate7")
+        gate7 = carry(gate, 5, "gate7")
         code = Signal(8)
         m.d.comb += code.eq(q1.as_unsigned() ^ 0x80)
         m.d.comb += [lut_r.addr.eq(Cat(code[2:8], c7["p7"])),
