@@ -42,15 +42,18 @@ the incoming result's first, or the same one if it waits), from what it
 waits for *as it will be then*: every condition only rises, except through
 an event of the current cycle that the entry knows and masks with (its own
 parameter pop, logit into top-k, END, pass ``done``, and the softmax taking
-a token's next result, which clears that token's ``gates_ready`` bit a
-cycle later: the softmax reports it, ``gates_clr``). So a stale bit never
+a token's next result, which clears that token's gate-ready bit a cycle
+later: the softmax's ``ready_keep``, wired to ``gates_keep``, is its
+``ready`` without that bit, a register). So a stale bit never
 lets an element pass; a condition that rises while an element waits is seen
 one cycle later than a combinational ``ok`` would see it (the element leaves
 one cycle later; an element whose conditions already hold leaves in its
 first cycle as before, so the unit still takes one element per cycle).
 ``i.ready`` is one LUT of flip-flops (``~ser_valid | ok & last``): the 16:1
-select of ``gates_ready`` by the token and the rest of the conditions end
-at the ``ok`` register instead of the PE array's output register enable.
+select of ``gates_keep`` by the token and the rest of the conditions end
+at the ``ok`` register instead of the PE array's output register enable;
+the gate comes last in ``ok`` (an AND-OR with the held token's one-hot, or
+the select by the incoming result's token).
 
 Read-after-write without bypass logic (a transparent read port would put
 Yosys's bypass multiplexer, and the block RAM's 5.8 ns, back in front of
