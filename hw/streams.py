@@ -39,6 +39,12 @@ def _ring_next(ptr, depth: int):
     return Mux(ptr == depth - 1, 0, ptr + 1)
 
 
+def _ring_step(m: Module, en, ptr, depth: int):
+    """``ptr`` steps to the next position of its ring in cycles with ``en``."""
+    with m.If(en):
+        m.d.sync += ptr.eq(_ring_next(ptr, depth))
+
+
 class RegisterSlice(wiring.Component):
     """Full-throughput register slice (skid buffer) for one stream.
 
@@ -163,10 +169,8 @@ class BlockFIFO(wiring.Component):
                      read.eq(has & (room != 0)),
                      wport.addr.eq(wp), wport.data.eq(self.i.payload), wport.en.eq(write),
                      rport.addr.eq(rp)]
-        with m.If(write):
-            m.d.sync += wp.eq(_ring_next(wp, D))
-        with m.If(read):
-            m.d.sync += rp.eq(_ring_next(rp, D))
+        _ring_step(m, write, wp, D)
+        _ring_step(m, read, rp, D)
         # the flags from registers; `write`/`read` only select
         with m.If(write & ~read):
             m.d.sync += [cnt.eq(cnt + 1), full.eq(cnt == D - 1), has.eq(1)]
@@ -189,10 +193,8 @@ class BlockFIFO(wiring.Component):
         for x in range(Q):
             with m.If(push & (tail == x)):
                 m.d.sync += q[x].eq(d2)
-        with m.If(push):
-            m.d.sync += tail.eq(_ring_next(tail, Q))
-        with m.If(pop):
-            m.d.sync += head.eq(_ring_next(head, Q))
+        _ring_step(m, push, tail, Q)
+        _ring_step(m, pop, head, Q)
         m.d.sync += held.eq(held + push - pop)
         m.d.sync += self.o.valid.eq(push | Mux(pop, held >= 2, self.o.valid))
         m.d.sync += room.eq(room - read + pop)
@@ -247,10 +249,8 @@ class CreditFIFO(Elaboratable):
                      w_port.en.eq(do_write),
                      r_port.addr.eq(consume), self.r_data.eq(r_port.data),
                      r_port.en.eq(do_inner_read)]
-        with m.If(do_write):
-            m.d.sync += produce.eq(_ring_next(produce, inner_depth))
-        with m.If(do_inner_read):
-            m.d.sync += consume.eq(_ring_next(consume, inner_depth))
+        _ring_step(m, do_write, produce, inner_depth)
+        _ring_step(m, do_inner_read, consume, inner_depth)
         with m.If(do_write & ~do_inner_read):
             m.d.sync += inner_level.eq(inner_level + 1)
         with m.If(do_inner_read & ~do_write):

@@ -216,17 +216,26 @@ def requant_pipe(m: Module, v, mult, shift, name: str):
     return out, lat + REQUANT_LATENCY_TAIL
 
 
-def lowest_set(m: Module, vec, name: str):
-    """``(any, index)`` of the lowest set bit of ``vec`` (a combinational
-    tree: ``log2(len(vec))`` levels of a 2:1 choice)."""
+def _lowest_tree(vec, leaf, pick):
+    """A priority tree over ``vec`` (lowest set bit first): ``(any, payload)``
+    with ``leaf(i)`` the payload of bit ``i`` and ``pick(a_any, a, b, lo,
+    mid, hi)`` the payload of ``[lo, hi)`` from its halves' payloads."""
     def tree(lo, hi):
         if hi - lo == 1:
-            return vec[lo], Const(0, 1)
+            return vec[lo], leaf(lo)
         mid = lo + pow2ceil(hi - lo) // 2
         if mid >= hi:
             mid = lo + (hi - lo) // 2
-        a_any, a_idx = tree(lo, mid)
-        b_any, b_idx = tree(mid, hi)
+        a_any, a = tree(lo, mid)
+        b_any, b = tree(mid, hi)
+        return a_any | b_any, pick(a_any, a, b, lo, mid, hi)
+    return tree(0, len(vec))
+
+
+def lowest_set(m: Module, vec, name: str):
+    """``(any, index)`` of the lowest set bit of ``vec`` (a combinational
+    tree: ``log2(len(vec))`` levels of a 2:1 choice)."""
+    def pick(a_any, a_idx, b_idx, lo, mid, hi):
         wbits = max(1, (pow2ceil(hi - lo) - 1).bit_length())
         if mid - lo == 1 << (wbits - 1):
             # the upper half's offset is the top index bit: a select, no adder
@@ -236,9 +245,9 @@ def lowest_set(m: Module, vec, name: str):
             idx = Mux(a_any, Cat(a_lo, Const(0, 1)), Cat(b_lo, Const(1, 1)))
         else:
             idx = Mux(a_any, a_idx, b_idx + (mid - lo))
-        return a_any | b_any, idx[:wbits] if len(idx) > wbits else idx
+        return idx[:wbits] if len(idx) > wbits else idx
     w = len(vec)
-    a, i = tree(0, w)
+    a, i = _lowest_tree(vec, lambda _: Const(0, 1), pick)
     anyb = Signal(name=f"{name}_any")
     idx = Signal(range(max(2, w)), name=f"{name}_idx")
     m.d.comb += [anyb.eq(a), idx.eq(i)]
@@ -246,18 +255,11 @@ def lowest_set(m: Module, vec, name: str):
 
 
 def lowest_flag(m: Module, vec, flags, name: str):
-    """``flags[i]`` of the lowest set bit ``i`` of ``vec`` (0 if none): the
-    same tree as :func:`lowest_set`, carrying the flag instead of the index,
-    so that no index-addressed select follows the priority tree."""
-    def tree(lo, hi):
-        if hi - lo == 1:
-            return vec[lo], flags[lo]
-        mid = lo + pow2ceil(hi - lo) // 2
-        if mid >= hi:
-            mid = lo + (hi - lo) // 2
-        a_any, a_f = tree(lo, mid)
-        b_any, b_f = tree(mid, hi)
-        return a_any | b_any, Mux(a_any, a_f, b_f)
+    """``flags[i]`` of the lowest set bit ``i`` of ``vec`` (0 if none):
+    :func:`lowest_set`'s tree carrying the flag instead of the index, so
+    that no index-addressed select follows the priority tree."""
+    _, f = _lowest_tree(vec, lambda i: flags[i],
+                        lambda a_any, a_f, b_f, lo, mid, hi: Mux(a_any, a_f, b_f))
     out = Signal(name=f"{name}_flag")
-    m.d.comb += out.eq(tree(0, len(vec))[1] & vec.any())
+    m.d.comb += out.eq(f & vec.any())
     return out
