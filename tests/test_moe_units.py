@@ -360,11 +360,15 @@ def test_replay_buffer_flags_random(seed):
     _sim(dut, bench)
 
 
+@pytest.mark.parametrize("stall", [False, True], ids=["flowing", "stalled"])
 @pytest.mark.parametrize("name,over", [("tiny", {}), ("default", {})])
-def test_record_path(name, over):
+def test_record_path(name, over, stall):
     """A job's records become one SegParams per segment row (UP rows pair
     up_rq with prod_rq), from an unaligned start; the pass constants land
-    in the output store, the softmax record and the SiLU table."""
+    in the output store, the softmax record and the SiLU table. With the
+    parameter stream held up at random (and long enough to fill its queue),
+    no parameter is lost: the queue's room flag covers the write the former
+    has decided but not yet made."""
     cfg = preset(name).replace(**over)
     g = geom(cfg)
     dut = RecordPath(g, 0)
@@ -395,6 +399,7 @@ def test_record_path(name, over):
     for gi in range(Gd):
         exp.append((lay.down_mult[job][gi * cfg.pes], lay.down_shift[job][gi * cfg.pes], 0, 0))
     got, outs, luts, sms = [], {}, {}, []
+    prng = np.random.default_rng(11)
 
     async def bench(ctx):
         ctx.set(dut.params.ready, 1)
@@ -406,7 +411,7 @@ def test_record_path(name, over):
         ctx.set(dut.cmd.valid, 0)
         feed = words[cw0:cw0 + cnw] + words[w0:w0 + nw]
         i = 0
-        for _ in range(4000):
+        for cyc in range(4000):
             if i < len(feed):
                 ctx.set(dut.word.payload, feed[i])
                 ctx.set(dut.word.valid, 1)
@@ -418,7 +423,11 @@ def test_record_path(name, over):
                 luts[ctx.get(dut.lut_addr)] = ctx.get(dut.lut_data)
             if ctx.get(dut.sm_we):
                 sms.append((ctx.get(dut.sm_mult), ctx.get(dut.sm_shift)))
-            if ctx.get(dut.params.valid):
+            # stalled: nothing taken for the first 300 cycles (the queue
+            # fills), then a quarter of the cycles
+            prdy = not stall or (cyc >= 300 and prng.random() < 0.25)
+            ctx.set(dut.params.ready, prdy)
+            if prdy and ctx.get(dut.params.valid):
                 p = ctx.get(dut.params.payload)
                 got.append((p.mult, p.shift, p.mult2, p.shift2))
             ready = ctx.get(dut.word.ready)

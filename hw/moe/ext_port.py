@@ -82,8 +82,11 @@ class ExtWriter(wiring.Component):
         p0 = Signal(range(n + 1))
         planes = Signal(range(n + 1))
         pad = Signal()
-        chunks = Mux(proj == 2, g.c_down, g.c_in)
-        ngroups = Mux(proj == 2, g.g_down, g.g_in)
+        # the projection's chunks and groups (DOWN's or the others') are
+        # registers, loaded as `proj` moves: the next row (`row0 + chunks`)
+        # is then an adder of flip-flops, with no `proj` compare before it
+        chunks = Signal(range(max(g.c_in, g.c_down) + 1))
+        ngroups = Signal(range(max(g.g_in, g.g_down) + 1))
         # the walk's "last" compares as flip-flops, worked out wherever the
         # walk's counters are assigned (below, beside each assignment), so that
         # `adv` only enables registers whose next values come from registers
@@ -150,6 +153,8 @@ class ExtWriter(wiring.Component):
                         with m.If(last_g):
                             # the next projection's limits (DOWN after UP)
                             m.d.sync += [grp.eq(0), proj.eq(proj + 1),
+                                         chunks.eq(Mux(proj == 1, g.c_down, g.c_in)),
+                                         ngroups.eq(Mux(proj == 1, g.g_down, g.g_in)),
                                          last_c.eq(Mux(proj == 1, g.c_down == 1, g.c_in == 1)),
                                          last_g.eq(Mux(proj == 1, g.g_down == 1, g.g_in == 1))]
                             with m.If(proj == 2):
@@ -171,6 +176,7 @@ class ExtWriter(wiring.Component):
                                  self.beats[1].eq(Mux(pe, self.beats[1], 0))]
             with m.State("READ"):
                 m.d.sync += [proj.eq(0), grp.eq(0), q.eq(0), c.eq(0), bg.eq(0), row0.eq(0),
+                             chunks.eq(g.c_in), ngroups.eq(g.g_in),
                              last_bg.eq(groups == 1), last_c.eq(g.c_in == 1),
                              last_g.eq(g.g_in == 1),
                              last_q.eq(Mux(src.hb, need - k, need) == 1),
