@@ -129,12 +129,18 @@ class RecordPath(wiring.Component):
         ri_last = Signal()
         is_up = Signal()
 
+        # (`ri1` = `ri + 1` and `nrec_m1` = the command's `nrec - 1`, both
+        # registers, so that neither flag has an adder before its compare)
+        ri1 = Signal.like(ri)
+        nrec_m1 = Signal.like(cur.nrec)
+
         def ri_load(nrec):
-            m.d.sync += [ri.eq(0), ri_last.eq(nrec == 1), is_up.eq(0)]
+            m.d.sync += [ri.eq(0), ri1.eq(1), ri_last.eq(nrec == 1), is_up.eq(0),
+                         nrec_m1.eq(nrec - 1)]
 
         def ri_next():
-            m.d.sync += [ri.eq(ri + 1), ri_last.eq(ri + 2 == cur.nrec),
-                         is_up.eq((ri + 1 >= Gi) & (ri + 1 < 3 * Gi))]
+            m.d.sync += [ri.eq(ri1), ri1.eq(ri1 + 1), ri_last.eq(ri1 == nrec_m1),
+                         is_up.eq((ri1 >= Gi) & (ri1 < 3 * Gi))]
 
         # ---- unpacker ---------------------------------------------------------------
         with m.FSM(name="unpack"):
@@ -526,11 +532,18 @@ class HBReader(wiring.Component):
             head = dest_l(dq[b].r_data)
             hv = dq[b].r_rdy
             beat = hb_beat(g.s, g.L)(self.hb_data[b].payload)
-            # `nxt` = words of the command received or padded so far + 1: the
-            # word in hand is the command's last iff `nxt == count` (one
-            # compare of registers, no adder before it). Padding counts up
-            # like received words, so a short command needs no second counter.
-            nxt = Signal(dest_l.members["count"].width, name=f"nxt{b}", init=1)
+            # `nxt1` = words of the command received or padded so far + 2: the
+            # word after the one in hand is the command's last iff `nxt1 ==
+            # count` (one compare of registers, no adder before it; `at_end_r`
+            # below). Padding counts up like received words, so a short
+            # command needs no second counter.
+            nxt1 = Signal(dest_l.members["count"].width + 1, name=f"nxt1_{b}", init=2)
+
+            def nxt_restart(nxt1=nxt1):
+                m.d.sync += nxt1.eq(2)
+
+            def nxt_step(nxt1=nxt1):
+                m.d.sync += nxt1.eq(nxt1 + 1)
             pad = Signal(name=f"pad{b}")
             word = Signal(g.sv, name=f"word{b}")
             m.d.comb += word.eq(beat.sv.slices.as_value())
@@ -551,36 +564,37 @@ class HBReader(wiring.Component):
                          self.buf_wdata[b].eq(Mux(pad, 0, word))]
             for p in range(2):
                 beats[p].append(take & ~beat.error & (head.par == p))
-            # `nxt == head.count` without a compare after the registers: a head
-            # that was already the head last cycle (`hold`) has it registered
-            # (`at_end_r`, worked out for both outcomes as `nxt` moves), a new
-            # head brings it (`one`, as `nxt` restarts at 1)
+            # "the word in hand is the last" without a compare after the
+            # registers: a head that was already the head last cycle (`hold`)
+            # has it registered (`at_end_r`, worked out for both outcomes as
+            # `nxt1` moves), a new head brings it (`one`, as `nxt1` restarts)
             at_end = Signal(name=f"at_end{b}")
             at_end_r = Signal(name=f"at_end_r{b}")
             hold = Signal(name=f"hold{b}")
             m.d.comb += at_end.eq(Mux(hold, at_end_r, head.one))
             nxt_inc = (take & ~beat.error & ~at_end) | (pad & dst_ok & ~at_end)
             m.d.sync += [hold.eq(hv & ~dq[b].r_en),
-                         at_end_r.eq(Mux(nxt_inc, nxt + 1 == head.count, at_end))]
+                         at_end_r.eq(Mux(nxt_inc, nxt1 == head.count, at_end))]
             with m.If(take):
                 with m.If(beat.error):
                     # the refused word and the rest of the command are padded
                     m.d.sync += [self.error.bit_select(head.par, 1).eq(1), pad.eq(1)]
                 with m.Elif(at_end):
                     m.d.comb += dq[b].r_en.eq(1)
-                    m.d.sync += nxt.eq(1)
+                    nxt_restart()
                     with m.If(~beat.last):
                         m.d.sync += self.error.bit_select(head.par, 1).eq(1)
                 with m.Elif(beat.last):
-                    m.d.sync += [self.error.bit_select(head.par, 1).eq(1), pad.eq(1),
-                                 nxt.eq(nxt + 1)]
+                    m.d.sync += [self.error.bit_select(head.par, 1).eq(1), pad.eq(1)]
+                    nxt_step()
                 with m.Else():
-                    m.d.sync += nxt.eq(nxt + 1)
+                    nxt_step()
             with m.If(pad & dst_ok):
-                m.d.sync += nxt.eq(nxt + 1)
+                nxt_step()
                 with m.If(at_end):
                     m.d.comb += dq[b].r_en.eq(1)
-                    m.d.sync += [pad.eq(0), nxt.eq(1)]
+                    m.d.sync += pad.eq(0)
+                    nxt_restart()
         for p in range(2):
             # counted a cycle after the handshakes (registered, so that the
             # ready logic does not feed the counter's adder): the count is read
