@@ -107,12 +107,21 @@ class ExtWriter(wiring.Component):
         # beside the walk, so that the check compares the beat with registers
         erow = Signal.like(row0)
         eplane = Signal.like(p0)
-        bad = Signal()
-        m.d.comb += bad.eq((beat.plane != eplane) | (beat.row != erow)
-                           | (beat.bank != bg * fw) | (beat.last != last_beat))
+        # Each field's mismatch is registered with the take; the flag of the
+        # buffer rises a cycle later from those flip-flops (the compares,
+        # their OR and the take in one cycle had been five LUT levels). It is
+        # read long after, with the pass's outputs, and the other buffer's
+        # clear (a new pass, below) comes at least two cycles after a job's
+        # last take
+        chk = Signal()
+        chk_pe = Signal()
+        mism = Signal(5)
+        m.d.sync += [chk.eq(take), chk_pe.eq(pe),
+                     mism.eq(Cat(beat.error, beat.plane != eplane, beat.row != erow,
+                                 beat.bank != bg * fw, beat.last != last_beat))]
+        with m.If(chk & mism.any()):
+            m.d.sync += self.error.bit_select(chk_pe, 1).eq(1)
         with m.If(take):
-            with m.If(beat.error | bad):
-                m.d.sync += self.error.bit_select(pe, 1).eq(1)
             # an error or an early last ends the command: pad the rest of the job
             with m.If((beat.error | beat.last) & ~last_beat):
                 m.d.sync += pad.eq(1)
