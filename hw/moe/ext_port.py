@@ -42,7 +42,8 @@ class ExtWriter(wiring.Component):
     buf_room : ``In(1)`` (the buffer's ``room``); buf_we, buf_wdata : ``Out.array(B)``
     error : ``Out(2)``; beats : ``Out.array(2)``
         Per buffer: a beat out of order, with ``error``, or a misplaced
-        ``last``; LPDDR beats received.
+        ``last`` (the flag rises the cycle after the beat's handshake); LPDDR
+        beats received.
     """
 
     def __init__(self, g):

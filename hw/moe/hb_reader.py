@@ -73,7 +73,9 @@ class RecordPath(wiring.Component):
     ``prod_rq``; DOWN: one) on ``params``; the pass constants are written
     to the output-requantisation store (``out_*``), the softmax record
     (``sm_*``) and the SiLU table (``lut_*``); ``const_done`` pulses after a
-    constant command's last record.
+    constant command's last record. Every write (``params``' queue, ``out_*``,
+    ``sm_*``, ``lut_*``, ``const_done``) comes the cycle after the record is
+    taken, from registers.
     """
 
     def __init__(self, g, bank: int):
