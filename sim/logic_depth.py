@@ -1,4 +1,4 @@
-"""LUT levels per flip-flop input of a mapped ECP5 netlist (the JSON Yosys
+"""LUT levels per flip-flop and memory input of a mapped ECP5 netlist (the JSON Yosys
 writes for nextpnr, e.g. ``build/synth/moe_layer/elmoe3d_moe_layer_ooc_ecp5.json``).
 
 Why it matters: the flow maps LUTs with classic ``abc -lut 4``, which maps
@@ -11,7 +11,10 @@ the few inherently 7-level cones moved the whole distribution to 6).
 
     python -m elmoe3d.sim.logic_depth NETLIST.json [--top N] [--match TEXT]
 
-Prints the histogram of depths over all flip-flop inputs, the deepest
+Prints the histogram of depths over all endpoints (flip-flop inputs, and
+the inputs of block RAMs and of distributed-RAM write ports, which are
+timing endpoints too: the MoE layer's round-11 critical paths ended at a
+block RAM's write data and a distributed RAM's write data), the deepest
 depth per component (the first two name levels), and the ``--top``
 deepest endpoints (those whose cell name contains ``--match``) with the
 path to them. Depth: a LUT4 or distributed-RAM read adds 1; a carry-chain
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -30,6 +34,9 @@ from pathlib import Path
 __all__ = ["Netlist", "main"]
 
 _SOURCES = ("TRELLIS_FF", "DP16KD")
+#: cells whose inputs (but the clocks; a distributed RAM's write side only)
+#: end a timing path
+_ENDPOINTS = ("TRELLIS_FF", "DP16KD", "TRELLIS_DPR16X4")
 
 
 class Netlist:
@@ -51,6 +58,7 @@ class Netlist:
                             self.drv[b] = cn
         self._depth: dict[int, int] = {}
         self._pred: dict[int, int | None] = {}
+        self._names: dict[int, str] | None = None       # net bit -> name, on first use
 
     def _inputs(self, c):
         for q, bits in c["connections"].items():
@@ -90,21 +98,31 @@ class Netlist:
         return self._depth[bit]
 
     def endpoints(self):
-        """``(depth, cell, port, bit)`` of every flip-flop data/enable/reset input."""
+        """``(depth, cell, port, bit)`` of every clocked input: a flip-flop's
+        data/enable/reset, a block RAM's address/data/enables, a distributed
+        RAM's write address/data/enable."""
         for cn, c in self.cells.items():
-            if c["type"] != "TRELLIS_FF":
+            t = c["type"]
+            if t not in _ENDPOINTS:
                 continue
-            for p, b in self._inputs(c):
-                if p != "CLK":
-                    yield self.depth(b), cn, p, b
+            for p, bits in c["connections"].items():
+                if c["port_directions"].get(p) != "input" or p.startswith("CLK"):
+                    continue
+                if t == "TRELLIS_DPR16X4" and p not in ("DI", "WAD", "WRE"):
+                    continue
+                for b in bits:
+                    if isinstance(b, int):
+                        yield self.depth(b), cn, p, b
 
     def path(self, bit: int) -> list[str]:
         """Net names along the deepest path to ``bit``, endpoint first."""
-        names = {}
-        for n, v in self.mod.get("netnames", {}).items():
-            for x in v["bits"]:
-                if isinstance(x, int) and (x not in names or not v.get("hide_name", 0)):
-                    names[x] = n
+        if self._names is None:
+            self._names = {}
+            for n, v in self.mod.get("netnames", {}).items():
+                for x in v["bits"]:
+                    if isinstance(x, int) and (x not in self._names or not v.get("hide_name", 0)):
+                        self._names[x] = n
+        names = self._names
         out = []
         b: int | None = bit
         while b is not None:
@@ -134,7 +152,7 @@ def main(argv=None) -> int:
         p.error(f"{a.netlist}: {e}")
     ends = sorted(nl.endpoints(), key=lambda e: -e[0])
     hist = Counter(e[0] for e in ends)
-    print("depth histogram (LUT levels: flip-flop inputs):",
+    print("depth histogram (LUT levels: flip-flop and memory inputs):",
           ", ".join(f"{d}: {hist[d]}" for d in sorted(hist)))
     worst: dict[str, int] = {}
     for d, cn, _, _ in ends:
@@ -150,4 +168,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:             # the reader stopped early (`| head`): not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(0)

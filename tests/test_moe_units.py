@@ -159,7 +159,10 @@ def _g(name="tiny", **over):
 @pytest.mark.parametrize("over", [{}, {"top_k": 1}, {"experts": 16, "top_k": 5, "hb_words": 8192}])
 def test_topk_matches_route(over):
     """Ties (many equal logits) go to the lower index; DRAFT tokens only
-    admit their allowed experts; fewer allowed than k gives fewer."""
+    admit their allowed experts; fewer allowed than k gives fewer. With
+    random back-pressure on ``o``, and every cycle the flags the vector unit
+    relies on, from the ports: ``idle`` is no result and no logit in the
+    two cycles before, ``last_ok`` no result and no last logit in them."""
     g = _g(**over)
     dut = TopK(g)
     rng = np.random.default_rng(1)
@@ -171,9 +174,9 @@ def test_topk_matches_route(over):
         mask = rng.random(E) < [0.0, 0.2, 0.6, 1.0][i % 4]
         cases.append((lg, role, mask))
     got = []
+    checked = {"idle": 0, "last_ok": 0}
 
     async def bench(ctx):
-        ctx.set(dut.o.ready, 1)
         for i, (lg, role, mask) in enumerate(cases):
             t, par = i % T, (i // T) % 2
             ctx.set(dut.roles[par][t], role)
@@ -182,21 +185,34 @@ def test_topk_matches_route(over):
                 while e == E - 1 and not ctx.get(dut.last_ok):
                     ctx.set(dut.i_valid, 0)
                     await ctx.tick()
-                    if ctx.get(dut.o.valid):
-                        got.append(ctx.get(dut.o.payload))
                 ctx.set(dut.i_valid, 1)
                 ctx.set(dut.i, {"token": t, "expert": e, "value": int(lg[e]), "par": par,
                                 "last": int(e == E - 1)})
                 await ctx.tick()
-                if ctx.get(dut.o.valid):
-                    got.append(ctx.get(dut.o.payload))
             ctx.set(dut.i_valid, 0)
-        for _ in range(4):
-            await ctx.tick()
-            if ctx.get(dut.o.valid):
-                got.append(ctx.get(dut.o.payload))
-    _sim(dut, bench)
-    assert len(got) == len(cases)
+        await ctx.tick().until(dut.idle)
+
+    async def sink(ctx):
+        prev = [(0, 0), (0, 0)]                 # (i_valid, last) one and two cycles before
+        async for _, _, iv, il, ov, ordy, pay, idle, last_ok in ctx.tick().sample(
+                dut.i_valid, dut.i.last, dut.o.valid, dut.o.ready, dut.o.payload,
+                dut.idle, dut.last_ok):
+            if ov and ordy:
+                got.append(pay)
+            assert idle == (not ov and not prev[0][0] and not prev[1][0]), "idle"
+            assert last_ok == (not ov and not (prev[0][0] and prev[0][1])
+                               and not (prev[1][0] and prev[1][1])), "last_ok"
+            checked["idle"] += idle
+            checked["last_ok"] += last_ok
+            prev = [(iv, il), prev[0]]
+            ctx.set(dut.o.ready, int(rng.random() < 0.6))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.add_testbench(sink, background=True)
+    sim.run()
+    assert len(got) == len(cases) and checked["idle"] and checked["last_ok"]
     for (lg, role, mask), r in zip(cases, got):
         exp = gm.route(lg, K, mask if role == TokenRole.DRAFT else None)
         cnt = int(r.count)
@@ -208,7 +224,9 @@ def test_softmax_matches_gate_weights():
     """Gate rows against ``gate_weights``; and, every cycle, the
     ``ready_clr`` contract the vector unit relies on: a ``ready`` bit falls
     only in the cycle after ``ready_clr`` names its token, and always then;
-    and ``ready_keep`` is ``ready`` without that bit, in the same cycle."""
+    ``ready_keep`` is ``ready`` without that bit, in the same cycle; and
+    ``idle`` holds exactly while every result taken has its ``ready`` bit
+    set (no token waiting or in progress)."""
     g = _g(experts=16, top_k=5, hb_words=8192)
     dut = Softmax(g)
     rng = np.random.default_rng(2)
@@ -246,7 +264,18 @@ def test_softmax_matches_gate_weights():
             exp = gm.gate_weights(lg, sm_mult, sm_shift)
             assert [int(row.gate[r]) for r in range(len(lg))] == list(exp)
             assert [int(row.sel[r]) for r in range(len(lg))] == sel
-        assert clears["n"] == len(cases) == keeps["n"]
+        assert clears["n"] == len(cases) == keeps["n"] == idles["done"]
+
+    idles = {"done": 0}
+
+    async def idle_monitor(ctx):
+        taken, ready = 0, 0
+        async for _, _, iv, ir, now, idle in ctx.tick().sample(dut.i.valid, dut.i.ready,
+                                                              dut.ready, dut.idle):
+            idles["done"] += bin(now & ~ready).count("1")       # one rise per token done
+            assert idle == (taken == idles["done"]), "idle"
+            taken += iv & ir
+            ready = now
 
     clears = {"n": 0}
     keeps = {"n": 0}
@@ -271,6 +300,7 @@ def test_softmax_matches_gate_weights():
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.add_testbench(monitor, background=True)
+    sim.add_testbench(idle_monitor, background=True)
     sim.run()
 
 
@@ -360,11 +390,15 @@ def test_replay_buffer_flags_random(seed):
     _sim(dut, bench)
 
 
+@pytest.mark.parametrize("stall", [False, True], ids=["flowing", "stalled"])
 @pytest.mark.parametrize("name,over", [("tiny", {}), ("default", {})])
-def test_record_path(name, over):
+def test_record_path(name, over, stall):
     """A job's records become one SegParams per segment row (UP rows pair
     up_rq with prod_rq), from an unaligned start; the pass constants land
-    in the output store, the softmax record and the SiLU table."""
+    in the output store, the softmax record and the SiLU table. With the
+    parameter stream held up at random (and long enough to fill its queue),
+    no parameter is lost: the queue's room flag covers the write the former
+    has decided but not yet made."""
     cfg = preset(name).replace(**over)
     g = geom(cfg)
     dut = RecordPath(g, 0)
@@ -395,6 +429,7 @@ def test_record_path(name, over):
     for gi in range(Gd):
         exp.append((lay.down_mult[job][gi * cfg.pes], lay.down_shift[job][gi * cfg.pes], 0, 0))
     got, outs, luts, sms = [], {}, {}, []
+    prng = np.random.default_rng(11)
 
     async def bench(ctx):
         ctx.set(dut.params.ready, 1)
@@ -406,7 +441,7 @@ def test_record_path(name, over):
         ctx.set(dut.cmd.valid, 0)
         feed = words[cw0:cw0 + cnw] + words[w0:w0 + nw]
         i = 0
-        for _ in range(4000):
+        for cyc in range(4000):
             if i < len(feed):
                 ctx.set(dut.word.payload, feed[i])
                 ctx.set(dut.word.valid, 1)
@@ -418,7 +453,11 @@ def test_record_path(name, over):
                 luts[ctx.get(dut.lut_addr)] = ctx.get(dut.lut_data)
             if ctx.get(dut.sm_we):
                 sms.append((ctx.get(dut.sm_mult), ctx.get(dut.sm_shift)))
-            if ctx.get(dut.params.valid):
+            # stalled: nothing taken for the first 300 cycles (the queue
+            # fills), then a quarter of the cycles
+            prdy = not stall or (cyc >= 300 and prng.random() < 0.25)
+            ctx.set(dut.params.ready, prdy)
+            if prdy and ctx.get(dut.params.valid):
                 p = ctx.get(dut.params.payload)
                 got.append((p.mult, p.shift, p.mult2, p.shift2))
             ready = ctx.get(dut.word.ready)

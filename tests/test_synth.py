@@ -5,7 +5,7 @@ import json
 
 import pytest
 from amaranth.hdl import Module, Signal, signed
-from amaranth.lib import wiring
+from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
 
 from elmoe3d.blocks import blocks, get_block
@@ -347,16 +347,30 @@ def test_sweep_on_request_and_own_folder(tmp_path, monkeypatch):
 
 
 class AndTree(wiring.Component):
-    """A registered ``n``-input AND: its least LUT4 depth is ceil(log4 n)."""
+    """A registered ``n``-input AND: its least LUT4 depth is ceil(log4 n).
+    ``into``: the AND ends at a flip-flop (``"ff"``), or is the write data
+    of a 16-entry memory with an asynchronous read (``"lutram"``: a
+    distributed RAM on ECP5) or of a 1024-entry one with a synchronous read
+    (``"bram"``: a block RAM)."""
 
-    def __init__(self, n):
-        self.n = n
+    def __init__(self, n, into="ff"):
+        self.n, self.into = n, into
         super().__init__({"a": In(n), "y": Out(1)})
 
     def elaborate(self, platform):
         m = Module()
         a = Signal(self.n)
-        m.d.sync += [a.eq(self.a), self.y.eq(a.all())]
+        m.d.sync += a.eq(self.a)
+        if self.into == "ff":
+            m.d.sync += self.y.eq(a.all())
+            return m
+        lut = self.into == "lutram"
+        mem = m.submodules.mem = memory.Memory(shape=1, depth=16 if lut else 1024, init=[])
+        wp, rp = mem.write_port(), mem.read_port(domain="comb" if lut else "sync")
+        addr = Signal(range(mem.depth))
+        m.d.sync += addr.eq(addr + 1)
+        m.d.comb += [wp.addr.eq(addr), wp.en.eq(1), wp.data.eq(a.all()),
+                     rp.addr.eq(~addr), self.y.eq(rp.data)]
         return m
 
 
@@ -374,6 +388,18 @@ def test_logic_depth_counts_lut_levels(tmp_path, n, depth, capsys):
     out = capsys.readouterr().out
     assert f"components at the deepest level ({depth})" in out
     assert len([ln for ln in out.splitlines() if ln.startswith("    ")]) == depth + 1
+
+
+@pytest.mark.parametrize("into, cell", [("lutram", "TRELLIS_DPR16X4"), ("bram", "DP16KD")])
+def test_logic_depth_ends_at_memory_writes(tmp_path, into, cell):
+    """A memory's write data is a timing endpoint (round 11's worst paths
+    ended at a block RAM's and a distributed RAM's write data): a 17-input
+    AND written into a memory is 3 levels deep at the memory's input."""
+    from elmoe3d.sim import logic_depth as ld
+    wfile = fl._write(fl.IORegistered(AndTree(17, into)), "andmem_ooc", tmp_path / "andmem_ooc.v")
+    nl = ld.Netlist(json.loads(fl.pnr_netlist(wfile, "andmem_ooc", tmp_path, "ecp5").read_text()))
+    at_mem = [e[0] for e in nl.endpoints() if nl.cells[e[1]]["type"] == cell]
+    assert at_mem and max(at_mem) == 3
 
 
 def test_logic_depth_rejects_what_is_not_a_mapped_netlist(tmp_path, capsys):

@@ -177,17 +177,21 @@ def requant_pipe(m: Module, v, mult, shift, name: str):
     m.d.sync += [qa.eq(qa_c), s1b.eq(s1[3:])]
     # The range check below needs bits 9.. of the second barrel's output all
     # equal: those are the bits of `qa` from `9 + 8 * s1b` on (and their sign
-    # extension). Per 8-bit group of `qa` (group `j` from bit `9 + 8 j`), "all
-    # zeros", "all ones" and "before the shift's start" (`s1b > j`) are
-    # registered with `qa`, so the check is an AND of a few flip-flops and
-    # no wide reduction follows the barrel.
+    # extension), i.e. every 8-bit group `j` of `qa` (from bit `9 + 8 j`) from
+    # group `s1b` on equals the sign's fill (the last group holds the sign
+    # and is checked whenever any group is). "Before the shift's start"
+    # (`s1b > j`) is registered with `qa`; the group compares are worked out
+    # from `qa` beside the second barrel, so neither stage is a barrel
+    # followed by a wide reduction (the first barrel's 8:1 select and an
+    # 8-bit compare had been five LUT levels)
     width = len(qa)
-    zf, of, skip = [], [], []
+    sign = qa[width - 1]
+    ok = []
     for j, lo in enumerate(range(9, width, 8)):
-        grp = qa_c[lo:min(lo + 8, width)]
-        z, o, sk = (Signal(name=f"{name}_{x}{j}") for x in ("z", "o", "skip"))
-        m.d.sync += [z.eq(grp == 0), o.eq(grp == (1 << len(grp)) - 1), sk.eq(s1[3:] > j)]
-        zf.append(z), of.append(o), skip.append(sk)
+        grp = qa[lo:min(lo + 8, width)]
+        sk = Signal(name=f"{name}_skip{j}")
+        m.d.sync += sk.eq(s1[3:] > j)
+        ok.append(sk | (grp == sign.replicate(len(grp))))
     qb_c = Signal(prod.shape(), name=f"{name}_qb_c")
     m.d.comb += qb_c.eq(qa >> Cat(Const(0, 3), s1b))
     # the second barrel stage, and beside it the rounding adder (a 10-bit
@@ -200,10 +204,8 @@ def requant_pipe(m: Module, v, mult, shift, name: str):
     r = Signal(signed(10), name=f"{name}_r")
     in_range = Signal(name=f"{name}_in")
     neg = Signal(name=f"{name}_neg")
-    zs = Cat(*[sk | z for sk, z in zip(skip, zf)])
-    os_ = Cat(*[sk | o for sk, o in zip(skip, of)])
     m.d.sync += [r.eq((low + 1) >> 1), neg.eq(qb_c[width - 1]),
-                 in_range.eq(zs.all() | os_.all() if skip else 1)]
+                 in_range.eq(Cat(*ok).all() if ok else 1)]
     # then r clipped: r >= 128 (bits 9..7 = 001, 010 or 011) and r <= -129
     # (bits 9..7 = 100, 101 or 110), written as bit logic so that no carry
     # chain compares a constant

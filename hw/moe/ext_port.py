@@ -42,7 +42,8 @@ class ExtWriter(wiring.Component):
     buf_room : ``In(1)`` (the buffer's ``room``); buf_we, buf_wdata : ``Out.array(B)``
     error : ``Out(2)``; beats : ``Out.array(2)``
         Per buffer: a beat out of order, with ``error``, or a misplaced
-        ``last``; LPDDR beats received.
+        ``last`` (the flag rises the cycle after the beat's handshake); LPDDR
+        beats received.
     """
 
     def __init__(self, g):
@@ -82,8 +83,11 @@ class ExtWriter(wiring.Component):
         p0 = Signal(range(n + 1))
         planes = Signal(range(n + 1))
         pad = Signal()
-        chunks = Mux(proj == 2, g.c_down, g.c_in)
-        ngroups = Mux(proj == 2, g.g_down, g.g_in)
+        # the projection's chunks and groups (DOWN's or the others') are
+        # registers, loaded as `proj` moves: the next row (`row0 + chunks`)
+        # is then an adder of flip-flops, with no `proj` compare before it
+        chunks = Signal(range(max(g.c_in, g.c_down) + 1))
+        ngroups = Signal(range(max(g.g_in, g.g_down) + 1))
         # the walk's "last" compares as flip-flops, worked out wherever the
         # walk's counters are assigned (below, beside each assignment), so that
         # `adv` only enables registers whose next values come from registers
@@ -104,12 +108,21 @@ class ExtWriter(wiring.Component):
         # beside the walk, so that the check compares the beat with registers
         erow = Signal.like(row0)
         eplane = Signal.like(p0)
-        bad = Signal()
-        m.d.comb += bad.eq((beat.plane != eplane) | (beat.row != erow)
-                           | (beat.bank != bg * fw) | (beat.last != last_beat))
+        # Each field's mismatch is registered with the take; the flag of the
+        # buffer rises a cycle later from those flip-flops (the compares,
+        # their OR and the take in one cycle had been five LUT levels). It is
+        # read long after, with the pass's outputs, and the other buffer's
+        # clear (a new pass, below) comes at least two cycles after a job's
+        # last take
+        chk = Signal()
+        chk_pe = Signal()
+        mism = Signal(5)
+        m.d.sync += [chk.eq(take), chk_pe.eq(pe),
+                     mism.eq(Cat(beat.error, beat.plane != eplane, beat.row != erow,
+                                 beat.bank != bg * fw, beat.last != last_beat))]
+        with m.If(chk & mism.any()):
+            m.d.sync += self.error.bit_select(chk_pe, 1).eq(1)
         with m.If(take):
-            with m.If(beat.error | bad):
-                m.d.sync += self.error.bit_select(pe, 1).eq(1)
             # an error or an early last ends the command: pad the rest of the job
             with m.If((beat.error | beat.last) & ~last_beat):
                 m.d.sync += pad.eq(1)
@@ -150,6 +163,8 @@ class ExtWriter(wiring.Component):
                         with m.If(last_g):
                             # the next projection's limits (DOWN after UP)
                             m.d.sync += [grp.eq(0), proj.eq(proj + 1),
+                                         chunks.eq(Mux(proj == 1, g.c_down, g.c_in)),
+                                         ngroups.eq(Mux(proj == 1, g.g_down, g.g_in)),
                                          last_c.eq(Mux(proj == 1, g.c_down == 1, g.c_in == 1)),
                                          last_g.eq(Mux(proj == 1, g.g_down == 1, g.g_in == 1))]
                             with m.If(proj == 2):
@@ -171,6 +186,7 @@ class ExtWriter(wiring.Component):
                                  self.beats[1].eq(Mux(pe, self.beats[1], 0))]
             with m.State("READ"):
                 m.d.sync += [proj.eq(0), grp.eq(0), q.eq(0), c.eq(0), bg.eq(0), row0.eq(0),
+                             chunks.eq(g.c_in), ngroups.eq(g.g_in),
                              last_bg.eq(groups == 1), last_c.eq(g.c_in == 1),
                              last_g.eq(g.g_in == 1),
                              last_q.eq(Mux(src.hb, need - k, need) == 1),

@@ -73,7 +73,9 @@ class RecordPath(wiring.Component):
     ``prod_rq``; DOWN: one) on ``params``; the pass constants are written
     to the output-requantisation store (``out_*``), the softmax record
     (``sm_*``) and the SiLU table (``lut_*``); ``const_done`` pulses after a
-    constant command's last record.
+    constant command's last record. Every write (``params``' queue, ``out_*``,
+    ``sm_*``, ``lut_*``, ``const_done``) comes the cycle after the record is
+    taken, from registers.
     """
 
     def __init__(self, g, bank: int):
@@ -103,13 +105,14 @@ class RecordPath(wiring.Component):
         # (the reader offers a command only while `cmd.ready`: the queue writes
         # on `w_en` alone and counts its level with pointers)
         cmdq = m.submodules.cmdq = QueueFIFO(width=rec_cmd(g).size, depth=4, credit=True)
-        # the parameter queue's room is a flip-flop (`pq_room`: room for one
-        # more write next cycle too, as at most one write happens per cycle),
-        # so the word queue's read enable does not wait for a level compare;
-        # the queue writes on `w_en` alone (a `CreditFIFO`)
+        # the parameter queue's room is a flip-flop, so the word queue's read
+        # enable does not wait for a level compare; the queue writes on `w_en`
+        # alone (a `CreditFIFO`), a cycle after the former decides (below).
+        # `pq_room` at cycle t (from the level at t-1) allows a write at t+1:
+        # at most the writes of t-1 and t come between, one per cycle
         pq = m.submodules.pq = CreditFIFO(width=data.Layout.cast(seg_params()).size, depth=16)
         pq_room = Signal()
-        m.d.sync += pq_room.eq(pq.level <= pq.depth - 2)
+        m.d.sync += pq_room.eq(pq.level <= pq.depth - 3)
         wiring.connect(m, wiring.flipped(self.word), raw.i)
         m.d.comb += [cmdq.w_data.eq(self.cmd.payload), cmdq.w_en.eq(self.cmd.valid),
                      self.cmd.ready.eq(cmdq.w_rdy),
@@ -128,12 +131,18 @@ class RecordPath(wiring.Component):
         ri_last = Signal()
         is_up = Signal()
 
+        # (`ri1` = `ri + 1` and `nrec_m1` = the command's `nrec - 1`, both
+        # registers, so that neither flag has an adder before its compare)
+        ri1 = Signal.like(ri)
+        nrec_m1 = Signal.like(cur.nrec)
+
         def ri_load(nrec):
-            m.d.sync += [ri.eq(0), ri_last.eq(nrec == 1), is_up.eq(0)]
+            m.d.sync += [ri.eq(0), ri1.eq(1), ri_last.eq(nrec == 1), is_up.eq(0),
+                         nrec_m1.eq(nrec - 1)]
 
         def ri_next():
-            m.d.sync += [ri.eq(ri + 1), ri_last.eq(ri + 2 == cur.nrec),
-                         is_up.eq((ri + 1 >= Gi) & (ri + 1 < 3 * Gi))]
+            m.d.sync += [ri.eq(ri1), ri1.eq(ri1 + 1), ri_last.eq(ri1 == nrec_m1),
+                         is_up.eq((ri1 >= Gi) & (ri1 < 3 * Gi))]
 
         # ---- unpacker ---------------------------------------------------------------
         with m.FSM(name="unpack"):
@@ -180,38 +189,56 @@ class RecordPath(wiring.Component):
                             m.next = "IDLE"
 
         # ---- former -----------------------------------------------------------------
+        # `rec` is a 16:1 select of flip-flops (the word queue's ring head, then
+        # the lane): four LUT levels. The former decides from registers only
+        # (`take`, the record's kind, the write flags) and registers the record
+        # with its decision; every write happens a cycle later from those
+        # registers, so no write - to the parameter queue, or to the vector
+        # unit's SiLU table and output store, which place far away - starts
+        # behind the select (round 11's worst paths on two seeds).
         Gd = g.g_down
-        mult, shift = rec[:16], rec[16:22]
-        held = Signal(22)
         up_second = ri[0] ^ (Gi & 1)          # (ri - Gi) odd: the row's prod_rq
-        emit = Signal()
-        pp = seg_params()(pq.w_data)
-        m.d.comb += [pq.w_en.eq(emit)]
-        m.d.comb += [self.out_addr.eq(Cat(zext(ri, bits(Gd)), cur.par)), self.out_data.eq(rec[:22]),
-                     self.sm_par.eq(cur.par), self.sm_mult.eq(mult), self.sm_shift.eq(shift),
-                     self.lut_addr.eq(Cat(zext(ri - Gd - 1, 6), cur.par)), self.lut_data.eq(rec),
-                     self.const_par.eq(cur.par)]
+        rec_r = Signal(32, reset_less=True)
+        par_r = Signal()
+        out_addr_r = Signal.like(self.out_addr)
+        lut_addr_r = Signal.like(self.lut_addr)
+        w_out, w_sm, w_lut, w_done = Signal(), Signal(), Signal(), Signal()
+        w_hold, w_emit, w_up = Signal(), Signal(), Signal()
+        m.d.sync += [rec_r.eq(rec), par_r.eq(cur.par),
+                     out_addr_r.eq(Cat(zext(ri, bits(Gd)), cur.par)),
+                     lut_addr_r.eq(Cat(zext(ri - Gd - 1, 6), cur.par)),
+                     w_out.eq(0), w_sm.eq(0), w_lut.eq(0), w_done.eq(0),
+                     w_hold.eq(0), w_emit.eq(0), w_up.eq(is_up)]
         with m.If(cur.const):
             m.d.comb += take.eq(1)
             with m.If(rec_valid):
-                m.d.comb += [self.out_we.eq(ri < Gd),
-                             self.const_done.eq(ri_last)]
+                m.d.sync += [w_out.eq(ri < Gd), w_done.eq(ri_last)]
                 if self.bank == 0:
-                    m.d.comb += [self.sm_we.eq(ri == Gd), self.lut_we.eq(ri > Gd)]
+                    m.d.sync += [w_sm.eq(ri == Gd), w_lut.eq(ri > Gd)]
+        with m.Elif(is_up & ~up_second):
+            m.d.comb += take.eq(1)
+            m.d.sync += w_hold.eq(rec_valid)
         with m.Else():
-            with m.If(is_up & ~up_second):
-                m.d.comb += take.eq(1)
-                with m.If(rec_valid):
-                    m.d.sync += held.eq(rec[:22])
-            with m.Else():
-                m.d.comb += take.eq(pq_room)
-                with m.If(rec_valid & pq_room):
-                    m.d.comb += emit.eq(1)
-                with m.If(is_up):
-                    m.d.comb += [pp.mult.eq(held[:16]), pp.shift.eq(held[16:22]),
-                                 pp.mult2.eq(mult), pp.shift2.eq(shift)]
-                with m.Else():
-                    m.d.comb += [pp.mult.eq(mult), pp.shift.eq(shift)]
+            m.d.comb += take.eq(pq_room)
+            m.d.sync += w_emit.eq(rec_valid & pq_room)
+
+        # the writes, from registers
+        mult, shift = rec_r[:16], rec_r[16:22]
+        held = Signal(22)
+        pp = seg_params()(pq.w_data)
+        m.d.comb += [self.out_we.eq(w_out), self.out_addr.eq(out_addr_r), self.out_data.eq(rec_r[:22]),
+                     self.sm_we.eq(w_sm), self.sm_par.eq(par_r), self.sm_mult.eq(mult),
+                     self.sm_shift.eq(shift),
+                     self.lut_we.eq(w_lut), self.lut_addr.eq(lut_addr_r), self.lut_data.eq(rec_r),
+                     self.const_done.eq(w_done), self.const_par.eq(par_r),
+                     pq.w_en.eq(w_emit)]
+        with m.If(w_hold):
+            m.d.sync += held.eq(rec_r[:22])
+        with m.If(w_up):
+            m.d.comb += [pp.mult.eq(held[:16]), pp.shift.eq(held[16:22]),
+                         pp.mult2.eq(mult), pp.shift2.eq(shift)]
+        with m.Else():
+            m.d.comb += [pp.mult.eq(mult), pp.shift.eq(shift)]
         return m
 
 
@@ -354,10 +381,11 @@ class HBReader(wiring.Component):
                      s_last.eq((sproj == 2) & (sgrp == sgroups - 1))]
         seg_reads = Signal()
         active = Signal()
-        # the job's record index and the pass's region bases are registers
-        # (loaded with the job entry / the layer): a command's offset is one
-        # select and one adder after flip-flops
-        jx = Signal(range(E + S + 1))
+        # the job's record command (first word, words, skip: looked up by the
+        # job's record index as the entry is read) and the pass's region bases
+        # are registers (loaded with the job entry / the layer): a command's
+        # offset is one select and one adder after flip-flops
+        rw0, rwn, rskip = Signal(16), Signal(16), Signal(8)
         rbase = Signal(16)
         pbase = Signal(16)
         m.d.comb += self.rd_addr.eq(Cat(zext(j, jb), ph))
@@ -398,9 +426,9 @@ class HBReader(wiring.Component):
                                  rc.const.eq(1), rc.skip.eq(skip), rc.nrec.eq(nrec)]
                 with m.Case(2):
                     m.d.comb += [c.region.eq(HBRegionKind.DENSE),
-                                 c.offset.eq(pbase + rec_w0[jx]),
-                                 c.count.eq(rec_wn[jx]), dent.rec.eq(1), dent.count.eq(rec_wn[jx]),
-                                 rc.const.eq(0), rc.skip.eq(rec_skip[jx]), rc.nrec.eq(per)]
+                                 c.offset.eq(pbase + rw0),
+                                 c.count.eq(rwn), dent.rec.eq(1), dent.count.eq(rwn),
+                                 rc.const.eq(0), rc.skip.eq(rskip), rc.nrec.eq(per)]
                 with m.Case(3):
                     sbase = shared_base[layer * max(S, 1) + ent.expert] if S else 0
                     with m.If(ent.shared & seg_reads):
@@ -476,9 +504,9 @@ class HBReader(wiring.Component):
                                  my_epoch.bit_select(ph, 1).eq(self.epoch.bit_select(ph, 1))]
                     m.next = "IDLE"
             with m.State("JOB_READ"):
+                jx = Mux(self.rd_entry.shared, E + self.rd_entry.expert, self.rd_entry.expert)
                 m.d.sync += [ent.eq(self.rd_entry), src.eq(self.rd_src), kind.eq(2),
-                             jx.eq(Mux(self.rd_entry.shared, E + self.rd_entry.expert,
-                                       self.rd_entry.expert)),
+                             rw0.eq(rec_w0[jx]), rwn.eq(rec_wn[jx]), rskip.eq(rec_skip[jx]),
                              active.eq(1), sproj.eq(0), sgrp.eq(0), srow.eq(0),
                              seg_reads.eq(self.rd_entry.precision == TokenRole.DRAFT)]
                 m.next = "REC"
@@ -506,11 +534,18 @@ class HBReader(wiring.Component):
             head = dest_l(dq[b].r_data)
             hv = dq[b].r_rdy
             beat = hb_beat(g.s, g.L)(self.hb_data[b].payload)
-            # `nxt` = words of the command received or padded so far + 1: the
-            # word in hand is the command's last iff `nxt == count` (one
-            # compare of registers, no adder before it). Padding counts up
-            # like received words, so a short command needs no second counter.
-            nxt = Signal(dest_l.members["count"].width, name=f"nxt{b}", init=1)
+            # `nxt1` = words of the command received or padded so far + 2: the
+            # word after the one in hand is the command's last iff `nxt1 ==
+            # count` (one compare of registers, no adder before it; `at_end_r`
+            # below). Padding counts up like received words, so a short
+            # command needs no second counter.
+            nxt1 = Signal(dest_l.members["count"].width + 1, name=f"nxt1_{b}", init=2)
+
+            def nxt_restart(nxt1=nxt1):
+                m.d.sync += nxt1.eq(2)
+
+            def nxt_step(nxt1=nxt1):
+                m.d.sync += nxt1.eq(nxt1 + 1)
             pad = Signal(name=f"pad{b}")
             word = Signal(g.sv, name=f"word{b}")
             m.d.comb += word.eq(beat.sv.slices.as_value())
@@ -531,36 +566,37 @@ class HBReader(wiring.Component):
                          self.buf_wdata[b].eq(Mux(pad, 0, word))]
             for p in range(2):
                 beats[p].append(take & ~beat.error & (head.par == p))
-            # `nxt == head.count` without a compare after the registers: a head
-            # that was already the head last cycle (`hold`) has it registered
-            # (`at_end_r`, worked out for both outcomes as `nxt` moves), a new
-            # head brings it (`one`, as `nxt` restarts at 1)
+            # "the word in hand is the last" without a compare after the
+            # registers: a head that was already the head last cycle (`hold`)
+            # has it registered (`at_end_r`, worked out for both outcomes as
+            # `nxt1` moves), a new head brings it (`one`, as `nxt1` restarts)
             at_end = Signal(name=f"at_end{b}")
             at_end_r = Signal(name=f"at_end_r{b}")
             hold = Signal(name=f"hold{b}")
             m.d.comb += at_end.eq(Mux(hold, at_end_r, head.one))
             nxt_inc = (take & ~beat.error & ~at_end) | (pad & dst_ok & ~at_end)
             m.d.sync += [hold.eq(hv & ~dq[b].r_en),
-                         at_end_r.eq(Mux(nxt_inc, nxt + 1 == head.count, at_end))]
+                         at_end_r.eq(Mux(nxt_inc, nxt1 == head.count, at_end))]
             with m.If(take):
                 with m.If(beat.error):
                     # the refused word and the rest of the command are padded
                     m.d.sync += [self.error.bit_select(head.par, 1).eq(1), pad.eq(1)]
                 with m.Elif(at_end):
                     m.d.comb += dq[b].r_en.eq(1)
-                    m.d.sync += nxt.eq(1)
+                    nxt_restart()
                     with m.If(~beat.last):
                         m.d.sync += self.error.bit_select(head.par, 1).eq(1)
                 with m.Elif(beat.last):
-                    m.d.sync += [self.error.bit_select(head.par, 1).eq(1), pad.eq(1),
-                                 nxt.eq(nxt + 1)]
+                    m.d.sync += [self.error.bit_select(head.par, 1).eq(1), pad.eq(1)]
+                    nxt_step()
                 with m.Else():
-                    m.d.sync += nxt.eq(nxt + 1)
+                    nxt_step()
             with m.If(pad & dst_ok):
-                m.d.sync += nxt.eq(nxt + 1)
+                nxt_step()
                 with m.If(at_end):
                     m.d.comb += dq[b].r_en.eq(1)
-                    m.d.sync += [pad.eq(0), nxt.eq(1)]
+                    m.d.sync += pad.eq(0)
+                    nxt_restart()
         for p in range(2):
             # counted a cycle after the handshakes (registered, so that the
             # ready logic does not feed the counter's adder): the count is read

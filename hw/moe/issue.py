@@ -174,6 +174,9 @@ class Issue(wiring.Component):
         in_router = Signal()
         running = Signal()
         end_req = Signal()
+        # the FSM is in END, as a flip-flop of its own (`end_req` and what it
+        # selects do not decode the FSM's state register)
+        at_end = Signal()
         proj = Signal(Kind)                  # GATE, UP, DOWN for a job
         grp = Signal(range(max(g.g_router, g.g_in, g.g_down) + 1))
         q = Signal(range(n + 1))
@@ -216,18 +219,27 @@ class Issue(wiring.Component):
         inflight = Signal(range(CREDITS + 2))
         credit = Signal(init=1)              # `inflight < CREDITS`, as a flip-flop (below)
         is_down = ~in_router & (proj == Kind.DOWN)
-        h_ok = Signal()
-        settle = Signal()
         bubble = Signal()
         bubble_b = Signal()                  # the bubble's second cycle
         # the last shared job waits for the pass's routing before its DOWN
         # segments: "the last shared expert" is registered with the job entry,
-        # and `sel_done` (far away, in the scheduler) a cycle late, a safe
-        # bound (it only rises within a pass, long before a DOWN segment)
+        # and `sel_done` (far away, in the scheduler) enters the register
+        # `h_go` (below), so is seen a cycle late, a safe bound (it only rises
+        # within a pass, long before a DOWN segment)
         last_sh = Signal()
-        sel_done = Signal()
-        m.d.sync += sel_done.eq(self.sel_done.bit_select(pi, 1))
-        wait_sel = is_down & last_sh & ~sel_done if S else Const(0)
+        wait_sel = last_sh & ~self.sel_done.bit_select(pi, 1) if S else Const(0)
+        # `~is_down | (h-ready & ~wait_sel)` as a flip-flop, from this cycle's
+        # `is_down` (`proj` and `in_router` only change where `launch` waits
+        # anyway: the UP -> DOWN bubble, the end of the router or of a job)
+        h_go = Signal()
+
+        def h_go_is(h):
+            return Mux(is_down, h & ~wait_sel, 1)
+        # `last_c & last_q` in the cycle after a token start (a one-beat token
+        # waits while the lookahead registers settle) as a flip-flop, worked
+        # out wherever a token starts: the new token is one beat long (below,
+        # beside each token start)
+        hold = Signal()
         # `c == cl`, `q == tpl` and `grp == gl_` as flip-flops, worked out
         # wherever `c`, `q`, `grp`, `cl`, `tpl` or `gl_` is assigned (below,
         # beside each assignment), so that `launch` and everything it selects
@@ -253,8 +265,7 @@ class Issue(wiring.Component):
         launched = Signal()
         avail = Mux(from_hb, Mux(launched, hb_av_l, hb_av_n), Mux(launched, ext_av_l, ext_av_n))
         launch = Signal()
-        m.d.comb += launch.eq(running & avail & credit & (~is_down | h_ok) & ~wait_sel
-                              & ~(settle & tok_end) & ~bubble)
+        m.d.comb += launch.eq(running & avail & credit & h_go & ~hold & ~bubble)
         # (as `up_inflight` below: the late `launch` only selects)
         rd_now = fifo.r_en & fifo.r_rdy
         inf_keep = Signal.like(inflight)
@@ -341,7 +352,7 @@ class Issue(wiring.Component):
         # an issued UP dot product is counted a cycle after its launch (a
         # register between `launch` and the counter); the UP -> DOWN bubble
         # lasts two cycles so that the first DOWN beat still sees every UP
-        # dot product of the job counted (`h_ok` is registered from it)
+        # dot product of the job counted (`h_go` is registered from it)
         up_inc = Signal()
         m.d.sync += up_inc.eq(launch & tok_end & ~in_router & (proj == Kind.UP))
         # both outcomes computed from registers, `up_inc` (late: it follows
@@ -387,17 +398,19 @@ class Issue(wiring.Component):
         ext_ok_n = Mux(ext_reset, ext_c_seg, ext_c_p)
         m.d.sync += [hb_av_l.eq(hb_ok_l), hb_av_n.eq(hb_ok_n), ext_av_l.eq(ext_ok_l),
                      ext_av_n.eq(ext_ok_n)]
-        m.d.sync += [settle.eq(0), bubble.eq(bubble_b), bubble_b.eq(0), h_ok.eq(h_cur)]
+        m.d.sync += [hold.eq(0), bubble.eq(bubble_b), bubble_b.eq(0), h_go.eq(h_go_is(h_cur))]
 
         def start_token(tt, draft, sl, h):
             m.d.sync += [t.eq(tt), q.eq(0), c.eq(0), tpl.eq(planes_l(draft)),
                          tpl_m1.eq(planes_l(draft) - 1), cur_draft.eq(draft),
                          slot.eq(sl), slack.eq(Mux(in_router, 0, ent.count - 1 - sl)),
-                         settle.eq(1), h_ok.eq(h), from_hb.eq(hbn != 0),
+                         hold.eq((cl == 0) & (planes_l(draft) == 0)), h_go.eq(h_go_is(h)),
+                         from_hb.eq(hbn != 0),
                          last_c.eq(cl == 0), last_q.eq(planes_l(draft) == 0)]
 
-        def set_phase(kind):
-            # (`c` is 0 whenever the phase changes)
+        def set_phase(kind, draft=None):
+            # (`c` is 0 whenever the phase changes; `draft`: the role of the
+            # token started with the phase, if one is)
             ch = g.c_down if kind == Kind.DOWN else g.c_in
             gr = g.g_down if kind == Kind.DOWN else g.g_in
             # (`grp` is 0 whenever the phase changes)
@@ -405,6 +418,8 @@ class Issue(wiring.Component):
                          gl_m1.eq(gr - 2),
                          hb_len.eq(hbn * ch), ext_len.eq(extn * ch), last_c.eq(ch == 1),
                          last_g.eq(gr == 1)]
+            if draft is not None:
+                m.d.sync += hold.eq((planes_l(draft) == 0) if ch == 1 else 0)
 
         with m.If(launch):
             m.d.sync += [c.eq(c + 1), last_c.eq(c == cl_m1)]
@@ -416,7 +431,8 @@ class Issue(wiring.Component):
                     m.d.sync += [q.eq(0), grp.eq(grp + 1), last_q.eq(tpl == 0), from_hb.eq(1),
                                  last_g.eq(grp == gl_m1)]
                     with m.If(last_g):                        # token done
-                        m.d.sync += [grp.eq(0), settle.eq(1), last_g.eq(gl_ == 0)]
+                        m.d.sync += [grp.eq(0), hold.eq((cl == 0) & (tpl == 0)),
+                                     last_g.eq(gl_ == 0)]
                         with m.If(t == count_m1):
                             m.d.sync += [running.eq(0), in_router.eq(0),
                                          hb_seg.eq(hb_seg + g.router_words)]
@@ -435,9 +451,9 @@ class Issue(wiring.Component):
                         m.d.sync += [grp.eq(0), last_g.eq(gl_ == 0)]
                         with m.Switch(proj):
                             with m.Case(Kind.GATE):
-                                set_phase(Kind.UP)
+                                set_phase(Kind.UP, f_draft)
                             with m.Case(Kind.UP):
-                                set_phase(Kind.DOWN)
+                                set_phase(Kind.DOWN, f_draft)
                                 m.d.sync += [bubble.eq(1), bubble_b.eq(1)]
                             with m.Case(Kind.DOWN):
                                 m.d.sync += [running.eq(0), j.eq(j + 1)]
@@ -445,6 +461,14 @@ class Issue(wiring.Component):
         summ = self.summary.payload
         my_epoch = Signal(2)
         fresh = self.epoch.bit_select(pi, 1) != my_epoch.bit_select(pi, 1)
+        # END: the summary is offered once the beat FIFO has room (which only
+        # grows while nothing launches); its handshake launches the END beat
+        m.d.comb += [self.summary.valid.eq(at_end & credit),
+                     end_req.eq(at_end & credit & self.summary.ready)]
+        with m.If(end_req):
+            m.d.comb += [self.release.eq(1), self.release_par.eq(pi)]
+            m.d.sync += [pi.eq(~pi), at_end.eq(0),
+                         my_epoch.bit_select(pi, 1).eq(self.epoch.bit_select(pi, 1))]
         with m.FSM(name="issue"):
             with m.State("IDLE"):
                 with m.If(self.pass_valid.bit_select(pi, 1)):
@@ -461,7 +485,8 @@ class Issue(wiring.Component):
                                  tpl_m1.eq(n - 2), cl_m1.eq(g.c_in - 2),
                                  gl_.eq(g.g_router - 1), gl_m1.eq(g.g_router - 2),
                                  last_g.eq(g.g_router == 1), slack.eq(0),
-                                 cur_draft.eq(0), settle.eq(1)]
+                                 cur_draft.eq(0), h_go.eq(1),
+                                 hold.eq(int(g.c_in == 1 and n == 1))]
                     m.d.comb += hb_reset.eq(1)
                     m.next = "ROUTER"
             with m.State("ROUTER"):
@@ -472,6 +497,7 @@ class Issue(wiring.Component):
                     m.next = "JOB_READ"
                 with m.Elif(~running & fresh & self.total_valid.bit_select(pi, 1)
                             & (j == total[pi])):
+                    m.d.sync += at_end.eq(1)
                     m.next = "END"
             with m.State("JOB_READ"):
                 e, s_ = self.rd_entry, self.rd_src
@@ -494,10 +520,6 @@ class Issue(wiring.Component):
                 m.d.comb += [hb_reset.eq(1), ext_reset.eq(1)]
                 m.next = "JOB_WAIT"
             with m.State("END"):
-                # the summary is offered once the beat FIFO has room (which only
-                # grows while nothing launches); its handshake launches the END beat
-                m.d.comb += [self.summary.valid.eq(credit),
-                             end_req.eq(credit & self.summary.ready)]
                 m.d.comb += [summ.count.eq(count), summ.step_last.eq(step_last),
                              summ.zero_mask.eq(no_routed if not S else 0),
                              summ.error.eq(self.ext_error.bit_select(pi, 1)),
@@ -508,8 +530,5 @@ class Issue(wiring.Component):
                              summ.expert_tokens.eq(Mux(pi, self.expert_tokens[1],
                                                        self.expert_tokens[0]))]
                 with m.If(end_req):
-                    m.d.comb += [self.release.eq(1), self.release_par.eq(pi)]
-                    m.d.sync += [pi.eq(~pi),
-                                 my_epoch.bit_select(pi, 1).eq(self.epoch.bit_select(pi, 1))]
                     m.next = "IDLE"
         return m

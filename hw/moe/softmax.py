@@ -68,7 +68,7 @@ class Softmax(wiring.Component):
         registers a ``ready`` bit a cycle ahead selects from it, with no
         compare after the select).
     idle : ``Out(1)``
-        No token waiting or in progress.
+        No token waiting or in progress (a register).
     """
 
     def __init__(self, g):
@@ -140,12 +140,22 @@ class Softmax(wiring.Component):
         tb = Signal(prod.shape())
         m.d.sync += [ta.eq(prod >> shift[:3]), tb.eq(ta >> Cat(Const(0, 3), shift[3:]))]
         v2, r2 = delay(m, pv, 2, "sm_v2"), delay(m, pr, 2, "sm_r2")
-        t8 = Signal(8)
-        m.d.sync += t8.eq(Mux(tb > gm.T_MAX, gm.T_MAX, tb[:8]))
+        # `e = EXP2_Q15[t & 15] >> (t >> 4)` of `t = min(tb, T_MAX)` in two
+        # halves, no register more: the table read and the shift by
+        # `t >> 4 & 3` are one table of `tb`'s low six bits, the shift by
+        # `t >> 6` and the saturation come a cycle later (a registered `t8`
+        # then a 16:1 shift behind the table had been the unit's deepest
+        # cone, 5 LUT levels). `tb <= T_MAX <= 255` where it is not saturated,
+        # so `tb[:8]` is `t` there.
+        exp2 = Array(Const(int(gm.EXP2_Q15[i & 15]) >> (i >> 4), 16) for i in range(64))
+        e_lo = Signal(16)                   # EXP2_Q15[t & 15] >> (t >> 4 & 3)
+        e_hi = Signal(2)                    # t >> 6
+        e_big = Signal()                    # t saturated
+        m.d.sync += [e_lo.eq(exp2[tb[:6]]), e_hi.eq(tb[6:8]), e_big.eq(tb > gm.T_MAX)]
         v3, r3 = delay(m, v2, 1, "sm_v3"), delay(m, r2, 1, "sm_r3")
-        exp2 = Array(Const(int(v), 16) for v in gm.EXP2_Q15)
+        e_sat = int(gm.EXP2_Q15[gm.T_MAX & 15]) >> (gm.T_MAX >> 4)
         e_now = Signal(16)
-        m.d.sync += e_now.eq(exp2[t8[:4]] >> t8[4:])
+        m.d.sync += e_now.eq(Mux(e_big, e_sat, e_lo >> Cat(Const(0, 2), e_hi)))
         v4, r4 = delay(m, v3, 1, "sm_v4"), delay(m, r3, 1, "sm_r4")
 
         e_val = Array(Signal(16, name=f"e{r}") for r in range(K))
@@ -187,11 +197,31 @@ class Softmax(wiring.Component):
         ready_set = Signal(T)               # WRITE: the bit it sets
         ready_drop = Signal(T)              # TAKE: the bit it clears
         clr_next = Signal(T)                # LOAD -> TAKE: the bit `ready_clr` will name
-        m.d.comb += self.ready_keep.eq(keep)
-        m.d.sync += keep.eq(((ready & ~ready_drop) | ready_set) & ~clr_next)
+        # the tokens' one-hots are registers (the head's, decoded every cycle:
+        # in TAKE it is the head's, unchanged since LOAD; the current
+        # token's, loaded in TAKE), so a `ready` / `ready_keep` bit's next
+        # value is a LUT of the state and flip-flops, not a token decode
+        # behind the state decode (5 LUT levels alone, 6 in the layer)
+        head_oh = Signal(T)
+        cur_oh = Signal(T)
+        m.d.sync += head_oh.eq(1 << head.token)
+        ready_n = Signal(T)
+        m.d.comb += [self.ready_keep.eq(keep), ready_n.eq((ready & ~ready_drop) | ready_set)]
+        m.d.sync += [ready.eq(ready_n), keep.eq(ready_n & ~clr_next)]
+        # `idle` (LOAD and an empty FIFO) is a flip-flop, set from the next
+        # values of both: the next state is LOAD only from LOAD (no take) or
+        # WRITE; the FIFO is read only in TAKE, and a FIFO of level 0 has no
+        # head to take, so from LOAD or WRITE with level 0 and no write the
+        # next cycle is idle, and from anything else it is not. The register
+        # equals `LOAD & level == 0` in every cycle (the level's adder and
+        # compare had been the head of the layer's deepest cone, through
+        # `idle` into the vector unit's `ok`).
+        idle = Signal(init=1)
+        m.d.comb += self.idle.eq(idle)
+        m.d.sync += idle.eq(0)
         with m.FSM(name="softmax"):
             with m.State("LOAD"):
-                m.d.comb += self.idle.eq(fifo.level == 0)   # (r_rdy lags a write)
+                m.d.sync += idle.eq((fifo.level == 0) & ~fifo.w_en)   # (r_rdy lags a write)
                 with m.If(take):
                     m.d.sync += clr.eq(1)
                     m.d.comb += clr_next.eq(1 << head.token)
@@ -203,8 +233,8 @@ class Softmax(wiring.Component):
                 m.d.comb += fifo.r_en.eq(1)
                 m.d.sync += [cur.eq(head), mult.eq(sm_m[head.par]), shift.eq(sm_s[head.par]),
                              lr.eq(0), got.eq(0), all_got.eq(head.count == 0), esum.eq(0),
-                             ready.bit_select(head.token, 1).eq(0)]
-                m.d.comb += ready_drop.eq(1 << head.token)
+                             cur_oh.eq(head_oh)]
+                m.d.comb += ready_drop.eq(head_oh)
                 m.next = "EXP"
             with m.State("EXP"):
                 with m.If(lr < cur.count):
@@ -226,8 +256,8 @@ class Softmax(wiring.Component):
                 with m.If(step == F):
                     m.next = "WRITE"
             with m.State("WRITE"):
+                m.d.sync += idle.eq((fifo.level == 0) & ~fifo.w_en)
                 m.d.comb += wp.en.eq(1)
-                m.d.sync += ready.bit_select(cur.token, 1).eq(1)
-                m.d.comb += ready_set.eq(1 << cur.token)
+                m.d.comb += ready_set.eq(cur_oh)
                 m.next = "LOAD"
         return m

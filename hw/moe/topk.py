@@ -11,17 +11,18 @@ experts of its allowed mask, so the list holds the highest-ranked allowed
 experts (fewer than ``k`` if fewer are allowed).
 
 Stages: a logit is registered with its token's mask row and role; then
-its admission bit is picked and it is compared (``k + 1`` parallel comparisons: with the current entries and
-with the logit being inserted, the list it will meet being the current one
-with that logit inserted); then inserted (each entry selects its
-comparison by the previous insertion's choice, one shift). On the token's
-last logit the updated list is the result, three cycles after that logit.
-One logit per cycle, no stall.
+its admission bit is picked and it is compared (``k + 1`` parallel
+comparisons: with the current entries and with the logit being inserted,
+the list it will meet being the current one with that logit inserted), and
+each entry's comparison is selected by that insertion's choices into a
+register; then inserted (one shift). On the token's last logit the updated
+list is the result, three cycles after that logit. One logit per cycle, no
+stall.
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Array, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -45,7 +46,7 @@ class TopK(wiring.Component):
     o : ``Out(stream.Signature(TopKResult))``
         One result per token, three cycles after its last logit.
     idle : ``Out(1)``
-        No logit in the stages and no result waiting.
+        No logit in the stages and no result waiting (a register).
     """
 
     def __init__(self, g):
@@ -61,50 +62,73 @@ class TopK(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         g = self.g
-        K, W = g.K, g.W
+        K, W, T = g.K, g.W, g.T
         # stage 0: register with the admission bit
         # (the token's mask row and role are registered with the logit, the
-        # expert's bit is picked in stage 1)
+        # expert's bit is picked in stage 1; the buffer is selected per token
+        # first, then the token: in the other order ABC mapped the 32:1
+        # select to 5 LUT levels in the component alone, this one to 4)
         s_valid = Signal()
         s_in = Signal.like(self.i)
         s_row = Signal(g.E)
         s_role = Signal(TokenRole)
         m.d.sync += [s_valid.eq(self.i_valid), s_in.eq(self.i),
-                     s_row.eq(Mux(self.i.par, self.masks[1][self.i.token],
-                                  self.masks[0][self.i.token])),
-                     s_role.eq(Mux(self.i.par, self.roles[1][self.i.token],
-                                   self.roles[0][self.i.token]))]
+                     s_row.eq(Array(Mux(self.i.par, self.masks[1][t], self.masks[0][t])
+                                    for t in range(T))[self.i.token]),
+                     s_role.eq(Array(Mux(self.i.par, self.roles[1][t], self.roles[0][t])
+                                     for t in range(T))[self.i.token])]
         s_ok = Signal()
         m.d.comb += s_ok.eq((s_role != TokenRole.DRAFT) | s_row.bit_select(s_in.expert, 1))
 
-        # stage 1: compare, a cycle ahead. The list the logit in stage 0 will
-        # meet is the current list with the logit of stage 1 inserted, so it
-        # is compared with the current entries and with that logit, and the
-        # insertion selects the comparison each entry's new value needs (no
-        # carry chain in front of the insertion's muxes).
+        # stage 1: compare and choose, a cycle ahead. The list the logit in
+        # stage 1 will meet is the current list with the logit of stage 2
+        # inserted, so it is compared with the current entries and with that
+        # logit, and the comparison each entry of that list needs is selected
+        # by the insertion's own choices (`gt` of stage 2): `gt` of the logit
+        # leaving stage 1 is a register, so stage 2's insertion is a select
+        # by flip-flops (round 11 had registered the compares only, and
+        # selected them in stage 2 in front of the insertion). Each compare
+        # is the sign of a difference, one carry chain (a `>` of two 28-bit
+        # values had been a tree of 4 LUT levels alone, 6 in the layer).
         vals = [Signal(signed(W), name=f"lv{i}") for i in range(K)]
         idxs = [Signal.like(self.i.expert, name=f"ix{i}") for i in range(K)]
         u_valid = Signal()
         u_in = Signal.like(self.i)
         u_ok = Signal()
-        c_old = [Signal(name=f"c_old{i}") for i in range(K)]     # u_in.value > lv[i] (before)
-        c_prev = Signal()                                      # u_in.value > the inserted one
-        take = [Signal(name=f"take{i}") for i in range(K)]       # last insert wrote entry i
-        shift = [Signal(name=f"shift{i}") for i in range(K)]     # ... from entry i - 1
-        m.d.sync += [u_valid.eq(s_valid), u_in.eq(s_in), u_ok.eq(s_ok),
-                     c_prev.eq(s_in.value > u_in.value)]
-        m.d.sync += [c_old[i].eq(s_in.value > vals[i]) for i in range(K)]
+        u_first = Signal()                                     # u_in is its token's first logit
+        gt = [Signal(name=f"gt{i}") for i in range(K)]         # u_in goes in front of entry i
+
+        def gt_of(a, b, name):
+            dif = Signal(signed(W + 1), name=name)
+            m.d.comb += dif.eq(b - a)
+            return dif[-1]
+        c_prev = gt_of(s_in.value, u_in.value, "d_prev")     # s_in.value > the one inserted
+        c_old = [gt_of(s_in.value, vals[i], f"d_old{i}") for i in range(K)]  # > lv[i] (before)
+        cnt = Signal(range(K + 1))
+        base = Mux(u_first, 0, cnt)
+        new_cnt = Signal.like(cnt)
+        m.d.comb += new_cnt.eq(Mux(u_ok & (base < K), base + 1, base))
+        # `free[i]` is `cnt <= i` (entry i empty), a register beside `cnt`;
+        # `u_ins` (stage 2 inserts) and `u_new` (stage 2 holds a token's first
+        # logit) are stage 2's flags as the compare needs them, so entry i's
+        # emptiness after the insertion is one LUT of four flip-flops
+        free = [Signal(init=1, name=f"free{i}") for i in range(K)]
+        u_ins = Signal()
+        u_new = Signal()
+        s_first = s_in.expert == 0
+        for i in range(K):
+            free_next = Mux(u_new, (i > 0) | ~u_ins,
+                            free[i] & ~(u_ins & ~free[i - 1] if i else u_ins))
+            # the entry i the logit will meet: entry i - 1 if the insertion
+            # shifts it down, the inserted logit if it writes entry i, else
+            # entry i; a token's first logit meets an empty list
+            meets = Mux(u_ins & gt[i], Mux(gt[i - 1], c_old[i - 1], c_prev) if i else c_prev,
+                        c_old[i])
+            m.d.sync += [free[i].eq(free_next), gt[i].eq(s_first | free_next | meets)]
+        m.d.sync += [u_valid.eq(s_valid), u_in.eq(s_in), u_ok.eq(s_ok), u_first.eq(s_first),
+                     u_ins.eq(s_valid & s_ok), u_new.eq(s_valid & s_first)]
 
         # stage 2: insert
-        cnt = Signal(range(K + 1))
-        first = u_in.expert == 0
-        base = Mux(first, 0, cnt)
-        gt = []
-        for i in range(K):
-            gti = Signal(name=f"gt{i}")
-            cmp = Mux(take[i], Mux(shift[i], c_old[i - 1] if i else 0, c_prev), c_old[i])
-            m.d.comb += gti.eq((i >= base) | cmp)
-            gt.append(gti)
         new_v = [Signal.like(vals[i], name=f"nv{i}") for i in range(K)]
         new_i = [Signal.like(idxs[i], name=f"ni{i}") for i in range(K)]
         for i in range(K):
@@ -114,10 +138,6 @@ class TopK(wiring.Component):
             m.d.comb += [
                 new_v[i].eq(Mux(u_ok & gt[i], Mux(shift_in, prev_v, u_in.value), vals[i])),
                 new_i[i].eq(Mux(u_ok & gt[i], Mux(shift_in, prev_i, u_in.expert), idxs[i]))]
-        m.d.sync += [take[i].eq(u_valid & u_ok & gt[i]) for i in range(K)]
-        m.d.sync += [shift[i].eq(gt[i - 1] if i else 0) for i in range(K)]
-        new_cnt = Signal.like(cnt)
-        m.d.comb += new_cnt.eq(Mux(u_ok & (base < K), base + 1, base))
         with m.If(u_valid):
             m.d.sync += [vals[i].eq(new_v[i]) for i in range(K)]
             m.d.sync += [idxs[i].eq(new_i[i]) for i in range(K)]
@@ -132,7 +152,18 @@ class TopK(wiring.Component):
             m.d.sync += [o.logit[i].eq(new_v[i]) for i in range(K)]
         # free when no result is waiting and none can appear from the three stages
         # (registers only: the producer's valid may depend on it)
-        m.d.comb += [self.last_ok.eq(~self.o.valid & ~(s_valid & s_in.last)
-                                     & ~(u_valid & u_in.last)),
-                     self.idle.eq(~self.o.valid & ~s_valid & ~u_valid)]
+        m.d.comb += self.last_ok.eq(~self.o.valid & ~(s_valid & s_in.last)
+                                    & ~(u_valid & u_in.last))
+        # `idle` (no result and no logit in the stages) is a flip-flop, set
+        # from the next values of what it is made of, so it equals
+        # `~o.valid & ~s_valid & ~u_valid` in every cycle: the vector unit's
+        # `ok` register starts its path at it, not at a LUT of registers
+        # (round 11's deepest cone in the layer ran from the softmax's `idle`
+        # through this one into `ok`). (`last_ok` stays a LUT of registers:
+        # as a register of its own, k-induction on the stream rules no longer
+        # closes at depth 3.)
+        idle = Signal(init=1)
+        o_valid_n = (u_valid & u_in.last) | (self.o.valid & ~self.o.ready)
+        m.d.sync += idle.eq(~o_valid_n & ~self.i_valid & ~s_valid)
+        m.d.comb += self.idle.eq(idle)
         return m
