@@ -38,7 +38,7 @@ from amaranth.lib.wiring import In, Out
 from ...golden import moe_batched as gb
 from ..vocab import HBRegionKind, TokenRole, bits, hb_beat, hb_read
 from .common import pow2ceil, zext
-from ..streams import BlockFIFO, CreditFIFO, QueueFIFO
+from ..streams import BlockFIFO, CreditFIFO, QueueFIFO, RegisterSlice
 from .payloads import job_entry, job_source, seg_params
 
 __all__ = ["HBReader", "RecordPath", "rec_cmd"]
@@ -102,6 +102,13 @@ class RecordPath(wiring.Component):
         # (the EBR's output register on ECP5) before the unpacker's lane
         # select and the former: one word per cycle, flags from flip-flops
         raw = m.submodules.raw = BlockFIFO(sv, self.raw_depth)
+        # the words pass a register slice first: the demux's write decision
+        # (the layer's latest signal, with the queue's pop behind it) ends at
+        # the slice's flip-flops, and the block RAM's write enable is one LUT
+        # of flip-flops (`o.valid & ~full`). Round 12's worst path on three
+        # seeds of five ran from the demux through the RAM's write-enable LUT,
+        # which ABC shared with the pop and nextpnr placed beside the RAM.
+        wslice = m.submodules.wslice = RegisterSlice(unsigned(sv))
         # (the reader offers a command only while `cmd.ready`: the queue writes
         # on `w_en` alone and counts its level with pointers)
         cmdq = m.submodules.cmdq = QueueFIFO(width=rec_cmd(g).size, depth=4, credit=True)
@@ -113,7 +120,8 @@ class RecordPath(wiring.Component):
         pq = m.submodules.pq = CreditFIFO(width=data.Layout.cast(seg_params()).size, depth=16)
         pq_room = Signal()
         m.d.sync += pq_room.eq(pq.level <= pq.depth - 3)
-        wiring.connect(m, wiring.flipped(self.word), raw.i)
+        wiring.connect(m, wiring.flipped(self.word), wslice.i)
+        wiring.connect(m, wslice.o, raw.i)
         m.d.comb += [cmdq.w_data.eq(self.cmd.payload), cmdq.w_en.eq(self.cmd.valid),
                      self.cmd.ready.eq(cmdq.w_rdy),
                      self.params.payload.eq(pq.r_data), self.params.valid.eq(pq.r_rdy),
@@ -531,8 +539,29 @@ class HBReader(wiring.Component):
         # ---- return-word demux per bank ---------------------------------------------------
         beats = [[], []]
         for b in range(B):
-            head = dest_l(dq[b].r_data)
-            hv = dq[b].r_rdy
+            # The head command and a spare next one are registers beside the
+            # queue (`hd`/`hv`, `nx`/`nv`). The queue is read from flip-flops
+            # only (`r_en = r_rdy & ~nv`: whenever the spare is free), so the
+            # demux's pop - decided from the word in hand, the layer's latest
+            # signal - ends at the head's clock enable instead of passing the
+            # queue's read logic (round 12's worst path on three seeds of
+            # five). On a pop the head takes the spare, or the queue's head
+            # if it is read in the same cycle: one-word commands still pop
+            # one per cycle.
+            pop = Signal(name=f"pop{b}")
+            hd = Signal(dest_l, name=f"hd{b}")
+            hv = Signal(name=f"hv{b}")
+            nx = Signal(dest_l, name=f"nx{b}")
+            nv = Signal(name=f"nv{b}")
+            refill = dq[b].r_rdy & ~nv
+            adv = pop | ~hv
+            m.d.comb += dq[b].r_en.eq(refill)
+            with m.If(adv):
+                m.d.sync += [hd.eq(Mux(nv, nx, dq[b].r_data)), hv.eq(nv | dq[b].r_rdy),
+                             nv.eq(0)]
+            with m.Elif(refill):
+                m.d.sync += [nx.eq(dq[b].r_data), nv.eq(1)]
+            head = hd
             beat = hb_beat(g.s, g.L)(self.hb_data[b].payload)
             # `nxt1` = words of the command received or padded so far + 2: the
             # word after the one in hand is the command's last iff `nxt1 ==
@@ -575,14 +604,14 @@ class HBReader(wiring.Component):
             hold = Signal(name=f"hold{b}")
             m.d.comb += at_end.eq(Mux(hold, at_end_r, head.one))
             nxt_inc = (take & ~beat.error & ~at_end) | (pad & dst_ok & ~at_end)
-            m.d.sync += [hold.eq(hv & ~dq[b].r_en),
+            m.d.sync += [hold.eq(hv & ~pop),
                          at_end_r.eq(Mux(nxt_inc, nxt1 == head.count, at_end))]
             with m.If(take):
                 with m.If(beat.error):
                     # the refused word and the rest of the command are padded
                     m.d.sync += [self.error.bit_select(head.par, 1).eq(1), pad.eq(1)]
                 with m.Elif(at_end):
-                    m.d.comb += dq[b].r_en.eq(1)
+                    m.d.comb += pop.eq(1)
                     nxt_restart()
                     with m.If(~beat.last):
                         m.d.sync += self.error.bit_select(head.par, 1).eq(1)
@@ -594,7 +623,7 @@ class HBReader(wiring.Component):
             with m.If(pad & dst_ok):
                 nxt_step()
                 with m.If(at_end):
-                    m.d.comb += dq[b].r_en.eq(1)
+                    m.d.comb += pop.eq(1)
                     m.d.sync += pad.eq(0)
                     nxt_restart()
         for p in range(2):

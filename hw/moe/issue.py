@@ -219,7 +219,7 @@ class Issue(wiring.Component):
         inflight = Signal(range(CREDITS + 2))
         credit = Signal(init=1)              # `inflight < CREDITS`, as a flip-flop (below)
         is_down = ~in_router & (proj == Kind.DOWN)
-        bubble = Signal()
+        bubble = Signal()                    # next cycle waits (through `go`)
         bubble_b = Signal()                  # the bubble's second cycle
         # the last shared job waits for the pass's routing before its DOWN
         # segments: "the last shared expert" is registered with the job entry,
@@ -228,17 +228,19 @@ class Issue(wiring.Component):
         # within a pass, long before a DOWN segment)
         last_sh = Signal()
         wait_sel = last_sh & ~self.sel_done.bit_select(pi, 1) if S else Const(0)
-        # `~is_down | (h-ready & ~wait_sel)` as a flip-flop, from this cycle's
-        # `is_down` (`proj` and `in_router` only change where `launch` waits
-        # anyway: the UP -> DOWN bubble, the end of the router or of a job)
+        # `~is_down | (h-ready & ~wait_sel)`, next cycle's value (it reaches
+        # `launch` through the flip-flop `go`), from this cycle's `is_down`
+        # (`proj` and `in_router` only change where `launch` waits anyway:
+        # the UP -> DOWN bubble, the end of the router or of a job)
         h_go = Signal()
+        go = Signal()                        # `h_go & ~hold & ~bubble`, registered (below)
 
         def h_go_is(h):
             return Mux(is_down, h & ~wait_sel, 1)
         # `last_c & last_q` in the cycle after a token start (a one-beat token
-        # waits while the lookahead registers settle) as a flip-flop, worked
-        # out wherever a token starts: the new token is one beat long (below,
-        # beside each token start)
+        # waits while the lookahead registers settle), next cycle's value
+        # (through `go`), worked out wherever a token starts: the new token is
+        # one beat long (below, beside each token start)
         hold = Signal()
         # `c == cl`, `q == tpl` and `grp == gl_` as flip-flops, worked out
         # wherever `c`, `q`, `grp`, `cl`, `tpl` or `gl_` is assigned (below,
@@ -265,7 +267,7 @@ class Issue(wiring.Component):
         launched = Signal()
         avail = Mux(from_hb, Mux(launched, hb_av_l, hb_av_n), Mux(launched, ext_av_l, ext_av_n))
         launch = Signal()
-        m.d.comb += launch.eq(running & avail & credit & h_go & ~hold & ~bubble)
+        m.d.comb += launch.eq(running & avail & credit & go)
         # (as `up_inflight` below: the late `launch` only selects)
         rd_now = fifo.r_en & fifo.r_rdy
         inf_keep = Signal.like(inflight)
@@ -398,15 +400,22 @@ class Issue(wiring.Component):
         ext_ok_n = Mux(ext_reset, ext_c_seg, ext_c_p)
         m.d.sync += [hb_av_l.eq(hb_ok_l), hb_av_n.eq(hb_ok_n), ext_av_l.eq(ext_ok_l),
                      ext_av_n.eq(ext_ok_n)]
-        m.d.sync += [hold.eq(0), bubble.eq(bubble_b), bubble_b.eq(0), h_go.eq(h_go_is(h_cur))]
+        # `hold`, `bubble` and `h_go` are worked out as next values (their
+        # defaults here, overridden beside the walk's assignments below) and
+        # reach `launch` as one flip-flop, `go`: `launch` is then an AND of
+        # three flip-flops with the availability select (two LUT levels),
+        # not of six (three levels; round 12's worst path on two seeds of
+        # five ran `bubble` -> `h_go` -> `launch` -> a walk register)
+        m.d.comb += [hold.eq(0), bubble.eq(bubble_b), h_go.eq(h_go_is(h_cur))]
+        m.d.sync += [bubble_b.eq(0), go.eq(h_go & ~hold & ~bubble)]
 
         def start_token(tt, draft, sl, h):
             m.d.sync += [t.eq(tt), q.eq(0), c.eq(0), tpl.eq(planes_l(draft)),
                          tpl_m1.eq(planes_l(draft) - 1), cur_draft.eq(draft),
                          slot.eq(sl), slack.eq(Mux(in_router, 0, ent.count - 1 - sl)),
-                         hold.eq((cl == 0) & (planes_l(draft) == 0)), h_go.eq(h_go_is(h)),
                          from_hb.eq(hbn != 0),
                          last_c.eq(cl == 0), last_q.eq(planes_l(draft) == 0)]
+            m.d.comb += [hold.eq((cl == 0) & (planes_l(draft) == 0)), h_go.eq(h_go_is(h))]
 
         def set_phase(kind, draft=None):
             # (`c` is 0 whenever the phase changes; `draft`: the role of the
@@ -419,7 +428,7 @@ class Issue(wiring.Component):
                          hb_len.eq(hbn * ch), ext_len.eq(extn * ch), last_c.eq(ch == 1),
                          last_g.eq(gr == 1)]
             if draft is not None:
-                m.d.sync += hold.eq((planes_l(draft) == 0) if ch == 1 else 0)
+                m.d.comb += hold.eq((planes_l(draft) == 0) if ch == 1 else 0)
 
         with m.If(launch):
             m.d.sync += [c.eq(c + 1), last_c.eq(c == cl_m1)]
@@ -431,8 +440,8 @@ class Issue(wiring.Component):
                     m.d.sync += [q.eq(0), grp.eq(grp + 1), last_q.eq(tpl == 0), from_hb.eq(1),
                                  last_g.eq(grp == gl_m1)]
                     with m.If(last_g):                        # token done
-                        m.d.sync += [grp.eq(0), hold.eq((cl == 0) & (tpl == 0)),
-                                     last_g.eq(gl_ == 0)]
+                        m.d.sync += [grp.eq(0), last_g.eq(gl_ == 0)]
+                        m.d.comb += hold.eq((cl == 0) & (tpl == 0))
                         with m.If(t == count_m1):
                             m.d.sync += [running.eq(0), in_router.eq(0),
                                          hb_seg.eq(hb_seg + g.router_words)]
@@ -454,7 +463,8 @@ class Issue(wiring.Component):
                                 set_phase(Kind.UP, f_draft)
                             with m.Case(Kind.UP):
                                 set_phase(Kind.DOWN, f_draft)
-                                m.d.sync += [bubble.eq(1), bubble_b.eq(1)]
+                                m.d.comb += bubble.eq(1)
+                                m.d.sync += bubble_b.eq(1)
                             with m.Case(Kind.DOWN):
                                 m.d.sync += [running.eq(0), j.eq(j + 1)]
 
@@ -485,8 +495,8 @@ class Issue(wiring.Component):
                                  tpl_m1.eq(n - 2), cl_m1.eq(g.c_in - 2),
                                  gl_.eq(g.g_router - 1), gl_m1.eq(g.g_router - 2),
                                  last_g.eq(g.g_router == 1), slack.eq(0),
-                                 cur_draft.eq(0), h_go.eq(1),
-                                 hold.eq(int(g.c_in == 1 and n == 1))]
+                                 cur_draft.eq(0)]
+                    m.d.comb += [h_go.eq(1), hold.eq(int(g.c_in == 1 and n == 1))]
                     m.d.comb += hb_reset.eq(1)
                     m.next = "ROUTER"
             with m.State("ROUTER"):
