@@ -123,6 +123,21 @@ def target_mhz(target: str, block: str) -> tuple[float, str]:
     return float(c["default_mhz"]), f"constraints/{fname}: default_mhz"
 
 
+PLACERS = ("heap", "static", "sa")
+
+
+def target_placer(target: str, block: str) -> str:
+    """nextpnr's placer for one block on an FPGA target: the constraints
+    file's ``placer.blocks.<name>``, else ``placer.default``, else ``heap``
+    (nextpnr's own default)."""
+    pl = load_target(target).get("placer", {})
+    name = pl.get("blocks", {}).get(block, pl.get("default", "heap"))
+    if name not in PLACERS:
+        raise ValueError(f"constraints/{_TARGET_FILES[target]}: placer for {block!r} must be "
+                         f"one of {', '.join(PLACERS)}, not {name!r}")
+    return name
+
+
 #: Memories with at least this many words are kept as SRAM macros in the
 #: generic flow (from ``constraints/generic.json``).
 SRAM_MIN_WORDS = int(load_target("generic")["sram_min_words"])
@@ -506,7 +521,7 @@ def pack_ebr_outreg(netlist: Path) -> int:
 
 
 def place_and_route(vfile: Path, top: str, workdir: Path, target: str, *, mhz: float,
-                    seed: int) -> dict:
+                    seed: int, placer: str = "heap") -> dict:
     """One nextpnr run of an already wrapped Verilog top: routed Fmax (MHz),
     nextpnr's utilisation and the critical path's start and end points."""
     c = load_target(target)
@@ -516,7 +531,8 @@ def place_and_route(vfile: Path, top: str, workdir: Path, target: str, *, mhz: f
     rep = f"{target}_seed{seed}_report.json"
     log = workdir / f"{target}_seed{seed}_nextpnr.log"
     _run([tool(f"yowasp-nextpnr-{target}"), *c["nextpnr_args"], "--json", net,
-          "--freq", str(mhz), "--timing-allow-fail", "--report", rep, "--seed", str(seed)],
+          "--freq", str(mhz), "--timing-allow-fail", "--report", rep, "--seed", str(seed),
+          *(["--placer", placer] if placer != "heap" else [])],
          workdir, log)
     d = json.loads((workdir / rep).read_text())
     lines = _FMAX_LINE.findall(log.read_text())
@@ -527,7 +543,7 @@ def place_and_route(vfile: Path, top: str, workdir: Path, target: str, *, mhz: f
     if fmax is None:
         raise SynthError(f"nextpnr reported no Fmax; see {log}")
     util = {k: v.get("used") for k, v in d.get("utilization", {}).items() if v.get("used")}
-    return {"seed": seed, "fmax_mhz": round(fmax, 2),
+    return {"seed": seed, "fmax_mhz": round(fmax, 2), "placer": placer,
             "routed_log_mhz": float(lines[-1][1]) if lines else None,
             "pnr_utilization": util, "critical_path": _critical_path(d),
             "ebr_outreg_ports": packed}
@@ -548,6 +564,7 @@ def fpga_target(component, name: str, top: str, workdir: Path, target: str, *,
     """Area and (with ``pnr``) median Fmax of one block on one FPGA target."""
     c = load_target(target)
     mhz, src = target_mhz(target, name)
+    placer = target_placer(target, name)       # (part of the key: `target` is the file)
     seeds = list(c["seeds"] if seeds is None else seeds)
     vfile = _write(component, top, workdir / f"{top}.v")
     key = {"verilog_sha256": _sha(vfile), "target": c}
@@ -575,7 +592,8 @@ def fpga_target(component, name: str, top: str, workdir: Path, target: str, *,
         try:
             runs.append(_cached(workdir, f"{target}_pnr_seed{seed}", k,
                                 lambda s=seed: place_and_route(wfile, wtop, workdir, target,
-                                                               mhz=mhz, seed=s)))
+                                                               mhz=mhz, seed=s,
+                                                               placer=placer)))
         except SynthError as e:
             over = _pnr_overuse(workdir / f"{target}_seed{seed}_nextpnr.log")
             if over:
@@ -593,7 +611,7 @@ def fpga_target(component, name: str, top: str, workdir: Path, target: str, *,
     res.update({
         "fmax_mhz": round(med, 2), "fmax_seeds": f, "seeds": seeds,
         "fmax_spread_pct": round(100 * (max(f) - min(f)) / med, 2) if med else None,
-        "meets_target": med >= mhz,
+        "meets_target": med >= mhz, "placer": placer,
         "critical_path": mid["critical_path"], "critical_path_seed": mid["seed"],
         "wrapper": wrap_cls.__name__, "pnr_utilization": mid["pnr_utilization"]})
     return res

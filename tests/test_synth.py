@@ -43,6 +43,22 @@ def test_targets_come_from_constraints():
         fl.load_target("virtex")
 
 
+def test_placer_comes_from_constraints(monkeypatch):
+    """nextpnr's placer is data of the constraints file: the MoE layer's own,
+    every other block (and every other target) nextpnr's default, and a
+    placer nextpnr does not have is refused, naming it."""
+    assert fl.target_placer("ecp5", "moe_layer") == "static"
+    for name in blocks():
+        if name != "moe_layer":
+            assert fl.target_placer("ecp5", name) == "heap", name
+        assert fl.target_placer("ice40", name) == "heap"
+    real = fl.load_target
+    monkeypatch.setattr(fl, "load_target", lambda t: {**real(t), "placer": {
+        "default": "heap", "blocks": {"pe": "quantum"}}})
+    with pytest.raises(ValueError, match="'quantum'"):
+        fl.target_placer("ecp5", "pe")
+
+
 def test_wrapper_times_every_path(tmp_path):
     """Bare, a purely combinational block has no register-to-register path
     and nextpnr reports no Fmax; wrapped, the multiplier is timed between
@@ -411,3 +427,14 @@ def test_logic_depth_rejects_what_is_not_a_mapped_netlist(tmp_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].endswith("no module with TRELLIS_FF cells: not a mapped ECP5 netlist")
+
+
+def test_fpga_table_names_a_placer_other_than_heap():
+    from elmoe3d.commands.synth import fpga_table
+    t = {"lut4": 1, "ff": 1, "ebr": 0, "dsp": 0, "target_mhz": 125, "fmax_mhz": 130.0,
+         "fmax_seeds": [130.0], "seeds": [1], "meets_target": True, "device": "LFE5U-85F"}
+    _, rows, notes = fpga_table({"a": {"ecp5": {**t, "placer": "heap"}},
+                                 "b": {"ecp5": {**t, "placer": "static"}}}, "ecp5")
+    assert len(rows) == 2 and notes == [
+        "b: placed with nextpnr's `--placer static` (the constraints file's `placer`; "
+        "every other block: heap)"]

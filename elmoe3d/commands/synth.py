@@ -206,6 +206,9 @@ def fpga_table(results: dict, target: str, *, paths: bool = True):
                      _spread(t), _meets(t)] + ([_path(t)] if paths else []))
         if t.get("fmax_skipped"):
             notes.append(f"{name}: not placed on {t['device']}: {t['fmax_skipped']}")
+        elif t.get("placer", "heap") != "heap":
+            notes.append(f"{name}: placed with nextpnr's `--placer {t['placer']}` "
+                         f"(the constraints file's `placer`; every other block: heap)")
     return headers, rows, notes
 
 

@@ -203,16 +203,21 @@ class ExpertScheduler(wiring.Component):
         # and a priority tree in one cycle would be too deep for 125 MHz)
         cand = Signal(E)
         c_any, c_idx = lowest_set(m, cand, "cand")
-        colsel = Array(col)
-        cntsel = Array(cnt)
         # the announced job's token masks are registered in OFFER (``pick``,
         # ``rem`` and ``seen`` do not change between OFFER and ANNOUNCE), so
         # the job table's write port is fed from registers
         ncol = Signal(T)
         ncol_first = Signal(T)
         last_of = Signal(T)
+        # PICK also registers `pick` one-hot (the lowest set bit of `cand`,
+        # `cand & -cand`: a carry chain), so OFFER selects the expert's column
+        # and flags by an AND-OR of E terms rather than an E:1 multiplexer
+        # addressed by `pick` (timing round 15: `pick` -> `colsel[pick]` ->
+        # `ncol_first`, 6 LUTs, was the worst path)
+        pick_oh = Signal(E)
         ncol_c = Signal(T)
-        m.d.comb += ncol_c.eq(colsel[pick])
+        m.d.comb += ncol_c.eq(Cat(*[
+            Cat(*[col[e][t] & pick_oh[e] for e in range(E)]).any() for t in range(T)]))
 
         with m.FSM(name="scheduler"):
             with m.State("IDLE"):
@@ -293,7 +298,9 @@ class ExpertScheduler(wiring.Component):
                 m.next = "PICK"
             with m.State("PICK"):
                 with m.If(c_any):
-                    m.d.sync += [pick.eq(c_idx), done_e.bit_select(c_idx, 1).eq(1)]
+                    oh = Signal(E, name="cand_oh")
+                    m.d.comb += oh.eq(cand & (~cand + 1))
+                    m.d.sync += [pick.eq(c_idx), pick_oh.eq(oh), done_e.eq(done_e | oh)]
                     m.next = "OFFER"
                 with m.Elif(level <= 1):
                     m.next = "FINISH"
@@ -328,8 +335,8 @@ class ExpertScheduler(wiring.Component):
                              self.need.payload.last.eq(~(routed & ~done_e).any()),
                              self.need.payload.none.eq(0),
                              self.need.payload.precision.eq(
-                                 Mux(anyv.bit_select(pick, 1), TokenRole.VERIFY,
-                                     Mux(anyf.bit_select(pick, 1), TokenRole.FULL,
+                                 Mux((anyv & pick_oh).any(), TokenRole.VERIFY,
+                                     Mux((anyf & pick_oh).any(), TokenRole.FULL,
                                          TokenRole.DRAFT)))]
                 m.next = "ANNOUNCE"
             with m.State("ANNOUNCE"):
