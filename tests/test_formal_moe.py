@@ -15,14 +15,15 @@ pytestmark = [pytest.mark.formal, pytest.mark.moe, pytest.mark.skipif(not _ok, r
 slow = pytest.mark.slow
 
 #: (wrapper, mode, depth). ``prove``: k-induction closes at k = 3 (the output
-#: leaves a register slice / FIFO / a register held by its FSM state), an
-#: unbounded proof. ``bmc``: induction does not close at k <= 10 (it would need
+#: leaves a register slice / FIFO / a register held by its FSM state; top-k's
+#: at k = 4: a last logit reaches its result register through three stages,
+#: since round 16's input register), an unbounded proof. ``bmc``: induction does not close at k <= 10 (it would need
 #: invariants on the component's FSM state); the depth covers at least one
 #: transfer on every output (see COVER) and is what runs in seconds: beyond
 #: it the solver time grows steeply (Issue: step 14 ~5 s, step 20 ~4 min).
 CHECKS = [
     ("pe_array", "prove", 3),
-    ("topk", "prove", 3),
+    ("topk", "prove", 4),
     ("output", "prove", 3),
     ("record_path", "prove", 3),
     ("scheduler", "bmc", 20),

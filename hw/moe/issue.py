@@ -62,7 +62,7 @@ change of throughput).
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -167,6 +167,7 @@ class Issue(wiring.Component):
         src = Signal(job_source(g))
         m.d.comb += self.rd_addr.eq(Cat(zext(j, self.jb), pi))
         decided = Array(self.decided)
+        j_ok, j_end = Signal(), Signal()     # (registers, set below)
         total = Array(self.total)
         no_routed = Mux(pi, self.no_routed[1], self.no_routed[0])
 
@@ -409,64 +410,103 @@ class Issue(wiring.Component):
         m.d.comb += [hold.eq(0), bubble.eq(bubble_b), h_go.eq(h_go_is(h_cur))]
         m.d.sync += [bubble_b.eq(0), go.eq(h_go & ~hold & ~bubble)]
 
-        def start_token(tt, draft, sl, h):
-            m.d.sync += [t.eq(tt), q.eq(0), c.eq(0), tpl.eq(planes_l(draft)),
-                         tpl_m1.eq(planes_l(draft) - 1), cur_draft.eq(draft),
-                         slot.eq(sl), slack.eq(Mux(in_router, 0, ent.count - 1 - sl)),
-                         from_hb.eq(hbn != 0),
-                         last_c.eq(cl == 0), last_q.eq(planes_l(draft) == 0)]
-            m.d.comb += [hold.eq((cl == 0) & (planes_l(draft) == 0)), h_go.eq(h_go_is(h))]
+        # The walk after a launch is worked out from registers alone, into
+        # `nx[id(r)]` for each walk register `r` (`id`: `proj` is an enum
+        # view; `nx_c` for `hold`, `h_go` and `bubble`): `launch` only
+        # selects it, in the last LUT in front of each register (the block at
+        # the end, after the FSM, which never writes these while `running`,
+        # so never while `launch`). In round 15
+        # the conditions were nested under `launch`, and ABC shared terms of
+        # them: the worst path of a seed ran `launch` -> `rem`'s clock
+        # enable -> `from_hb`, 6 LUTs with two routes across the die.
+        walk = [c, last_c, q, last_q, from_hb, grp, last_g, t, running, in_router, hb_seg,
+                ext_seg, rem, j, tpl, tpl_m1, cur_draft, slot, slack, proj, cl, gl_, cl_m1,
+                gl_m1, hb_len, ext_len]
+        nx = {id(r): Signal.like(r, name=f"{Value.cast(r).name}_l") for r in walk}
+        nx_c = {"hold": Signal(name="hold_l"), "h_go": Signal(name="h_go_l"),
+                "bubble": Signal(name="bubble_l")}
+        nx_bb = Signal(name="bubble_b_l")
+        m.d.comb += [nx[id(r)].eq(r) for r in walk]
+        m.d.comb += [nx_bb.eq(0), nx_c["hold"].eq(0), nx_c["h_go"].eq(h_go_is(h_cur)),
+                     nx_c["bubble"].eq(bubble_b)]
 
-        def set_phase(kind, draft=None):
+        class _Launched:
+            """Assignments into the after-a-launch values."""
+            @staticmethod
+            def sync(*pairs):
+                m.d.comb += [nx[id(r)].eq(v) for r, v in pairs]
+
+            @staticmethod
+            def comb(*pairs):
+                m.d.comb += [nx_c[r.name].eq(v) for r, v in pairs]
+
+        class _Fsm:
+            """The FSM's assignments (it runs only while not `running`): the
+            walk registers' into `nx` too, the combinational ones as made."""
+            sync = _Launched.sync
+
+            @staticmethod
+            def comb(*pairs):
+                m.d.comb += [r.eq(v) for r, v in pairs]
+
+        def start_token(w, tt, draft, sl, h):
+            w.sync((t, tt), (q, 0), (c, 0), (tpl, planes_l(draft)),
+                   (tpl_m1, planes_l(draft) - 1), (cur_draft, draft),
+                   (slot, sl), (slack, Mux(in_router, 0, ent.count - 1 - sl)),
+                   (from_hb, hbn != 0),
+                   (last_c, cl == 0), (last_q, planes_l(draft) == 0))
+            w.comb((hold, (cl == 0) & (planes_l(draft) == 0)), (h_go, h_go_is(h)))
+
+        def set_phase(w, kind, draft=None):
             # (`c` is 0 whenever the phase changes; `draft`: the role of the
             # token started with the phase, if one is)
             ch = g.c_down if kind == Kind.DOWN else g.c_in
             gr = g.g_down if kind == Kind.DOWN else g.g_in
             # (`grp` is 0 whenever the phase changes)
-            m.d.sync += [proj.eq(kind), cl.eq(ch - 1), gl_.eq(gr - 1), cl_m1.eq(ch - 2),
-                         gl_m1.eq(gr - 2),
-                         hb_len.eq(hbn * ch), ext_len.eq(extn * ch), last_c.eq(ch == 1),
-                         last_g.eq(gr == 1)]
+            w.sync((proj, kind), (cl, ch - 1), (gl_, gr - 1), (cl_m1, ch - 2),
+                   (gl_m1, gr - 2),
+                   (hb_len, hbn * ch), (ext_len, extn * ch), (last_c, ch == 1),
+                   (last_g, gr == 1))
             if draft is not None:
-                m.d.comb += hold.eq((planes_l(draft) == 0) if ch == 1 else 0)
+                w.comb((hold, (planes_l(draft) == 0) if ch == 1 else 0))
 
-        with m.If(launch):
-            m.d.sync += [c.eq(c + 1), last_c.eq(c == cl_m1)]
+        L_ = _Launched
+        with m.If(running):                                   # (launch implies it)
+            L_.sync((c, c + 1), (last_c, c == cl_m1))
             with m.If(last_c):
-                m.d.sync += [c.eq(0), q.eq(q + 1), last_c.eq(cl == 0), last_q.eq(q == tpl_m1),
-                             from_hb.eq(in_router | (q < hbn_m1))]
+                L_.sync((c, 0), (q, q + 1), (last_c, cl == 0), (last_q, q == tpl_m1),
+                        (from_hb, in_router | (q < hbn_m1)))
             with m.If(in_router):
                 with m.If(last_c & last_q):
-                    m.d.sync += [q.eq(0), grp.eq(grp + 1), last_q.eq(tpl == 0), from_hb.eq(1),
-                                 last_g.eq(grp == gl_m1)]
-                    with m.If(last_g):                        # token done
-                        m.d.sync += [grp.eq(0), last_g.eq(gl_ == 0)]
-                        m.d.comb += hold.eq((cl == 0) & (tpl == 0))
+                    L_.sync((q, 0), (grp, grp + 1), (last_q, tpl == 0), (from_hb, 1),
+                            (last_g, grp == gl_m1))
+                    with m.If(last_g):                            # token done
+                        L_.sync((grp, 0), (last_g, gl_ == 0))
+                        L_.comb((hold, (cl == 0) & (tpl == 0)))
                         with m.If(t == count_m1):
-                            m.d.sync += [running.eq(0), in_router.eq(0),
-                                         hb_seg.eq(hb_seg + g.router_words)]
+                            L_.sync((running, 0), (in_router, 0), (hb_seg, hb_seg + g.router_words))
                         with m.Else():
-                            m.d.sync += t.eq(t + 1)
+                            L_.sync((t, t + 1))
             with m.Elif(tok_end):
-                with m.If(nxt_any):                           # next token of the segment
-                    start_token(nxt_t, nxt_draft, slot + 1, h_nxt)
-                    m.d.sync += rem.eq(rem & ~(Const(1, T) << nxt_t))
-                with m.Else():                                # segment done
-                    m.d.sync += [hb_seg.eq(hb_nxt), ext_seg.eq(ext_nxt), grp.eq(grp + 1),
-                                 last_g.eq(grp == gl_m1)]
-                    start_token(f_t, f_draft, 0, h_first)
-                    m.d.sync += rem.eq(ent.tok_mask & ~(Const(1, T) << f_t))
+                with m.If(nxt_any):                               # next token of the segment
+                    start_token(L_, nxt_t, nxt_draft, slot + 1, h_nxt)
+                    L_.sync((rem, rem & ~(Const(1, T) << nxt_t)))
+                with m.Else():                                    # segment done
+                    L_.sync((hb_seg, hb_nxt), (ext_seg, ext_nxt), (grp, grp + 1),
+                            (last_g, grp == gl_m1))
+                    start_token(L_, f_t, f_draft, 0, h_first)
+                    L_.sync((rem, ent.tok_mask & ~(Const(1, T) << f_t)))
                     with m.If(last_g):
-                        m.d.sync += [grp.eq(0), last_g.eq(gl_ == 0)]
+                        L_.sync((grp, 0), (last_g, gl_ == 0))
                         with m.Switch(proj):
                             with m.Case(Kind.GATE):
-                                set_phase(Kind.UP, f_draft)
+                                set_phase(L_, Kind.UP, f_draft)
                             with m.Case(Kind.UP):
-                                set_phase(Kind.DOWN, f_draft)
-                                m.d.comb += bubble.eq(1)
-                                m.d.sync += bubble_b.eq(1)
+                                set_phase(L_, Kind.DOWN, f_draft)
+                                L_.comb((bubble, 1))
+                                m.d.comb += nx_bb.eq(1)
                             with m.Case(Kind.DOWN):
-                                m.d.sync += [running.eq(0), j.eq(j + 1)]
+                                L_.sync((running, 0), (j, j + 1))
 
         summ = self.summary.payload
         my_epoch = Signal(2)
@@ -487,15 +527,15 @@ class Issue(wiring.Component):
                                  dmask.eq(Cat(*[Mux(pi, self.roles[1][x], self.roles[0][x])
                                                 == TokenRole.DRAFT for x in range(T)])),
                                  step_last.eq(self.step_last.bit_select(pi, 1)),
-                                 start.eq(self.cycle), mac.eq(0), j.eq(0),
-                                 in_router.eq(1), running.eq(1), grp.eq(0), q.eq(0), c.eq(0),
-                                 from_hb.eq(1),
-                                 last_c.eq(g.c_in == 1), last_q.eq(n == 1),
-                                 t.eq(0), tpl.eq(n - 1), cl.eq(g.c_in - 1),
-                                 tpl_m1.eq(n - 2), cl_m1.eq(g.c_in - 2),
-                                 gl_.eq(g.g_router - 1), gl_m1.eq(g.g_router - 2),
-                                 last_g.eq(g.g_router == 1), slack.eq(0),
-                                 cur_draft.eq(0)]
+                                 start.eq(self.cycle), mac.eq(0)]
+                    _Fsm.sync((j, 0), (in_router, 1), (running, 1), (grp, 0), (q, 0), (c, 0),
+                              (from_hb, 1),
+                              (last_c, g.c_in == 1), (last_q, n == 1),
+                              (t, 0), (tpl, n - 1), (cl, g.c_in - 1),
+                              (tpl_m1, n - 2), (cl_m1, g.c_in - 2),
+                              (gl_, g.g_router - 1), (gl_m1, g.g_router - 2),
+                              (last_g, g.g_router == 1), (slack, 0),
+                              (cur_draft, 0))
                     m.d.comb += [h_go.eq(1), hold.eq(int(g.c_in == 1 and n == 1))]
                     m.d.comb += hb_reset.eq(1)
                     m.next = "ROUTER"
@@ -503,10 +543,9 @@ class Issue(wiring.Component):
                 with m.If(~running):
                     m.next = "JOB_WAIT"
             with m.State("JOB_WAIT"):
-                with m.If(~running & fresh & (j < decided[pi])):
+                with m.If(~running & fresh & j_ok):
                     m.next = "JOB_READ"
-                with m.Elif(~running & fresh & self.total_valid.bit_select(pi, 1)
-                            & (j == total[pi])):
+                with m.Elif(~running & fresh & j_end):
                     m.d.sync += at_end.eq(1)
                     m.next = "END"
             with m.State("JOB_READ"):
@@ -515,18 +554,18 @@ class Issue(wiring.Component):
                 nh = Mux(e.shared, need, Mux(s_.hb, k, 0))
                 m.d.sync += [ent.eq(self.rd_entry), src.eq(self.rd_src), hbn.eq(nh),
                              hbn_m1.eq(Mux(nh == 0, 0, nh - 1)),
-                             extn.eq(Mux(e.shared, 0, need - nh)), grp.eq(0),
-                             last_g.eq(gl_ == 0)]
+                             extn.eq(Mux(e.shared, 0, need - nh))]
+                _Fsm.sync((grp, 0), (last_g, gl_ == 0))
                 if S:
                     m.d.sync += last_sh.eq(e.shared & (e.expert == S - 1))
                 m.next = "JOB_FIRST"
             with m.State("JOB_FIRST"):
-                set_phase(Kind.GATE)
+                set_phase(_Fsm, Kind.GATE)
                 m.d.sync += [f_t.eq(f_t_c), f_draft.eq(f_draft_c)]
                 m.next = "JOB_START"
             with m.State("JOB_START"):
-                start_token(f_t, f_draft, 0, h_first)
-                m.d.sync += [rem.eq(ent.tok_mask & ~(Const(1, T) << f_t)), running.eq(1)]
+                start_token(_Fsm, f_t, f_draft, 0, h_first)
+                _Fsm.sync((rem, ent.tok_mask & ~(Const(1, T) << f_t)), (running, 1))
                 m.d.comb += [hb_reset.eq(1), ext_reset.eq(1)]
                 m.next = "JOB_WAIT"
             with m.State("END"):
@@ -541,4 +580,27 @@ class Issue(wiring.Component):
                                                        self.expert_tokens[0]))]
                 with m.If(end_req):
                     m.next = "IDLE"
+        # `j < decided[pi]` and `j == total[pi]` (with `total_valid`) as
+        # flip-flops, for `j`'s next value: both compares of each from
+        # registers, the launch selects (round 16's netlist had `pi` -> the
+        # `decided` select -> the compare's carry chain -> the FSM state's
+        # enable, 9.05 ns). A decision or the total is seen a cycle after it
+        # is made (both only rise within a pass, so a cycle late is safe);
+        # `j` is set to 0 only in IDLE, long before JOB_WAIT.
+        nj = nx[id(j)]
+        tv = self.total_valid.bit_select(pi, 1)
+        m.d.sync += [j_ok.eq(Mux(launch, nj < decided[pi], j < decided[pi])),
+                     j_end.eq(tv & Mux(launch, nj == total[pi], j == total[pi]))]
+        # The walk registers load `nx` on a launch, and in every cycle while
+        # not `running` (the FSM's values then, or their own): `launch` is
+        # their clock enable and nothing else, so ABC cannot fold it into
+        # their next-value cones (round 16's first netlist selected `nx` by
+        # `launch` in the data path: ABC moved `launch` to the cones' second
+        # level again, and seeds ran `launch` -> `rem`, 6 LUTs).
+        with m.If(launch | ~running):
+            m.d.sync += [r.eq(nx[id(r)]) for r in walk]
+        with m.If(launch):
+            m.d.sync += bubble_b.eq(nx_bb)
+            m.d.comb += [hold.eq(nx_c["hold"]), h_go.eq(nx_c["h_go"]),
+                         bubble.eq(nx_c["bubble"])]
         return m

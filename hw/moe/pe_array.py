@@ -7,8 +7,8 @@ and their ``ready``/``valid`` agree cycle by cycle. A dot product's tag
 (``Desc``) waits in a FIFO from its last beat to its results, and leaves with
 them as one ``ArrayResult`` through a register slice (so the array's
 ``i.ready`` does not depend on the vector unit's ``ready``); ``i.ready`` is
-the AND of two flip-flops (the PEs' credit and a registered "two tags
-free").
+the AND of two flip-flops (the PEs' credit and a registered "room for a
+tag").
 
 Latency: the PE's (a result ``LATENCY`` cycles after its ``last`` beat) plus
 one for the register slice; one beat per cycle.
@@ -16,13 +16,12 @@ one for the register slice; one beat per cycle.
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 from ..pe import BitSlicePE
-from ..streams import RegisterSlice
+from ..streams import QueueFIFO, RegisterSlice
 from ..vocab import pe_beat
 from .payloads import array_beat, array_result, desc
 
@@ -58,19 +57,35 @@ class PEArray(wiring.Component):
         # every dot product between its last beat and its result has a tag
         # (a pipelined PE holds up to `depth` results); a full tag queue only
         # holds the input back
+        # (`QueueFIFO`: `SyncFIFOBuffered`'s ports and cycles without a level
+        # counter: in round 15 the read enable, the results' handshake from
+        # the PE's output FIFO, passed the counter's up/down enable, the
+        # worst path of a seed; its level as a pointer distance is not used
+        # either, see `used` below)
         depth = max(TAG_DEPTH, getattr(pes[0], "depth", 0) + 4)
-        tags = m.submodules.tags = SyncFIFOBuffered(width=data.Layout.cast(desc(g)).size,
-                                                    depth=depth)
+        tags = m.submodules.tags = QueueFIFO(width=data.Layout.cast(desc(g)).size, depth=depth)
         out = m.submodules.out = RegisterSlice(array_result(g))
         wiring.connect(m, out.o, wiring.flipped(self.o))
 
         PEBeat = pe_beat(g.s, g.L)
-        # room for a tag, as a flip-flop: at least two free entries last cycle
-        # (one tag per cycle at most, so one is still free): `i.ready` is two
-        # flip-flops and the issue stage's FIFO read enable does not wait for
-        # the tag queue's level compare
-        tag_room = Signal()
-        m.d.sync += tag_room.eq(tags.level <= depth - 2)
+        # room for a tag, as a flip-flop: `used` (the tags in the queue) is at
+        # most `depth - 2`, so a write never meets the queue's inner memory
+        # full (it holds `depth - 1`, the output register one more):
+        # `i.ready` is two flip-flops and the issue stage's FIFO read enable
+        # does not wait for a level compare. The next `used` and `tag_room`
+        # are worked out from `used` alone for each of the four outcomes, and
+        # the write and the read (late: the results' handshake) only select
+        # one (a pointer distance, tried first, was three carry chains in
+        # series, 9.2 ns; the sum `used + write` then compared, 7 LUT levels).
+        tag_room = Signal(init=1)
+        used = Signal(range(depth + 1))
+        u_inc, u_dec = Signal.like(used), Signal.like(used)
+        wr = Signal()
+        m.d.comb += [u_inc.eq(used + 1), u_dec.eq(used - 1)]
+        rd = tags.r_en
+        m.d.sync += [used.eq(Mux(wr, Mux(rd, used, u_inc), Mux(rd, u_dec, used))),
+                     tag_room.eq(Mux(wr, Mux(rd, used <= depth - 2, used <= depth - 3),
+                                     Mux(rd, used <= depth - 1, used <= depth - 2)))]
         ready = pes[0].i.ready & tag_room
         m.d.comb += self.i.ready.eq(ready)
         for b, pe in enumerate(pes):
@@ -81,7 +96,7 @@ class PEArray(wiring.Component):
                          pe.i.payload.as_value().eq(beat.as_value()),
                          pe.i.valid.eq(self.i.valid & tag_room)]
         m.d.comb += [tags.w_data.eq(self.i.payload.desc),
-                     tags.w_en.eq(self.i.valid & ready & self.i.payload.last)]
+                     wr.eq(self.i.valid & ready & self.i.payload.last), tags.w_en.eq(wr)]
         res = out.i.payload
         m.d.comb += [out.i.valid.eq(pes[0].o.valid), tags.r_en.eq(out.i.valid & out.i.ready),
                      res.desc.eq(tags.r_data),

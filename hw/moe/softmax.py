@@ -26,7 +26,7 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ...golden import moe_layer as gm
-from ..streams import CreditFIFO
+from ..streams import QueueFIFO
 from ..vocab import bits
 from .common import delay, mul_pipe
 from .payloads import topk_result
@@ -92,9 +92,12 @@ class Softmax(wiring.Component):
         # at most one write happens per cycle), so top-k's output handshake
         # and the scheduler's snoop of it start at registers; one entry more
         # than the tokens of a pass keeps a whole pass's results acceptable.
-        # The FIFO writes on `w_en` alone (`CreditFIFO`).
-        fifo = m.submodules.fifo = CreditFIFO(width=len(self.i.payload.as_value()),
-                                              depth=max(2, T) + 1)
+        # The FIFO writes on `w_en` alone (`credit=True`) and has no level
+        # counter (`QueueFIFO`: its level is a distance of two pointers; in
+        # round 16 a seed's worst path was `CreditFIFO`'s counter -> its read
+        # enable, placed by the storage 34 columns away -> the counter, 11 ns).
+        fifo = m.submodules.fifo = QueueFIFO(width=len(self.i.payload.as_value()),
+                                             depth=max(2, T) + 1, credit=True)
         room = Signal()
         m.d.sync += room.eq(fifo.level <= fifo.depth - 2)
         m.d.comb += [fifo.w_data.eq(self.i.payload), fifo.w_en.eq(self.i.valid & room),

@@ -10,19 +10,20 @@ first (:func:`elmoe3d.golden.moe_layer.route`). A DRAFT token only admits
 experts of its allowed mask, so the list holds the highest-ranked allowed
 experts (fewer than ``k`` if fewer are allowed).
 
-Stages: a logit is registered with its token's mask row and role; then
+Stages: a logit is registered as it comes; then with its token's mask
+row and role (selected from that register, not from the producer's); then
 its admission bit is picked and it is compared (``k + 1`` parallel
 comparisons: with the current entries and with the logit being inserted,
 the list it will meet being the current one with that logit inserted), and
 each entry's comparison is selected by that insertion's choices into a
 register; then inserted (one shift). On the token's last logit the updated
-list is the result, three cycles after that logit. One logit per cycle, no
+list is the result, four cycles after that logit. One logit per cycle, no
 stall.
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, Module, Mux, Signal, signed, unsigned
+from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -42,9 +43,11 @@ class TopK(wiring.Component):
         taken; the producer presents a last logit only while ``last_ok``).
     last_ok : ``Out(1)``
         The result register is free (registers only).
-    roles, masks : ``In`` per pass buffer (from the token store).
+    roles, masks : ``In`` per pass buffer (from the token store); a token's
+        role is read a cycle after its logit is (it must not change in
+        between; the token store writes it when the pass is loaded).
     o : ``Out(stream.Signature(TopKResult))``
-        One result per token, three cycles after its last logit.
+        One result per token, four cycles after its last logit.
     idle : ``Out(1)``
         No logit in the stages and no result waiting (a register).
     """
@@ -63,31 +66,59 @@ class TopK(wiring.Component):
         m = Module()
         g = self.g
         K, W, T = g.K, g.W, g.T
-        # stage 0: register with the admission bit
+        # stage 0: the logit registered as it comes (round 16: the mask-row
+        # select below had started at the vector unit's `ser` register, whose
+        # token also addresses the gate table; the worst path of a seed ran
+        # from there across the die into `s_row`)
+        # (loaded only with a logit: loaded every cycle it had the same input
+        # and no enable as the vector unit's A0 registers of the same
+        # element, `a_tok`/`a_val`, and Yosys merged it into them, so the
+        # select still started in the vector unit)
+        # The (buffer, token) pair is also registered one-hot, so the row and
+        # role selects below are AND-ORs of `2 T` terms (3 LUT levels at
+        # `T` = 16) instead of a `2 T`:1 mux (6).
+        t_valid = Signal()
+        t_in = Signal.like(self.i)
+        t_oh = Signal(2 * T)
+        m.d.sync += t_valid.eq(self.i_valid)
+        with m.If(self.i_valid):
+            m.d.sync += [t_in.eq(self.i),
+                         t_oh.eq(Cat(*[(self.i.par == p) & (self.i.token == t)
+                                       for p in range(2) for t in range(T)]))]
+        # stage 1: register with the admission bit
         # (the token's mask row and role are registered with the logit, the
-        # expert's bit is picked in stage 1; the buffer is selected per token
-        # first, then the token: in the other order ABC mapped the 32:1
-        # select to 5 LUT levels in the component alone, this one to 4)
+        # expert's bit is picked in stage 2)
         s_valid = Signal()
         s_in = Signal.like(self.i)
         s_row = Signal(g.E)
-        s_role = Signal(TokenRole)
-        m.d.sync += [s_valid.eq(self.i_valid), s_in.eq(self.i),
-                     s_row.eq(Array(Mux(self.i.par, self.masks[1][t], self.masks[0][t])
-                                    for t in range(T))[self.i.token]),
-                     s_role.eq(Array(Mux(self.i.par, self.roles[1][t], self.roles[0][t])
-                                     for t in range(T))[self.i.token])]
-        s_ok = Signal()
-        m.d.comb += s_ok.eq((s_role != TokenRole.DRAFT) | s_row.bit_select(s_in.expert, 1))
+        s_draft = Signal()
 
-        # stage 1: compare and choose, a cycle ahead. The list the logit in
-        # stage 1 will meet is the current list with the logit of stage 2
+        row_terms = [self.masks[p][t] & t_oh[p * T + t].replicate(g.E)
+                     for p in range(2) for t in range(T)]
+        # (each token's "is DRAFT" is a register of its own: as a compare of
+        # the role inputs, ABC shared it with the issue stage's DRAFT mask
+        # and chained the OR through it, 6 levels; a role is written when its
+        # pass is loaded, long before that pass's first logit)
+        is_draft = Signal(2 * T)
+        m.d.sync += is_draft.eq(Cat(*[self.roles[p][t] == TokenRole.DRAFT
+                                      for p in range(2) for t in range(T)]))
+        draft_terms = is_draft & t_oh
+        row_or = row_terms[0]
+        for x in row_terms[1:]:
+            row_or = row_or | x
+        m.d.sync += [s_valid.eq(t_valid), s_in.eq(t_in), s_row.eq(row_or),
+                     s_draft.eq(draft_terms.any())]
+        s_ok = Signal()
+        m.d.comb += s_ok.eq(~s_draft | s_row.bit_select(s_in.expert, 1))
+
+        # stage 2: compare and choose, a cycle ahead. The list the logit in
+        # stage 2 will meet is the current list with the logit of stage 3
         # inserted, so it is compared with the current entries and with that
         # logit, and the comparison each entry of that list needs is selected
-        # by the insertion's own choices (`gt` of stage 2): `gt` of the logit
-        # leaving stage 1 is a register, so stage 2's insertion is a select
+        # by the insertion's own choices (`gt` of stage 3): `gt` of the logit
+        # leaving stage 2 is a register, so stage 3's insertion is a select
         # by flip-flops (round 11 had registered the compares only, and
-        # selected them in stage 2 in front of the insertion). Each compare
+        # selected them in stage 3 in front of the insertion). Each compare
         # is the sign of a difference, one carry chain (a `>` of two 28-bit
         # values had been a tree of 4 LUT levels alone, 6 in the layer).
         vals = [Signal(signed(W), name=f"lv{i}") for i in range(K)]
@@ -109,8 +140,8 @@ class TopK(wiring.Component):
         new_cnt = Signal.like(cnt)
         m.d.comb += new_cnt.eq(Mux(u_ok & (base < K), base + 1, base))
         # `free[i]` is `cnt <= i` (entry i empty), a register beside `cnt`;
-        # `u_ins` (stage 2 inserts) and `u_new` (stage 2 holds a token's first
-        # logit) are stage 2's flags as the compare needs them, so entry i's
+        # `u_ins` (stage 3 inserts) and `u_new` (stage 3 holds a token's first
+        # logit) are stage 3's flags as the compare needs them, so entry i's
         # emptiness after the insertion is one LUT of four flip-flops
         free = [Signal(init=1, name=f"free{i}") for i in range(K)]
         u_ins = Signal()
@@ -128,7 +159,7 @@ class TopK(wiring.Component):
         m.d.sync += [u_valid.eq(s_valid), u_in.eq(s_in), u_ok.eq(s_ok), u_first.eq(s_first),
                      u_ins.eq(s_valid & s_ok), u_new.eq(s_valid & s_first)]
 
-        # stage 2: insert
+        # stage 3: insert
         new_v = [Signal.like(vals[i], name=f"nv{i}") for i in range(K)]
         new_i = [Signal.like(idxs[i], name=f"ni{i}") for i in range(K)]
         for i in range(K):
@@ -150,13 +181,13 @@ class TopK(wiring.Component):
                          o.count.eq(new_cnt)]
             m.d.sync += [o.sel[i].eq(new_i[i]) for i in range(K)]
             m.d.sync += [o.logit[i].eq(new_v[i]) for i in range(K)]
-        # free when no result is waiting and none can appear from the three stages
+        # free when no result is waiting and none can appear from the four stages
         # (registers only: the producer's valid may depend on it)
-        m.d.comb += self.last_ok.eq(~self.o.valid & ~(s_valid & s_in.last)
-                                    & ~(u_valid & u_in.last))
+        m.d.comb += self.last_ok.eq(~self.o.valid & ~(t_valid & t_in.last)
+                                    & ~(s_valid & s_in.last) & ~(u_valid & u_in.last))
         # `idle` (no result and no logit in the stages) is a flip-flop, set
         # from the next values of what it is made of, so it equals
-        # `~o.valid & ~s_valid & ~u_valid` in every cycle: the vector unit's
+        # `~o.valid & ~t_valid & ~s_valid & ~u_valid` in every cycle: the vector unit's
         # `ok` register starts its path at it, not at a LUT of registers
         # (round 11's deepest cone in the layer ran from the softmax's `idle`
         # through this one into `ok`). (`last_ok` stays a LUT of registers:
@@ -164,6 +195,6 @@ class TopK(wiring.Component):
         # closes at depth 3.)
         idle = Signal(init=1)
         o_valid_n = (u_valid & u_in.last) | (self.o.valid & ~self.o.ready)
-        m.d.sync += idle.eq(~o_valid_n & ~self.i_valid & ~s_valid)
+        m.d.sync += idle.eq(~o_valid_n & ~self.i_valid & ~t_valid & ~s_valid)
         m.d.comb += self.idle.eq(idle)
         return m
