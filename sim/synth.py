@@ -46,7 +46,11 @@ size and has no ``-noabc9``; the flow runs ``synth_ecp5`` up to
 ``map_luts``, maps LUTs with classic ``abc -lut 4`` and resumes at
 ``map_cells``. nextpnr prints a placement estimate first and the routed
 figure last; the flow reads the routed figure (the report JSON, checked
-against the last ``Max frequency for clock`` line of the log).
+against the last ``Max frequency for clock`` line of the log). It also has
+nextpnr write the routed delays as SDF and lists *every* endpoint that
+misses the target, grouped by the components it runs between
+(:mod:`elmoe3d.sim.sta`; each seed's result has them under ``misses``):
+nextpnr itself names only the worst path.
 
 Every stage caches its result in its work folder, keyed by the SHA-256 of the
 Verilog it read and its options, so a repeated run only redoes stages whose
@@ -402,15 +406,13 @@ def _pnr_overuse(log: Path) -> list[str]:
 _FMAX_LINE = re.compile(r"Max frequency for clock\s+'([^']+)':\s*([\d.]+)\s*MHz")
 
 
-_CELL_SUFFIX = re.compile(r"_(TRELLIS|SB|CCU2C|LUT4|DP16KD|MULT18X18D|PFUMX|L6MUX21)_?.*$")
-
-
 def _readable(cell: str) -> str:
     """nextpnr names a packed cell after the net it drives plus the cell types
     it was packed from (``dut.s1_prod1_TRELLIS_FF_Q_12``); keep the net
     (``dut.s1_prod1``): a register of the block (``dut.``) or of the wrapper
     (``ooc_``/``scan_``)."""
-    return _CELL_SUFFIX.sub("", cell) or cell
+    from .sta import net_of
+    return net_of(cell)
 
 
 def _critical_path(report: dict) -> dict | None:
@@ -529,10 +531,11 @@ def place_and_route(vfile: Path, top: str, workdir: Path, target: str, *, mhz: f
     packed = int((workdir / f"{net}.packed").read_text()) \
         if (workdir / f"{net}.packed").exists() else 0
     rep = f"{target}_seed{seed}_report.json"
+    sdf = f"{target}_seed{seed}.sdf"
     log = workdir / f"{target}_seed{seed}_nextpnr.log"
     _run([tool(f"yowasp-nextpnr-{target}"), *c["nextpnr_args"], "--json", net,
           "--freq", str(mhz), "--timing-allow-fail", "--report", rep, "--seed", str(seed),
-          *(["--placer", placer] if placer != "heap" else [])],
+          "--sdf", sdf, *(["--placer", placer] if placer != "heap" else [])],
          workdir, log)
     d = json.loads((workdir / rep).read_text())
     lines = _FMAX_LINE.findall(log.read_text())
@@ -543,10 +546,14 @@ def place_and_route(vfile: Path, top: str, workdir: Path, target: str, *, mhz: f
     if fmax is None:
         raise SynthError(f"nextpnr reported no Fmax; see {log}")
     util = {k: v.get("used") for k, v in d.get("utilization", {}).items() if v.get("used")}
+    # every endpoint that misses the target, grouped by component (nextpnr
+    # reports only the worst path; `sim.sta` redoes its analysis from the SDF)
+    from .sta import load as sta_load, summary as sta_summary
+    misses = sta_summary(sta_load((workdir / sdf).read_text()), 1000.0 / mhz, groups=8)
     return {"seed": seed, "fmax_mhz": round(fmax, 2), "placer": placer,
             "routed_log_mhz": float(lines[-1][1]) if lines else None,
             "pnr_utilization": util, "critical_path": _critical_path(d),
-            "ebr_outreg_ports": packed}
+            "ebr_outreg_ports": packed, "misses": misses}
 
 
 # ---------------------------------------------------------------------------
@@ -613,6 +620,10 @@ def fpga_target(component, name: str, top: str, workdir: Path, target: str, *,
         "fmax_spread_pct": round(100 * (max(f) - min(f)) / med, 2) if med else None,
         "meets_target": med >= mhz, "placer": placer,
         "critical_path": mid["critical_path"], "critical_path_seed": mid["seed"],
+        # endpoints that miss the target per seed, and the median seed's
+        # groups (results cached before the flow wrote SDF have none)
+        "misses_seeds": [r["misses"]["failing"] if "misses" in r else None for r in runs],
+        "misses": mid.get("misses"),
         "wrapper": wrap_cls.__name__, "pnr_utilization": mid["pnr_utilization"]})
     return res
 

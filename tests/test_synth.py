@@ -73,6 +73,14 @@ def test_wrapper_times_every_path(tmp_path):
     # from an input register of the wrapper to its output register (the port)
     assert cp["start"] in ("ooc_a", "ooc_b") and cp["end"] == "y", cp
     assert cp["logic_levels"] > 2
+    # the SDF analysis redoes nextpnr's: the same worst path, to the
+    # picosecond, and at 200 MHz the endpoints behind it miss it
+    ms = r["misses"]
+    assert ms["fmax_mhz"] == pytest.approx(r["fmax_mhz"], abs=0.01)
+    assert (ms["failing"] > 0) == (r["fmax_mhz"] < 200)
+    if ms["failing"]:
+        g = ms["groups"][0]
+        assert g["start"] in ("ooc_a", "ooc_b") and g["end"].startswith("y"), g
 
 
 def test_tiny_pe_on_every_target(tmp_path):
@@ -438,3 +446,80 @@ def test_fpga_table_names_a_placer_other_than_heap():
     assert len(rows) == 2 and notes == [
         "b: placed with nextpnr's `--placer static` (the constraints file's `placer`; "
         "every other block: heap)"]
+
+
+#: a hand-written SDF in nextpnr's dialect: ff_a -> (1.0 ns) -> a LUT ->
+#: (2.0 ns) -> ff_b, a constant driving the LUT's other input over 5 ns
+#: (never timed), and ff_c -> (0.1 ns) -> ff_d inside another component
+_SDF_HEAD = r"""(DELAYFILE
+  (SDFVERSION "3.0")
+  (CELL
+    (CELLTYPE "top")
+    (INSTANCE )
+    (DELAY
+      (ABSOLUTE
+        (INTERCONNECT dut.p.ff_a/Q dut.q.lut/A (900:950:1000) (900:950:1000))
+        (INTERCONNECT \$PACKER_GND/F dut.q.lut/B (0:0:5000) (0:0:5000))
+        (INTERCONNECT dut.q.lut/F dut.q.ff_b/DI (1800:1900:2000) (1800:1900:2000))
+        (INTERCONNECT dut.r.ff_c/Q dut.r.ff_d/DI (90:95:100) (90:95:100))
+      )
+    )
+  )
+  (CELL
+    (CELLTYPE "TRELLIS_COMB")
+    (INSTANCE dut.q.lut)
+    (DELAY (ABSOLUTE
+        (IOPATH A F (200:218:236) (200:218:236))
+        (IOPATH B F (200:218:236) (200:218:236))
+    ))
+  )
+"""
+_SDF_FF = """  (CELL
+    (CELLTYPE "TRELLIS_FF")
+    (INSTANCE {ff})
+    (DELAY (ABSOLUTE (IOPATH CLK Q (430:477:525) (430:477:525))))
+    (TIMINGCHECK
+      (SETUPHOLD (posedge DI) (posedge CLK) (0:0:{setup}) (267:285:303))
+    )
+  )
+"""
+_SDF = _SDF_HEAD + "".join(_SDF_FF.format(ff=ff, setup=su) for ff, su in (
+    ("dut.p.ff_a", 0), ("dut.q.ff_b", 10), ("dut.r.ff_c", 0), ("dut.r.ff_d", 0))) + ")\n"
+
+
+def test_sta_times_every_endpoint_of_an_sdf(tmp_path, capsys):
+    """`sim/sta.py` on a hand-written SDF: arrival = clock-to-Q + every arc
+    + setup; a constant driver starts no path; the endpoints that miss the
+    period are grouped by (start, end) component, with the path."""
+    from elmoe3d.sim import sta
+    t = sta.load(_SDF)
+    # 525 + 1000 + 236 + 2000 + 10 (setup); not 5000 + 236 + ... from the constant
+    assert {p: a for a, p in t.endpoints()} == {"dut.q.ff_b/DI": 3771, "dut.r.ff_d/DI": 625}
+    assert t.path("dut.q.ff_b/DI") == ["dut.p.ff_a/Q", "dut.q.lut/A", "dut.q.lut/F",
+                                       "dut.q.ff_b/DI"]
+    s = sta.summary(t, 3.0)
+    assert (s["worst_ns"], s["fmax_mhz"], s["failing"]) == (3.771, 265.18, 1)
+    assert s["groups"] == [{"start": "dut.p", "end": "dut.q", "endpoints": 1, "worst_ns": 3.771,
+                            "levels": 1, "route_ns": 3.0, "from": "dut.p.ff_a/Q",
+                            "to": "dut.q.ff_b/DI"}]
+    assert sta.summary(t, 4.0)["failing"] == 0
+    f = tmp_path / "x.sdf"
+    f.write_text(_SDF)
+    assert sta.main([str(f), "--period", "3", "--paths", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "2 endpoints; worst 3.771 ns (265.18 MHz); 1 miss 3 ns"
+    assert out[-1].split() == ["3.761", "dut.q.ff_b/DI"]      # arrival (setup not added)
+
+
+@pytest.mark.parametrize("argv, msg", [(["nope.sdf"], "nope.sdf: No such file or directory"),
+                                       (["x.sdf", "--period", "0"], "--period must be > 0, not 0.0"),
+                                       (["empty.sdf"], "no timed endpoint (not an SDF of a clocked design?)")])
+def test_sta_errors_are_one_line(tmp_path, monkeypatch, argv, msg, capsys):
+    from elmoe3d.sim import sta
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.sdf").write_text(_SDF)
+    (tmp_path / "empty.sdf").write_text("(DELAYFILE )")
+    with pytest.raises(SystemExit) as e:
+        sta.main(argv)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(msg)

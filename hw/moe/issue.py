@@ -49,9 +49,9 @@ pass's routing before its DOWN segments (it is the last job of tokens that
 selected no routed expert).
 
 Pipeline: I0 decides a beat and presents the memory addresses, I1 has the
-memory outputs (registered as they are), I2 forms the beat into a FIFO; a
-beat launches only while fewer than ``CREDITS`` beats are in I1, I2 and
-the FIFO, so nothing stalls between I0 and the FIFO. For 125 MHz,
+memory outputs (registered as they are), I2 forms the beat, I3 writes it
+into a FIFO; a beat launches only while fewer than ``CREDITS`` beats are in
+I1, I2, I3 and the FIFO, so nothing stalls between I0 and the FIFO. For 125 MHz,
 ``launch`` (I0) looks only at registers or small compares of registers:
 the availability of the word at the next read position is compared with
 the write pointers a cycle ahead, for both outcomes (launch or not), and
@@ -73,12 +73,13 @@ from .payloads import Kind, array_beat, job_entry, job_source, pass_summary
 
 __all__ = ["Issue"]
 
-#: Beats in flight after I0 (I1, I2 and the FIFO) at most. A beat holds its
-#: credit for four cycles (launch + 1 .. its read, the buffered FIFO's output
-#: register appearing two cycles after its write), so one launch per cycle
-#: needs five: with four the issue stage launched 4 beats in 5 cycles (MAC-bound
-#: passes at 0.79-0.80 of the bound, T = 16 at ``default``).
-CREDITS = 5
+#: Beats in flight after I0 (I1, I2, I3 and the FIFO) at most. A beat holds
+#: its credit for five cycles (launch + 1 .. its read, the buffered FIFO's
+#: output register appearing two cycles after its write), so one launch per
+#: cycle needs six: with one credit fewer than its cycles the issue stage
+#: launched 4 beats in 5 cycles (MAC-bound passes at 0.79-0.80 of the bound,
+#: T = 16 at ``default``, when I3 did not exist and five were needed).
+CREDITS = 6
 #: The FIFO is deeper than the credits: a buffered FIFO refuses a write
 #: while its inner memory is full even if its output register is empty, so
 #: its ``level`` alone does not guarantee ``w_rdy``. With ``CREDITS`` below
@@ -343,13 +344,23 @@ class Issue(wiring.Component):
                      s2_zero.eq(s1_zero), s2_x.eq(self.x_data), s2_hh.eq(self.h_data)]
         m.d.sync += [s2_hb[b].eq(self.hb_data[b]) for b in range(B)]
         m.d.sync += [s2_xd[b].eq(self.ext_data[b]) for b in range(B)]
+        # I2 -> I3: the beat formed from the memory words into a register
+        # before the FIFO's distributed RAM. The block RAMs sit in their own
+        # columns, the FIFO by the issue stage: with the select straight
+        # into the FIFO's write data both routes were on one path (4.3 ns
+        # from an EBR's output register to the select, 2.5 ns on to the
+        # FIFO; timing round 17). No reset and no enable: the beat matters
+        # only with `s3_valid`.
+        s3_valid = Signal()
+        s3 = Signal(D, reset_less=True)
         beat = D(fifo.w_data)
-        m.d.comb += [fifo.w_en.eq(s2_valid), beat.mode.eq(s2.mode), beat.keep.eq(s2.keep),
-                     beat.last.eq(s2.last), beat.desc.eq(s2.desc),
-                     beat.act.eq(Mux(s2_zero, 0, Mux(s2_h, s2_hh, s2_x)))]
+        m.d.sync += [s3_valid.eq(s2_valid), s3.mode.eq(s2.mode), s3.keep.eq(s2.keep),
+                     s3.last.eq(s2.last), s3.desc.eq(s2.desc),
+                     s3.act.eq(Mux(s2_zero, 0, Mux(s2_h, s2_hh, s2_x)))]
         for b in range(B):
-            m.d.comb += [beat.sv[b].plane.eq(s2.sv[b].plane),
-                         beat.sv[b].slices.eq(Mux(s2_zero, 0, Mux(s2_ext, s2_xd[b], s2_hb[b])))]
+            m.d.sync += [s3.sv[b].plane.eq(s2.sv[b].plane),
+                         s3.sv[b].slices.eq(Mux(s2_zero, 0, Mux(s2_ext, s2_xd[b], s2_hb[b])))]
+        m.d.comb += [fifo.w_en.eq(s3_valid), beat.eq(s3)]
 
         # ---- walk updates -------------------------------------------------------------------
         # an issued UP dot product is counted a cycle after its launch (a

@@ -36,9 +36,12 @@ valid once every routed expert is announced. Three read ports serve the HB
 reader, the LPDDR writer and the issue stage.
 
 Timing: routing results (``sel``) are collected into a ``T x E`` selection
-matrix per buffer as they come; after a pass's last token: three cycles of
-column popcounts, then one announcement per four cycles (plus the
-controller's ``ready``) and two cycles per empty token-count level.
+matrix per buffer two cycles after they pass (the snoop and its decode are
+registered); a pass
+is taken two cycles after the scheduler is idle and the pass is complete
+(both registered); after a pass's last token: three cycles of column
+popcounts, then one announcement per four cycles (plus the controller's
+``ready``) and two cycles per empty token-count level.
 """
 
 from __future__ import annotations
@@ -118,18 +121,41 @@ class ExpertScheduler(wiring.Component):
         # ---- selection matrix (always collecting) -------------------------------------
         rows = [[Signal(E, name=f"sel{p}_{t}") for t in range(T)] for p in range(2)]
         done_tok = [Signal(range(T + 1), name=f"done_tok{p}") for p in range(2)]
+        # The snoop of top-k's output is registered twice before the matrix
+        # takes it. `sel_valid` is top-k's handshake, whose `ready` is the
+        # softmax's room flag; as the decoded clock enable of the 2 T x E
+        # matrix it had crossed three components in one cycle (room ->
+        # handshake -> a 3 ns route -> the rows' enables: a seed's worst
+        # endpoints in timing round 17). Registered once, the decode of a
+        # flip-flop still reached 512 enables spread over the scheduler (8 ns
+        # of routing); so the second stage registers the decode itself: one
+        # write-enable flip-flop per (buffer, token) row (`row_we`), and the
+        # row's bits (`row_d`). The payload register loads only with a
+        # routing (an enable of its own, so Yosys does not merge it with a
+        # register of another component that loads the same port every cycle).
+        s_valid = Signal()
+        s_sel = Signal.like(self.sel)
+        m.d.sync += s_valid.eq(self.sel_valid)
+        with m.If(self.sel_valid):
+            m.d.sync += s_sel.eq(self.sel)
         sel_bits = Signal(E)
         expr = Const(0, E)
         for r in range(K):
-            expr = expr | Mux(r < self.sel.count, Const(1, E) << self.sel.sel[r], 0)
+            expr = expr | Mux(r < s_sel.count, Const(1, E) << s_sel.sel[r], 0)
         m.d.comb += sel_bits.eq(expr)
-        with m.If(self.sel_valid):
-            for p in range(2):
-                with m.If(self.sel.par == p):
-                    m.d.sync += done_tok[p].eq(done_tok[p] + 1)
-                    for t in range(T):
-                        with m.If(self.sel.token == t):
-                            m.d.sync += rows[p][t].eq(sel_bits)
+        row_we = Signal(2 * T)
+        row_d = Signal(E)
+        tok_inc = Signal(2)
+        m.d.sync += [row_we.eq(Cat(*[s_valid & (s_sel.par == p) & (s_sel.token == t)
+                                     for p in range(2) for t in range(T)])),
+                     tok_inc.eq(Cat(*[s_valid & (s_sel.par == p) for p in range(2)])),
+                     row_d.eq(sel_bits)]
+        for p in range(2):
+            with m.If(tok_inc[p]):
+                m.d.sync += done_tok[p].eq(done_tok[p] + 1)
+            for t in range(T):
+                with m.If(row_we[p * T + t]):
+                    m.d.sync += rows[p][t].eq(row_d)
 
         # ---- the pass being scheduled ------------------------------------------------
         ps = Signal()
@@ -219,11 +245,28 @@ class ExpertScheduler(wiring.Component):
         m.d.comb += ncol_c.eq(Cat(*[
             Cat(*[col[e][t] & pick_oh[e] for e in range(E)]).any() for t in range(T)]))
 
+        # A new pass in buffer `ps`, as a flip-flop: the token store's
+        # `valid`/`seq` and `my_seq`, selected by `ps`, had passed a compare
+        # and the start's decode into the clock enables of the hundred
+        # registers a start loads (five LUT levels, the token store's
+        # registers far away). `newp` is the condition of the previous
+        # cycle; `idle_seen` (the previous cycle was IDLE without a start)
+        # makes sure `ps` and `my_seq` have not moved since: `ps` changes as
+        # IDLE is entered, `my_seq` as it is left. A pass is therefore taken
+        # a cycle after it could have been (two after IDLE is entered); a
+        # pass is never released before it is scheduled, so `newp` is never
+        # stale-high.
+        newp = Signal()
+        idle_seen = Signal()
+        m.d.sync += newp.eq(self.pass_valid.bit_select(ps, 1)
+                            & (self.pass_seq.bit_select(ps, 1) != my_seq.bit_select(ps, 1)))
+
         with m.FSM(name="scheduler"):
             with m.State("IDLE"):
-                with m.If(self.pass_valid.bit_select(ps, 1)
-                          & (self.pass_seq.bit_select(ps, 1) != my_seq.bit_select(ps, 1))):
+                m.d.sync += idle_seen.eq(1)
+                with m.If(idle_seen & newp):
                     m.d.comb += start.eq(1)
+                    m.d.sync += idle_seen.eq(0)
                     m.d.sync += [my_seq.bit_select(ps, 1).eq(self.pass_seq.bit_select(ps, 1)),
                                  self.epoch.bit_select(ps, 1).eq(~self.epoch.bit_select(ps, 1)),
                                  count.eq(self.count[0]), layer.eq(self.layer[0]),
@@ -361,7 +404,13 @@ class ExpertScheduler(wiring.Component):
                     m.d.sync += self.need.valid.eq(0)
                     m.next = "WAIT_DEC"
             with m.State("WAIT_DEC"):
-                with m.If(dec == total[ps]):
+                # every announced expert decided: `dec == total[ps]`, which
+                # is `~rdy` here (`lim` = `S + announced` = `total[ps]` after
+                # FINISH, and `rdy` is the flip-flop `pend != 0`, `pend` =
+                # `lim - dec`): the same cycle, no compare behind a buffer
+                # select (`ps` -> `total[ps]` -> the compare -> `done_tok`'s
+                # reset and `ps`'s enable, 6 LUTs, timing round 17)
+                with m.If(~rdy):
                     for p in range(2):
                         with m.If(ps == p):
                             m.d.sync += done_tok[p].eq(0)

@@ -26,7 +26,7 @@ from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ...golden import moe_layer as gm
-from ..streams import QueueFIFO
+from ..streams import CreditFIFO
 from ..vocab import bits
 from .common import delay, mul_pipe
 from .payloads import topk_result
@@ -92,14 +92,23 @@ class Softmax(wiring.Component):
         # at most one write happens per cycle), so top-k's output handshake
         # and the scheduler's snoop of it start at registers; one entry more
         # than the tokens of a pass keeps a whole pass's results acceptable.
-        # The FIFO writes on `w_en` alone (`credit=True`) and has no level
-        # counter (`QueueFIFO`: its level is a distance of two pointers; in
-        # round 16 a seed's worst path was `CreditFIFO`'s counter -> its read
-        # enable, placed by the storage 34 columns away -> the counter, 11 ns).
-        fifo = m.submodules.fifo = QueueFIFO(width=len(self.i.payload.as_value()),
-                                             depth=max(2, T) + 1, credit=True)
+        # The FIFO writes on `w_en` alone (`CreditFIFO`).
+        fifo = m.submodules.fifo = CreditFIFO(width=len(self.i.payload.as_value()),
+                                              depth=max(2, T) + 1)
+        # The FIFO's level is counted here as well (`used`, equal to
+        # `fifo.level` in every cycle): its next value is one of four worked
+        # out from `used` alone, which the write and the read only select, so
+        # `room` and `idle` compare a register instead of the FIFO's
+        # `inner_level + r_rdy` adder (timing round 17: the level's carry
+        # chains and a compare behind them, 10 LUT levels, set a seed's clock
+        # when the FIFO was a `QueueFIFO`)
         room = Signal()
-        m.d.sync += room.eq(fifo.level <= fifo.depth - 2)
+        used = Signal(range(fifo.depth + 1))
+        u_inc, u_dec = Signal.like(used), Signal.like(used)
+        f_rd = Signal()
+        m.d.comb += [u_inc.eq(used + 1), u_dec.eq(used - 1), f_rd.eq(fifo.r_en & fifo.r_rdy)]
+        m.d.sync += [used.eq(Mux(fifo.w_en, Mux(f_rd, used, u_inc), Mux(f_rd, u_dec, used))),
+                     room.eq(used <= fifo.depth - 2)]
         m.d.comb += [fifo.w_data.eq(self.i.payload), fifo.w_en.eq(self.i.valid & room),
                      self.i.ready.eq(room)]
         head = Signal(topk_result(g))
@@ -224,7 +233,7 @@ class Softmax(wiring.Component):
         m.d.sync += idle.eq(0)
         with m.FSM(name="softmax"):
             with m.State("LOAD"):
-                m.d.sync += idle.eq((fifo.level == 0) & ~fifo.w_en)   # (r_rdy lags a write)
+                m.d.sync += idle.eq((used == 0) & ~fifo.w_en)   # (r_rdy lags a write)
                 with m.If(take):
                     m.d.sync += clr.eq(1)
                     m.d.comb += clr_next.eq(1 << head.token)
@@ -259,7 +268,7 @@ class Softmax(wiring.Component):
                 with m.If(step == F):
                     m.next = "WRITE"
             with m.State("WRITE"):
-                m.d.sync += idle.eq((fifo.level == 0) & ~fifo.w_en)
+                m.d.sync += idle.eq((used == 0) & ~fifo.w_en)
                 m.d.comb += wp.en.eq(1)
                 m.d.comb += ready_set.eq(cur_oh)
                 m.next = "LOAD"
