@@ -304,8 +304,10 @@ def test_softmax_matches_gate_weights():
 
 
 def test_replay_buffer_rules():
-    """Space is wp - free < depth (``free`` a cycle old); a word can be read
-    the cycle after its write and read again (replayed) until it is freed."""
+    """Space is wp - free < depth (``free`` a cycle old); a word requested at
+    cycle ``t`` can be read from ``t + 2`` (the block RAM is written a cycle
+    after the request, from registers) and read again (replayed) until it is
+    freed."""
     dut = ReplayBuffer(banks=2, width=8, depth=8)
 
     async def bench(ctx):
@@ -332,10 +334,12 @@ def test_replay_buffer_rules():
         assert ctx.get(dut.space[0])
         ctx.set(dut.we[0], 1)
         ctx.set(dut.wdata[0], 99)
-        await ctx.tick()
+        await ctx.tick()                          # t: the request
         ctx.set(dut.we[0], 0)
+        ctx.set(dut.rd_pos, 0)                    # (position 0 now holds word 8's entry)
+        await ctx.tick()                          # t + 1: the block RAM's write
         ctx.set(dut.rd_pos, 8)
-        await ctx.tick()
+        await ctx.tick()                          # t + 2: read
         assert ctx.get(dut.rd_data[0]) == 99
     _sim(dut, bench)
 

@@ -22,7 +22,8 @@ For 125 MHz both are flip-flops, each a safe bound one cycle old:
 moves forward, so a freed word is seen a cycle later), and ``wp_all``, the
 position below which *every* bank holds its word, follows the banks' write
 pointers one word per cycle (a word written at cycle ``t`` counts in
-``wp_all`` from ``t + 2``). A reader compares its position with one register
+``wp_all`` from ``t + 2``; each bank's distance ahead of it is a counter of
+its own, so the step is an AND of flip-flops). A reader compares its position with one register
 instead of ``banks`` of them. Latency, not throughput: ``space`` stays up
 while words stream, and ``wp_all`` advances one word per cycle.
 
@@ -38,7 +39,7 @@ word is freed, not throughput.
 
 from __future__ import annotations
 
-from amaranth.hdl import Const, Module, Mux, Signal, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -77,8 +78,10 @@ class ReplayBuffer(wiring.Component):
     free : ``In(unsigned(P))``
         Oldest position still needed; words before it may be overwritten.
 
-    Latency: one cycle from ``rd_pos`` to ``rd_data``; a written word can be
-    read the cycle after its write. One write per bank and one read per cycle.
+    Latency: one cycle from ``rd_pos`` to ``rd_data``; a word requested at
+    cycle ``t`` (``we``) is in the block RAM from ``t + 2`` (it is written at
+    ``t + 1`` from registers), when ``wp_all`` counts it. One write per bank
+    and one read per cycle.
     """
 
     def __init__(self, *, banks: int, width: int, depth: int):
@@ -126,15 +129,46 @@ class ReplayBuffer(wiring.Component):
             room_b = Signal(name=f"room_r{b}", init=1)
             m.d.sync += room_b.eq(used_n <= self.depth - 3)
             room = room & room_b
-            m.d.comb += [wport.addr.eq(self.wp[b][:ab]), wport.data.eq(self.wdata[b]),
-                         wport.en.eq(self.we[b]),
+            # The block RAMs are written a cycle after the request, from
+            # registers of their own bank: the producer's decision (`we`,
+            # from a stream handshake) and its data end at flip-flops here,
+            # and only a route leads on to the bank's DP16KDs, which sit in
+            # the die's block-RAM rows (timing round 17: the LPDDR writer's
+            # beat select -> a bank's write data over 8.2 ns of routing, and
+            # the buffer's `room` -> the handshake -> the write enables). The
+            # data register loads only with a write, so the banks' copies are
+            # distinct (a bank's data is another bank's word in some passes,
+            # and registers with one input and no enable would be merged).
+            # A word still counts in `wp_all` from `t + 2`, after its write.
+            w_en = Signal(name=f"w_en{b}")
+            w_addr = Signal(ab, name=f"w_addr{b}", reset_less=True)
+            w_data = Signal(self.width, name=f"w_data{b}", reset_less=True)
+            m.d.sync += w_en.eq(self.we[b])
+            with m.If(self.we[b]):
+                m.d.sync += [w_addr.eq(self.wp[b][:ab]), w_data.eq(self.wdata[b])]
+            m.d.comb += [wport.addr.eq(w_addr), wport.data.eq(w_data), wport.en.eq(w_en),
                          rport.addr.eq(self.rd_pos[:ab]), self.rd_data[b].eq(rport.data)]
             with m.If(self.we[b]):
                 m.d.sync += self.wp[b].eq(self.wp[b] + 1)
         m.d.sync += self.room.eq(room)
-        ahead = Const(1)
+        # `wp_all` steps while every bank's `wp` is past it. Each bank keeps
+        # its distance `wp[b] - wp_all` and whether it is zero as registers
+        # (`lead`, `nz`), their next values one of four worked out from `lead`
+        # alone, which the bank's write and the step only select: the step is
+        # the AND of ``banks`` flip-flops, not of ``banks`` pointer compares
+        # (the banks' pointers sit by their block RAMs, across the die:
+        # pointer -> compare -> the AND -> `wp_all`'s enable was 5 LUTs and
+        # 6.8 ns of routing in timing round 17). The same steps, cycle for cycle.
+        nz = [Signal(name=f"nz{b}") for b in range(self.banks)]
+        step = Signal()
+        m.d.comb += step.eq(Cat(*nz).all())
         for b in range(self.banks):
-            ahead = ahead & (self.wp[b] != self.wp_all)
-        with m.If(ahead):
+            lead = Signal(self.pbits, name=f"lead{b}")
+            up, dn = Signal.like(lead), Signal.like(lead)
+            m.d.comb += [up.eq(lead + 1), dn.eq(lead - 1)]
+            m.d.sync += [lead.eq(Mux(self.we[b], Mux(step, lead, up), Mux(step, dn, lead))),
+                         nz[b].eq(Mux(self.we[b], Mux(step, lead != 0, 1),
+                                      Mux(step, lead != 1, lead != 0)))]
+        with m.If(step):
             m.d.sync += self.wp_all.eq(self.wp_all + 1)
         return m

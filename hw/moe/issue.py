@@ -169,6 +169,7 @@ class Issue(wiring.Component):
         m.d.comb += self.rd_addr.eq(Cat(zext(j, self.jb), pi))
         decided = Array(self.decided)
         j_ok, j_end = Signal(), Signal()     # (registers, set below)
+        idle_was = Signal()                  # `~running` in the previous cycle
         total = Array(self.total)
         no_routed = Mux(pi, self.no_routed[1], self.no_routed[0])
 
@@ -554,9 +555,9 @@ class Issue(wiring.Component):
                 with m.If(~running):
                     m.next = "JOB_WAIT"
             with m.State("JOB_WAIT"):
-                with m.If(~running & fresh & j_ok):
+                with m.If(~running & idle_was & fresh & j_ok):
                     m.next = "JOB_READ"
-                with m.Elif(~running & fresh & j_end):
+                with m.Elif(~running & idle_was & fresh & j_end):
                     m.d.sync += at_end.eq(1)
                     m.next = "END"
             with m.State("JOB_READ"):
@@ -592,16 +593,20 @@ class Issue(wiring.Component):
                 with m.If(end_req):
                     m.next = "IDLE"
         # `j < decided[pi]` and `j == total[pi]` (with `total_valid`) as
-        # flip-flops, for `j`'s next value: both compares of each from
-        # registers, the launch selects (round 16's netlist had `pi` -> the
+        # flip-flops of `j`'s register (round 16's netlist had `pi` -> the
         # `decided` select -> the compare's carry chain -> the FSM state's
-        # enable, 9.05 ns). A decision or the total is seen a cycle after it
-        # is made (both only rise within a pass, so a cycle late is safe);
-        # `j` is set to 0 only in IDLE, long before JOB_WAIT.
-        nj = nx[id(j)]
+        # enable, 9.05 ns; round 17's, which compared `j`'s next value, the
+        # walk's next-`j` logic in front of the compare, 10 LUT levels). A
+        # decision or the total is seen a cycle after it is made (both only
+        # rise within a pass, so a cycle late is safe). `j` steps only as a
+        # job's last launch stops the walk (`running` falls at that edge) and
+        # is set to 0 only in IDLE (which sets `running`), so in a cycle
+        # whose previous cycle was not `running` too (`idle_was`) the flags
+        # are those of the current `j`: JOB_WAIT decides from its second
+        # cycle (one cycle per job).
         tv = self.total_valid.bit_select(pi, 1)
-        m.d.sync += [j_ok.eq(Mux(launch, nj < decided[pi], j < decided[pi])),
-                     j_end.eq(tv & Mux(launch, nj == total[pi], j == total[pi]))]
+        m.d.sync += [j_ok.eq(j < decided[pi]), j_end.eq(tv & (j == total[pi])),
+                     idle_was.eq(~running)]
         # The walk registers load `nx` on a launch, and in every cycle while
         # not `running` (the FSM's values then, or their own): `launch` is
         # their clock enable and nothing else, so ABC cannot fold it into
