@@ -31,7 +31,7 @@ from .hb_reader import HBReader
 from .issue import Issue
 from .output import OutputStage
 from .pe_array import PEArray
-from .payloads import array_beat, seg_params
+from .payloads import array_beat, pass_summary, seg_params
 from ..streams import RegisterSlice
 from .scheduler import ExpertScheduler
 from .softmax import Softmax
@@ -199,7 +199,13 @@ class MoEDatapath(wiring.Component):
         wiring.connect(m, beat_slice.o, pea.i)
         wiring.connect(m, pea.o, vu.i)
         c += [vu.h_addr.eq(iss.h_addr), iss.h_data.eq(vu.h_data), iss.up_done.eq(vu.up_done)]
-        wiring.connect(m, iss.summary, out.summary)
+        # (the pass summary crosses a register slice: the output stage's
+        # summary queue and the issue stage's END decision sit far apart, and
+        # its write had been two LUTs and 5 ns of routing after the issue
+        # stage's `credit`, timing round 17)
+        m.submodules.summary_slice = sum_slice = RegisterSlice(pass_summary(g))
+        wiring.connect(m, iss.summary, sum_slice.i)
+        wiring.connect(m, sum_slice.o, out.summary)
         c += [out.done.eq(vu.done), out.done_par.eq(vu.done_par),
               out.done_error.eq(vu.done_error), vu.y_addr.eq(out.y_addr),
               out.y_data.eq(vu.y_data), vu.out_done.eq(out.out_done)]

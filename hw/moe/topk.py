@@ -11,7 +11,9 @@ experts of its allowed mask, so the list holds the highest-ranked allowed
 experts (fewer than ``k`` if fewer are allowed).
 
 Stages: a logit is registered as it comes; then with its token's mask
-row and role (selected from that register, not from the producer's); then
+row (shifted one bit per logit: a token's logits come expert 0 first, one
+per expert in order) and role (selected from that register, not from the
+producer's); then
 its admission bit is picked and it is compared (``k + 1`` parallel
 comparisons: with the current entries and with the logit being inserted,
 the list it will meet being the current one with that logit inserted), and
@@ -41,6 +43,8 @@ class TopK(wiring.Component):
     i_valid : ``In(1)``; i : ``In(Logit)``
         A logit (a flow, no ready: any logit but a token's last is always
         taken; the producer presents a last logit only while ``last_ok``).
+        A token's ``E`` logits come expert 0 first, one per expert in order
+        (the router's order; tokens need not be consecutive in time).
     last_ok : ``Out(1)``
         The result register is free (registers only).
     roles, masks : ``In`` per pass buffer (from the token store); a token's
@@ -87,7 +91,7 @@ class TopK(wiring.Component):
                                        for p in range(2) for t in range(T)]))]
         # stage 1: register with the admission bit
         # (the token's mask row and role are registered with the logit, the
-        # expert's bit is picked in stage 2)
+        # expert's bit is the row's bit 0 in stage 2)
         s_valid = Signal()
         s_in = Signal.like(self.i)
         s_row = Signal(g.E)
@@ -106,10 +110,18 @@ class TopK(wiring.Component):
         row_or = row_terms[0]
         for x in row_terms[1:]:
             row_or = row_or | x
-        m.d.sync += [s_valid.eq(t_valid), s_in.eq(t_in), s_row.eq(row_or),
-                     s_draft.eq(draft_terms.any())]
+        # `s_row` is the token's mask row shifted so that bit 0 is the
+        # expert of the logit in stage 1: a token's logits come expert 0
+        # first, one per expert in order (the router's order), so the row is
+        # loaded with its first logit and shifted by one with each next one,
+        # and the admission bit is `s_row[0]` (timing round 17: the `E`:1
+        # select `s_row[s_in.expert]` in front of the insertion's choices,
+        # 5 LUT levels, was a seed's worst path)
+        m.d.sync += [s_valid.eq(t_valid), s_in.eq(t_in), s_draft.eq(draft_terms.any())]
+        with m.If(t_valid):
+            m.d.sync += s_row.eq(Mux(t_in.expert == 0, row_or, s_row >> 1))
         s_ok = Signal()
-        m.d.comb += s_ok.eq(~s_draft | s_row.bit_select(s_in.expert, 1))
+        m.d.comb += s_ok.eq(~s_draft | s_row[0])
 
         # stage 2: compare and choose, a cycle ahead. The list the logit in
         # stage 2 will meet is the current list with the logit of stage 3
