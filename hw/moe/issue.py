@@ -307,8 +307,18 @@ class Issue(wiring.Component):
         dsc = s1.desc
         m.d.comb += [self.x_addr.eq(Cat(zext(c, self.cbx), zext(t, self.tb), pi)),
                      self.h_addr.eq(Cat(zext(c, bits(g.c_down)), zext(t, self.tb)))]
-        m.d.sync += [s1_valid.eq(launch | end_req), launched.eq(launch),
-                     hb_p.eq(Mux(launch, hb_p_l, hb_p_n)), ext_p.eq(Mux(launch, ext_p_l, ext_p_n))]
+        m.d.sync += [s1_valid.eq(launch | end_req), launched.eq(launch)]
+        # the read positions load as the walk registers do (below): on a
+        # launch their after-a-launch values, while not `running` the FSM's
+        # (a segment start) or their own; `launch` is their clock enable and
+        # the data select is `running` (a flip-flop), so `launch` is in no
+        # data cone (timing round 17: `launch` -> three LUTs -> `hb_pos`,
+        # ABC having folded the launch select into the positions' logic).
+        # While `running` without a launch they hold: the FSM's resets
+        # (`hb_reset`, `ext_reset`) come only while not `running`.
+        with m.If(launch | ~running):
+            m.d.sync += [hb_p.eq(Mux(running, hb_p_l, hb_p_n)),
+                         ext_p.eq(Mux(running, ext_p_l, ext_p_n))]
         # I1 is loaded every cycle (its contents matter only with `s1_valid`):
         # `launch` enables none of its registers, so its fan-out stays small
         with m.If(launch):
