@@ -361,6 +361,7 @@ def test_replay_buffer_flags_random(seed):
 
     async def bench(ctx):
         wp, free, free_last, wall, room, room_b = [0] * banks, 0, 0, 0, True, True
+        wp_w = wp                                    # `wp` a cycle ago
         seen = set()
         for cyc in range(600):
             sp = [ctx.get(dut.space[b]) for b in range(banks)]
@@ -386,8 +387,11 @@ def test_replay_buffer_flags_random(seed):
             free_last = (free + step) % P
             free = free_last
             room, room_b = room_b, all((w - free) % P <= depth - 3 for w in wp)
-            if all(w != wall for w in wp):
+            # `wp_all` follows the write pointers as of the block RAMs' writes,
+            # a cycle after the requests
+            if all(w != wall for w in wp_w):
                 wall = (wall + 1) % P
+            wp_w = wp
             wp = [(wp[b] + we[b]) % P for b in range(banks)]
         assert seen == {True, False}                 # both values were reached
     _sim(dut, bench)

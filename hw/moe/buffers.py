@@ -21,8 +21,8 @@ For 125 MHz both are flip-flops, each a safe bound one cycle old:
 ``space`` is worked out a cycle ahead from this cycle's ``free`` (which only
 moves forward, so a freed word is seen a cycle later), and ``wp_all``, the
 position below which *every* bank holds its word, follows the banks' write
-pointers one word per cycle (a word written at cycle ``t`` counts in
-``wp_all`` from ``t + 2``; each bank's distance ahead of it is a counter of
+pointers one word per cycle (a word requested at cycle ``t`` counts in
+``wp_all`` from ``t + 3``, a cycle after its block-RAM write; each bank's distance ahead of it is a counter of
 its own, so the step is an AND of flip-flops). A reader compares its position with one register
 instead of ``banks`` of them. Latency, not throughput: ``space`` stays up
 while words stream, and ``wp_all`` advances one word per cycle.
@@ -80,7 +80,8 @@ class ReplayBuffer(wiring.Component):
 
     Latency: one cycle from ``rd_pos`` to ``rd_data``; a word requested at
     cycle ``t`` (``we``) is in the block RAM from ``t + 2`` (it is written at
-    ``t + 1`` from registers), when ``wp_all`` counts it. One write per bank
+    ``t + 1`` from registers); ``wp_all`` counts it from ``t + 3`` (the
+    bank's lead follows the registered write). One write per bank
     and one read per cycle.
     """
 
@@ -105,6 +106,7 @@ class ReplayBuffer(wiring.Component):
         m = Module()
         ab = self.pbits - 1
         room = Const(1)
+        w_ens = []
         for b in range(self.banks):
             # `no_rw_check`: a read never meets a write of the same entry
             # (reads stay below `wp_all`, writes at `wp`, and `wp - free <
@@ -139,8 +141,8 @@ class ReplayBuffer(wiring.Component):
             # data register loads only with a write, so the banks' copies are
             # distinct (a bank's data is another bank's word in some passes,
             # and registers with one input and no enable would be merged).
-            # A word still counts in `wp_all` from `t + 2`, after its write.
             w_en = Signal(name=f"w_en{b}")
+            w_ens.append(w_en)
             w_addr = Signal(ab, name=f"w_addr{b}", reset_less=True)
             w_data = Signal(self.width, name=f"w_data{b}", reset_less=True)
             m.d.sync += w_en.eq(self.we[b])
@@ -152,13 +154,17 @@ class ReplayBuffer(wiring.Component):
                 m.d.sync += self.wp[b].eq(self.wp[b] + 1)
         m.d.sync += self.room.eq(room)
         # `wp_all` steps while every bank's `wp` is past it. Each bank keeps
-        # its distance `wp[b] - wp_all` and whether it is zero as registers
-        # (`lead`, `nz`), their next values one of four worked out from `lead`
-        # alone, which the bank's write and the step only select: the step is
+        # its distance `wp[b] - wp_all` (`wp` as of the registered write
+        # `w_en`, a cycle after the request) and whether it is zero as
+        # registers (`lead`, `nz`), their next values one of four worked out
+        # from `lead` alone, which the bank's write and the step only select
+        # (the registered write, not the producer's `we`: the handshake ->
+        # `we` -> `lead`'s enable crossed the die to the block-RAM rows,
+        # timing round 17, HB reader -> HB buffer, 12 endpoints); the step is
         # the AND of ``banks`` flip-flops, not of ``banks`` pointer compares
         # (the banks' pointers sit by their block RAMs, across the die:
         # pointer -> compare -> the AND -> `wp_all`'s enable was 5 LUTs and
-        # 6.8 ns of routing in timing round 17). The same steps, cycle for cycle.
+        # 6.8 ns of routing in timing round 17). The same steps a cycle later.
         nz = [Signal(name=f"nz{b}") for b in range(self.banks)]
         step = Signal()
         m.d.comb += step.eq(Cat(*nz).all())
@@ -166,8 +172,8 @@ class ReplayBuffer(wiring.Component):
             lead = Signal(self.pbits, name=f"lead{b}")
             up, dn = Signal.like(lead), Signal.like(lead)
             m.d.comb += [up.eq(lead + 1), dn.eq(lead - 1)]
-            m.d.sync += [lead.eq(Mux(self.we[b], Mux(step, lead, up), Mux(step, dn, lead))),
-                         nz[b].eq(Mux(self.we[b], Mux(step, lead != 0, 1),
+            m.d.sync += [lead.eq(Mux(w_ens[b], Mux(step, lead, up), Mux(step, dn, lead))),
+                         nz[b].eq(Mux(w_ens[b], Mux(step, lead != 0, 1),
                                       Mux(step, lead != 1, lead != 0)))]
         with m.If(step):
             m.d.sync += self.wp_all.eq(self.wp_all + 1)

@@ -279,7 +279,8 @@ class HBReader(wiring.Component):
         The constants of a buffer are complete (cleared by ``pass_done``).
     pass_done, pass_done_par : ``In(1)``
     error : ``Out(2)``; words : ``Out.array(2)``
-        Per buffer: a command ended short / without ``last``; HB words received.
+        Per buffer: a command ended short / without ``last`` (raised two
+        cycles after the word, from a per-bank flag); HB words received.
     """
 
     def __init__(self, g):
@@ -479,8 +480,19 @@ class HBReader(wiring.Component):
         # that early: its first command is offered a cycle after the start)
         fresh_pass = Signal(2)
         m.d.sync += fresh_pass.eq(0)
-        with m.If(fresh_pass.any()):
-            m.d.sync += self.error.eq(self.error & ~fresh_pass)
+        # A refused or malformed word raises its bank's flag (`eset`, one
+        # bit per buffer, a register written from the bank's own handshake);
+        # the flags are ORed into `error` a cycle later, so no bank's demux
+        # decision reaches the shared flag's input through an OR of all
+        # banks (timing round 17: the lane's `hold` -> the word's `last` ->
+        # the OR -> `error`, 6 LUTs). The flag is read when the pass's last
+        # result leaves the vector unit, many cycles after its last word.
+        eset = [Signal(2, name=f"eset{b}") for b in range(B)]
+        e_any = Signal(2)
+        m.d.comb += e_any.eq(Cat(*[Cat(*[eset[b][p] for b in range(B)]).any()
+                                   for p in range(2)]))
+        with m.If(fresh_pass.any() | e_any.any()):
+            m.d.sync += self.error.eq((self.error & ~fresh_pass) | e_any)
         my_epoch = Signal(2)
         # the scheduler's outputs for buffer `ph`, selected into registers a
         # cycle late (no buffer select before JOB_WAIT's compares): they only
@@ -615,17 +627,18 @@ class HBReader(wiring.Component):
             nxt_inc = (take & ~beat.error & ~at_end) | (pad & dst_ok & ~at_end)
             m.d.sync += [hold.eq(hv & ~pop),
                          at_end_r.eq(Mux(nxt_inc, nxt1 == head.count, at_end))]
+            m.d.sync += eset[b].eq(0)
             with m.If(take):
                 with m.If(beat.error):
                     # the refused word and the rest of the command are padded
-                    m.d.sync += [self.error.bit_select(head.par, 1).eq(1), pad.eq(1)]
+                    m.d.sync += [eset[b].bit_select(head.par, 1).eq(1), pad.eq(1)]
                 with m.Elif(at_end):
                     m.d.comb += pop.eq(1)
                     nxt_restart()
                     with m.If(~beat.last):
-                        m.d.sync += self.error.bit_select(head.par, 1).eq(1)
+                        m.d.sync += eset[b].bit_select(head.par, 1).eq(1)
                 with m.Elif(beat.last):
-                    m.d.sync += [self.error.bit_select(head.par, 1).eq(1), pad.eq(1)]
+                    m.d.sync += [eset[b].bit_select(head.par, 1).eq(1), pad.eq(1)]
                     nxt_step()
                 with m.Else():
                     nxt_step()

@@ -39,8 +39,8 @@ Timing: routing results (``sel``) are collected into a ``T x E`` selection
 matrix per buffer two cycles after they pass (the snoop and its decode are
 registered); a pass
 is taken two cycles after the scheduler is idle and the pass is complete
-(both registered); after a pass's last token: three cycles of column
-popcounts, then one announcement per four cycles (plus the controller's
+(both registered); after a pass's last token's selection: a cycle to
+see it (``sel_ok``, registered), four cycles of columns and popcounts, then one announcement per four cycles (plus the controller's
 ``ready``) and two cycles per empty token-count level.
 """
 
@@ -168,16 +168,28 @@ class ExpertScheduler(wiring.Component):
         cur_rows = [Signal(E, name=f"row{t}") for t in range(T)]
         col = [Signal(T, name=f"col{e}") for e in range(E)]
         cnt = [Signal(range(T + 1), name=f"cnt{e}") for e in range(E)]
-        Th = (T + 1) // 2
-        cnt_lo = [Signal(range(Th + 1), name=f"cnt_lo{e}") for e in range(E)]
-        cnt_hi = [Signal(range(T - Th + 1), name=f"cnt_hi{e}") for e in range(E)]
+        # popcounts in three steps: groups of four bits (one LUT per count
+        # bit), then pairs of groups, then the sum (an 8-bit popcount in one
+        # cycle, `col` -> `cnt_hi`, was 6 LUTs: timing round 17)
+        def quads(bits, cap):
+            return [(sum(bits[i + j] for j in range(min(4, len(bits) - i))), min(cap, 4))
+                    for i in range(0, len(bits), 4)]
+
+        def pairs(vals, cap):
+            return [(vals[i][0] + vals[i + 1][0] if i + 1 < len(vals) else vals[i][0],
+                     min(cap, vals[i][1] + (vals[i + 1][1] if i + 1 < len(vals) else 0)))
+                    for i in range(0, len(vals), 2)]
+
+        def regs(vals, name):
+            return [(Signal(range(n + 1), name=f"{name}_{i}"), n) for i, (_, n) in enumerate(vals)]
+        cnt_q = [regs(quads([0] * T, T), f"cnt_q{e}") for e in range(E)]
+        cnt_h = [regs(pairs(cnt_q[e], T), f"cnt_h{e}") for e in range(E)]
         anyv = Signal(E)
         anyf = Signal(E)
         rem = [Signal(range(K + 1), name=f"rem{t}") for t in range(T)]
-        # (a token's selection count in two steps, as the columns' counts)
-        Eh = (E + 1) // 2
-        rem_lo = [Signal(range(min(K, Eh) + 1), name=f"rem_lo{t}") for t in range(T)]
-        rem_hi = [Signal(range(min(K, E - Eh) + 1), name=f"rem_hi{t}") for t in range(T)]
+        # (a token's selection count in steps, as the columns' counts)
+        rem_q = [regs(quads([0] * E, K), f"rem_q{t}") for t in range(T)]
+        rem_h = [regs(pairs(rem_q[t], K), f"rem_h{t}") for t in range(T)]
         seen = Signal(T)
         done_e = Signal(E)
         routed = Signal(E)                  # experts any token of the pass selected
@@ -258,6 +270,14 @@ class ExpertScheduler(wiring.Component):
         # stale-high.
         newp = Signal()
         idle_seen = Signal()
+        # every token of the pass has its selection: a flip-flop, the
+        # condition of the previous cycle (`ps` -> `done_tok[ps]` -> the
+        # compare -> the FSM's state enable was 6 LUTs in timing round 17).
+        # `ps` and `count` are set at the start, two cycles before WAIT_SEL,
+        # `done_tok` only rises within a pass and a selection's row is written
+        # with its count, so a late `sel_ok` is never a wrong one.
+        sel_ok = Signal()
+        m.d.sync += sel_ok.eq(Mux(ps, done_tok[1], done_tok[0]) == count)
         m.d.sync += newp.eq(self.pass_valid.bit_select(ps, 1)
                             & (self.pass_seq.bit_select(ps, 1) != my_seq.bit_select(ps, 1)))
 
@@ -301,8 +321,7 @@ class ExpertScheduler(wiring.Component):
                     with m.If(sidx == S - 1):
                         m.next = "WAIT_SEL"
             with m.State("WAIT_SEL"):
-                dt = Mux(ps, done_tok[1], done_tok[0])
-                with m.If(dt == count):
+                with m.If(sel_ok):
                     for t in range(T):
                         m.d.sync += cur_rows[t].eq(Mux(pmask[t], Mux(ps, rows[1][t], rows[0][t]), 0))
                     m.next = "COLS"
@@ -312,8 +331,8 @@ class ExpertScheduler(wiring.Component):
                     m.d.sync += [col[e].eq(ce), anyv[e].eq((ce & is_v).any()),
                                  anyf[e].eq((ce & ~is_d).any())]
                 for t in range(T):
-                    m.d.sync += [rem_lo[t].eq(sum(cur_rows[t][e] for e in range(Eh))),
-                                 rem_hi[t].eq(sum(cur_rows[t][e] for e in range(Eh, E)))]
+                    for (r, _), (v, _) in zip(rem_q[t], quads(cur_rows[t], K)):
+                        m.d.sync += r.eq(v)
                 m.d.sync += [seen.eq(Mux(S > 0, pmask, 0)),
                              self.no_routed[0].eq(Mux(ps, self.no_routed[0],
                                                       Cat(*[(cur_rows[t] == 0) & pmask[t]
@@ -323,17 +342,25 @@ class ExpertScheduler(wiring.Component):
                                                       self.no_routed[1]))]
                 m.next = "COUNT"
             with m.State("COUNT"):
-                # popcounts in two steps (halves, then their sum): 16 bits in
-                # one cycle missed 125 MHz
+                # popcounts in three steps (`quads`, `pairs`, the sum; the
+                # tokens' counts a step ahead, from COLS)
                 m.d.sync += routed.eq(Cat(*[col[e].any() for e in range(E)]))
-                m.d.sync += [rem[t].eq(rem_lo[t] + rem_hi[t]) for t in range(T)]
+                for t in range(T):
+                    for (r, _), (v, _) in zip(rem_h[t], pairs(rem_q[t], K)):
+                        m.d.sync += r.eq(v)
                 for e in range(E):
-                    m.d.sync += [cnt_lo[e].eq(sum(col[e][t] for t in range(Th))),
-                                 cnt_hi[e].eq(sum(col[e][t] for t in range(Th, T)))]
+                    for (r, _), (v, _) in zip(cnt_q[e], quads(col[e], T)):
+                        m.d.sync += r.eq(v)
                 m.next = "COUNT2"
             with m.State("COUNT2"):
+                m.d.sync += [rem[t].eq(sum(r for r, _ in rem_h[t])) for t in range(T)]
                 for e in range(E):
-                    m.d.sync += cnt[e].eq(cnt_lo[e] + cnt_hi[e])
+                    for (r, _), (v, _) in zip(cnt_h[e], pairs(cnt_q[e], T)):
+                        m.d.sync += r.eq(v)
+                m.next = "COUNT3"
+            with m.State("COUNT3"):
+                for e in range(E):
+                    m.d.sync += cnt[e].eq(sum(r for r, _ in cnt_h[e]))
                 m.d.sync += [level.eq(count), self.sel_done.bit_select(ps, 1).eq(1)]
                 m.next = "ORDER"
             with m.State("ORDER"):
