@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections import Counter
 from pathlib import Path
+
+from . import run_cli
+from .sta import component
 
 __all__ = ["Netlist", "main"]
 
@@ -131,11 +133,6 @@ class Netlist:
         return out
 
 
-def component(cell: str) -> str:
-    parts = cell.split(".")
-    return ".".join(parts[:2]) if len(parts) > 2 else parts[0]
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m elmoe3d.sim.logic_depth",
                                 description="LUT levels per flip-flop input of a mapped "
@@ -168,8 +165,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BrokenPipeError:             # the reader stopped early (`| head`): not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(0)
+    run_cli(main)

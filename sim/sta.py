@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from . import run_cli
 
 __all__ = ["Timing", "load", "summary", "component", "net_of", "main"]
 
@@ -223,8 +223,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BrokenPipeError:             # the reader stopped early (`| head`): not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(0)
+    run_cli(main)
