@@ -74,7 +74,7 @@ from amaranth.lib.wiring import In, Out
 
 __all__ = ["TARGETS", "SynthError", "tool", "constraints_dir", "load_target", "target_mhz",
            "IORegistered", "ScanWrapped", "yosys_generic", "fpga_area", "place_and_route",
-           "pack_ebr_outreg", "PNR_FLOW", "synth_block", "SRAM_MIN_WORDS"]
+           "pack_ebr_outreg", "PNR_FLOW", "ROUTER_OPTIONS", "target_router_args", "synth_block", "SRAM_MIN_WORDS"]
 
 #: Target names, in report order.
 TARGETS = ("generic", "ecp5", "ice40")
@@ -140,6 +140,22 @@ def target_placer(target: str, block: str) -> str:
         raise ValueError(f"constraints/{_TARGET_FILES[target]}: placer for {block!r} must be "
                          f"one of {', '.join(PLACERS)}, not {name!r}")
     return name
+
+
+#: nextpnr router options a constraints file may give a block (``router``).
+ROUTER_OPTIONS = ("--tmg-ripup",)
+
+
+def target_router_args(target: str, block: str) -> list[str]:
+    """nextpnr's router options for one block on an FPGA target: the
+    constraints file's ``router.blocks.<name>``, else ``router.default``,
+    else none. Only options of ``ROUTER_OPTIONS`` are accepted."""
+    r = load_target(target).get("router", {})
+    args = r.get("blocks", {}).get(block, r.get("default", []))
+    if not isinstance(args, list) or any(a not in ROUTER_OPTIONS for a in args):
+        raise ValueError(f"constraints/{_TARGET_FILES[target]}: router options for {block!r} "
+                         f"must be a list of {', '.join(ROUTER_OPTIONS)}, not {args!r}")
+    return list(args)
 
 
 #: Memories with at least this many words are kept as SRAM macros in the
@@ -523,7 +539,7 @@ def pack_ebr_outreg(netlist: Path) -> int:
 
 
 def place_and_route(vfile: Path, top: str, workdir: Path, target: str, *, mhz: float,
-                    seed: int, placer: str = "heap") -> dict:
+                    seed: int, placer: str = "heap", router_args: tuple = ()) -> dict:
     """One nextpnr run of an already wrapped Verilog top: routed Fmax (MHz),
     nextpnr's utilisation and the critical path's start and end points."""
     c = load_target(target)
@@ -535,7 +551,7 @@ def place_and_route(vfile: Path, top: str, workdir: Path, target: str, *, mhz: f
     log = workdir / f"{target}_seed{seed}_nextpnr.log"
     _run([tool(f"yowasp-nextpnr-{target}"), *c["nextpnr_args"], "--json", net,
           "--freq", str(mhz), "--timing-allow-fail", "--report", rep, "--seed", str(seed),
-          "--sdf", sdf, *(["--placer", placer] if placer != "heap" else [])],
+          "--sdf", sdf, *(["--placer", placer] if placer != "heap" else []), *router_args],
          workdir, log)
     d = json.loads((workdir / rep).read_text())
     lines = _FMAX_LINE.findall(log.read_text())
@@ -551,6 +567,7 @@ def place_and_route(vfile: Path, top: str, workdir: Path, target: str, *, mhz: f
     from .sta import load as sta_load, summary as sta_summary
     misses = sta_summary(sta_load((workdir / sdf).read_text()), 1000.0 / mhz, groups=8)
     return {"seed": seed, "fmax_mhz": round(fmax, 2), "placer": placer,
+            "router_args": list(router_args),
             "routed_log_mhz": float(lines[-1][1]) if lines else None,
             "pnr_utilization": util, "critical_path": _critical_path(d),
             "ebr_outreg_ports": packed, "misses": misses}
@@ -572,6 +589,7 @@ def fpga_target(component, name: str, top: str, workdir: Path, target: str, *,
     c = load_target(target)
     mhz, src = target_mhz(target, name)
     placer = target_placer(target, name)       # (part of the key: `target` is the file)
+    router_args = tuple(target_router_args(target, name))
     seeds = list(c["seeds"] if seeds is None else seeds)
     vfile = _write(component, top, workdir / f"{top}.v")
     key = {"verilog_sha256": _sha(vfile), "target": c}
@@ -600,7 +618,8 @@ def fpga_target(component, name: str, top: str, workdir: Path, target: str, *,
             runs.append(_cached(workdir, f"{target}_pnr_seed{seed}", k,
                                 lambda s=seed: place_and_route(wfile, wtop, workdir, target,
                                                                mhz=mhz, seed=s,
-                                                               placer=placer)))
+                                                               placer=placer,
+                                                               router_args=router_args)))
         except SynthError as e:
             over = _pnr_overuse(workdir / f"{target}_seed{seed}_nextpnr.log")
             if over:
@@ -618,7 +637,7 @@ def fpga_target(component, name: str, top: str, workdir: Path, target: str, *,
     res.update({
         "fmax_mhz": round(med, 2), "fmax_seeds": f, "seeds": seeds,
         "fmax_spread_pct": round(100 * (max(f) - min(f)) / med, 2) if med else None,
-        "meets_target": med >= mhz, "placer": placer,
+        "meets_target": med >= mhz, "placer": placer, "router_args": list(router_args),
         "critical_path": mid["critical_path"], "critical_path_seed": mid["seed"],
         # endpoints that miss the target per seed, and the median seed's
         # groups (results cached before the flow wrote SDF have none)

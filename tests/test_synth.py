@@ -446,6 +446,24 @@ def test_fpga_table_names_a_placer_other_than_heap():
     assert len(rows) == 2 and notes == [
         "b: placed with nextpnr's `--placer static` (the constraints file's `placer`; "
         "every other block: heap)"]
+    _, _, notes = fpga_table({"c": {"ecp5": {**t, "router_args": ["--tmg-ripup"]}}}, "ecp5")
+    assert notes == ["c: routed with nextpnr's `--tmg-ripup` (the constraints file's `router`)"]
+
+
+def test_router_options_come_from_constraints(monkeypatch):
+    """nextpnr's router options are data of the constraints file: the MoE
+    layer's own (timing-driven rip-up), none for every other block and
+    target; an option outside the accepted list is refused, naming it."""
+    assert fl.target_router_args("ecp5", "moe_layer") == ["--tmg-ripup"]
+    for name in blocks():
+        if name != "moe_layer":
+            assert fl.target_router_args("ecp5", name) == [], name
+        assert fl.target_router_args("ice40", name) == []
+    real = fl.load_target
+    monkeypatch.setattr(fl, "load_target", lambda t: {**real(t), "router": {
+        "blocks": {"pe": ["--placer", "sa"]}}})
+    with pytest.raises(ValueError, match=r"'--placer', 'sa'"):
+        fl.target_router_args("ecp5", "pe")
 
 
 #: a hand-written SDF in nextpnr's dialect: ff_a -> (1.0 ns) -> a LUT ->

@@ -206,9 +206,13 @@ def fpga_table(results: dict, target: str, *, paths: bool = True):
                      _spread(t), _meets(t)] + ([_path(t)] if paths else []))
         if t.get("fmax_skipped"):
             notes.append(f"{name}: not placed on {t['device']}: {t['fmax_skipped']}")
-        elif t.get("placer", "heap") != "heap":
-            notes.append(f"{name}: placed with nextpnr's `--placer {t['placer']}` "
-                         f"(the constraints file's `placer`; every other block: heap)")
+        else:
+            if t.get("placer", "heap") != "heap":
+                notes.append(f"{name}: placed with nextpnr's `--placer {t['placer']}` "
+                             f"(the constraints file's `placer`; every other block: heap)")
+            if t.get("router_args"):
+                notes.append(f"{name}: routed with nextpnr's `{' '.join(t['router_args'])}` "
+                             f"(the constraints file's `router`)")
     return headers, rows, notes
 
 
