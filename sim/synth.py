@@ -15,7 +15,9 @@ devices and seeds; :func:`load_target`):
   LUT4), Fmax from ``nextpnr-ecp5 --out-of-context`` of the block wrapped in
   I/O registers (:class:`IORegistered`), at the block's target clock, median
   of the seeds the file names, with the routed critical path's start and end
-  points.
+  points. The file also names nextpnr's placer (``placer``,
+  :func:`target_placer`) and router options (``router``,
+  :func:`target_router_args`) per block.
 * **ice40** (``constraints/ice40-up5k.json``): the same with ``synth_ice40``
   and ``nextpnr-ice40``. nextpnr-ice40 has no out-of-context mode, so the
   block is wrapped in a scan chain (:class:`ScanWrapped`: one input pin, one
