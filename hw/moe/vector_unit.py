@@ -203,23 +203,28 @@ class VectorUnit(wiring.Component):
         phead = Signal(seg_params())
         m.d.comb += phead.eq(Array(p.payload for p in self.params)[bi])
         ends = Signal(2)
-        last_logit = lgrp & (bi == B - 1)
+        # `bi` one-hot, a register beside it: the entry's selects by `bi` and
+        # `bi + 1` (a rotation) are AND-ORs of flip-flops, with no compare
+        # (timing round 18: `bi` -> the parameter valid's select -> `ok`)
+        bi_oh = Signal(B, init=1)
+        bi1_oh = Cat(bi_oh[B - 1], bi_oh[:B - 1]) if B > 1 else bi_oh
+        last_logit = lgrp & bi_oh[B - 1]
         adv = Signal()
         m.d.comb += adv.eq(ok)
         done_res = ok & last
         m.d.comb += self.i.ready.eq(~ser_valid | done_res)
         load = self.i.valid & self.i.ready
         with m.If(adv):
-            m.d.sync += bi.eq(bi + 1)
+            m.d.sync += [bi.eq(bi + 1), bi_oh.eq(bi1_oh)]
         with m.If(done_res):
-            m.d.sync += [ser_valid.eq(0), bi.eq(0)]
+            m.d.sync += [ser_valid.eq(0), bi.eq(0), bi_oh.eq(1)]
         with m.If(load):
             nd_ = self.i.payload.desc
-            m.d.sync += [ser.eq(self.i.payload), ser_valid.eq(1), bi.eq(0),
+            m.d.sync += [ser.eq(self.i.payload), ser_valid.eq(1), bi.eq(0), bi_oh.eq(1),
                          is_router.eq((nd_.kind == Kind.ROUTER) & ~nd_.end),
                          lgrp.eq(nd_.group == g.g_router - 1)]
         for b in range(B):
-            m.d.comb += self.params[b].ready.eq(adv & (bi == b) & need_params & dsc.seg_last)
+            m.d.comb += self.params[b].ready.eq(adv & bi_oh[b] & need_params & dsc.seg_last)
         logit_go = adv & is_router
 
         # What the entry waits for, as it will be in the next cycle. Every
@@ -233,6 +238,12 @@ class VectorUnit(wiring.Component):
         # softmax's ``ready`` without it, a register). A rise is seen a
         # cycle late (a waiting element leaves a cycle later than a
         # combinational ``ok`` would let it); a fall never is.
+        # A parameter stream's valid as it will be: only bank `bi`'s is
+        # popped this cycle, and only if the element advances. So the element
+        # after it (bank `bi + 1`, B > 1) and an element that waits (no pop)
+        # see the valid bits as they are; only the incoming result's first
+        # element with B = 1 can see its own bank popped.
+        pv = Cat(p.valid for p in self.params)
         pv_n = Cat(p.valid & ~p.ready for p in self.params)
         topk_idle_n = self.topk_idle & ~logit_go
         last_ok_n = self.topk_last_ok & ~(logit_go & last_logit)
@@ -241,7 +252,7 @@ class VectorUnit(wiring.Component):
         def flag_n(flags, par):
             return flags.bit_select(par, 1) & ~(self.done & (self.done_par == par))
 
-        def ok_of(d, b, d_lgrp):
+        def ok_of(d, p_ok, last_bank, d_lgrp):
             """``ok`` of element ``b`` of a result tagged ``d``, in the next
             cycle, but for its token's gate: ``(base, needs_gate)``.
 
@@ -251,10 +262,10 @@ class VectorUnit(wiring.Component):
             again for the next pass in this buffer) and ends its HB word
             count."""
             lut_ok, out_ok = flag_n(self.lut_loaded, d.par), flag_n(self.out_loaded, d.par)
-            last_lg = d_lgrp & (b == B - 1)
+            last_lg = d_lgrp & last_bank
             base = Mux(d.end, self.softmax_idle & topk_idle_n & lut_ok & out_ok,
                        Mux(d.kind == Kind.ROUTER, ~last_lg | last_ok_n,
-                           pv_n.bit_select(b, 1)
+                           p_ok
                            & Mux(d.kind == Kind.GATE, lut_ok, 1)
                            & Mux(d.kind == Kind.DOWN, ~d.last | (y_free_n & out_ok), 1)))
             return base, ~d.end & (d.kind == Kind.DOWN) & d.routed
@@ -268,16 +279,18 @@ class VectorUnit(wiring.Component):
             m.d.sync += tok_oh.eq(1 << nd.token)
         g_in = self.gates_keep.bit_select(nd.token, 1)
         g_held = (self.gates_keep & tok_oh).any()
-        b_in, n_in = ok_of(nd, Const(0, len(bi)), nd.group == g.g_router - 1)
-        b_nx, n_held = ok_of(dsc, bi + 1, lgrp)
-        b_st, _ = ok_of(dsc, bi, lgrp)
+        b_in, n_in = ok_of(nd, pv[0] if B > 1 else pv_n[0], Const(B == 1, 1),
+                           nd.group == g.g_router - 1)
+        b_nx, n_held = ok_of(dsc, (pv & bi1_oh).any(), bi1_oh[B - 1], lgrp)
+        b_st, _ = ok_of(dsc, (pv & bi_oh).any(), bi_oh[B - 1], lgrp)
         b_held = Mux(adv, ~last & b_nx, ser_valid & b_st)
         ok_p, ok_qi, ok_qh = Signal(), Signal(), Signal()
         m.d.comb += [ok_p.eq(Mux(load, b_in & ~n_in, b_held & ~n_held)),
                      ok_qi.eq(load & b_in & n_in), ok_qh.eq(~load & b_held & n_held)]
         m.d.sync += [
             ok.eq((ok_p | (ok_qh & g_held)) | (ok_qi & g_in)),
-            last.eq(Mux(load, nd.end | Const(B == 1, 1), Mux(adv, bi + 1 == B - 1, last)))]
+            last.eq(Mux(load, nd.end | Const(B == 1, 1),
+                        Mux(adv, bi1_oh[B - 1] if B > 1 else bi + 1 == B - 1, last)))]
         # the value of the element at the entry, a register loaded as `bi`
         # moves (the `B`:1 select by `bi` ends there, not in top-k's compares)
         value = Signal(signed(W))
