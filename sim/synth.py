@@ -76,7 +76,8 @@ from amaranth.lib.wiring import In, Out
 
 __all__ = ["TARGETS", "SynthError", "tool", "constraints_dir", "load_target", "target_mhz",
            "IORegistered", "ScanWrapped", "yosys_generic", "fpga_area", "place_and_route",
-           "pack_ebr_outreg", "PNR_FLOW", "ROUTER_OPTIONS", "target_router_args", "synth_block", "SRAM_MIN_WORDS"]
+           "pack_ebr_outreg", "PNR_FLOW", "ROUTER_OPTIONS", "target_router_args", "synth_block",
+           "SRAM_MIN_WORDS"]
 
 #: Target names, in report order.
 TARGETS = ("generic", "ecp5", "ice40")

@@ -253,8 +253,8 @@ class VectorUnit(wiring.Component):
             return flags.bit_select(par, 1) & ~(self.done & (self.done_par == par))
 
         def ok_of(d, p_ok, last_bank, d_lgrp):
-            """``ok`` of element ``b`` of a result tagged ``d``, in the next
-            cycle, but for its token's gate: ``(base, needs_gate)``.
+            """``ok`` next cycle of an element of a result tagged ``d`` (bank's
+            params valid ``p_ok``; ``last_bank``), bar the gate: ``(base, needs_gate)``.
 
             END also waits for the pass's constants: a pass that runs no
             expert never waits for them otherwise, and its `done` clears
