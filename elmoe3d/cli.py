@@ -1,9 +1,10 @@
 """The ``elmoe3d`` command line.
 
 Subcommands are modules in :mod:`elmoe3d.commands` (discovered, see its
-docstring). User errors -- bad arguments, bad values, missing files -- print
-one line ``elmoe3d: error: ...`` and exit with status 2; set
-``ELMOE_DEBUG=1`` to get the traceback instead.
+docstring). User errors -- bad arguments, bad values, missing or unwritable
+files, a missing extra -- print one line ``elmoe3d: error: ...`` and exit
+with status 2; set ``ELMOE_DEBUG=1`` to get the traceback instead. Ctrl-C
+exits with status 130 (:mod:`elmoe3d.interrupt`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ import importlib
 import os
 import pkgutil
 import sys
+
+from . import interrupt
+from .extras import MissingExtra, extra_of_module, missing_extra_error
 
 __all__ = ["main", "CLIError", "commands"]
 
@@ -54,20 +58,35 @@ def make_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _error(e: BaseException) -> int:
+    if os.environ.get("ELMOE_DEBUG"):
+        raise e
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    print(f"elmoe3d: error: {msg}", file=sys.stderr)
+    return 2
+
+
 def main(argv=None) -> int:
-    try:
-        args = make_parser().parse_args(argv)
-        return int(args._run(args) or 0)
-    except (CLIError, ValueError, TypeError, FileNotFoundError, PermissionError,
-            IsADirectoryError, NotADirectoryError) as e:
-        if os.environ.get("ELMOE_DEBUG"):
-            raise
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"elmoe3d: error: {msg}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("elmoe3d: interrupted", file=sys.stderr)
-        return 130
+    with interrupt.handled():
+        try:
+            args = make_parser().parse_args(argv)
+            code = int(args._run(args) or 0)
+            interrupt.check()            # a Ctrl-C that arrived where it could not be raised
+            return code
+        except KeyboardInterrupt:
+            print("elmoe3d: interrupted", file=sys.stderr)
+            return 130
+        except (CLIError, MissingExtra, ValueError, TypeError) as e:
+            return _error(e)
+        except ModuleNotFoundError as e:
+            extra = extra_of_module(e.name)
+            if extra is None:                # not an optional dependency: a bug, show it
+                raise
+            cmd = getattr(locals().get("args"), "command", None)
+            return _error(missing_extra_error(f"elmoe3d {cmd}" if cmd else "elmoe3d", extra,
+                                              f"module {e.name!r}"))
+        except OSError as e:                 # unwritable or missing output/input paths
+            return _error(e)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,12 @@ class Section:
 
 
 class Progress:
-    """Step progress on stderr: ``[3/7 12.4s] synthesising pe ...``."""
+    """Step progress on stderr: ``[3/7 12.4s] synthesising pe ...``.
+
+    ``total`` may start unknown (``None``) and grow with :meth:`expect` as a
+    command learns how many steps it has. Every call is also a safe point for
+    a Ctrl-C that arrived where it could not be raised (:mod:`elmoe3d.interrupt`).
+    """
 
     def __init__(self, total: int | None = None, stream=None, quiet: bool = False):
         self.total, self.count = total, 0
@@ -35,7 +40,13 @@ class Progress:
         self.stream = stream or sys.stderr
         self.quiet = quiet
 
+    def expect(self, steps: int):
+        """Add ``steps`` to the total (which becomes known if it was not)."""
+        self.total = (self.total or 0) + steps
+
     def __call__(self, msg: str, step: bool = True):
+        from .interrupt import check
+        check()
         if step:
             self.count += 1
         if self.quiet:

@@ -143,6 +143,8 @@ def run_study(seed: int = 0, real: bool = True, slice_widths=(4, 2, 1), progress
     """The whole study as a JSON-able dict."""
     rng = np.random.default_rng(seed)
     data, notes = _datasets(rng, real)
+    if progress is not None and hasattr(progress, "expect"):
+        progress.expect(len(data))           # one step per dataset: the total is known now
     results = {}
     for dname, (w8, src, sc8) in data.items():
         if progress:

@@ -16,7 +16,8 @@ import itertools
 import json
 from pathlib import Path
 
-__all__ = ["parse_sets", "points", "run_point", "run_sweep", "pareto", "write_outputs"]
+__all__ = ["parse_sets", "points", "check_points", "run_point", "run_sweep", "pareto",
+           "write_outputs"]
 
 
 def parse_sets(items: list[str], flag: str = "--set") -> dict[str, list[int]]:
@@ -49,6 +50,21 @@ def points(blocks: list[str], sets: dict[str, list[int]]) -> list[dict]:
     keys = list(sets)
     combos = list(itertools.product(*(sets[k] for k in keys))) if keys else [()]
     return [{"block": b, "overrides": dict(zip(keys, c))} for b in blocks for c in combos]
+
+
+def check_points(pts: list[dict], preset_name: str) -> list[dict]:
+    """The points the configuration refuses (each with ``error``), found by
+    building each point's ``Config`` and component here, before any worker
+    starts: a sweep of refused points fails at once, not after a cluster."""
+    from ..blocks import get_block
+    from ..config import preset
+    refused = []
+    for p in pts:
+        try:
+            get_block(p["block"]).build(preset(preset_name).replace(**p["overrides"]))
+        except (TypeError, ValueError) as e:
+            refused.append({**p, "error": str(e)})
+    return refused
 
 
 def run_point(point: dict, preset_name: str, workroot: str, fmax: bool, seeds) -> dict:
@@ -94,8 +110,13 @@ def _draft_macs(block: str, cfg) -> float | None:
 
 def run_sweep(pts: list[dict], *, preset_name: str, workroot: Path, fmax: bool = False,
               seeds=None, scheduler: str | None = None, n_workers: int = 2,
-              progress: bool = True) -> list[dict]:
-    """Run every point as a Dask task; results in point order."""
+              progress=True) -> list[dict]:
+    """Run every point as a Dask task; results in point order. ``progress``:
+    ``True`` for progress lines on stderr, ``False`` for none, or an
+    :class:`elmoe3d.report.Progress` (one step per finished point)."""
+    from ..report import Progress
+    if progress is True:
+        progress = Progress()
     from distributed import Client, LocalCluster, as_completed
     cluster = None
     if scheduler:
@@ -110,15 +131,11 @@ def run_sweep(pts: list[dict], *, preset_name: str, workroot: Path, fmax: bool =
                               + "-".join(f"{k}{v}" for k, v in p["overrides"].items()),
                               pure=False)
                 for i, p in enumerate(pts)]
-        bar = None
         if progress:
-            from tqdm import tqdm
-            bar = tqdm(total=len(futs), desc="sweep points", unit="point")
-        for _ in as_completed(futs):
-            if bar:
-                bar.update(1)
-        if bar:
-            bar.close()
+            progress.expect(len(futs))
+        for fut in as_completed(futs):
+            if progress:
+                progress(f"sweep point {fut.key} done")
         return client.gather(futs)
     finally:
         client.close()

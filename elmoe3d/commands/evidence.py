@@ -10,8 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ..extras import require
 from ..report import Progress, Section, md_table, save_png, text_table
-from ._common import writable_file
+from ._common import writable_dir, writable_file
 
 NAME = "evidence"
 HELP = "small MoE LM trained here: routing statistics and Elastic-SD acceptance (real model)"
@@ -61,20 +62,37 @@ def _setup(args):
                  models=models)
 
 
+def _model_names(s) -> list[str]:
+    from ..golden.lm import model_paths
+    return list(s.models) or list(model_paths())
+
+
+def _experts() -> int:
+    """Routed experts of the committed LM (every trained model has the same shape)."""
+    from ..golden.lm import load_weights, model_paths
+    _, meta = load_weights(next(iter(model_paths().values())))
+    return int(meta["shape"]["experts"])
+
+
 def run(args) -> int:
     from ..sim.lm import evidence as ev
-    out = writable_file(args.json) if args.json else None
-    plot_dir = Path(args.plot) if args.plot else None
-    if plot_dir is not None and plot_dir.exists() and not plot_dir.is_dir():
-        raise ValueError(f"--plot {args.plot!r} is not a directory")
     s = _setup(args)
     if args.update_data and args.quick:
         raise ValueError("--update-data needs the full run, not --quick")
-    acc = Path(args.acceptance) if args.acceptance else \
+    # every output is checked before the run (minutes), not after it
+    out = writable_file(args.json, "--json") if args.json else None
+    plot_dir = None
+    if args.plot:
+        require("plot", "elmoe3d evidence --plot", ("matplotlib",))
+        plot_dir = writable_dir(args.plot, "--plot")
+    acc = writable_file(args.acceptance, "--acceptance") if args.acceptance else \
         (ev.DATA_DIR / ev.ACCEPTANCE if args.update_data else None)
-    trace = Path(args.trace) if args.trace else \
+    trace = writable_file(args.trace, "--trace") if args.trace else \
         (ev.DATA_DIR / ev.TRACE if args.update_data else None)
-    prog = Progress()
+    if args.update_data:
+        for f in (ev.DATA_DIR / ev.ACCEPTANCE, ev.DATA_DIR / ev.TRACE, ev.DATA_DIR / CACHE):
+            writable_file(f, "--update-data")
+    prog = Progress(len(_model_names(s)) * s.planned_steps(_experts()))
     res = ev.run(s, log=lambda m: prog(m), trace_path=trace, acceptance_path=acc)
     print(summary_text(res))
     if out:

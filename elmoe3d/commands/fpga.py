@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ._common import add_config_args, config_from_args, writable_file
+from ..extras import require
+from ._common import add_config_args, config_from_args, writable_dir, writable_file
 
 NAME = "fpga"
 HELP = "build a self-testing bitstream for a board (iCEBreaker .bin, ULX3S-85F .bit) and print its timing"
@@ -44,8 +45,9 @@ def run(args) -> int:
     if args.preset is None:
         args.preset = board["preset"]
     cfg = config_from_args(args)
-    out = Path(args.out or f"build/fpga/{args.board}")
-    js = writable_file(args.json) if args.json else None
+    out = writable_dir(args.out or f"build/fpga/{args.board}", "--out")
+    js = writable_file(args.json, "--json") if args.json else None
+    require("flow", "elmoe3d fpga")
     r = build_board(args.board, out, block=args.block, cfg=cfg, dots=args.dots)
     print(f"{r['board']} ({r['device']}): self-test of {r['block']} "
           f"({sum(r['vectors'].values())} input beats, {sum(r['expected'].values())} results)")

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import time
 
+from ..extras import require
 from ..report import md_table, text_table
-from ._common import writable_file
+from ._common import writable_dir, writable_file
 
 NAME = "perf"
 HELP = ("system performance/energy model: the paper's grid vs each prior, bounds, ablations, "
@@ -217,7 +218,10 @@ def run(args) -> int:
     from ..sim.perf.plots import plot_grid
     from ..sim.perf.rtl_compare import compare, report_lines
     models, batches, trace, accm = _inputs(args)
-    out = writable_file(args.json) if args.json else None
+    out = writable_file(args.json, "--json") if args.json else None
+    if args.plot:                                      # checked before the grid, not after it
+        require("plot", "elmoe3d perf --plot", ("matplotlib",))
+        writable_dir(args.plot, "--plot")
     tile = compare(args.tile_counters)                 # malformed file -> one error, before the grid
     prog = Progress()
     t0 = time.monotonic()

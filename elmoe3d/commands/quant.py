@@ -64,13 +64,16 @@ def run(args) -> int:
     from ..sim.quant_study import lm_bit_axis, run_study
     if not 1 <= args.lm_windows <= 64:
         raise ValueError(f"--lm-windows must be in 1..64, not {args.lm_windows!r}")
-    out = writable_file(args.json) if args.json else None
-    study = run_study(seed=args.seed, real=not args.no_real, progress=Progress())
+    out = writable_file(args.json, "--json") if args.json else None
+    prog = Progress(0 if args.no_lm else 1)  # run_study adds one step per dataset
+    study = run_study(seed=args.seed, real=not args.no_real, progress=prog)
     for note in study["notes"]:
         print(note)
     first_real = [d for d in study["results"] if d.startswith("minilm")][:1]
     print(text_table(HEAD, rows(study, ["int8_all", "gaussian", "laplacian"] + first_real, ks=KS)))
     if not args.no_lm:
+        prog(f"quant study: the small MoE LM's experts at each slice configuration "
+             f"({args.lm_windows} windows)")
         lm = lm_bit_axis(args.lm_windows, evidence=_evidence())
         study["lm"] = lm
         print("\n" + "\n".join(lm["notes"]))

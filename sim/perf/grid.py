@@ -138,21 +138,30 @@ def _point_task(args):
 
 
 def _map(fn, tasks, jobs, progress=None, label=None):
-    """``[fn(t) for t in tasks]``, over ``jobs`` worker processes when > 1."""
+    """``[fn(t) for t in tasks]``, over ``jobs`` worker processes when > 1.
+    ``progress`` (an :class:`elmoe3d.report.Progress`) counts one step per
+    task: its total grows by ``len(tasks)`` first, then each task is one step
+    as it starts (one process) or as its result arrives (several)."""
     jobs = _jobs(jobs)
+    label = label or (lambda t: "perf task")
+    if progress is not None and hasattr(progress, "expect"):
+        progress.expect(len(tasks))
     if jobs <= 1 or len(tasks) <= 1:
         out = []
         for t in tasks:
-            if progress and label:
-                progress(label(t), step=False)
+            if progress:
+                progress(label(t))
             out.append(fn(t))
         return out
     import multiprocessing as mp
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
     with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as ex:
-        if progress:
-            progress(f"perf: {len(tasks)} tasks on {jobs} worker processes", step=False)
-        return list(ex.map(fn, tasks))
+        out = []
+        for t, r in zip(tasks, ex.map(fn, tasks)):
+            if progress:
+                progress(f"{label(t)} done ({jobs} worker processes)")
+            out.append(r)
+        return out
 
 
 def _jobs(jobs):
