@@ -1,8 +1,9 @@
 """FuseSoC CAPI2 ``.core`` files for the generated Verilog.
 
 ``elmoe3d verilog --out DIR`` writes, next to each block's ``<top>.v``, a core
-``<top>.core`` (VLNV ``elmoe3d:ip:<block>:<version>``) with the Verilog as
-its ``rtl`` fileset, a ``default`` target naming the top, and a ``lint``
+``<top>.core`` (VLNV ``elmoe3d:ip:<block>:<version>``, the block name with any
+``--suffix``; the description holds the interface sheet: configuration,
+clock and reset, payload bit maps) with the Verilog as its ``rtl`` fileset, a ``default`` target naming the top, and a ``lint``
 target that runs Verilator ``--lint-only -Wall`` with the project's committed
 waivers (``lint_waivers.vlt``, copied into DIR and shared by every core
 through the ``elmoe3d:ip:lint_waivers`` core). A user adds DIR to a FuseSoC
@@ -52,13 +53,30 @@ def write_waiver_core(out: Path) -> Path:
     return core
 
 
-def write_core(out: Path, name: str, top: str, vfile: Path, description: str) -> Path:
-    """One CAPI2 core for one generated Verilog file (in the same folder)."""
+def _description(description: str, sheet: dict | None) -> str:
+    """The core's description: the block's one-line description and, with a
+    sheet, the whole interface sheet (configuration, clock and reset, the
+    payload bit maps) as a YAML literal block."""
+    if sheet is None:
+        return f"description: {_q(description)}\n"
+    from .sheet import header
+    body = [ln[3:] if ln.startswith("// ") else ln.lstrip("/")
+            for ln in header(sheet).splitlines()[1:-1]]
+    lines = [description, ""] + [ln for ln in body if ln != description]
+    return "description: |\n" + "".join(f"  {ln}\n" if ln else "\n" for ln in lines)
+
+
+def write_core(out: Path, name: str, top: str, vfile: Path, description: str,
+               sheet: dict | None = None) -> Path:
+    """One CAPI2 core for one generated Verilog file (in the same folder);
+    ``name`` is the VLNV's name (the block name and any ``--suffix``), and
+    ``sheet`` (:func:`elmoe3d.sim.sheet.sheet`) puts the interface sheet into
+    the description."""
     core = out / f"{top}.core"
     core.write_text(
         "CAPI=2:\n"
         f"name: {vlnv(name)}\n"
-        f"description: {_q(description)}\n"
+        + _description(description, sheet) +
         "filesets:\n"
         "  rtl:\n"
         "    files:\n"

@@ -34,6 +34,7 @@ import shutil
 import sys
 import time
 import uuid
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,16 +113,29 @@ def simulator_available(simulator: str) -> tuple[bool, str]:
     raise ValueError(f"Simulator must be one of {', '.join(SIMULATORS)}, not {simulator!r}")
 
 
+_TEXTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
 def verilog_text(component, top: str) -> str:
-    """Verilog of an Amaranth component with top module ``top``."""
+    """Verilog of an Amaranth component with top module ``top`` (converted
+    once per component object and top name: the flow asks for the same
+    block's Verilog for every target)."""
     from amaranth.back import verilog
-    return verilog.convert(component, name=top, emit_src=False)
+    try:
+        memo = _TEXTS.setdefault(component, {})
+    except TypeError:                      # not weak-referenceable: no memo
+        memo = {}
+    if top not in memo:
+        memo[top] = verilog.convert(component, name=top, emit_src=False)
+    return memo[top]
 
 
-def write_verilog(component, top: str, path: Path) -> Path:
+def write_verilog(component, top: str, path: Path, header: str = "") -> Path:
     """Convert an Amaranth component to Verilog with top module ``top``; the
-    file is rewritten only when its text changes (keeps build caches valid)."""
-    text = verilog_text(component, top)
+    file is rewritten only when its text changes (keeps build caches valid).
+    ``header`` (comment lines: the interface sheet, :mod:`elmoe3d.sim.sheet`)
+    goes first; caches key on the text without it."""
+    text = header + verilog_text(component, top)
     path.parent.mkdir(parents=True, exist_ok=True)
     if not (path.exists() and path.read_text() == text):
         path.write_text(text)
