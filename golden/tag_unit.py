@@ -66,7 +66,8 @@ PIN (5)          slot -> ``pins += 1`` (response ``value`` = new pin count).
 UNPIN (6)        slot -> ``pins -= 1`` (response ``value`` = new pin count).
 RESET (7)        every slot FREE, hotness and pins 0, statistics 0 (the
                  disabled mask is an input and stays).
-STATS (8)        ``slot`` field = counter index (:data:`STAT_NAMES`) -> ``value``.
+STATS (8)        ``slot`` field = counter index (:data:`STAT_NAMES`) -> ``value``;
+                 the response's ``slot`` echoes the index.
 ===============  ===============================================================
 
 Bad commands answer with a :class:`TagError` and change nothing (statistics
@@ -352,10 +353,16 @@ class TagUnitModel:
         return not self.pending[s] or self.mutant == "pending_hit"
 
     def lookup(self, tag: int, *, pin: bool = False) -> tuple[bool, int, int]:
-        """LOOKUP (``pin=True``: LOOKUP_PIN): ``(hit, slot, planes)``; slot and
-        planes are 0 unless the tag is RESIDENT (a PENDING tag is not a hit:
-        see :meth:`state_of`). ``ValueError`` (hardware: ``PIN_LIMIT``, nothing
-        counted) when a hit to pin is at the pin limit."""
+        """LOOKUP (``pin=True``: LOOKUP_PIN) as the system model uses it:
+        ``(hit, slot, planes)`` of a RESIDENT tag, ``(False, 0, 0)`` for a
+        PENDING or absent one (a PENDING tag is not a hit). The counters move
+        as in hardware (``lookups``, and ``hits`` or ``pending``).
+
+        The hardware *response* says more for a PENDING tag: ``pending`` = 1
+        with its ``slot``, ``planes`` and hotness (the module's table,
+        :meth:`execute`); :meth:`state_of` and :meth:`slot_of` give them here.
+        ``ValueError`` (hardware: ``PIN_LIMIT``, nothing counted) when a hit
+        to pin is at the pin limit."""
         self._check_tag(tag)
         s = self._where.get(tag)
         hit = s is not None and self._is_hit(s)
