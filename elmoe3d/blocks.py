@@ -29,6 +29,9 @@ class Block:
     an optional list of Config overrides reported as a size sweep. ``synth``
     False keeps a block out of the default synthesis of ``make demo`` /
     ``elmoe3d build`` (``elmoe3d synth --blocks NAME`` still runs it).
+    ``timing`` states latency and throughput for README's block table (a
+    string, or a function of the built component, e.g. reading its
+    ``latency``); say only what the block's tests assert or measure.
     """
     name: str
     top: str
@@ -39,12 +42,26 @@ class Block:
     order: int = 100
     sweep: tuple = ()
     synth: bool = True
+    timing: str | Callable[[object], str] = ""
 
     def build(self, cfg: Config):
         return self.factory(**self.params(cfg))
 
+    def shared(self, params: dict):
+        """One component per block and parameters, for the synthesis flow and
+        ``elmoe3d verilog`` in one process: its Verilog is converted once
+        (``sim.harness.verilog_text`` keeps it per component) however many
+        targets, wrappers and reports ask for it. Not for simulation, which
+        builds its own."""
+        import json
+        key = (self.name, json.dumps(params, sort_keys=True, default=str))
+        if key not in _SHARED:
+            _SHARED[key] = self.factory(**params)
+        return _SHARED[key]
+
 
 _CACHE: dict[str, Block] | None = None
+_SHARED: dict = {}
 
 
 def blocks() -> dict[str, Block]:

@@ -136,7 +136,9 @@ def _register():
     return [Block("bitfusion", "elmoe3d_bitfusion",
                   "baseline: Bit-Fusion-style fused BitBrick PE (W8: L MACs, W4: 2L MACs per cycle)",
                   lambda cfg: dict(lanes=cfg.lanes, max_len=cfg.max_len), BitFusionPE,
-                  baseline_of="pe", order=13)]
+                  baseline_of="pe", order=13,
+                  timing=lambda c: f"1 beat/cycle (W8: L, W4: 2L MACs); result {c.latency} "
+                                   f"cycles after `last`")]
 
 
 BLOCK_SPECS = _register()

@@ -257,7 +257,9 @@ def _register():
         Block("bitserial", "elmoe3d_bitserial",
               "peer: weight-bit-serial MAC vector (UNPU/Stripes-style), 4 weight bits/cycle",
               lambda cfg: dict(lanes=cfg.lanes, digit_bits=4, max_len=cfg.max_len),
-              BitSerialMAC, baseline_of="pe", order=14),
+              BitSerialMAC, baseline_of="pe", order=14,
+              timing=lambda c: f"INT8 weights in {c.max_digits} beats/chunk; result "
+                               f"{c.latency} cycles after `last`"),
     ]
 
 

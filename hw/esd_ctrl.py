@@ -868,9 +868,11 @@ def _params(cfg):
 def _block_specs():
     from ..blocks import Block
     return [Block("esd_ctrl", "elmoe3d_esd_ctrl",
-                  "Elastic-SD controller: AR/SD phase sequencer, draft eligibility, fills, "
-                  "pins, DECAY, draft length, KV back-off; TraceEvent stream",
-                  params=_params, factory=_from_params, order=70)]
+                  "Elastic-SD controller: AR/SD sequencer, draft eligibility, fills, pins, "
+                  "DECAY, draft length, KV back-off",
+                  params=_params, factory=_from_params, order=70,
+                  timing="one tag-unit command in flight; events in the golden control "
+                         "sequence's order")]
 
 
 BLOCK_SPECS = _block_specs()

@@ -877,6 +877,8 @@ def _register():
     return [Block("ext_stream", "elmoe3d_ext_stream",
                   "AXI4 stream engine: expert reads split to the PE stream and the HB fill",
                   ext_params, ext_factory, order=50,
+                  timing="1 AXI beat/cycle steady; first AR 15 cycles after a command, PE beat 4 "
+                         "cycles after R",
                   sweep=(dict(axi_data_bits=64), dict(axi_data_bits=128, pes=8)))]
 
 

