@@ -64,7 +64,7 @@ def write_all(cfg, blocks, out: Path, progress=None, cores: bool = True, suffix:
         top = b.top + suffix
         if progress:
             progress(f"verilog {b.name} -> {out / (top + '.v')}")
-        comp = b.build(cfg)
+        comp = b.shared(b.params(cfg))
         sh = sheet(b, comp, cfg, top=top, preset=preset, suffix=suffix)
         (out / f"{top}.json").write_text(json.dumps(sh, indent=1) + "\n")
         written[b.name] = write_verilog(comp, top, out / f"{top}.v", header=header(sh))
