@@ -46,14 +46,24 @@ def interface_summary(component, limit: int = 95) -> str:
     items = {"in": [], "out": []}
     for (d, t), k in streams.items():
         items[d].append(f"{t}{f' x{k}' if k > 1 else ''}")
-    text, left = "", 0
-    for d in ("in", "out"):
-        for i, t in enumerate(items[d]):
-            piece = (("; " if text else "") + f"{d} " if i == 0 else ", ") + t
-            if len(text) + len(piece) > limit:
+    def part(d, budget):
+        """Direction ``d``'s types that fit in ``budget`` characters, and how many did not."""
+        text, left = "", 0
+        for t in items[d]:
+            piece = (", " if text else f"{d} ") + t
+            if len(text) + len(piece) > budget:
                 left += 1
             else:
                 text += piece
+        return text, left
+    full_in, _ = part("in", 10 ** 6)
+    full_out, _ = part("out", 10 ** 6)
+    half = limit // 2              # each direction gets half, or what the other leaves
+    in_budget = max(half, limit - 2 - len(full_out))
+    t_in, left_in = part("in", in_budget)
+    t_out, left_out = part("out", limit - 2 - len(t_in))
+    text = "; ".join(x for x in (t_in, t_out) if x)
+    left = left_in + left_out
     more = left + len(other)
     if more:
         text += f" + {more} more port{'s' if more > 1 else ''}"

@@ -65,6 +65,8 @@ def peer_table(cfg, workroot: Path, *, seeds=None, pnr: bool | str = True,
     if cfg.slice_bits != 4:
         cfg = cfg.replace(slice_bits=4)
     rows = []
+    if progress is not None and hasattr(progress, "expect"):
+        progress.expect(len(peers(cfg)))            # one step per peer
     for peer in peers(cfg):
         b = get_block(peer.block)
         params = {**b.params(cfg), **peer.overrides}

@@ -663,12 +663,12 @@ def fpga_target(component, name: str, top: str, workdir: Path, target: str, *,
            "dsp_inference": bool(c.get("use_dsp", False)), **area}
     if not pnr:
         return res
+    if not area["fits"]:
+        res["fmax_skipped"] = area["fit_reason"]
+        return res
     if pnr == "recorded" and not from_records:
         res["fmax_skipped"] = ("place and route not recorded for this Verilog: run `elmoe3d "
                                f"synth --target {target} --blocks {name}` or `elmoe3d record`")
-        return res
-    if not area["fits"]:
-        res["fmax_skipped"] = area["fit_reason"]
         return res
     if max_cells is not None and cells is not None and cells > max_cells and not from_records:
         res["fmax_skipped"] = (f"{cells} generic cells > {max_cells} (place and route takes "

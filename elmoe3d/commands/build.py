@@ -118,7 +118,7 @@ def synthesis_sections(ctx, bl, *, fmax: bool, sweep: bool, resynth: bool = Fals
                     + "\n\n" + "\n".join(origin))]
     if ctx.quick:
         return secs
-    ctx.progress("synthesis: peers per area")
+    ctx.progress("synthesis: peers per area", step=False)
     peers = peer_table(ctx.cfg, work, seeds=seeds, pnr=fmax, progress=ctx.progress)
     if peers["rows"]:
         secs.append(Section("Peers per area (draft and INT8 throughput per LUT4)",
@@ -149,8 +149,9 @@ def run(args) -> int:
                 ("cocotb", "verilator"))
     bl = list(blocks().values())
     hooks = [m for name, m in commands().items() if hasattr(m, "build_section")]
-    total = 2 * len(bl) + 1 + (0 if args.no_sim else 1) + len(hooks)
-    progress = Progress(total)
+    # Verilog per block, the PE cycles, one step per report hook; the
+    # synthesis adds its own (blocks, peers) as it learns them
+    progress = Progress(len(bl) + (0 if args.no_sim else 1) + len(hooks))
     ctx = BuildContext(cfg=cfg, outdir=outdir, progress=progress, quick=args.quick)
     t0 = time.monotonic()
 

@@ -48,6 +48,7 @@ def run(args) -> int:
 def build_section(ctx):
     from ..report import Section
     from ..tb.coverage import load_coverage
+    ctx.progress("functional coverage (from make test's files)")
     d = ctx.outdir / "coverage"
     covs = load_coverage(d) if d.is_dir() else {}
     if not covs:

@@ -135,7 +135,7 @@ def run(args) -> int:
         flow.TOOL_TIMEOUT_S = timeout
     records.settings.update(into=records.RECORD_DIR, command="elmoe3d record"
                             + (" --no-pnr" if args.no_pnr else ""))
-    progress = Progress(len(bl))
+    progress = Progress()                         # the flow adds its steps
     try:
         pnr = "recorded" if args.no_pnr else True
         res = run_synth(cfg, bl, work, targets=("generic", "ecp5", "ice40"), pnr=pnr,

@@ -98,7 +98,9 @@ def run_synth(cfg, blocks, workroot: Path, *, targets=("generic",), fmax: bool =
     route only where recorded (``"recorded"``); ``seeds="recorded"`` uses
     the recorded seeds of each block (``sim.synth.fpga_target``)."""
     from ..sim.synth import synth_block
-    progress = progress or Progress(len(blocks), quiet=True)
+    progress = progress or Progress(quiet=True)
+    if hasattr(progress, "expect"):
+        progress.expect(len(blocks))              # one step per block
     targets = parse_targets(",".join(targets), fmax)
     fpga = [t for t in targets if t != "generic"]
     results = {}
@@ -333,7 +335,7 @@ def run(args) -> int:
         from ..sim import synth as flow
         flow.TOOL_TIMEOUT_S = timeout
     results = run_synth(cfg, blocks, Path(args.workdir), targets=targets, pnr=not args.no_pnr,
-                        seeds=seeds, sweep=args.sweep, progress=Progress(len(blocks)),
+                        seeds=seeds, sweep=args.sweep, progress=Progress(),
                         generic=not args.no_generic, sweep_only=only)
     print(text_report(results, targets))
     doc = {"config": cfg.to_dict(), "targets": list(targets), "blocks": results}
