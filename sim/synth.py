@@ -689,6 +689,8 @@ def fpga_target(component, name: str, top: str, workdir: Path, target: str, *,
         """One seed's place and route; a design that does not fit after
         packing is a result too (``fits`` False, ``overuse``), so it is
         cached and recorded like a placement."""
+        if progress:
+            progress(f"  nextpnr-{target} {name} seed {seed} @ {mhz:g} MHz", step=False)
         try:
             return place_and_route(wrapped(), wtop, workdir, target, mhz=mhz, seed=seed,
                                    placer=placer, router_args=router_args)
@@ -701,8 +703,6 @@ def fpga_target(component, name: str, top: str, workdir: Path, target: str, *,
     from . import records
     runs = []
     for seed in seeds:
-        if progress:
-            progress(f"  nextpnr-{target} {name} seed {seed} @ {mhz:g} MHz", step=False)
         stage = f"{target}_pnr_seed{seed}"
         k = {"mhz": mhz, "seed": seed, "target": c, "flow": PNR_FLOW}
         # a stage recorded for this block's logic: no need to write the wrapped
