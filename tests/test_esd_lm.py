@@ -80,6 +80,21 @@ def test_decode_ar_sd_equal_golden_greedy(lm):
     assert draft_src and all(e.code == gesd.Source.HB for e in draft_src)
 
 
+def test_decode_batch_16_requests_drift_apart(lm):
+    """Elastic-SD at batch 16: the requests accept different numbers of
+    drafts, so their contexts drift apart (a request can run K tokens per
+    round ahead of the slowest); the KV caches are sized for it (before: a
+    cache too short for the fastest request, a broadcast error in the
+    verify step). The tokens equal AR's (greedy verification is exact)."""
+    w, meta, im, P = lm
+    prompts = [P[220 + i][:24] for i in range(16)]
+    sd = li.decode(w, meta, im, prompts, 8, mode="sd")
+    assert [len(t) for t in sd.tokens] == [8] * 16
+    acc = [a for m, _, a in sd.rounds if m == gesd.Mode.SD]
+    assert any(len(set(a)) > 1 for a in acc)                 # the requests drifted apart
+    assert li.decode(w, meta, im, prompts, 8, mode="ar").tokens == sd.tokens
+
+
 def test_decode_bad_mode(lm):
     w, meta, im, P = lm
     with pytest.raises(ValueError, match="Decode mode"):
