@@ -232,3 +232,53 @@ def test_native_2000_steps(measured_dir):
     (measured_dir / "tile_native_2000.json").write_text(json.dumps(rec, indent=1))
 
 
+
+# -- elmoe3d tile-run ----------------------------------------------------------------------
+
+def test_tile_run_set_on_dask(tmp_path, exe):
+    """`elmoe3d tile-run` for a small set (the Zipf trace on the `tiny` tile,
+    batch 1 and 4, AR and SD, 6 warm-up + 8 measured steps) on an embedded
+    Dask LocalCluster: every run equal to the golden, the measurement window
+    after the warm-up (its phases add up to it; its tokens are the rounds'
+    after the warm-up), the JSON written."""
+    from elmoe3d.cli import main
+    from elmoe3d.sim import tile_run as tr
+    out = tmp_path / "runs.json"
+    assert main(["tile-run", "--trace", "zipf", "--preset", "tiny", "--batch", "1,4",
+                 "--mode", "ar,sd", "--steps", "8", "--warmup", "6", "--seed", "3",
+                 "--workers", "2", "--no-progress", "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert len(d["runs"]) == 4 and all(r["match"] for r in d["runs"])
+    assert d["command"].startswith("elmoe3d tile-run --trace zipf")
+    for r in d["runs"]:
+        m = r["measured"]
+        assert sum(m["phase_cycles"].values()) == m["cycles"] > 0
+        assert m["steps"] >= 8 and m["cycles_per_token"] == round(m["cycles"] / m["tokens"], 1)
+        s = tr.spec("zipf", r["batch"], r["mode"], 8, 6, 3, preset="tiny")
+        warm = tr.golden_run(s, 6)
+        full = tr.golden_run(s, warm.counters["decode_steps"] + 8)
+        got = ts.round_tokens(full.script, r["batch"])[r["warmup_rounds"]:]
+        assert m["tokens"] == sum(t for _, t in got)
+        assert r["warmup_rounds"] == len(ts.round_tokens(warm.script, r["batch"]))
+        assert m["counters_golden"]["tokens_out"] == m["tokens"]
+    rows = tr.summary_rows(d["runs"])
+    assert [(x[1], x[2]) for x in rows] == [(1, "AR"), (1, "SD"), (4, "AR"), (4, "SD")]
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--trace", "gpt"], "--trace must be one of zipf, lm, not 'gpt'"),
+    (["--batch", "17"], "--batch must be in 1..16, not 17"),
+    (["--mode", "fast"], "--mode must be one of ar, sd, auto, not 'fast'"),
+    (["--steps", "0"], "--steps must be >= 1, not 0"),
+    (["--steps", "1:8", "--batch", "4"], "no step count for batch 4"),
+    (["--seed", "x"], "--seed: expected integers"),
+    (["--trace", "lm", "--preset", "tiny"], "runs on its own tile only"),
+    (["--lpddr-bytes-per-cycle", "9"], "LPDDR bytes per cycle 9 exceeds one 64-bit AXI beat"),
+    (["--workers", "0"], "--workers must be >= 1, not 0"),
+])
+def test_tile_run_bad_input(argv, msg, capsys):
+    """Bad input: one line, exit 2, nothing run."""
+    from elmoe3d.cli import main
+    assert main(["tile-run", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("elmoe3d: error:") and msg in err and err.count("\n") == 1, err
