@@ -102,7 +102,7 @@ def build(cfg, *, jobs: int = 2, progress=None, log=None) -> Path:
     """The native harness's executable for ``cfg`` (built once, then cached).
 
     ``progress(text)`` is called with a line per build phase (elaboration,
-    Verilator, the C++ compile with its files done / to do, link);
+    Verilator, each C++ compile unit with the time so far, the end);
     ``log`` a path for the build's output (default ``build.log`` in the
     build folder). Raises ``RuntimeError`` naming the log if the build fails.
     """
@@ -116,7 +116,8 @@ def build(cfg, *, jobs: int = 2, progress=None, log=None) -> Path:
     vflags, mvars = _verilator_flags(jobs), _make_vars()
     flags = vflags + mvars
     drv = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(SOURCES.glob("*")))).hexdigest()
-    known = index / f"{fp[:24]}-{hashlib.sha256((drv + json.dumps(flags)).encode()).hexdigest()[:8]}"
+    tool = hashlib.sha256((drv + json.dumps(flags)).encode()).hexdigest()[:8]
+    known = index / f"{fp[:24]}-{tool}"
     if known.is_file():
         exe = Path(known.read_text().strip())
         if exe.is_file() and (exe.parent / "elmoe3d.stamp").is_file():

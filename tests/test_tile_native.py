@@ -216,6 +216,47 @@ def test_lpddr_model_rule():
 
 
 @pytest.mark.slow
+def test_native_speed_default(tmp_path, measured_dir):
+    """The speed of both paths on one scenario at `default`: the report's
+    Zipf trace, batch 4, Elastic-SD forced, 8 decode steps, LPDDR latency 1
+    and no pauses, on the cocotb bench (its `decode --rtl` build,
+    OPT_FAST=-O1; the LPDDR model of the native harness) and natively. Both
+    equal the golden in the same cycles; the simulated cycles per CPU-second
+    of each go to ``build/measured/tile_native_speed.json`` (a benchmark,
+    not a timed test: the figures are recorded, not asserted)."""
+    import resource
+    import time
+
+    from elmoe3d.commands.decode import RTL_BUILD, report_traces
+    name, cfg, R = report_traces()[0]
+    run = gesd.run_trace(cfg, R, batch=4, steps=8, seed=4, check=False, kv_mid_round=False,
+                         force=gesd.Mode.SD)
+    case = dict(script=run.script, events=run.events, counters=run.counters, faults={},
+                ext_reads=run.controller.ext_reads, name="zipf B4 SD")
+    plan, mem = _trace(cfg, case, seed=7)
+    exe = native.build(cfg)
+    t0, c0 = time.process_time(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    rep = native.replay(cfg, plan, mem, exe=exe)
+    c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    e2e = time.process_time() - t0 + (c1.ru_utime + c1.ru_stime - c0.ru_utime - c0.ru_stime)
+    coco = _cocotb(tmp_path, cfg, plan, mem, build=RTL_BUILD)
+    _identical(coco, rep)
+    cyc = rep.run.cycles
+    rec = dict(config="default", scenario=f"{name}, batch 4, SD forced, 8 decode steps",
+               cycles=cyc, events=len(rep.events), outputs=len(rep.outputs),
+               cocotb_sim_cpu_s=round(coco["sim_cpu_s"], 1),
+               cocotb_cycles_per_cpu_s=round(cyc / coco["sim_cpu_s"]),
+               native_loop_cpu_s=round(rep.run.sim_cpu_s, 2),
+               native_cycles_per_cpu_s=round(cyc / rep.run.sim_cpu_s),
+               native_end_to_end_cpu_s=round(e2e, 2),
+               native_end_to_end_cycles_per_cpu_s=round(cyc / e2e),
+               ratio=round(coco["sim_cpu_s"] / rep.run.sim_cpu_s, 1),
+               ratio_end_to_end=round(coco["sim_cpu_s"] / e2e, 1),
+               command="pytest -m slow tests/test_tile_native.py -k speed_default")
+    (measured_dir / "tile_native_speed.json").write_text(json.dumps(rec, indent=1))
+
+
+@pytest.mark.slow
 def test_native_2000_steps(measured_dir):
     """The tile top at `tiny` for 2,000 decode steps (batch 1, Elastic-SD
     asked every round, KV pressure, LPDDR faults every 997th read), random
@@ -282,3 +323,34 @@ def test_tile_run_bad_input(argv, msg, capsys):
     assert main(["tile-run", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("elmoe3d: error:") and msg in err and err.count("\n") == 1, err
+
+
+def test_report_reads_steady_state(tmp_path):
+    """The report's steady-state table (`elmoe3d build`): per trace, batch and
+    mode the mean and spread of cycles per output token over the seeds, SD
+    over AR, whether every run equalled the golden; from
+    ``build/measured/steady_state.json``, else the recorded
+    ``sim/data/steady_state.json`` (which covers the whole set)."""
+    import types
+
+    from elmoe3d.commands import tile_run as cmd
+    from elmoe3d.sim import tile_run as tr
+
+    def rec(mode, seed, cpt, match=True):
+        return dict(trace="zipf-1.1 (default)", batch=4, mode=mode, seed=seed, match=match,
+                    measured=dict(cycles_per_token=cpt, hb_hit_rate=0.5, steps=64,
+                                  mean_accepted_len=2.0 if mode == "sd" else 1.0))
+    runs = [rec("ar", 1, 1000), rec("ar", 2, 1200), rec("sd", 1, 900), rec("sd", 2, 700, False)]
+    (tmp_path / "measured").mkdir()
+    (tmp_path / "measured" / cmd.STEADY_FILE).write_text(json.dumps({"runs": runs}))
+    sec = cmd.build_section(types.SimpleNamespace(outdir=tmp_path))
+    rows = sec.data["rows"]
+    assert [r["cycles / token mean"] for r in rows] == [1100, 800]
+    assert rows[0]["spread (min-max)"] == "1000-1200" and rows[1]["SD / AR"] == round(800 / 1100, 3)
+    assert [r["all = golden"] for r in rows] == ["yes", "NO"] and not sec.data["recorded"]
+    sec = cmd.build_section(types.SimpleNamespace(outdir=tmp_path / "none"))
+    d = json.loads(cmd.recorded_steady_state().read_text())
+    assert sec.data["recorded"] and len(d["runs"]) == 36 and all(r["match"] for r in d["runs"])
+    assert {(r["trace_key"], r["batch"], r["mode"], r["seed"]) for r in d["runs"]} == {
+        (t, b, m, s) for t in tr.STEADY_STATE["traces"] for b in tr.STEADY_STATE["batches"]
+        for m in tr.STEADY_STATE["modes"] for s in tr.STEADY_STATE["seeds"]}
