@@ -535,7 +535,7 @@ def rtl_rows(path, cycles=False):
 #: (the real model through the RTL tile); the report's table reads them.
 RTL_DECODE_GLOB = "decode_rtl_*.json"
 
-DECODE_HEAD = ["run", "mode", "batch", "tokens out", "HB hit rate", "mean accepted len",
+DECODE_HEAD = ["run", "harness", "mode", "batch", "tokens out", "HB hit rate", "mean accepted len",
                "HB MB", "LPDDR MB", "HB share", "LPDDR KB / token", "cycles / token (RTL)",
                "RTL tokens = golden", "trace, counters = golden"]
 
@@ -555,7 +555,8 @@ def rtl_decode_rows(folder):
             r = _json.loads(f.read_text())
             c, B = r["counters_rtl"], int(r["batch"])
             fig = _figures(c, B)
-            rows.append([f.stem[len("decode_rtl_"):], r["mode"].upper(), B, c["tokens_out"], *fig,
+            rows.append([f.stem[len("decode_rtl_"):], r.get("sim", "cocotb"), r["mode"].upper(),
+                         B, c["tokens_out"], *fig,
                          round(r["cycles"] / max(1, c["tokens_out"])),
                          "yes" if r["match"] else "NO",
                          "yes" if r["trace_equal"] and not r["counters_differ"] else "NO"])
@@ -624,9 +625,12 @@ def build_section(ctx):
     if drows:
         md += ("\n\nThe in-project MoE LM decoded with every MoE layer on the RTL tile "
                "(`elmoe3d_tile`, `lm` preset, Verilator; `elmoe3d decode --rtl --mode sd|ar "
-               "--tokens 8 --json build/measured/decode_rtl_<name>.json`, several minutes "
-               "each, not run by `make demo`): the tile's counters, and whether tokens, "
-               "trace and counters equal the golden tile's:\n\n" + md_table(DECODE_HEAD, drows))
+               "--tokens 8 --json build/measured/decode_rtl_<name>.json`, not run by `make "
+               "demo`): the tile's counters, and whether tokens, trace and counters equal the "
+               "golden tile's. Harness `native` (the default, seconds per decode) replays the "
+               "golden decode's host script open loop; `cocotb` (`--sim cocotb`, minutes) has "
+               "the host in the loop, waiting for each answer, so its cycles per token are "
+               "higher:\n\n" + md_table(DECODE_HEAD, drows))
     else:
         md += ("\n\nNo RTL decodes of the LM in `build/measured/` (`elmoe3d decode --rtl "
                "--mode sd --tokens 8 --json build/measured/decode_rtl_sd8.json` writes one).")
