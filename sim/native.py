@@ -394,8 +394,9 @@ def replay(cfg, plan, image, *, exe: Path | None = None, options: NativeOptions 
     if len(got_rsp) != total:
         note("response", (min(len(got_rsp), total),
                           f"{len(got_rsp)} of {total} responses by cycle {r.cycles}"), responses)
-    note("trace", ts.trace_mismatch(plan.events, [e for _, e in events],
-                                    [c for c, _ in events]), events)
+    got_ev, ev_cyc = [e for _, e in events], [c for c, _ in events]
+    note("trace", ts.trace_mismatch(plan.events, got_ev, ev_cyc),
+         [(c, None) for c in ts.canonical_cycles(got_ev, ev_cyc)])
     note("counter", ts.counter_mismatch(plan.counters, counters), [])
     note("output", ts.output_mismatch(plan.want_y, [o for _, o in outputs]), outputs)
     st = r.state

@@ -40,7 +40,7 @@ __all__ = ["random_layers", "lpddr_image", "plant_dense", "host_script", "golden
            "Plan", "random_plan", "trace_plan", "HostScript", "host_commands",
            "response_mismatch", "counters_of", "counter_mismatch", "output_mismatch",
            "tile_answer_mismatch", "fault_mismatch", "state_mismatch", "trace_mismatch",
-           "round_tokens"]
+           "canonical_cycles", "round_tokens"]
 
 
 def random_layers(cfg, np_rng, *, stress=False) -> list:
@@ -372,9 +372,15 @@ def trace_mismatch(expected, got, cycles=None):
     a, b = gesd.canonical(expected), gesd.canonical(got)
     i = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     if cycles is not None and i < len(b):
-        at = {id(e): c for e, c in zip(got, cycles)}
-        msg += f"\n  (the tile sent event {i} in cycle {at.get(id(b[i]), '?')})"
+        msg += f"\n  (the tile sent event {i} in cycle {canonical_cycles(got, cycles)[i]})"
     return i, msg
+
+
+def canonical_cycles(got, cycles) -> list:
+    """The cycles of ``got`` (:class:`~elmoe3d.golden.esd.Event` s, one cycle
+    each) in the canonical order of :func:`elmoe3d.golden.esd.canonical`."""
+    at = {id(e): c for e, c in zip(got, cycles)}
+    return [at[id(e)] for e in gesd.canonical(got)]
 
 
 def round_tokens(script, batch: int) -> list:
