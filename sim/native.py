@@ -185,8 +185,10 @@ class NativeOptions:
     probabilities of a pause cycle on AR / R; ``rsp_bp`` / ``trace_bp``
     back-pressure probabilities on ``host_rsp`` / ``trace``; ``cmd_idle`` idle
     probability on ``host_cmd``; ``seed`` of the driver's generator;
-    ``max_cycles`` a limit; ``tail`` cycles run on after the last expected
-    response (late or extra responses and events show)."""
+    ``max_cycles`` a limit; ``stall_limit`` cycles in which nothing moves
+    (no command taken, no response, event or LPDDR transfer) end the run as
+    stuck; ``tail`` cycles run on after the last expected response (late or
+    extra responses and events show)."""
     latency: int = 1
     depth: int = 16
     ar_pause: float = 0.0
@@ -196,6 +198,7 @@ class NativeOptions:
     cmd_idle: float = 0.0
     seed: int = 1
     max_cycles: int = 1 << 40
+    stall_limit: int = 1_000_000
     tail: int = 50
 
 
@@ -257,7 +260,8 @@ def run(exe: Path, cfg, commands, image, *, expect_rsp: int, faults=None,
                       ar_pause=o.ar_pause, r_pause=o.r_pause, rsp_bp=o.rsp_bp,
                       trace_bp=o.trace_bp, cmd_idle=o.cmd_idle, seed=o.seed,
                       faults=_faults_arg(faults), expect_rsp=expect_rsp,
-                      expect_trace=expect_events, max_cycles=o.max_cycles, tail=o.tail,
+                      expect_trace=expect_events, max_cycles=o.max_cycles,
+                      stall_limit=o.stall_limit, tail=o.tail,
                       out_file=d / "out.bin", progress_every=(1 << 17) if progress else 0)
         (d / "params.txt").write_text("".join(f"{k} {v}\n" for k, v in params.items()))
         p = subprocess.Popen([str(exe), str(d / "params.txt")], stdout=subprocess.PIPE,
@@ -406,6 +410,8 @@ def replay(cfg, plan, image, *, exe: Path | None = None, options: NativeOptions 
         note("stream rules", (0, f"{r.rule_violations} stream-rule violations on the outputs"),
              [])
     if not r.complete:
-        note("timeout", (0, f"not all responses by cycle {r.cycles} (the limit)"), [])
+        stall = (options or NativeOptions()).stall_limit
+        note("timeout", (0, f"not all responses by cycle {r.cycles} (the cycle limit, or "
+                            f"nothing moved for {stall:,} cycles)"), [])
     first = min(diffs, key=lambda d: d["cycle"]) if diffs else None
     return Replay(not diffs, first, diffs, r, hs, responses, outputs, tile_rsp, events, counters)

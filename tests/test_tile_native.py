@@ -155,6 +155,23 @@ def test_native_catches_wrong_lpddr_word(exe, word):
     assert "outputs differ" in rep.first["message"]
 
 
+def test_native_stuck_tile_ends(exe):
+    """A run that waits for a response the tile never sends ends after
+    ``stall_limit`` cycles in which nothing moved, as incomplete (a replay
+    reports it as a ``timeout`` difference)."""
+    from amaranth.lib import data
+
+    from elmoe3d.hw.tile import tile_command
+    from elmoe3d.sim.payload import pack
+    plan, mem = _random(rounds=("AR",))
+    hs = ts.host_commands(TINY, plan)
+    cmds = [pack(data.Layout.cast(tile_command(TINY)), c) for c in hs.commands]
+    r = native.run(exe, TINY, cmds, mem, expect_rsp=hs.responses + 1,
+                   options=native.NativeOptions(stall_limit=500))
+    last = max(c for c, _ in r.rsp + r.trace)
+    assert not r.complete and len(r.rsp) == hs.responses and last + 500 < r.cycles <= last + 502
+
+
 def test_native_lpddr_bandwidth(exe):
     """`Config.lpddr_bytes_per_cycle` meters the native LPDDR model: at 1
     byte per cycle (a quarter of the 4-byte beat at `tiny`) the same decode

@@ -10,7 +10,8 @@
 // command in order (random idle cycles from the seed), takes every host_rsp
 // and trace transfer (random back-pressure from the seed), serves the AXI4
 // read port with the LPDDR model of lpddr.h, and stops `tail` cycles after
-// the expect_rsp-th response (or at max_cycles). It only moves bit vectors:
+// the expect_rsp-th response (or at max_cycles, or after stall_limit cycles
+// in which nothing moved). It only moves bit vectors:
 // what a payload means is Python's business (the Amaranth layouts).
 //
 // Output (out_file, little-endian): a header of u64 values (see write_out),
@@ -234,6 +235,9 @@ int main(int argc, char** argv) {
     const double cmd_idle = P.f("cmd_idle", 0.0);
     const uint64_t expect = P.u("expect_rsp", 0), max_cycles = P.u("max_cycles", 1ull << 40);
     const uint64_t tail = P.u("tail", 50), progress = P.u("progress_every", 0);
+    // a tile that stops moving (no command taken, no response, event or
+    // LPDDR transfer) for this many cycles is stuck: the run ends there
+    const uint64_t stall_limit = P.u("stall_limit", 1000000);
     elmoe::SplitMix rng(P.u("seed", 1));
     elmoe::Lpddr mem(lp, image, rng, parse_faults(P.kv.count("faults") ? P.str("faults") : ""));
 
@@ -265,7 +269,7 @@ int main(int argc, char** argv) {
 
     // -- the cycle loop -------------------------------------------------------------------
     const double t0 = cpu_seconds();
-    uint64_t cyc = 0, next = 0, after = 0;
+    uint64_t cyc = 0, next = 0, after = 0, moved = 0, seen = 0;
     bool item = false, fired = false, complete = false;
     while (cyc < max_cycles) {
         top->clk = 1;
@@ -301,6 +305,13 @@ int main(int argc, char** argv) {
         trace.sample(cyc);
         mem.sample(cyc, top->m_axi_arvalid, scalar(top->m_axi_araddr), top->m_axi_arlen,
                    top->m_axi_arid, top->m_axi_rready);
+        const uint64_t now = next + rsp.count + trace.count + mem.beats + mem.bursts;
+        if (now != seen) {
+            seen = now;
+            moved = cyc;
+        } else if (cyc - moved > stall_limit) {
+            break;
+        }
         if (rsp.count >= expect) {
             if (++after > tail) {
                 complete = true;
