@@ -104,11 +104,17 @@ class Config:
         ``T``: tokens per pass of the batched MoE datapath (each expert's
         weights are streamed once per pass).
     axi_data_bits, axi_addr_bits, axi_id_bits : int
-        AXI4 widths of the external-memory port. The data width is adjusted
-        so one beat carries whole slice vectors for one row of banks
-        (:attr:`axi_beat_bits`).
+        AXI4 widths of the external-memory port. The data width must carry
+        at least one slice vector; it is halved until its slice vectors per
+        beat divide the bank count (:attr:`axi_beat_bits`).
     axi_max_burst, axi_outstanding : int
         Longest INCR burst (beats) and bursts in flight.
+    lpddr_bytes_per_cycle : int or None
+        LPDDR read bandwidth in bytes per tile clock cycle, which the memory
+        models of the testbenches and the native harness enforce and the
+        system model reads (:attr:`lpddr_rate`); ``None`` (default) means
+        one AXI beat per cycle (``axi_beat_bits / 8``), the most the port
+        carries. Not an RTL parameter: the Verilog does not depend on it.
     lpddr_base : int
         Byte address of the LPDDR window (4 KiB aligned); the window is
         :attr:`lpddr_bytes` long and holds the expert image and the dense
@@ -153,6 +159,7 @@ class Config:
     axi_id_bits: int = 4
     axi_max_burst: int = 16
     axi_outstanding: int = 16
+    lpddr_bytes_per_cycle: int | None = None
     lpddr_base: int = 0
     fill_depth: int = 8
     hot_bits: int = 8
@@ -196,6 +203,8 @@ class Config:
         check_int("AXI ID width", self.axi_id_bits, 1, 16)
         check_int("AXI maximum burst length", self.axi_max_burst, 1, 256)
         check_int("AXI outstanding bursts", self.axi_outstanding, 1, 64)
+        if self.lpddr_bytes_per_cycle is not None:
+            check_int("LPDDR bytes per cycle", self.lpddr_bytes_per_cycle, 1)
         check_int("LPDDR base address", self.lpddr_base, 0)
         if self.lpddr_base % 4096:
             raise ValueError(f"LPDDR base address must be 4 KiB aligned, not {self.lpddr_base:#x}")
@@ -238,8 +247,17 @@ class Config:
         if self.slice_vector_bits < 8 or self.slice_vector_bits & (self.slice_vector_bits - 1):
             raise ValueError(f"A slice vector (lanes x slice bits = {self.slice_vector_bits}) "
                              f"must be a power of two of at least 8 bits")
+        if self.axi_data_bits < self.slice_vector_bits:
+            raise ValueError(f"AXI data width {self.axi_data_bits!r} is narrower than one "
+                             f"{self.slice_vector_bits}-bit slice vector (lanes {L} x slice "
+                             f"bits {self.slice_bits}); it must be at least "
+                             f"{self.slice_vector_bits}")
         # AXI beat: the adjusted width must be representable (raises itself)
-        self.axi_beat_bits  # noqa: B018
+        beat = self.axi_beat_bits // 8
+        if self.lpddr_bytes_per_cycle is not None and self.lpddr_bytes_per_cycle > beat:
+            raise ValueError(f"LPDDR bytes per cycle {self.lpddr_bytes_per_cycle!r} exceeds one "
+                             f"{self.axi_beat_bits}-bit AXI beat ({beat} bytes), the most the "
+                             f"port carries per cycle")
         need = self.dense_words + self.tag_slots * self.slot_words
         if need > self.hb_words:
             raise ValueError(
@@ -320,10 +338,10 @@ class Config:
     def axi_beat_bits(self) -> int:
         """AXI data width actually used: ``axi_data_bits`` adjusted so one beat
         carries ``fill_words`` whole slice vectors with ``fill_words``
-        dividing the bank count (halved until it does; raised to one slice
-        vector when narrower)."""
+        dividing the bank count (halved until it does; a width narrower
+        than one slice vector is refused on construction)."""
         sv = self.slice_vector_bits
-        d = max(self.axi_data_bits, sv)
+        d = self.axi_data_bits
         if d % sv:
             raise ValueError(f"AXI data width {self.axi_data_bits!r} cannot carry whole "
                              f"{sv}-bit slice vectors")
@@ -331,6 +349,14 @@ class Config:
         while w > 1 and self.pes % w:
             w //= 2
         return w * sv
+
+    @property
+    def lpddr_rate(self) -> int:
+        """LPDDR read bandwidth in bytes per cycle: :attr:`lpddr_bytes_per_cycle`,
+        or one beat of :attr:`axi_beat_bits` per cycle when that is ``None``
+        (never more: the port carries one beat per cycle)."""
+        beat = self.axi_beat_bits // 8
+        return beat if self.lpddr_bytes_per_cycle is None else self.lpddr_bytes_per_cycle
 
     @property
     def fill_words(self) -> int:
@@ -361,7 +387,13 @@ class Config:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The fields as a dict (``Config(**d)`` rebuilds it). ``lpddr_bytes_per_cycle``
+        is left out at its default ``None``: it is no RTL parameter, so the
+        build keys and records of configurations without it stay as they were."""
+        d = dataclasses.asdict(self)
+        if d["lpddr_bytes_per_cycle"] is None:
+            del d["lpddr_bytes_per_cycle"]
+        return d
 
     def geometry(self) -> dict:
         """The derived sizes, for reports and documentation."""
@@ -371,6 +403,7 @@ class Config:
                 "kv_max_words": self.kv_max_words,
                 "free_words": self.hb_words - self.dense_words - self.tag_slots * self.slot_words,
                 "axi_beat_bits": self.axi_beat_bits, "fill_words": self.fill_words,
+                "lpddr_bytes_per_cycle": self.lpddr_rate,
                 "expert_bytes": self.expert_bytes, "lpddr_bytes": self.lpddr_bytes}
 
 

@@ -302,7 +302,13 @@ def decode(weights, meta, intmoe: IntMoE, prompts, n_tokens: int, *, mode="auto"
     tile = tile or GoldenTile(cfg, intmoe)
     ctl = getattr(tile, "ctl", None)
     model = IntMoEModel(weights, meta, intmoe)
-    cap = max(len(p) for p in prompts) + n_tokens + cfg.draft_len_max + 2
+    # KV cache per request: the requests of a batch drift apart. A round adds
+    # one token to every request and up to K + 1 (every draft accepted) to
+    # some; the decode runs until the slowest has n_tokens, which takes at
+    # most n_tokens - 1 rounds, so a request may end up to K * (n_tokens - 1)
+    # tokens ahead; a verify step feeds K + 1 more before the rollback.
+    K = cfg.draft_len_max
+    cap = max(len(p) for p in prompts) + (n_tokens - 1) * (K + 1) + K + 2
     caches = [model.new_cache(1, cap) for _ in range(B)]
     out = [[] for _ in range(B)]
     rounds = []

@@ -39,12 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["SIMULATORS", "simulate", "simulator_available", "verilator_bin_dir",
-           "write_verilog", "SimResult", "SimulationFailed", "build_root", "testcase_verdicts"]
+           "write_verilog", "verilog_text", "SimResult", "SimulationFailed", "build_root",
+           "testcase_verdicts", "VERILATOR_ARGS", "PCH_FIX", "ccache_path", "build_env",
+           "prepare_env", "locked"]
 
 SIMULATORS = ("verilator", "icarus")
 TIMESCALE = ("1ns", "1ps")
 _PKG_ROOT = Path(__file__).resolve().parent.parent     # repo root (editable) or site-packages/elmoe3d
-_VERILATOR_ARGS = ["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-Wno-UNUSEDSIGNAL",
+VERILATOR_ARGS = ["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-Wno-UNUSEDSIGNAL",
                    "-Wno-UNOPTFLAT", "-Wno-CASEINCOMPLETE", "-O2"]
 
 
@@ -146,7 +148,7 @@ def write_verilog(component, top: str, path: Path, header: str = "") -> Path:
 # once Verilator splits a design into several C++ files the precompiled-header
 # include loses its "-include" and the C++ build fails ("Vtop__pch.h.fast:
 # linker input file not found"). A make variable in MAKEFLAGS restores it.
-_PCH_FIX = "CFG_CXXFLAGS_PCH_I=-include"
+PCH_FIX = "CFG_CXXFLAGS_PCH_I=-include"
 
 
 def ccache_path() -> str | None:
@@ -166,13 +168,13 @@ def ccache_path() -> str | None:
 
 
 @contextlib.contextmanager
-def _build_env(simulator: str, make_vars=()):
+def build_env(simulator: str, make_vars=()):
     saved = os.environ.get("MAKEFLAGS")
     set_base = False
     flags = [] if saved is None else [saved]
     if simulator == "verilator":
-        if _PCH_FIX not in (saved or ""):
-            flags.append(_PCH_FIX)
+        if PCH_FIX not in (saved or ""):
+            flags.append(PCH_FIX)
         flags += list(make_vars)
         cc = ccache_path()
         if cc and "OBJCACHE=" not in (saved or ""):
@@ -198,7 +200,7 @@ def _build_env(simulator: str, make_vars=()):
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
+def locked(path: Path):
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -208,7 +210,7 @@ def _locked(path: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _prepare_env(simulator: str):
+def prepare_env(simulator: str):
     if simulator == "verilator":
         vbin = str(verilator_bin_dir())
         path = os.environ.get("PATH", "")
@@ -284,8 +286,8 @@ def simulate(factory, *, block: str, params: dict, test_module: str, top: str | 
         waves = os.environ.get("WAVES", "0") not in ("", "0")
     if seed is None:
         seed = int(os.environ.get("COCOTB_RANDOM_SEED", int(time.time() * 1000) % (1 << 31)))
-    _prepare_env(simulator)
-    vargs = _VERILATOR_ARGS + list(extra_build_args or [])
+    prepare_env(simulator)
+    vargs = VERILATOR_ARGS + list(extra_build_args or [])
 
     text = verilog_text(factory(**params), top)
     if simulator == "icarus" and icarus_always_comb:
@@ -302,7 +304,7 @@ def simulate(factory, *, block: str, params: dict, test_module: str, top: str | 
                     build_args=vargs if simulator == "verilator" else [],
                     timescale=TIMESCALE, waves=bool(waves), always=True,
                     log_file=build_dir / "build.log")
-    with _locked(build_dir.parent / f".{build_dir.name}.lock"):
+    with locked(build_dir.parent / f".{build_dir.name}.lock"):
         stamp = build_dir / "elmoe3d.stamp"
         vfile = build_dir / f"{top}.v"
         if stamp.exists() and stamp.read_text() == key:
@@ -319,7 +321,7 @@ def simulate(factory, *, block: str, params: dict, test_module: str, top: str | 
                 stamp.unlink()
             vfile.parent.mkdir(parents=True, exist_ok=True)
             vfile.write_text(text)
-            with _build_env(simulator, mvars):
+            with build_env(simulator, mvars):
                 runner.build(sources=[vfile], **build_kw)
             stamp.write_text(key)
 

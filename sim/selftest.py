@@ -281,7 +281,7 @@ def pe_vectors(dut, *, dots: int = 12, seed: int = 1) -> dict:
     """Golden vectors for the bit-slice PE family: FULL and DRAFT dot
     products of random INT8 activations and weights (one to three chunks)."""
     from ..golden import bitslice as gbs
-    from ..tb.common import pack
+    from .payload import pack
     rng = np.random.default_rng(seed)
     L, s = dut.lanes, dut.slice_bits
     n = gbs.n_planes(s)

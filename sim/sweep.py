@@ -16,8 +16,8 @@ import itertools
 import json
 from pathlib import Path
 
-__all__ = ["parse_sets", "points", "check_points", "run_point", "run_sweep", "pareto",
-           "write_outputs"]
+__all__ = ["parse_sets", "points", "check_points", "run_point", "run_sweep", "run_tasks",
+           "text_bar", "pareto", "write_outputs"]
 
 
 def parse_sets(items: list[str], flag: str = "--set") -> dict[str, list[int]]:
@@ -117,6 +117,27 @@ def run_sweep(pts: list[dict], *, preset_name: str, workroot: Path, fmax: bool =
     from ..report import Progress
     if progress is True:
         progress = Progress()
+    root = str(Path(workroot).resolve())
+    keys = [f"sweep-{i}-{p['block']}-" + "-".join(f"{k}{v}" for k, v in p["overrides"].items())
+            for i, p in enumerate(pts)]
+
+    def step(done, total):
+        if done == 0:
+            progress.expect(total)
+        else:
+            progress(f"sweep point {done} of {total} done")
+    return run_tasks(run_point, [(p, preset_name, root, fmax, seeds) for p in pts], keys=keys,
+                     scheduler=scheduler, n_workers=n_workers,
+                     progress=step if progress else None)
+
+
+def run_tasks(fn, args: list[tuple], *, keys=None, scheduler: str | None = None,
+              n_workers: int = 2, progress=None) -> list:
+    """``fn(*a)`` for every ``a`` in ``args``, each an independent Dask task:
+    on the cluster at ``scheduler`` (``tcp://host:8786``), or on an embedded
+    ``LocalCluster`` of ``n_workers`` processes (one thread each). Results in
+    the order of ``args``; ``progress(done, total)`` before the first and
+    after each task ends. The sweep and ``elmoe3d tile-run`` share it."""
     from distributed import Client, LocalCluster, as_completed
     cluster = None
     if scheduler:
@@ -126,21 +147,37 @@ def run_sweep(pts: list[dict], *, preset_name: str, workroot: Path, fmax: bool =
                                dashboard_address=None)
         client = Client(cluster)
     try:
-        futs = [client.submit(run_point, p, preset_name, str(Path(workroot).resolve()), fmax,
-                              seeds, key=f"sweep-{i}-{p['block']}-"
-                              + "-".join(f"{k}{v}" for k, v in p["overrides"].items()),
-                              pure=False)
-                for i, p in enumerate(pts)]
+        futs = [client.submit(fn, *a, key=None if keys is None else keys[i], pure=False)
+                for i, a in enumerate(args)]
         if progress:
-            progress.expect(len(futs))
-        for fut in as_completed(futs):
+            progress(0, len(futs))
+        for n, _ in enumerate(as_completed(futs), 1):
             if progress:
-                progress(f"sweep point {fut.key} done")
+                progress(n, len(futs))
         return client.gather(futs)
     finally:
         client.close()
         if cluster is not None:
             cluster.close()
+
+
+def text_bar(label: str, stream=None):
+    """A progress bar on stderr: ``bar(done, total)`` redraws it, a newline
+    when done reaches total."""
+    import sys
+    import time
+    t0 = time.monotonic()
+
+    def bar(done, total):
+        out = stream or sys.stderr
+        w = 30
+        f = done / total if total else 1.0
+        out.write(f"\r{label} [{'#' * int(w * f):<{w}}] {done}/{total} "
+                  f"{time.monotonic() - t0:7.1f}s")
+        if done >= total:
+            out.write("\n")
+        out.flush()
+    return bar
 
 
 def pareto(results: list[dict], x: str = "cells", y: str = "draft_gmacs_per_s") -> list[dict]:

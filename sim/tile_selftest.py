@@ -25,7 +25,7 @@ elaboration (:func:`tile_scenario`): the golden Elastic-SD controller
 (:class:`~elmoe3d.golden.esd.EsdController`) and the golden batched MoE layer
 (:func:`~elmoe3d.golden.moe_batched.batched_forward`), through the same
 host script the tile's cocotb bench uses
-(:func:`elmoe3d.tb.test_esd_dp_join.golden_script`). The verdict is the PE
+(:func:`elmoe3d.sim.tile_script.golden_script`). The verdict is the PE
 self-test's (:class:`~elmoe3d.sim.selftest.Verdict`): PASS / FAIL LEDs and
 one UART line, ``ELMOE3D tile PASS n=<beats checked>`` or ``... FAIL
 bad=<mismatched beats>``; a timeout is a FAIL.
@@ -33,7 +33,6 @@ bad=<mismatched beats>``; a timeout is a FAIL.
 
 from __future__ import annotations
 
-import types
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -215,7 +214,7 @@ def tile_scenario(cfg: Config, *, rounds=SCENARIO_ROUNDS, batch: int = 2,
                   seed: int = 1) -> TileScenario:
     """The golden self-test of ``cfg``: random golden layers (seeded), the
     LPDDR image, and the host script of
-    :func:`elmoe3d.tb.test_esd_dp_join.golden_script` (``rounds``, Elastic-SD
+    :func:`elmoe3d.sim.tile_script.golden_script` (``rounds``, Elastic-SD
     or AR forced, at ``batch``), framed as the tile's commands: LOAD_DENSE
     first, each STEP followed by its TOKEN vectors, then a COUNTER for each
     counter the golden controller keeps. Expected: LOAD_DENSE answered OK
@@ -224,23 +223,16 @@ def tile_scenario(cfg: Config, *, rounds=SCENARIO_ROUNDS, batch: int = 2,
     golden control events (count and word sum)."""
     from ..golden import esd as gesd
     from ..golden import layout as gl
-    from ..golden import moe_layer as gm
     from ..hw.esd_ctrl import COUNTERS, HostOp
     from ..hw.tile import TileError, TileOp, TileRspKind, tile_command, tile_response
     from ..hw.vocab import vocab
-    from ..tb.common import pack
-    from ..tb.test_esd_dp_join import golden_script
-    from ..tb.test_tile_top import lpddr_image
+    from .payload import pack
+    from .tile_script import golden_script, lpddr_image, random_layers
 
     np_rng = np.random.default_rng(seed)
-    layers = [gm.make_layer(np_rng, hidden=cfg.hidden, ffn=cfg.ffn, experts=cfg.experts,
-                            top_k=cfg.top_k, shared=cfg.shared_experts,
-                            slice_bits=cfg.slice_bits, draft_keep=cfg.hb_planes_eff,
-                            calib_tokens=32)
-              for _ in range(cfg.layers)]
+    layers = random_layers(cfg, np_rng)
     dense = gl.dense_image(cfg, layers)
-    cmds, vecs, want_rsp, want_y, ctl = golden_script(
-        cfg, types.SimpleNamespace(layers=layers), list(rounds), batch, np_rng)
+    cmds, vecs, want_rsp, want_y, ctl = golden_script(cfg, layers, list(rounds), batch, np_rng)
     counters = [(i, name) for i, name in enumerate(COUNTERS) if name in ctl.counters]
 
     cmd_t, rsp_t = data.Layout.cast(tile_command(cfg)), data.Layout.cast(tile_response(cfg))

@@ -5,8 +5,9 @@ clock/reset helper, and the knobs every testbench reads from the environment.
 Ports: Amaranth flattens a ``wiring`` stream member ``i`` into ``i__valid``,
 ``i__ready`` and one ``i__payload`` vector whose bits follow the payload's
 ``data`` layout (first field in the low bits, array element 0 lowest).
-:func:`pack` / :func:`unpack` walk that same layout object, so the testbench
-can never disagree with the RTL about a bit position.
+:func:`pack` / :func:`unpack` (:mod:`elmoe3d.sim.payload`, re-exported here)
+walk that same layout object, so the testbench can never disagree with the
+RTL about a bit position.
 """
 
 from __future__ import annotations
@@ -17,77 +18,13 @@ import os
 import random
 
 import cocotb
-from amaranth.hdl import Shape
-from amaranth.lib import data
-from amaranth.lib import enum as aenum
 from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge
 
+from ..sim.payload import pack, unpack
+
 __all__ = ["pack", "unpack", "params", "knob", "rng", "golden_mutation", "StreamSource",
            "StreamSink", "start_clock_and_reset", "CycleCounter"]
-
-
-def _shape_of(layout):
-    if isinstance(layout, data.Layout):
-        return layout
-    if isinstance(layout, type) and issubclass(layout, data.View):   # a named data.Struct
-        return data.Layout.cast(layout)
-    if isinstance(layout, type) and issubclass(layout, aenum.Enum):
-        return Shape.cast(layout)
-    return Shape.cast(layout)
-
-
-def pack(layout, value) -> int:
-    """Pack a Python value (dicts for structs, lists for arrays, ints) into an
-    unsigned integer following an Amaranth layout/shape."""
-    layout = _shape_of(layout)
-    if isinstance(layout, data.ArrayLayout):
-        elem = layout.elem_shape
-        width = Shape.cast(elem).width if not isinstance(elem, data.Layout) else elem.size
-        if len(value) != layout.length:
-            raise ValueError(f"array needs {layout.length} elements, got {len(value)}")
-        out = 0
-        for i, v in enumerate(value):
-            out |= pack(elem, v) << (i * width)
-        return out
-    if isinstance(layout, data.StructLayout):
-        out = 0
-        for name, field in layout:
-            if name not in value:
-                raise KeyError(f"payload field {name!r} missing")
-            out |= pack(field.shape, value[name]) << field.offset
-        extra = set(value) - {name for name, _ in layout}
-        if extra:
-            raise KeyError(f"unknown payload fields {sorted(extra)}")
-        return out
-    width = layout.width
-    v = int(value)
-    lo = -(1 << (width - 1)) if layout.signed else 0
-    hi = (1 << (width - 1)) - 1 if layout.signed else (1 << width) - 1
-    if not lo <= v <= hi:
-        raise ValueError(f"value {v} does not fit {layout}")
-    return v & ((1 << width) - 1)
-
-
-def unpack(layout, raw: int):
-    """Inverse of :func:`pack`."""
-    layout = _shape_of(layout)
-    if isinstance(layout, data.ArrayLayout):
-        elem = layout.elem_shape
-        width = Shape.cast(elem).width if not isinstance(elem, data.Layout) else elem.size
-        mask = (1 << width) - 1
-        return [unpack(elem, (raw >> (i * width)) & mask) for i in range(layout.length)]
-    if isinstance(layout, data.StructLayout):
-        out = {}
-        for name, field in layout:
-            w = field.width
-            out[name] = unpack(field.shape, (raw >> field.offset) & ((1 << w) - 1))
-        return out
-    width = layout.width
-    raw &= (1 << width) - 1
-    if layout.signed and raw >> (width - 1):
-        raw -= 1 << width
-    return raw
 
 
 def params() -> dict:

@@ -57,8 +57,10 @@ from elmoe3d.config import Config
 from elmoe3d.golden import esd as gesd
 from elmoe3d.golden import layout as gl
 from elmoe3d.golden import moe_batched as gb
-from elmoe3d.hw.esd_ctrl import COUNTERS, HostOp, TagOp, esd_ports
+from elmoe3d.hw.esd_ctrl import COUNTERS, TagOp, esd_ports
 from elmoe3d.hw.esd_feed import ROLE_OF_PHASE as _ROLE_OF
+from elmoe3d.sim.tile_script import (counter_mismatch, counters_of, host_script,  # noqa: F401
+                                     response_mismatch)
 from elmoe3d.tb.common import pack, params, rng, start_clock_and_reset, unpack
 
 
@@ -205,50 +207,15 @@ class Snk:
             self.held = raw
 
 
-def host_script(case):
-    """The host commands of a case's script in order, each with the response
-    the golden expects (``None`` for the counter readouts at the end: their
-    values are compared with the golden counters)."""
-    out = []
-    for e in case["script"]:
-        op = e["op"]
-        if "refused" in e:                          # a command the controller must refuse
-            code = getattr(HostOp, op)
-            out.append((dict(op=code, phase=e.get("phase", 0), step=e.get("step", 0),
-                             layer=e.get("layer", 0),
-                             value=e.get("value", 0) | e.get("force", 0) << 8 if op == "ROUND"
-                             else e.get("value", 0)),
-                        dict(op=code, error=e["refused"])))
-        elif op == "ROUND":
-            out.append((dict(op=HostOp.ROUND, phase=0, step=0, layer=0,
-                             value=e["value"] | e.get("force", 0) << 8),
-                        dict(op=HostOp.ROUND, error=0, mode=e["mode"], k=e["k"])))
-        elif op == "STEP":
-            out.append((dict(op=HostOp.STEP, phase=e["phase"], step=e["step"],
-                             layer=e["layer"], value=0),
-                        dict(op=HostOp.STEP, error=0, value=e["error"])))
-        elif op == "ACCEPT":
-            out.append((dict(op=HostOp.ACCEPT, phase=0, step=0, layer=0, value=e["value"]),
-                        dict(op=HostOp.ACCEPT, error=0)))
-        elif op == "CONTEXT":
-            out.append((dict(op=HostOp.CONTEXT, phase=0, step=0, layer=0, value=e["value"]),
-                        dict(op=HostOp.CONTEXT, error=e.get("error", 0))))
-    for i in range(len(COUNTERS)):
-        out.append((dict(op=HostOp.COUNTER, phase=0, step=0, layer=0, value=i), None))
-    return out
-
-
 def check_results(case, expected, responses, events, sinks, cycles):
     """The end-of-case checks shared by the benches: every host response, the
     trace (canonical order) and the counters equal the golden's, no stream
     rule broken; coverage written. Returns the case's result record."""
     total = len(expected) + len(COUNTERS)
-    for i, (want, got) in enumerate(zip(expected, responses)):
-        for k, v in want.items():
-            assert got[k] == v, (f"response {i} ({case['script'][i]}): {k} {got[k]} != {v}; "
-                                 f"got {got}")
+    bad = response_mismatch(case, expected, responses)
+    assert bad is None, bad[1]
     assert len(responses) == total, f"{len(responses)} of {total} responses by cycle {cycles}"
-    counters = {name: responses[len(expected) + i]["value"] for i, name in enumerate(COUNTERS)}
+    counters = counters_of(expected, responses)
     for p in events:
         _cover_event(p)
     for rr in responses:
@@ -261,9 +228,8 @@ def check_results(case, expected, responses, events, sinks, cycles):
     viol = sum(x.violations for x in sinks)
     assert viol == 0, f"{viol} stream-rule violations on the outputs"
     assert msg is None, msg
-    for k, v in case["counters"].items():
-        if k in counters:
-            assert counters[k] == v, f"counter {k}: RTL {counters[k]} != golden {v}"
+    bad = counter_mismatch(case["counters"], counters)
+    assert bad is None, bad[1]
     return dict(cycles=cycles, counters=counters, events=len(evs), rule_violations=viol,
                 name=case.get("name"))
 

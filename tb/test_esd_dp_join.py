@@ -48,16 +48,12 @@ from cocotb.triggers import ReadOnly, RisingEdge
 from ..config import Config
 from ..golden import esd as gesd
 from ..golden import layout as gl
-from ..golden import moe_batched as gb
-from ..golden import moe_layer as gm
 from ..hw.esd_ctrl import HostOp, esd_ports
-from ..hw.esd_feed import ROLE_OF_PHASE, host_token
+from ..hw.esd_feed import host_token
+from ..sim import tile_script
 from .common import golden_mutation, params, start_clock_and_reset
 from .test_esd_ctrl import Snk, Src
 from .test_moe_layer import MoETB
-
-PH = gesd.Phase
-
 
 class _QueueSrc(Src):
     """An input stream fed from a deque of ``(due cycle, packed payload)``
@@ -85,64 +81,11 @@ def _plain(d):
 
 
 def golden_script(cfg, env, rounds, batch, np_rng, faults=None):
-    """The host script and the golden: commands, token vectors per STEP,
-    expected responses, outputs and the control sequence. ``faults`` (the
-    golden's rule: ordinal of an LPDDR expert read -> ``ExtError``) spoil
-    steps: such a step answers ``value`` 1 and is repeated (same vectors);
-    its outputs in a pass with an ``EXT_ERROR`` event are ``(None, last)``
-    (the datapath flags them ``error``; every other pass is exact)."""
-    ctl = gesd.EsdController(cfg, faults=faults,
-                             mutant=os.environ.get("ELMOE_JOIN_MUTANT") or None)
-    E, T = cfg.experts, cfg.batch_tokens
-    cmds, vecs, want_rsp, want_y = [], [], [], []
-
-    def step(phase, j, layer):
-        lay = env.layers[layer]
-        n = ctl.tokens_of(phase)
-        xs = gm.random_tokens(np_rng, lay, n)
-        roles = [ROLE_OF_PHASE[phase]] * n
-        box = {}
-
-        def route(mask):
-            m = np.ones((n, E), bool) if mask is None else np.array(
-                [[(mask >> e) & 1 for e in range(E)]] * n, bool)
-            box["masks"] = m
-            return gb.route_pass(lay, xs, roles, m)[1]
-
-        while True:
-            before = len(ctl.events)
-            res = ctl.layer_step(phase, j, layer, route)
-            bad = {ev.pass_no for ev in ctl.events[before:] if ev.kind == gesd.EventKind.EXT_ERROR}
-            assert bool(bad) == bool(res.error)
-            y = gb.batched_forward(lay, xs, roles, box["masks"], batch_tokens=T).y
-            cmds.append(dict(op=HostOp.STEP, phase=int(phase), step=j, layer=layer, value=0))
-            want_rsp.append(dict(op=HostOp.STEP, error=0, value=int(res.error)))
-            vecs.extend(xs.tolist())
-            want_y.extend((None if i // T in bad else y[i].tolist(), int(i == n - 1))
-                          for i in range(n))
-            if not res.error:
-                break
-
-    for kind in rounds:
-        force = gesd.Mode.SD if kind == "SD" else gesd.Mode.AR
-        mode, K = ctl.begin_round(batch, force)
-        cmds.append(dict(op=HostOp.ROUND, phase=0, step=0, layer=0,
-                         value=batch | (1 + int(force)) << 8))
-        want_rsp.append(dict(op=HostOp.ROUND, error=0, mode=int(mode), k=K))
-        if mode == gesd.Mode.AR:
-            for layer in range(cfg.layers):
-                step(PH.AR, 0, layer)
-            continue
-        for j in range(K):
-            for layer in range(cfg.layers):
-                step(PH.DRAFT, j, layer)
-        for layer in range(cfg.layers):
-            step(PH.VERIFY, 0, layer)
-        n = int(np_rng.integers(0, batch * K + 1))
-        ctl.accept(n)
-        cmds.append(dict(op=HostOp.ACCEPT, phase=0, step=0, layer=0, value=n))
-        want_rsp.append(dict(op=HostOp.ACCEPT, error=0))
-    return cmds, vecs, want_rsp, want_y, ctl
+    """:func:`elmoe3d.sim.tile_script.golden_script` on the bench's layers
+    (``env.layers``), the golden controller's mutant from
+    ``$ELMOE_JOIN_MUTANT``."""
+    return tile_script.golden_script(cfg, env.layers, rounds, batch, np_rng, faults=faults,
+                                     mutant=os.environ.get("ELMOE_JOIN_MUTANT") or None)
 
 
 @cocotb.test()

@@ -44,6 +44,7 @@ from ..golden import layout as gl
 from ..golden import moe_batched as gb
 from ..golden import moe_layer as gm
 from ..hw.vocab import vocab
+from ..sim.tile_script import random_layers
 from .common import golden_mutation, knob, pack, params, rng, start_clock_and_reset, unpack
 from .coverage import write_coverage
 
@@ -135,11 +136,7 @@ class MoETB:
         self.np_rng = np.random.default_rng(self.rand.getrandbits(32))
         self.T, self.B, self.E, self.n, self.k = (cfg.batch_tokens, cfg.pes, cfg.experts,
                                                   cfg.planes, cfg.hb_planes_eff)
-        self.layers = [gm.make_layer(self.np_rng, hidden=cfg.hidden, ffn=cfg.ffn,
-                                     experts=cfg.experts, top_k=cfg.top_k,
-                                     shared=cfg.shared_experts, slice_bits=cfg.slice_bits,
-                                     draft_keep=self.k, stress=stress, calib_tokens=32)
-                       for _ in range(cfg.layers)]
+        self.layers = random_layers(cfg, self.np_rng, stress=stress)
         self.dense = gl.dense_image(cfg, self.layers)                  # (B, D)
         # residency: which (layer, expert) sits in which slot
         pairs = [(l, e) for l in range(cfg.layers) for e in range(cfg.experts)]

@@ -90,17 +90,32 @@ def lpddr_image(cfg, seed=1):
     return gl.lpddr_image(cfg, ws), {k: gl.hb_slot_image(cfg, *w) for k, w in ws.items()}
 
 
+def _r_pauses(r, pause, meter, beat):
+    """The R channel's pause pattern: random pauses (``pause``), and with a
+    bandwidth limit (``meter`` bytes per cycle, ``Config.lpddr_bytes_per_cycle``)
+    a fixed pattern that lets a beat through in cycle ``c`` only when
+    ``floor((c + 1) * meter / beat) > floor(c * meter / beat)``: never more
+    than ``meter`` bytes per cycle on average, whatever the traffic."""
+    for c in itertools.count():
+        metered = bool(meter) and (c + 1) * meter // beat == c * meter // beat
+        yield bool(pause and r.random() < pause) or metered
+
+
 class FaultyRam:
     """cocotbext-axi ``AxiRamRead`` on the tile's ``m_axi`` port, with pause
-    generators and the golden fault rule (module doc)."""
+    generators, the LPDDR bandwidth of ``cfg`` (an R-channel pause pattern)
+    and the golden fault rule (module doc)."""
 
     def __init__(self, dut, cfg, mem, r, pause, faults, plant=None):
         self.cfg, self.faults, self.plant = cfg, faults, plant
         self.ram = AxiRamRead(AxiReadBus.from_prefix(dut, "m_axi"), dut.clk, None, mem=mem)
         self.ram.log.setLevel(logging.WARNING)      # a log line per burst slows the run
         if pause:
-            for ch in (self.ram.ar_channel, self.ram.r_channel):
-                ch.set_pause_generator(r.random() < pause for _ in itertools.count())
+            self.ram.ar_channel.set_pause_generator(r.random() < pause for _ in itertools.count())
+        meter = cfg.lpddr_bytes_per_cycle
+        if pause or meter:
+            self.ram.r_channel.set_pause_generator(_r_pauses(r, pause, meter,
+                                                             cfg.axi_beat_bits // 8))
         self.lay = gl.lpddr_layout(cfg)
         self.reset()
         recv, send = self.ram.ar_channel.recv, self.ram.r_channel.send

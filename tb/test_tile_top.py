@@ -11,8 +11,10 @@ every expert's :func:`~elmoe3d.golden.layout.expert_image` at
 (:func:`~elmoe3d.golden.layout.dense_image`, row by row, bank fastest) at
 ``lpddr_layout(cfg).dense_base``.
 
+The host script and the checks are :mod:`elmoe3d.sim.tile_script`'s (the
+native harness, :mod:`elmoe3d.sim.native`, sends and checks the same).
 The host: LOAD_DENSE (answer OK), then the decode of
-:func:`elmoe3d.tb.test_esd_dp_join.golden_script` (``$ELMOE_TILE_ROUNDS``,
+:func:`elmoe3d.sim.tile_script.golden_script` (``$ELMOE_TILE_ROUNDS``,
 default ``SD,AR``, batch ``$ELMOE_TILE_BATCH``, default 2): every STEP
 followed by its token vectors (TOKEN); after the first STEP and before its
 vectors a LOAD_DENSE the tile must refuse (BUSY: the step is running) and an
@@ -36,7 +38,12 @@ golden's rule (ordinal of an expert read -> error; the LPDDR model of
 :class:`~elmoe3d.tb.test_tile_mem.FaultyRam` corrupts that read's first
 beat): the spoilt step answers ``value`` 1 and the host repeats it; outputs
 of a spoilt pass must carry ``error``, every other output is exact.
-``$ELMOE_TILE_OUT``: a JSON summary.
+``$ELMOE_TILE_OUT``: a JSON summary. ``$ELMOE_TILE_LPDDR`` = ``model``
+replaces cocotbext-axi by the cycle-level LPDDR model of the native harness
+(:class:`elmoe3d.tb.lpddr.LpddrPort`, latency ``$ELMOE_TILE_LPDDR_LATENCY``),
+so a run here and a native run of the same scenario take the same cycles.
+With ``Config.lpddr_bytes_per_cycle`` set, both LPDDR models meter the R
+channel to that bandwidth.
 
 The ``trace`` test replays golden routing-trace decodes
 (:func:`elmoe3d.golden.esd.run_trace`: synthetic Zipf + reuse or a real
@@ -61,7 +68,6 @@ import collections
 import json
 import os
 import time
-from dataclasses import dataclass, field
 
 import cocotb
 import numpy as np
@@ -73,142 +79,61 @@ from ..golden import esd as gesd
 from ..golden import layout as gl
 from ..golden import moe_batched as gb
 from ..golden.vocab import ExtError
-from ..hw.esd_ctrl import COUNTERS, HostOp
-from ..hw.esd_feed import ROLE_OF_PHASE
-from ..hw.tile import TileError, TileOp, TileRspKind, tile_command, tile_response
+from ..hw.esd_ctrl import HostOp
+from ..hw.tile import TileRspKind, tile_command, tile_response
 from ..hw.vocab import vocab
-from .common import params, start_clock_and_reset
-from .test_esd_ctrl import Snk, Src, check_results, host_script
-from .test_esd_dp_join import golden_script
+from ..sim import tile_script as ts
+from ..sim.tile_script import Plan, lpddr_image, plant_dense, trace_plan  # noqa: F401
+from .common import params, rng, start_clock_and_reset
+from .lpddr import LpddrPort
+from .test_esd_ctrl import Snk, Src, check_results
 from .test_moe_layer import MoETB
 from .test_tile_mem import FaultyRam
 
 
-def lpddr_image(cfg, layers, dense) -> bytearray:
-    """The LPDDR window of ``layers`` (golden layers with ``wg``/``wu``/``wd``)
-    and the dense image (:func:`elmoe3d.golden.layout.lpddr_image`)."""
-    return gl.lpddr_image(cfg, {(li, e): (ly.wg[e], ly.wu[e], ly.wd[e])
-                                for li, ly in enumerate(layers) for e in range(cfg.experts)},
-                          dense)
-
-
-def plant_dense(cfg, mem, which):
-    """Corrupt one word of the dense image in ``mem`` (bank 0's word, bit 14):
-    ``out`` = layer 0's first output requantisation multiplier, ``router`` =
-    layer 0's first router word."""
-    d = gl.dense_layout(cfg)
-    row = (d.params_base(0) + d.record_index["out"] * 32 // cfg.slice_vector_bits
-           if which == "out" else d.router_base(0))
-    a = gl.lpddr_layout(cfg).dense_base + row * cfg.pes * cfg.slice_vector_bits // 8
-    mem[a + 1] ^= 0x40
-
-
-@dataclass
-class Plan:
-    """What the host sends and what it must get back: controller commands
-    (``HostOp`` dicts) with their expected responses, the token vectors of
-    every STEP in order, the expected outputs (``(y or None for a spoilt
-    pass, last)``), the golden events and counters, LPDDR faults by the
-    golden's rule, and whether to probe BUSY / BAD_OP after the first STEP."""
-    cmds: list
-    want_rsp: list
-    vecs: list
-    want_y: list
-    events: list
-    counters: dict
-    faults: dict = field(default_factory=dict)
-    probe: bool = True
-    name: str = ""
-    ext_reads: int | None = None      # the golden's LPDDR expert reads (faults beyond: none)
-
-
 def random_plan(cfg, env, rounds, batch, np_rng, faults) -> Plan:
     """Random token vectors through the bench's golden layers
-    (:func:`elmoe3d.tb.test_esd_dp_join.golden_script`)."""
-    cmds, vecs, want_rsp, want_y, ctl = golden_script(cfg, env, rounds, batch, np_rng,
-                                                      faults=faults)
-    return Plan(cmds, want_rsp, vecs, want_y, ctl.events, ctl.counters, faults, True,
-                f"tile {','.join(rounds)} B{batch}", ctl.ext_reads)
+    (:func:`elmoe3d.sim.tile_script.random_plan`; the golden controller's
+    mutant from ``$ELMOE_JOIN_MUTANT``)."""
+    return ts.random_plan(cfg, env.layers, rounds, batch, np_rng, faults,
+                          mutant=os.environ.get("ELMOE_JOIN_MUTANT") or None)
 
 
-def trace_plan(cfg, layers, case, np_rng) -> Plan:
-    """A golden :func:`elmoe3d.golden.esd.run_trace` decode (``case``: its
-    script, events, counters, faults) replayed on the tile: every STEP's
-    rankings become token vectors of the trace layers
-    (:func:`elmoe3d.golden.moe_batched.trace_tokens`; their router ranks the
-    experts as the trace), whose outputs are the golden batched layer's with
-    the mask the golden controller used; a pass with an ``EXT_ERROR`` event
-    has spoilt outputs."""
-    T = cfg.batch_tokens
-    bad_passes, cur = [], set()
-    for ev in case["events"]:
-        if ev.kind == gesd.EventKind.EXT_ERROR:
-            cur.add(ev.pass_no)
-        elif ev.kind == gesd.EventKind.LAYER_DONE:
-            bad_passes.append(cur)
-            cur = set()
-    pairs = [p for p in host_script(case) if p[1] is not None]      # counters come later
-    cmds, want_rsp, vecs, want_y = [], [], [], []
-    steps = iter(bad_passes)
-    for e, (cmd, want) in zip(case["script"], pairs):
-        cmds.append(cmd)
-        want_rsp.append(want)
-        if e["op"] != "STEP" or "refused" in e:
-            continue
-        lay = layers[e["layer"]]
-        xs = gb.trace_tokens(np_rng, lay, e["rankings"])
-        n, E = len(xs), cfg.experts
-        mask = e.get("mask")
-        m = np.array([[(mask >> x) & 1 for x in range(E)]] * n, bool) if mask is not None else None
-        y = gb.batched_forward(lay, xs, [ROLE_OF_PHASE[gesd.Phase(e["phase"])]] * n, m,
-                               batch_tokens=T).y
-        bad = next(steps)
-        vecs.extend(xs.tolist())
-        want_y.extend((None if i // T in bad else y[i].tolist(), int(i == n - 1))
-                      for i in range(n))
-    assert next(steps, None) is None, "golden steps and LAYER_DONE events do not pair up"
-    return Plan(cmds, want_rsp, vecs, want_y, case["events"], case["counters"],
-                {int(k): ExtError(v) for k, v in (case.get("faults") or {}).items()}, False,
-                case.get("name") or "trace", case.get("ext_reads"))
+def lpddr_model(dut, cfg, mem, r, pause):
+    """LPDDR for the bench: cocotbext-axi (:class:`~elmoe3d.tb.test_tile_mem.FaultyRam`,
+    pauses ``pause`` on AR and R) by default; with ``$ELMOE_TILE_LPDDR`` =
+    ``model`` the cycle-level :class:`~elmoe3d.tb.lpddr.LpddrPort` (the
+    native harness's rule; latency ``$ELMOE_TILE_LPDDR_LATENCY``, default
+    1; the same pauses)."""
+    if os.environ.get("ELMOE_TILE_LPDDR", "axi") == "model":
+        return LpddrPort(dut, cfg, mem, r=r, ar_pause=pause, r_pause=pause,
+                         latency=int(os.environ.get("ELMOE_TILE_LPDDR_LATENCY", "1")))
+    return FaultyRam(dut, cfg, bytes(mem), r, pause, {}, None)
 
 
-async def run_plan(dut, cfg, ram, plan: Plan, r, idle, limit):
+async def run_plan(dut, cfg, ram, plan: Plan, r, idle, limit, stamps=None):
     """Send ``plan`` through the host stream (LOAD_DENSE first, every STEP
     followed by its vectors, every COUNTER at the end), take every response
     and trace event, and check them (module doc). Returns the result record
-    (``check_results``'s, plus the tile's own numbers)."""
-    H = cfg.hidden
-    zero = [0] * H
-
-    def ctrl_cmd(c):
-        return dict(op=c["op"], phase=c["phase"], step=c["step"], layer=c["layer"],
-                    value=c["value"], x=zero)
-
-    def tile_cmd(op):
-        return dict(op=int(op), phase=0, step=0, layer=0, value=0, x=zero)
-
-    # the host script: STEP + its vectors; the tile's own commands; counters
-    script, tile_want = [tile_cmd(TileOp.LOAD_DENSE)], [(TileOp.LOAD_DENSE, TileError.OK)]
-    per_step = [i for i, (_, last) in enumerate(plan.want_y) if last]
-    vi, first = 0, plan.probe
-    for c, want in zip(plan.cmds, plan.want_rsp):
-        script.append(ctrl_cmd(c))
-        if c["op"] == HostOp.STEP and not want.get("error"):       # a STEP the tile runs
-            if first:
-                script += [tile_cmd(TileOp.LOAD_DENSE), tile_cmd(7)]
-                tile_want += [(TileOp.LOAD_DENSE, TileError.BUSY), (7, TileError.BAD_OP)]
-                first = False
-            end = per_step.pop(0) + 1
-            script += [dict(tile_cmd(TileOp.TOKEN), x=x) for x in plan.vecs[vi:end]]
-            vi = end
-    assert vi == len(plan.vecs) and not per_step
-    counter_cmds = [dict(op=HostOp.COUNTER, phase=0, step=0, layer=0, value=i)
-                    for i in range(len(COUNTERS))]
-    script += [ctrl_cmd(c) for c in counter_cmds]
+    (``check_results``'s, plus the tile's own numbers); ``stamps`` (a dict)
+    gets the cycle of every response (``rsp``) and trace event (``trace``)."""
+    hs = ts.host_commands(cfg, plan)
+    script, tile_want, counter_cmds = hs.commands, hs.tile_want, hs.counter_cmds
 
     responses, outputs, tile_rsp, events = [], [], [], []
 
+    now = [0]
+    if stamps is not None:
+        stamps.update(rsp=[], trace=[])
+
+    def on_event(p):
+        events.append(p)
+        if stamps is not None:
+            stamps["trace"].append(now[0])
+
     def on_rsp(p):
+        if stamps is not None:
+            stamps["rsp"].append(now[0])
         kind = p["kind"]
         if kind == TileRspKind.TILE.value and not tile_rsp:
             # the dense load's reads are the LPDDR model's first commands; the
@@ -225,18 +150,18 @@ async def run_plan(dut, cfg, ram, plan: Plan, r, idle, limit):
     for c in script:
         host.put(c)
     sinks = [Snk(dut, "host_rsp", data.Layout.cast(tile_response(cfg)), r, idle, on_rsp),
-             Snk(dut, "trace", data.Layout.cast(vocab(cfg).TraceEvent), r, idle, events.append)]
-    n_ctrl = len(plan.want_rsp) + len(COUNTERS)
+             Snk(dut, "trace", data.Layout.cast(vocab(cfg).TraceEvent), r, idle, on_event)]
+    n_ctrl = len(plan.want_rsp) + len(counter_cmds)
+    clocked = [host, *sinks] + ([ram] if isinstance(ram, LpddrPort) else [])
     cyc, after, load_cycles = 0, 0, None
     while cyc < limit:
         await RisingEdge(dut.clk)
         cyc += 1
-        host.drive(cyc)
-        for x in sinks:
+        now[0] = cyc
+        for x in clocked:
             x.drive(cyc)
         await ReadOnly()
-        host.sample()
-        for x in sinks:
+        for x in clocked:
             x.sample()
         if load_cycles is None and tile_rsp:
             load_cycles = cyc
@@ -245,28 +170,19 @@ async def run_plan(dut, cfg, ram, plan: Plan, r, idle, limit):
             after += 1
             if after > 50:
                 break
-    got = [(x["op"], x["error"]) for x in tile_rsp]
-    assert got == [(int(o), int(e)) for o, e in tile_want], \
-        f"tile answers {got}, expected {tile_want} ({[x['value'] for x in tile_rsp]})"
-    assert tile_rsp[0]["value"] == 0, f"LOAD_DENSE answered value {tile_rsp[0]['value']:#x}"
-    hit = {c for c, _ in ram.corrupted}
-    planned = [i for i in plan.faults if plan.ext_reads is None or i < plan.ext_reads]
-    assert len(hit) == len(planned), \
-        f"LPDDR faults injected on commands {sorted(hit)}, planned {planned}"
+    bad = ts.tile_answer_mismatch(tile_rsp, tile_want)
+    assert bad is None, bad[1]
+    bad = ts.fault_mismatch([c for c, _ in ram.corrupted], plan)
+    assert bad is None, bad[1]
     case = dict(script=plan.cmds + counter_cmds, events=plan.events, counters=plan.counters,
                 name=plan.name)
     out = check_results(case, plan.want_rsp, responses, events, sinks, cyc)
-    assert len(outputs) == len(plan.want_y), f"{len(outputs)} outputs, {len(plan.want_y)} expected"
-    bad = [i for i, ((y, last), o) in enumerate(zip(plan.want_y, outputs))
-           if o["last"] != last or (o["error"] != 1 if y is None
-                                    else [int(a) for a in o["y"]] != y or o["error"])]
-    assert not bad, (f"{len(bad)} of {len(plan.want_y)} outputs differ, first token {bad[0]}: "
-                     f"{outputs[bad[0]]} != golden {plan.want_y[bad[0]]} (None: a spoilt pass, "
-                     f"error 1)")
+    bad = ts.output_mismatch(plan.want_y, outputs)
+    assert bad is None, bad[1]
     res, pend = dut.resident.value.to_unsigned(), dut.pending.value.to_unsigned()
     hbv = dut.slot_valid.value.to_unsigned()
-    assert res == hbv and not pend and not int(dut.fill_done_overflow.value), \
-        f"tag unit resident {res:#x} pending {pend:#x}, HB valid {hbv:#x}"
+    bad = ts.state_mismatch(res, pend, hbv, int(dut.fill_done_overflow.value))
+    assert bad is None, bad[1]
     kinds = collections.Counter(gesd.EventKind(e.kind).name for e in plan.events)
     return dict(out, name=plan.name, load_dense_cycles=load_cycles, tokens=len(plan.want_y),
                 spoilt_outputs=sum(1 for y, _ in plan.want_y if y is None),
@@ -293,7 +209,7 @@ async def decode(dut):
     plant = os.environ.get("ELMOE_TILE_PLANT_DENSE")
     if plant:
         plant_dense(cfg, mem, plant)
-    ram = FaultyRam(dut, cfg, bytes(mem), r, pause, {}, None)
+    ram = lpddr_model(dut, cfg, mem, r, pause)
     await start_clock_and_reset(dut)
     out = await run_plan(dut, cfg, ram, plan, r, idle,
                          int(os.environ.get("ELMOE_TILE_MAX_CYCLES", "400000")))
@@ -322,7 +238,7 @@ async def trace(dut):
     pause = float(os.environ.get("ELMOE_TILE_AXI_PAUSE", "0.2"))
     layers = [gb.trace_layer(lay) for lay in env.layers]
     mem = lpddr_image(cfg, layers, gl.dense_image(cfg, layers))
-    ram = FaultyRam(dut, cfg, bytes(mem), r, pause, {}, None)
+    ram = lpddr_model(dut, cfg, mem, r, pause)
     np_rng = np.random.default_rng(r.getrandbits(32))
     await start_clock_and_reset(dut)
     outs = []
@@ -344,3 +260,25 @@ async def trace(dut):
         if summary:
             with open(summary, "w") as f:
                 json.dump(outs, f)
+
+
+@cocotb.test()
+async def replay(dut):
+    """One plan and LPDDR image from ``$ELMOE_TILE_PLAN`` (a pickle:
+    ``plan``, ``image``, ``idle``, ``pause``; what the native harness runs,
+    ``tests/test_tile_native.py``), with the stamps of every response and
+    trace event in the ``$ELMOE_TILE_OUT`` record. Same checks as
+    :func:`decode`."""
+    import pickle
+    with open(os.environ["ELMOE_TILE_PLAN"], "rb") as f:
+        job = pickle.load(f)
+    cfg = Config(**params()["config"])
+    r = rng()
+    ram = lpddr_model(dut, cfg, job["image"], r, job.get("pause", 0.0))
+    await start_clock_and_reset(dut)
+    t0 = time.process_time()
+    stamps = {}
+    out = await run_plan(dut, cfg, ram, job["plan"], r, job.get("idle", 0.0),
+                         int(os.environ.get("ELMOE_TILE_MAX_CYCLES", "50000000")), stamps)
+    with open(os.environ["ELMOE_TILE_OUT"], "w") as f:
+        json.dump(dict(out, stamps=stamps, sim_cpu_s=time.process_time() - t0), f)

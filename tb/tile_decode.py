@@ -36,10 +36,10 @@ from ..golden import lm_int as li
 from ..hw.esd_ctrl import COUNTERS, HostOp
 from ..hw.vocab import vocab
 from ..hw.tile import TileError, TileOp, TileRspKind, tile_command, tile_response
+from ..sim.tile_script import lpddr_image
 from .common import params, rng, start_clock_and_reset
 from .test_esd_ctrl import Snk, Src
 from .test_tile_mem import FaultyRam
-from .test_tile_top import lpddr_image
 
 
 class TileHost:

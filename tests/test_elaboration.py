@@ -37,10 +37,34 @@ def test_mac_bad_params():
     (dict(hb_words=1000), ValueError, "power of two, not 1000"),
     (dict(slice_bits=8), ValueError, "Slice width must be 1, 2 or 4, not 8"),
     (dict(experts=200), ValueError, "does not fit in expert id width"),
+    (dict(axi_data_bits=16), ValueError,
+     "AXI data width 16 is narrower than one 64-bit slice vector"),
+    (dict(lpddr_bytes_per_cycle=0), ValueError, "LPDDR bytes per cycle must be >= 1, not 0"),
+    (dict(lpddr_bytes_per_cycle=9), ValueError,
+     "LPDDR bytes per cycle 9 exceeds one 64-bit AXI beat"),
+    (dict(lpddr_bytes_per_cycle=2.5), TypeError, "LPDDR bytes per cycle must be an integer"),
 ])
 def test_config_validation(kw, exc, match):
     with pytest.raises(exc, match=match):
         Config(**kw)
+
+
+def test_lpddr_bandwidth():
+    """LPDDR bandwidth is one AXI beat per cycle unless set (no RTL parameter:
+    left out of ``to_dict`` at its default, so build keys stay as they were);
+    the geometry shows it, and the system model's tile rates read it."""
+    from elmoe3d.sim.perf import rtl_compare as rc
+    d = preset("default")
+    assert d.lpddr_rate == 8 and d.geometry()["lpddr_bytes_per_cycle"] == 8
+    assert "lpddr_bytes_per_cycle" not in d.to_dict()
+    slow = d.replace(lpddr_bytes_per_cycle=2)
+    assert slow.lpddr_rate == 2 and slow.geometry()["lpddr_bytes_per_cycle"] == 2
+    assert Config(**slow.to_dict()) == slow
+    for cfg, rate in ((d, 8), (slow, 2)):
+        assert rc.tile_run(cfg, "t", 1, "AR", [], dict.fromkeys(rc.COUNTERS, 0))[
+            "rates"]["lpddr_bytes_per_cycle"] == rate
+    # a beat narrower than the AXI width (halved until it divides the banks) bounds it
+    assert preset("tiny").lpddr_rate == 4
 
 
 def test_presets():

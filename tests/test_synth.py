@@ -229,7 +229,8 @@ def test_too_big_for_ice40_is_reported(tmp_path):
     that it does not fit (before this test: fits = True and "place and route
     failed")."""
     b = get_block("mac_int8")
-    r = fl.fpga_target(b.build(preset("default").replace(lanes=32)), "mac_int8", b.top,
+    cfg = preset("default").replace(lanes=32, axi_data_bits=128)     # one 128-bit slice vector
+    r = fl.fpga_target(b.build(cfg), "mac_int8", b.top,
                        tmp_path, "ice40", seeds=[1])
     assert r["lut4"] <= 5280
     assert not r["fits"] and "does not fit iCE40UP5K after packing, with the ScanWrapped" in r["fit_reason"]

@@ -353,16 +353,33 @@ def test_tile_bad_config():
 
 
 @pytest.mark.slow
-def test_decode_rtl(tmp_path):
-    """`elmoe3d decode --rtl` (the `lm` preset tile in Verilator, one
-    Elastic-SD round of the in-project LM): RTL tokens, trace and counters
-    equal the golden tile's (about 2 minutes with the build cached)."""
+@pytest.mark.parametrize("sim", ["native", "cocotb"])
+def test_decode_rtl(tmp_path, sim):
+    """`elmoe3d decode --rtl` (the `lm` preset tile, one Elastic-SD round of
+    the in-project LM) on the native harness (the default) and in cocotb:
+    RTL tokens, trace and counters equal the golden tile's (cocotb: about 2
+    minutes with the build cached)."""
     from elmoe3d.cli import main
     out = tmp_path / "dec.json"
-    assert main(["decode", "--rtl", "--mode", "sd", "--tokens", "2", "--batch", "1",
+    assert main(["decode", "--rtl", "--sim", sim, "--mode", "sd", "--tokens", "2",
+                 "--batch", "1", "--quiet", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["match"] and r["trace_equal"] and not r["counters_differ"] and r["sim"] == sim
+
+
+@pytest.mark.slow
+def test_decode_rtl_batch_16(tmp_path):
+    """`elmoe3d decode --rtl --mode sd --batch 16 --tokens 16` on the native
+    harness: 16 requests that drift apart (the golden's KV caches sized for
+    it), every layer output, response, counter and event equal to the
+    golden's, the RTL's tokens the golden's."""
+    from elmoe3d.cli import main
+    out = tmp_path / "dec16.json"
+    assert main(["decode", "--rtl", "--mode", "sd", "--batch", "16", "--tokens", "16",
                  "--quiet", "--json", str(out)]) == 0
     r = json.loads(out.read_text())
-    assert r["match"] and r["trace_equal"] and not r["counters_differ"]
+    assert r["match"] and r["outputs_equal"] and r["trace_equal"] and not r["counters_differ"]
+    assert len(r["tokens_rtl"]) == 16 and all(len(t) == 16 for t in r["tokens_rtl"])
 
 
 def test_recorded_tile_report_equals_the_golden():

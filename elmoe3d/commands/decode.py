@@ -13,13 +13,27 @@ NAME = "decode"
 HELP = "decode text with the MoE LM, its MoE layers on the tile (AR or Elastic-SD)"
 
 
+#: The LM's context in bytes (it was trained on 128-byte windows): a prompt
+#: and the bytes decoded after it fit in it
+CONTEXT = 128
+#: Longest prompt in bytes (the rest of the context is for decoding)
+MAX_PROMPT = 96
+#: Bytes of a prompt taken from the held-out set when fewer prompts than
+#: requests are given
+HELD_PROMPT = 48
+
+
 def register(p):
     p.add_argument("--prompt", action="append", default=[], metavar="TEXT",
                    help="prompt text (repeatable: one request each)")
     p.add_argument("--prompt-file", metavar="FILE",
-                   help="prompts, one per line (one request each)")
+                   help="prompts, one per line (one request each; blank lines are skipped, "
+                        "a file without a prompt is refused)")
     p.add_argument("--tokens", type=int, default=16, metavar="N",
-                   help="bytes to generate per request (default 16)")
+                   help=f"bytes to generate per request (default 16). The LM's context is "
+                        f"{CONTEXT} bytes, the prompt included, so N is at most {CONTEXT} "
+                        f"minus the longest prompt's bytes ({CONTEXT - HELD_PROMPT} for the "
+                        f"default {HELD_PROMPT}-byte held-out prompts)")
     p.add_argument("--mode", choices=("ar", "sd", "auto"), default="auto",
                    help="ar: plain decoding; sd: Elastic-SD; auto: the controller's batch "
                         "threshold decides (default)")
@@ -27,15 +41,34 @@ def register(p):
                    help="requests decoded together (default: the number of prompts, at least 1; "
                         "missing prompts are taken from the held-out set)")
     p.add_argument("--rtl", action="store_true",
-                   help="run the MoE layers on the RTL tile in Verilator (default: golden model)")
+                   help="run the MoE layers on the RTL tile (default: golden model)")
+    p.add_argument("--sim", choices=("native", "cocotb"), default=None,
+                   help="with --rtl: the native harness (default: the tile as a Verilated C++ "
+                        "model replaying the golden decode's host script, every response and "
+                        "output compared) or cocotb (the host in the loop, about 20x slower)")
     p.add_argument("--json", metavar="FILE", help="write tokens, match and counters as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--picture", metavar="FILE",
                    help="write a WaveDrom SVG of one Elastic-SD round of this decode "
-                        "(the round with the longest draft)")
+                        "(the round with the longest draft; needs an Elastic-SD round, so not "
+                        "with --mode ar)")
     p.add_argument("--perplexity", type=int, default=None, metavar="W",
                    help="instead of decoding: perplexity of the float, INT8 and integer-MoE "
                         "model on the first W held-out windows (64 = all)")
+
+
+def _output(path, flag):
+    """An output file named by ``flag``, checked before the (long) run: not a
+    folder, its folder creatable and writable, the file writable if it
+    exists; ``PermissionError`` / ``ValueError`` naming it otherwise."""
+    import os
+    try:
+        p = writable_file(path)
+    except OSError as e:
+        raise ValueError(f"{flag} {path!r}: cannot write there ({e.strerror or e})") from None
+    if not os.access(p.parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise PermissionError(f"{flag} {path!r}: cannot write there")
+    return p
 
 
 def _prompts(args):
@@ -46,7 +79,11 @@ def _prompts(args):
         p = Path(args.prompt_file)
         if not p.is_file():
             raise FileNotFoundError(f"Prompt file {args.prompt_file!r} does not exist")
-        texts += [line for line in p.read_text(errors="replace").splitlines() if line.strip()]
+        lines = [line for line in p.read_text(errors="replace").splitlines() if line.strip()]
+        if not lines:
+            raise ValueError(f"Prompt file {args.prompt_file!r} has no prompt (it is empty or "
+                             f"blank)")
+        texts += lines
     batch = args.batch if args.batch is not None else max(1, len(texts))
     from ..golden.esd import MAX_BATCH
     if not 1 <= batch <= MAX_BATCH:
@@ -58,16 +95,35 @@ def _prompts(args):
         b = t.encode("utf-8")
         if not b:
             raise ValueError("An empty prompt cannot be decoded")
-        if len(b) > 96:
-            raise ValueError(f"Prompt of {len(b)} bytes is longer than 96 (the LM's context "
-                             f"is 128 bytes)")
+        if len(b) > MAX_PROMPT:
+            raise ValueError(f"Prompt of {len(b)} bytes is longer than {MAX_PROMPT} (the LM's "
+                             f"context is {CONTEXT} bytes)")
         prompts.append(list(b))
     held = heldout_prompts()
     i = 200
     while len(prompts) < batch:
-        prompts.append([int(x) for x in held[i][:48]])
+        prompts.append([int(x) for x in held[i][:HELD_PROMPT]])
         i += 1
     return prompts
+
+
+def _check_tokens(args, prompts):
+    longest = max(len(p) for p in prompts)
+    top = CONTEXT - longest
+    if not 1 <= args.tokens <= top:
+        raise ValueError(f"--tokens must be in 1..{top} (the LM's context is {CONTEXT} bytes "
+                         f"and the longest prompt has {longest}), not {args.tokens}")
+
+
+def _show(prompts, tokens, label=""):
+    """Each request's text, the prompt and the decoded bytes marked (and the
+    decoded bytes in bold on a terminal)."""
+    tty = sys.stdout.isatty()
+    for b, (p, toks) in enumerate(zip(prompts, tokens)):
+        print(f"--- request {b}{label}: {len(p)} prompt bytes, {len(toks)} decoded")
+        print("[prompt]  " + bytes(p).decode("utf-8", "replace"))
+        print("[decoded] " + "\033[1m" * tty + bytes(toks).decode("utf-8", "replace")
+              + "\033[0m" * tty)
 
 
 def _perplexity(args) -> int:
@@ -99,7 +155,8 @@ def _picture(res, batch, path):
     from ..golden import esd
     sd = [r for r in res.rounds if r[0] == 1]
     if not sd:
-        raise ValueError("--picture needs an Elastic-SD round (use --mode sd)")
+        raise ValueError("--picture needs an Elastic-SD round and this decode ran only AR "
+                         "rounds (--mode auto chose AR at this batch; use --mode sd)")
     # the round with the most drafted-from-HB experts (a warm cache), then the longest draft
     starts = [i for i, e in enumerate(res.events)
               if e.kind == esd.EventKind.MODE and e.code == esd.Mode.SD] + [len(res.events)]
@@ -163,10 +220,89 @@ def _progress_thread(path, t0, quiet):
     return stop
 
 
-def _rtl(args, prompts, out) -> int:
-    """``--rtl``: the decode in Verilator (``tb/tile_decode.py``): the same
-    decode with the golden tile is the reference; tokens, trace and counters
-    compared."""
+def _rtl(args, prompts, out, picture) -> int:
+    """``--rtl``: the MoE layers on the RTL tile (``lm`` preset), natively
+    (default) or in cocotb; the same decode with the golden tile is the
+    reference."""
+    t0 = time.monotonic()
+    r, gold_like = (_rtl_cocotb if args.sim == "cocotb" else _rtl_native)(args, prompts)
+    secs = time.monotonic() - t0
+    toks = r["tokens_rtl"] or [[] for _ in prompts]
+    _show(prompts, toks, " (RTL tile)")
+    c = r["counters_rtl"]
+    n_out = c.get("tokens_out", 0)
+    sim_s = r.get("sim_cpu_s") or r.get("sim_wall_s")
+    print(f"rounds: {len(r['rounds'])}; tokens through the tile: {n_out}; simulated cycles "
+          f"{r['cycles']:,} ({r['cycles'] / max(1, n_out):,.0f} per output token; dense load "
+          f"{r['load_dense_cycles']:,} cycles before)")
+    if sim_s:
+        what = "CPU-second" if r.get("sim_cpu_s") else "second"
+        print(f"simulated {r['total_cycles']:,} tile cycles in {sim_s:.1f} s "
+              f"({r['total_cycles'] / sim_s:,.0f} cycles per {what}, {r['sim']} harness)")
+    print(f"RTL tokens equal golden tokens: {'yes' if r['match'] else 'NO'}; trace equal: "
+          f"{'yes' if r['trace_equal'] else 'NO: ' + str(r['trace_first_difference'])}; "
+          f"counters differ: {r['counters_differ'] or 'none'}")
+    if r.get("first_difference"):
+        d = r["first_difference"]
+        print(f"first difference ({d['kind']}, cycle {d['cycle']}, index {d['index']}): "
+              f"{d['message']}")
+    print("tile counters (RTL, read over the host port): "
+          + ", ".join(f"{k} {c[k]:,}" for k in c))
+    n_dec = args.tokens * len(prompts)
+    if "build_s" in r:
+        build = r["build_s"]
+        print(f"decode --rtl took {secs:.1f} s: {build:.1f} s building or finding the model, "
+              f"then {(secs - build) / n_dec:.2f} s per output token ({args.tokens} bytes x "
+              f"{len(prompts)} requests)")
+    else:
+        print(f"decode --rtl took {secs:.1f} s (a Verilator build included when one ran)")
+    r = dict(r, mode=args.mode, batch=len(prompts), tokens=args.tokens,
+             seconds=round(secs, 2))
+    if out:
+        out.write_text(json.dumps(r, indent=1, default=str))
+        print(f"wrote {out}")
+    if picture and gold_like is not None:
+        _picture(gold_like, len(prompts), picture)
+    ok = r["match"] and r["trace_equal"] and not r["counters_differ"] and \
+        r.get("outputs_equal", True)
+    return 0 if ok else 1
+
+
+def _rtl_native(args, prompts):
+    """The native harness (:mod:`elmoe3d.sim.native_decode`)."""
+    import types
+
+    from ..sim import native_decode
+    quiet = args.quiet
+    t0 = time.monotonic()
+
+    def say(text):
+        if not quiet:
+            print(f"[{time.monotonic() - t0:6.1f} s] {text}", file=sys.stderr, flush=True)
+
+    if not quiet:
+        say("the lm tile as a native Verilated model (built once, then cached: a few "
+            "minutes the first time)")
+    state = {"t": None}
+
+    def progress(cycle, done, total):
+        if quiet:
+            return
+        if state["t"] is None:
+            state["t"] = time.monotonic()
+        sys.stderr.write(f"\r[tile] cycle {cycle:,}: {done:,} of {total:,} responses")
+        sys.stderr.flush()
+    res = native_decode.decode(prompts, args.tokens, args.mode, build_progress=say,
+                               progress=progress)
+    if state["t"] is not None:
+        sys.stderr.write("\n")
+    g = res.golden
+    return res.record, types.SimpleNamespace(rounds=g.rounds, events=res.events)
+
+
+def _rtl_cocotb(args, prompts):
+    """The cocotb path (``tb/tile_decode.py``): the golden decode in a cocotb
+    thread driving the tile, host in the loop."""
     import tempfile
     from pathlib import Path
 
@@ -184,8 +320,9 @@ def _rtl(args, prompts, out) -> int:
                                    "mode": args.mode}))
         failed = None
         if not args.quiet:
-            print("the lm tile in Verilator (built once, then cached; the golden decode "
-                  "runs first as the reference)", file=sys.stderr)
+            print("the lm tile in Verilator under cocotb (built once, then cached: several "
+                  "minutes the first time; the golden decode runs first as the reference)",
+                  file=sys.stderr)
         stop = _progress_thread(prog, t0, args.quiet)
         try:
             simulate(factory, block="tile", params={"config": preset("lm").to_dict()},
@@ -200,26 +337,11 @@ def _rtl(args, prompts, out) -> int:
         if not res.is_file():
             raise RuntimeError(f"the RTL decode produced no result: {failed}")
         r = json.loads(res.read_text())
-    secs = time.monotonic() - t0
-    for b, (p, toks) in enumerate(zip(prompts, r["tokens_rtl"])):
-        print(f"--- request {b} (RTL tile):\n" + bytes(p).decode("utf-8", "replace") +
-              bytes(toks).decode("utf-8", "replace"))
-    n_out = r["counters_rtl"]["tokens_out"]
-    print(f"rounds: {len(r['rounds'])}; tokens through the tile: {n_out}; simulated cycles "
-          f"{r['cycles']:,} ({r['cycles'] / max(1, n_out):,.0f} per token; dense load "
-          f"{r['load_dense_cycles']:,} cycles before)")
-    print(f"RTL tokens equal golden tokens: {'yes' if r['match'] else 'NO'}; trace equal: "
-          f"{'yes' if r['trace_equal'] else 'NO: ' + str(r['trace_first_difference'])}; "
-          f"counters differ: {r['counters_differ'] or 'none'}")
-    c = r["counters_rtl"]
-    print("tile counters (RTL, read over the host port): "
-          + ", ".join(f"{k} {c[k]:,}" for k in c))
-    print(f"decode --rtl took {secs:.1f} s")
-    if out:
-        out.write_text(json.dumps(dict(r, mode=args.mode, batch=len(prompts), tokens=args.tokens,
-                                       seconds=round(secs, 2)), indent=1))
-        print(f"wrote {out}")
-    return 0 if failed is None else 1
+    r.update(sim="cocotb", total_cycles=r["cycles"] + r["load_dense_cycles"],
+             sim_wall_s=round(time.monotonic() - t0, 2))
+    if failed is not None:
+        r["match"] = False
+    return r, None
 
 
 def run(args) -> int:
@@ -232,13 +354,21 @@ def run(args) -> int:
 
     if args.perplexity is not None:
         return _perplexity(args)
-    if args.tokens < 1 or args.tokens > 24:
-        raise ValueError(f"--tokens must be in 1..24 (the LM's context is 128 bytes), "
-                         f"not {args.tokens}")
-    out = writable_file(args.json) if args.json else None
+    if args.sim and not args.rtl:
+        raise ValueError(f"--sim {args.sim} needs --rtl (the golden model is no simulation)")
+    if args.tokens < 1:
+        raise ValueError(f"--tokens must be at least 1, not {args.tokens}")
+    if args.picture and args.mode == "ar":
+        raise ValueError("--picture draws an Elastic-SD round and --mode ar has none "
+                         "(use --mode sd, or auto at a batch the controller runs SD for)")
+    if args.picture and args.rtl and args.sim == "cocotb":
+        raise ValueError("--picture with --rtl needs the native harness (drop --sim cocotb)")
+    out = _output(args.json, "--json") if args.json else None
+    picture = _output(args.picture, "--picture") if args.picture else None
     prompts = _prompts(args)
+    _check_tokens(args, prompts)
     if args.rtl:
-        return _rtl(args, prompts, out)
+        return _rtl(args, prompts, out, picture)
     weights, meta = glm.load_weights()
     cfg = preset("lm")
     t0 = time.monotonic()
@@ -249,10 +379,7 @@ def run(args) -> int:
     if progress:
         sys.stderr.write("\n")
     secs = time.monotonic() - t0
-    for b, (p, toks) in enumerate(zip(prompts, res.tokens)):
-        text = bytes(p).decode("utf-8", "replace") + "\033[1m" * sys.stdout.isatty() + \
-            bytes(toks).decode("utf-8", "replace") + "\033[0m" * sys.stdout.isatty()
-        print(f"--- request {b}:\n{text}")
+    _show(prompts, res.tokens)
     modes = [r[0] for r in res.rounds]
     sd = [r for r in res.rounds if r[0] == 1]
     c = res.counters
@@ -268,8 +395,6 @@ def run(args) -> int:
     print("simulated cycles per token: n/a (golden model; --rtl measures them)")
     print("RTL tokens equal golden tokens: n/a (golden model only)")
     print(f"decode took {secs:.1f} s")
-    if args.picture:
-        _picture(res, len(prompts), writable_file(args.picture))
     if out:
         out.write_text(json.dumps({
             "mode": args.mode, "batch": len(prompts), "tokens": args.tokens,
@@ -280,6 +405,8 @@ def run(args) -> int:
                        for m, k, a in res.rounds],
             "counters": c, "seconds": round(secs, 2)}, indent=1))
         print(f"wrote {out}")
+    if picture:
+        _picture(res, len(prompts), picture)        # after the JSON: a refusal keeps it
     return 0
 
 
@@ -408,7 +535,7 @@ def rtl_rows(path, cycles=False):
 #: (the real model through the RTL tile); the report's table reads them.
 RTL_DECODE_GLOB = "decode_rtl_*.json"
 
-DECODE_HEAD = ["run", "mode", "batch", "tokens out", "HB hit rate", "mean accepted len",
+DECODE_HEAD = ["run", "harness", "mode", "batch", "tokens out", "HB hit rate", "mean accepted len",
                "HB MB", "LPDDR MB", "HB share", "LPDDR KB / token", "cycles / token (RTL)",
                "RTL tokens = golden", "trace, counters = golden"]
 
@@ -428,7 +555,8 @@ def rtl_decode_rows(folder):
             r = _json.loads(f.read_text())
             c, B = r["counters_rtl"], int(r["batch"])
             fig = _figures(c, B)
-            rows.append([f.stem[len("decode_rtl_"):], r["mode"].upper(), B, c["tokens_out"], *fig,
+            rows.append([f.stem[len("decode_rtl_"):], r.get("sim", "cocotb"), r["mode"].upper(),
+                         B, c["tokens_out"], *fig,
                          round(r["cycles"] / max(1, c["tokens_out"])),
                          "yes" if r["match"] else "NO",
                          "yes" if r["trace_equal"] and not r["counters_differ"] else "NO"])
@@ -497,9 +625,12 @@ def build_section(ctx):
     if drows:
         md += ("\n\nThe in-project MoE LM decoded with every MoE layer on the RTL tile "
                "(`elmoe3d_tile`, `lm` preset, Verilator; `elmoe3d decode --rtl --mode sd|ar "
-               "--tokens 8 --json build/measured/decode_rtl_<name>.json`, several minutes "
-               "each, not run by `make demo`): the tile's counters, and whether tokens, "
-               "trace and counters equal the golden tile's:\n\n" + md_table(DECODE_HEAD, drows))
+               "--tokens 8 --json build/measured/decode_rtl_<name>.json`, not run by `make "
+               "demo`): the tile's counters, and whether tokens, trace and counters equal the "
+               "golden tile's. Harness `native` (the default, seconds per decode) replays the "
+               "golden decode's host script open loop; `cocotb` (`--sim cocotb`, minutes) has "
+               "the host in the loop, waiting for each answer, so its cycles per token are "
+               "higher:\n\n" + md_table(DECODE_HEAD, drows))
     else:
         md += ("\n\nNo RTL decodes of the LM in `build/measured/` (`elmoe3d decode --rtl "
                "--mode sd --tokens 8 --json build/measured/decode_rtl_sd8.json` writes one).")

@@ -335,7 +335,7 @@ def tile_run(cfg, trace: str, batch: int, mode: str, script, counters) -> dict:
                          "decay_shift": cfg.decay_shift},
             "driver": {"touch_scale": 1, "alloc_hot": 0, "decay_period": cfg.decay_period},
             "rates": {"hb_bytes_per_cycle": cfg.pes * cfg.lanes * cfg.slice_bits / 8,
-                      "lpddr_bytes_per_cycle": cfg.axi_data_bits / 8,
+                      "lpddr_bytes_per_cycle": cfg.lpddr_rate,
                       "macs_per_cycle": cfg.pes * cfg.lanes},
             "counters": {k: int(counters[k]) for k in COUNTERS}}
 
