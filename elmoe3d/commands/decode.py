@@ -61,14 +61,7 @@ def _output(path, flag):
     """An output file named by ``flag``, checked before the (long) run: not a
     folder, its folder creatable and writable, the file writable if it
     exists; ``PermissionError`` / ``ValueError`` naming it otherwise."""
-    import os
-    try:
-        p = writable_file(path)
-    except OSError as e:
-        raise ValueError(f"{flag} {path!r}: cannot write there ({e.strerror or e})") from None
-    if not os.access(p.parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise PermissionError(f"{flag} {path!r}: cannot write there")
-    return p
+    return writable_file(path, flag)
 
 
 def _prompts(args):
