@@ -284,3 +284,39 @@ def summary_rows(results: list[dict]) -> list[list]:
                      round(means[(t, b, m)] / ar, 3) if ar and m != "ar" else "-",
                      "yes" if all(x["match"] for x in v) else "NO"])
     return rows
+
+
+def readme_table(recorded: dict) -> str:
+    """The README's steady-state table from a recorded set (``sim/data/steady_state.json``):
+    per trace and batch, AR's and Elastic-SD's cycles per output token (mean
+    over the seeds, min-max) and SD / AR."""
+    rows = {}
+    for r in recorded["summary"]:
+        trace, batch, mode, _, _, mean, spread = r[:7]
+        rows.setdefault((trace, batch), {})[mode] = (mean, spread)
+    out = ["| trace | batch | AR cycles / token | SD cycles / token | SD / AR |",
+           "|---|---|---|---|---|"]
+    for (trace, batch), v in sorted(rows.items()):
+        if "AR" not in v or "SD" not in v:
+            continue
+        (am, asp), (sm, ssp) = v["AR"], v["SD"]
+        out.append(f"| {trace} | {batch} | {am:,} ({asp}) | {sm:,} ({ssp}) | {sm / am:.2f} |")
+    return "\n".join(out)
+
+
+#: markers around the generated table in README.md
+README_MARKERS = ("<!-- steady-state: generated from sim/data/steady_state.json -->",
+                  "<!-- end of steady-state -->")
+
+
+def write_readme_table(readme, recorded: dict) -> bool:
+    """Rewrite the table between :data:`README_MARKERS`; ``True`` if it changed."""
+    from pathlib import Path
+    p = Path(readme)
+    text = p.read_text()
+    a, b = README_MARKERS
+    i, j = text.index(a) + len(a), text.index(b)
+    new = text[:i] + "\n" + readme_table(recorded) + "\n" + text[j:]
+    if new != text:
+        p.write_text(new)
+    return new != text

@@ -146,3 +146,15 @@ def test_readme_sweep_example_is_accepted():
     blocks = words[words.index("--blocks") + 1].split(",")
     pts = points(blocks, parse_sets(sets))
     assert pts and not check_points(pts, "default")
+
+
+def test_readme_steady_state_table_is_the_recorded_one():
+    """README's steady-state table is what the recorded set says
+    (`elmoe3d tile-run --steady-state --record` writes both)."""
+    import json
+    from elmoe3d.sim import tile_run as tr
+    rec = json.loads((ROOT / "sim" / "data" / "steady_state.json").read_text())
+    text = README.read_text()
+    a, b = tr.README_MARKERS
+    assert text[text.index(a) + len(a):text.index(b)].strip() == tr.readme_table(rec)
+    assert all(r["match"] for r in rec["runs"]), "a recorded run differs from the golden"

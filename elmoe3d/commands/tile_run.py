@@ -59,6 +59,9 @@ def register(p):
     p.add_argument("--workers", type=int, default=2,
                    help="LocalCluster worker processes (default 2)")
     p.add_argument("--json", metavar="FILE", help="results as JSON")
+    p.add_argument("--record", action="store_true",
+                   help="with --steady-state: write the recorded copy (sim/data/steady_state.json) "
+                        "and README's steady-state table from it")
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
 
 
@@ -133,8 +136,12 @@ def run(args) -> int:
     from ._common import writable_file
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, not {args.workers}")
+    if args.record and not args.steady_state:
+        raise ValueError("--record records the steady-state set: give --steady-state too")
     specs = _specs(args)
     path = args.json or (f"build/measured/{STEADY_FILE}" if args.steady_state else None)
+    if args.record:
+        path = str(recorded_steady_state())
     out = writable_file(path) if path else None
     quiet = args.no_progress
     t0 = time.monotonic()
@@ -177,6 +184,11 @@ def run(args) -> int:
             "command": _command(args), "wall_s": round(secs, 1), "runs": res,
             "summary_head": tr.SUMMARY_HEAD, "summary": summary}, indent=1))
         print(f"wrote {out}")
+    if args.record:
+        from .record import repo_readme
+        rec = json.loads(out.read_text())
+        changed = tr.write_readme_table(repo_readme(), rec)
+        print(f"{'rewrote' if changed else 'unchanged:'} {repo_readme()}'s steady-state table")
     return 0 if all(r["match"] for r in res) else 1
 
 
