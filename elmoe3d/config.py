@@ -102,7 +102,15 @@ class Config:
         ``max(1, n // 2)``: the 4-bit draft of an INT8 weight.
     batch_tokens : int
         ``T``: tokens per pass of the batched MoE datapath (each expert's
-        weights are streamed once per pass).
+        weights are streamed once per pass). A layer step of at most ``T``
+        tokens is one pass: with ``T >= 16 * (draft_len_max + 1)`` (the
+        largest batch of the Elastic-SD controller times the longest
+        verification) every verification streams each expert once.
+    token_lanes : int
+        ``P``: tokens each PE multiplies one weight slice vector with in the
+        same cycle (token-parallel PE array: ``B x P`` bit-slice dot products
+        per cycle). Token ``t`` of a pass runs in lane ``t mod P``; the
+        compute per weight word the array can apply is ``P``.
     axi_data_bits, axi_addr_bits, axi_id_bits : int
         AXI4 widths of the external-memory port. The data width must carry
         at least one slice vector; it is halved until its slice vectors per
@@ -153,7 +161,8 @@ class Config:
     top_k: int = 4
     shared_experts: int = 0
     hb_planes: int | None = None
-    batch_tokens: int = 16
+    batch_tokens: int = 80
+    token_lanes: int = 4
     axi_data_bits: int = 64
     axi_addr_bits: int = 32
     axi_id_bits: int = 4
@@ -168,8 +177,8 @@ class Config:
     stat_bits: int = 32
     sd_threshold: int = 4
     draft_len_min: int = 1
-    draft_len_max: int = 8
-    draft_len_init: int = 4
+    draft_len_max: int = 4
+    draft_len_init: int = 2
     decay_period: int = 16
     kv_words_per_token: int = 1
     min_free_slots: int = 2
@@ -197,6 +206,10 @@ class Config:
         if self.hb_planes is not None:
             check_int("HB planes per expert", self.hb_planes, 1, max(1, n - 1))
         check_int("Tokens per pass", self.batch_tokens, 1, 256)
+        check_int("Token lanes", self.token_lanes, 1, 64)
+        if self.token_lanes > self.batch_tokens:
+            raise ValueError(f"Token lanes {self.token_lanes!r} exceed the tokens per pass "
+                             f"{self.batch_tokens}")
         check_int("AXI data width", self.axi_data_bits, 8, 1024)
         _check_pow2("AXI data width", self.axi_data_bits)
         check_int("AXI address width", self.axi_addr_bits, 12, 64)
@@ -410,21 +423,24 @@ class Config:
 PRESETS = {
     # fast simulation: every test that needs a full block
     "tiny": Config(lanes=4, pes=2, max_len=256, hb_words=4096, tag_slots=8, layers=2,
-                   hidden=16, ffn=32, experts=8, top_k=2, batch_tokens=4, sd_threshold=2,
+                   hidden=16, ffn=32, experts=8, top_k=2, batch_tokens=4, token_lanes=2,
+                   sd_threshold=2,
                    draft_len_max=4, draft_len_init=2, decay_period=4),
     # what `make demo` reports
     "default": Config(),
     # the smallest useful build; fits an ECP5-85F
     "fpga": Config(lanes=8, pes=2, max_len=1024, hb_words=8192, tag_slots=8, layers=1,
-                   hidden=32, ffn=64, experts=8, top_k=2, batch_tokens=4, axi_data_bits=32),
+                   hidden=32, ffn=64, experts=8, top_k=2, batch_tokens=4, token_lanes=2,
+                   axi_data_bits=32),
     # the in-project MoE language model (sim/lm/data/moe_lm.npz): 4 layers,
     # d_model 128, 16 experts top-2, FFN 64
     "lm": Config(lanes=16, pes=4, max_len=1024, hb_words=16384, tag_slots=24, layers=4,
-                 hidden=128, ffn=64, experts=16, top_k=2, batch_tokens=16),
+                 hidden=128, ffn=64, experts=16, top_k=2),
     # the paper's chip (8 GB config): 32 PEs, 16x32x32 bit-slice arrays; for the system model
     "paper": Config(lanes=32, pes=32, max_len=16384, hb_words=1 << 24, tag_slots=3200,
                     layer_bits=6, expert_bits=8, layers=48, hidden=2048, ffn=768, experts=128,
-                    top_k=8, batch_tokens=32, axi_data_bits=256, axi_addr_bits=40),
+                    top_k=8, batch_tokens=144, token_lanes=16, draft_len_max=8,
+                    axi_data_bits=256, axi_addr_bits=40),
 }
 
 

@@ -48,11 +48,14 @@ HB address map (every bank the same; words)
 * the dense region (:func:`dense_layout`, ``D`` words) holds every served
   layer's router weights (all planes), shared experts (all planes) and the
   requantisation parameters; it is loaded once;
-* slot ``j`` holds the ``k = hb_planes`` MSB planes of one expert at
-  ``D + j*SW`` (``SW = k * expert_rows``), *segment-interleaved*: the words
-  of segment ``σ`` for plane ``q`` follow those of plane ``q-1`` of the same
-  segment (:func:`hb_addr`), so a DRAFT (and the MSB half of a split
-  VERIFY) reads a slot as one contiguous range in consumption order;
+* slot ``j`` holds one *plane group* of one expert at ``D + j*SW``
+  (``SW = k * expert_rows``): its MSB group, the ``k = hb_planes`` planes
+  ``0 .. k-1``, or its LSB group, planes ``k .. n-1`` (when ``n - k <= k``,
+  :func:`group_planes`), *segment-interleaved*: the words of segment ``σ``
+  for a plane follow those of the group's previous plane of the same
+  segment (:func:`hb_addr`, :func:`group_offset`), so a DRAFT (and the MSB
+  half of a split VERIFY) reads an MSB slot, and a whole-resident expert
+  its LSB slot, as one contiguous range in consumption order;
 * the KV region occupies the top ``kv`` words and grows *downwards*: it covers
   the highest slots first, while the tag unit's victim search prefers the
   lowest free slot, so KV growth and victim choice do not fight. Slot ``j`` is
@@ -93,6 +96,7 @@ __all__ = [
     "lpddr_image",
     "DenseLayout", "dense_layout", "pack_rows", "slice_words", "expert_slice_words",
     "expert_image", "hb_slot_image", "weight_beats", "ParamRecord", "pack_param_record",
+    "group_planes", "group_offset", "lsb_group_fits",
     "unpack_param_record", "pack_lut_record", "dense_records", "dense_image",
     "interleaved_offset",
 ]
@@ -162,6 +166,34 @@ def planes_for(cfg, mode) -> range:
 
 # --------------------------------------------------------------------------------------
 # HB
+
+
+def lsb_group_fits(cfg) -> bool:
+    """Whether a slot can hold an expert's LSB plane group (``n - k <= k``)."""
+    return cfg.planes - cfg.hb_planes_eff <= cfg.hb_planes_eff
+
+
+def group_planes(cfg, group: int) -> range:
+    """The planes of plane group ``group`` (0: MSB ``0 .. k-1``, 1: LSB
+    ``k .. n-1``); ``ValueError`` for an LSB group that does not fit a slot."""
+    k, n = cfg.hb_planes_eff, cfg.planes
+    if group == 0:
+        return range(k)
+    if group != 1:
+        raise ValueError(f"Plane group must be 0 (MSB) or 1 (LSB), not {group!r}")
+    if not lsb_group_fits(cfg):
+        raise ValueError(f"An LSB group of {n - k} planes does not fit a slot of {k} planes")
+    return range(k, n)
+
+
+def group_offset(cfg, group: int, plane: int, row: int) -> int:
+    """Word offset within a slot of ``{plane, row}`` of a slot holding plane
+    group ``group`` (segment-interleaved over the group's planes)."""
+    planes = group_planes(cfg, group)
+    if plane not in planes or not 0 <= row < cfg.expert_rows:
+        raise ValueError(f"(plane, row) = {(plane, row)!r} outside plane group {group!r}")
+    seg, c = segment_of_row(cfg, row)
+    return seg.row0 * len(planes) + (plane - planes.start) * seg.chunks + c
 
 
 def hb_addr(cfg, slot: int, plane: int, row: int) -> int:
@@ -525,17 +557,15 @@ def expert_image(cfg, wg, wu, wd) -> bytes:
     return val.to_bytes(cfg.expert_bytes, "little")
 
 
-def hb_slot_image(cfg, wg, wu, wd) -> np.ndarray:
-    """``(B, slot_words)`` words of a slot holding this expert's ``k`` MSB
-    planes, in HB address order (offset ``hb_addr(...) - slot base``)."""
+def hb_slot_image(cfg, wg, wu, wd, group: int = 0) -> np.ndarray:
+    """``(B, slot_words)`` words of a slot holding this expert's plane group
+    ``group`` (0: the ``k`` MSB planes, 1: the LSB planes), in HB address
+    order (:func:`group_offset`; unused words of an LSB slot are 0)."""
     words = expert_slice_words(cfg, wg, wu, wd)
-    k = cfg.hb_planes_eff
     out = np.zeros((cfg.pes, cfg.slot_words), dtype=object)
-    base = cfg.expert_base
-    for q in range(k):
+    for q in group_planes(cfg, group):
         for r in range(cfg.expert_rows):
-            a = hb_addr(cfg, 0, q, r) - base
-            out[:, a] = words[q, :, r]
+            out[:, group_offset(cfg, group, q, r)] = words[q, :, r]
     return out
 
 

@@ -46,9 +46,14 @@ VERIFY when any is VERIFY, else FULL; a DRAFT job needs planes
 ``0 .. k-1``, any other all ``n``. Its **source** is an input (the
 controller's decision, :class:`Source`): ``hb`` with a slot — planes
 ``0 .. k-1`` from that HB slot and, if the job needs all planes, planes
-``k .. n-1`` from LPDDR (a *split* job: the two ports are consumed
-concurrently and the partial sums add to FULL exactly) — or LPDDR for all the
-planes the job needs.
+``k .. n-1`` either from LPDDR (a *split* job: the two ports are consumed
+concurrently and the partial sums add to FULL exactly) or, with ``lsb_hb``,
+from a second HB slot ``lsb_slot`` that holds the expert's LSB plane group
+(the expert is *whole-resident*: every plane from HB, nothing from LPDDR) —
+or LPDDR for all the planes the job needs. A slot holds one plane group of
+one expert: the MSB group (planes ``0 .. k-1``) or the LSB group (planes
+``k .. n-1``, possible when ``n - k <= k``); what a slot holds is the
+controller's choice (the bit axis of the elastic cache).
 
 Weight traffic contract (:func:`pass_traffic`), per pass:
 
@@ -56,18 +61,37 @@ Weight traffic contract (:func:`pass_traffic`), per pass:
   the pass constants (the bank's output-requantisation records and the
   softmax record; bank 0 also the SiLU table) once; per job its
   requantisation records once and, for a shared job or an HB-sourced job,
-  its HB planes once (the whole slot; the dense expert's needed planes);
+  its HB planes once (the whole slot; the dense expert's needed planes;
+  the whole LSB slot of a whole-resident job);
 * LPDDR (``ExtBeat`` beats of ``fill_words`` words): per job with LPDDR
   planes, exactly those planes once, in the order of
   :func:`elmoe3d.golden.layout.weight_beats` (bank fastest);
 * nothing else, and **no expert's weights twice within a pass**.
 
 Each beat is applied to every token of the job (weight reuse = tokens per
-job). The analytic cycle bound of a pass is
-``max(HB words per bank, LPDDR beats, MAC beats per PE)``: HB delivers one
-word per bank per cycle, LPDDR one beat per cycle, a PE one slice vector per
-cycle (MAC beats = the planes each token uses times the chunks of every
-segment, over the router and every job).
+job).
+
+Token lanes (the token-parallel PE array)
+------------------------------------------
+Each PE multiplies one slice vector with the activations of up to
+``P = Config.token_lanes`` tokens in the same cycle. Token ``t`` of a pass
+runs in lane ``t mod P`` (:func:`lane_of`); a beat carries at most one token
+per lane. Per segment of a job the array takes the job's tokens in
+**steps**: in each step every lane takes its next token of the job (lowest
+position first), and tokens of different plane counts never share a step
+(DRAFT tokens, ``k`` planes, first; then the others, ``n`` planes). A
+segment therefore costs ``max over lanes`` of that lane's tokens of the job,
+per plane-count class, times the class's planes times the segment's chunks
+(:func:`lane_steps`); the router's ``count`` tokens cost
+``ceil(count / P)`` steps of ``n`` planes. Numerics do not depend on the
+lanes.
+
+The analytic cycle bound of a pass is
+``max(HB words per bank, LPDDR beats x cycles per beat, MAC beats per PE)``:
+HB delivers one word per bank per cycle, LPDDR one beat per
+``cycles_per_beat`` cycles (its bandwidth), a PE one slice vector per cycle
+for all its lanes (MAC beats = steps times planes times chunks, over the
+router and every job, :func:`pass_traffic`).
 """
 
 from __future__ import annotations
@@ -83,7 +107,8 @@ from . import moe_layer as gm
 __all__ = ["Role", "Source", "LPDDR", "Job", "PassPlan", "Traffic", "BatchResult",
            "announce_order", "precision_of", "job_precision", "pass_slices", "route_pass", "plan_pass",
            "batched_forward", "pass_traffic", "lut_share", "record_words",
-           "expert_record_range", "analytic_pass_cycles", "with_sources"]
+           "expert_record_range", "analytic_pass_cycles", "with_sources", "lane_of",
+           "lane_steps", "PlaneGroup"]
 
 
 class Role(enum.IntEnum):
@@ -135,13 +160,29 @@ def job_precision(roles) -> Role:
     return Role.VERIFY if Role.VERIFY in roles else Role.FULL
 
 
+class PlaneGroup(enum.IntEnum):
+    """What an HB slot holds of an expert: its MSB planes ``0 .. k-1`` or its
+    LSB planes ``k .. n-1``."""
+    MSB = 0
+    LSB = 1
+
+
 @dataclass(frozen=True)
 class Source:
     """Where a routed job's weights come from (the controller's decision):
-    ``hb=True``: planes ``0 .. k-1`` from HB slot ``slot`` (the rest, if
-    needed, from LPDDR: split); ``hb=False``: every needed plane from LPDDR."""
+    ``hb=True``: planes ``0 .. k-1`` from HB slot ``slot``; the rest, if
+    needed, from HB slot ``lsb_slot`` when ``lsb_hb`` (whole-resident),
+    else from LPDDR (split); ``hb=False``: every needed plane from LPDDR
+    (``lsb_hb`` must then be ``False``)."""
     hb: bool = False
     slot: int = 0
+    lsb_hb: bool = False
+    lsb_slot: int = 0
+
+    def __post_init__(self):
+        if self.lsb_hb and not self.hb:
+            raise ValueError("An LSB plane group from HB needs the MSB group from HB too "
+                             f"(hb=False, lsb_hb=True, lsb_slot={self.lsb_slot!r})")
 
 
 #: All planes from LPDDR.
@@ -152,7 +193,9 @@ LPDDR = Source(False, 0)
 class Job:
     """One expert of a pass: ``expert`` is the golden layer's index (routed
     ``< E``, shared ``E + s``); ``tokens`` are positions within the pass
-    (ascending); ``hb_planes`` / ``ext_planes`` the planes each port carries."""
+    (ascending); ``hb_planes`` / ``ext_planes`` the planes the HB (MSB slot or
+    dense region) and LPDDR ports carry; ``lsb_planes`` the planes read from
+    the expert's LSB slot (HB)."""
     expert: int
     shared: bool
     tokens: tuple
@@ -160,10 +203,16 @@ class Job:
     source: Source | None
     hb_planes: tuple
     ext_planes: tuple
+    lsb_planes: tuple = ()
 
     @property
     def split(self) -> bool:
         return bool(self.hb_planes) and bool(self.ext_planes)
+
+    @property
+    def whole_hb(self) -> bool:
+        """Every plane the job needs comes from HB slots (MSB and LSB group)."""
+        return bool(self.lsb_planes)
 
 
 @dataclass
@@ -189,6 +238,7 @@ class Traffic:
     mac_beats: int
     hb_items: list = field(default_factory=list)     # (what, job expert or None, words)
     ext_items: list = field(default_factory=list)    # (expert, planes, beats)
+    ext_cycles_per_beat: float = 1.0                 # LPDDR bandwidth (cycles per beat)
 
     @property
     def hb_beats(self) -> int:
@@ -196,8 +246,13 @@ class Traffic:
         return max(self.hb_words)
 
     @property
-    def bound(self) -> int:
-        return max(self.hb_beats, self.ext_beats, self.mac_beats)
+    def ext_cycles(self) -> float:
+        """LPDDR port time: its beats at the configured bandwidth."""
+        return self.ext_beats * self.ext_cycles_per_beat
+
+    @property
+    def bound(self) -> float:
+        return max(self.hb_beats, self.ext_cycles, self.mac_beats)
 
 
 @dataclass
@@ -244,14 +299,16 @@ def route_pass(layer, xs, roles, masks):
 
 
 def _planes(layer, precision: Role, source: Source | None, shared: bool):
+    """``(hb_planes, ext_planes, lsb_planes)`` of a job."""
     n = 8 // layer.slice_bits
     k = layer.draft_keep
     need = tuple(range(k)) if precision is Role.DRAFT else tuple(range(n))
     if shared:
-        return need, ()                          # the dense region holds all planes
+        return need, (), ()                      # the dense region holds all planes
     if source is not None and source.hb:
-        return tuple(p for p in need if p < k), tuple(p for p in need if p >= k)
-    return (), need
+        lo, hi = tuple(p for p in need if p < k), tuple(p for p in need if p >= k)
+        return (lo, (), hi) if source.lsb_hb else (lo, hi, ())
+    return (), need, ()
 
 
 def plan_pass(layer, xs, roles, masks, sources=None, first: int = 0) -> PassPlan:
@@ -267,8 +324,8 @@ def plan_pass(layer, xs, roles, masks, sources=None, first: int = 0) -> PassPlan
     jobs = []
     for s in range(S):
         prec = job_precision(roles)
-        hb, ext = _planes(layer, prec, None, True)
-        jobs.append(Job(E + s, True, all_tok, prec, None, hb, ext))
+        hb, ext, lsb = _planes(layer, prec, None, True)
+        jobs.append(Job(E + s, True, all_tok, prec, None, hb, ext, lsb))
     groups = {}
     for t, s in enumerate(sel):
         for e in s:
@@ -282,8 +339,8 @@ def plan_pass(layer, xs, roles, masks, sources=None, first: int = 0) -> PassPlan
             src = sources(e, prec, toks)
         else:
             src = sources.get(e, LPDDR)
-        hb, ext = _planes(layer, prec, src, False)
-        jobs.append(Job(e, False, toks, prec, src, hb, ext))
+        hb, ext, lsb = _planes(layer, prec, src, False)
+        jobs.append(Job(e, False, toks, prec, src, hb, ext, lsb))
     return PassPlan(first, list(roles), logits, sel, gates, jobs)
 
 
@@ -298,8 +355,9 @@ def with_sources(layer, plan: PassPlan, sources) -> PassPlan:
             jobs.append(j)
             continue
         src = sources.get(j.expert, LPDDR)
-        hb, ext = _planes(layer, j.precision, src, False)
-        jobs.append(dataclasses.replace(j, source=src, hb_planes=hb, ext_planes=ext))
+        hb, ext, lsb = _planes(layer, j.precision, src, False)
+        jobs.append(dataclasses.replace(j, source=src, hb_planes=hb, ext_planes=ext,
+                                        lsb_planes=lsb))
     return dataclasses.replace(plan, jobs=jobs)
 
 
@@ -385,6 +443,35 @@ def _router_rows(cfg):
     return cfg.experts * cfg.hidden // (cfg.pes * cfg.lanes)
 
 
+def lane_of(cfg, t: int) -> int:
+    """The token lane of a pass's token ``t``: ``t mod P``."""
+    return t % cfg.token_lanes
+
+
+def lane_steps(cfg, tokens, roles) -> list:
+    """The steps of one segment of a job (module doc, "Token lanes"): a list
+    of ``(planes, [token or None per lane])``, DRAFT tokens first, then the
+    others; in each step lane ``p`` takes the lowest of its tokens not taken
+    yet. ``tokens`` are pass positions, ``roles`` the pass's roles."""
+    P, n, k = cfg.token_lanes, cfg.planes, cfg.hb_planes_eff
+    out = []
+    for draft in (True, False):
+        lanes = [[t for t in sorted(tokens) if t % P == p and
+                  (Role(roles[t]) is Role.DRAFT) == draft] for p in range(P)]
+        for i in range(max((len(x) for x in lanes), default=0)):
+            out.append((k if draft else n, [x[i] if i < len(x) else None for x in lanes]))
+    return out
+
+
+def lpddr_cycles_per_beat(cfg) -> float:
+    """Cycles the LPDDR port needs per ``ExtBeat`` (``axi_beat_bits`` bits):
+    1 at the default bandwidth (one beat per cycle), more when
+    ``Config.lpddr_bytes_per_cycle`` is below a beat."""
+    bpc = getattr(cfg, "lpddr_bytes_per_cycle", None)
+    beat = cfg.axi_beat_bits // 8
+    return 1.0 if not bpc else max(1.0, beat / bpc)
+
+
 def pass_traffic(cfg, plan: PassPlan) -> Traffic:
     """The weight traffic of one pass under the contract (module doc) and
     its analytic cycle bound."""
@@ -409,30 +496,31 @@ def pass_traffic(cfg, plan: PassPlan) -> Traffic:
     for job in plan.jobs:
         first, cnt = expert_record_range(cfg, job.expert)
         rw = record_words(cfg, first, cnt)[1]
-        w = rw + len(job.hb_planes) * rows
+        w = rw + (len(job.hb_planes) + len(job.lsb_planes)) * rows
         for b in range(B):
             hb[b] += w
         items.append(("records", job.expert, rw))
         if job.hb_planes:
             items.append(("weights", job.expert, len(job.hb_planes) * rows))
+        if job.lsb_planes:
+            items.append(("lsb weights", job.expert, len(job.lsb_planes) * rows))
         if job.ext_planes:
             beats = len(job.ext_planes) * per_plane_beats
             ext_beats += beats
             ext_items.append((job.expert, job.ext_planes, beats))
-    # MAC beats per PE: the router for every token (n planes), each job's
-    # segments for each of its tokens at the planes that token uses
-    mac = len(plan.roles) * n * _router_rows(cfg)
+    # MAC beats per PE: the router in steps of P tokens (n planes), each
+    # job's segments in the steps of its tokens (lane_steps)
+    P = cfg.token_lanes
+    mac = -(-len(plan.roles) // P) * n * _router_rows(cfg)
     chunks = sum(s.chunks for s in segs)
     for job in plan.jobs:
-        for t in job.tokens:
-            planes = cfg.hb_planes_eff if plan.roles[t] is Role.DRAFT else n
-            mac += planes * chunks
-    return Traffic(hb, ext_beats, mac, items, ext_items)
+        mac += sum(planes for planes, _ in lane_steps(cfg, job.tokens, plan.roles)) * chunks
+    return Traffic(hb, ext_beats, mac, items, ext_items, lpddr_cycles_per_beat(cfg))
 
 
-def analytic_pass_cycles(cfg, plan: PassPlan) -> int:
+def analytic_pass_cycles(cfg, plan: PassPlan) -> float:
     """The analytic cycle bound of a pass: ``max(HB words per bank, LPDDR
-    beats, MAC beats per PE)``."""
+    beats at the configured bandwidth, MAC beats per PE)``."""
     return pass_traffic(cfg, plan).bound
 
 

@@ -124,7 +124,8 @@ class BitSlicePE(PipelinedMAC):
     check_cls = SequenceCheck
 
     def __init__(self, *, lanes: int = 16, slice_bits: int = 4, max_len: int = 4096,
-                 augment: bool = True, levels_per_stage: int = LEVELS_PER_STAGE):
+                 augment: bool = True, levels_per_stage: int = LEVELS_PER_STAGE,
+                 tokens: int = 1):
         gbs.check_slice_bits(slice_bits)
         if not isinstance(augment, bool):
             raise TypeError(f"augment must be a bool, not {augment!r}")
@@ -138,8 +139,14 @@ class BitSlicePE(PipelinedMAC):
         rows = slice_bits + 1 + (1 if self.deep else 0)
         self.tree_stages = tree_stages(rows * lanes, levels_per_stage)
         self.data_stage = self.tree_stages + 2          # a_ = 0, d_ = 1, tree, x_
-        super().__init__(pe_beat(slice_bits, lanes), lanes=lanes, max_len=max_len,
-                         levels_per_stage=levels_per_stage)
+        check_int("Token lanes", tokens, 1, 64)
+        super().__init__(pe_beat(slice_bits, lanes, tokens), lanes=lanes, max_len=max_len,
+                         levels_per_stage=levels_per_stage, tokens=tokens)
+
+    @staticmethod
+    def lane_act(beat, p):
+        """The activations token lane ``p`` multiplies (a token-parallel PE)."""
+        return beat.act[p]
 
     @staticmethod
     def rounds(beat):
@@ -158,48 +165,56 @@ class BitSlicePE(PipelinedMAC):
         m.d.comb += [check.valid.eq(a_valid), check.last.eq(a.last), check.plane.eq(a.sv.plane),
                      check.mode.eq(a.mode), check.keep.eq(a.keep)]
 
-        # ---- d_: mode decode and fields ------------------------------------------------
+        # ---- d_: mode decode and fields (shared by the token lanes) -----------------------
+        P = self.tokens
         is_msb = a.sv.plane == 0
         rnd = self.rounds(a) if self.augment else Const(0)
         d_field = [Signal(s + 1, name=f"d_field{j}") for j in range(L)]
-        d_act = [Signal(signed(8), name=f"d_act{j}") for j in range(L)]
         d_plane = Signal.like(a.sv.plane, name="d_plane")
         d_rdeep = Signal(name="d_rdeep")
         for j in range(L):
             sl = a.sv.slices[j]
-            m.d.sync += [d_field[j].eq(Mux(is_msb, Cat(rnd, sl), Cat(sl, Const(0, 1)))),
-                         d_act[j].eq(a.act[j])]
+            m.d.sync += d_field[j].eq(Mux(is_msb, Cat(rnd, sl), Cat(sl, Const(0, 1))))
         m.d.sync += [d_plane.eq(a.sv.plane), d_rdeep.eq(rnd & ~is_msb)]
-
-        # ---- t_: partial products -> registered adder tree ------------------------------
-        # Field bit k of lane j adds act_j << k; bit s is the sign bit of the
-        # signed MSB field {m, r} (always 0 in {0, l}) and is subtracted. With
-        # `deep` the tree counts half-units: the field rows move up one bit and
-        # the activations, gated by the rounding bit, form one more row.
-        u = 1 if deep else 0
-        terms = [Term(Mux(d_field[j][k], d_act[j], 0), k + u, neg=(k == s))
-                 for k in range(s + 1) for j in range(L)]
-        if deep:
-            terms += [Term(Mux(d_rdeep, d_act[j], 0), 0) for j in range(L)]
-        psum, stages = pipelined_sum(m, terms, levels_per_stage=self.levels_per_stage,
-                                     name="t")
-        assert stages == self.tree_stages, (stages, self.tree_stages)
+        # the plane travels beside the trees (their stages are equal)
+        stages = self.tree_stages
         t_plane = d_plane
         for k in range(stages):
             r = Signal.like(t_plane, name=f"t{k}_plane")
             m.d.sync += r.eq(t_plane)
             t_plane = r
-        total = psum.value << psum.shift if psum.shift else psum.value
+        u = 1 if deep else 0
+        x_terms = []
+        for p in range(P):
+            act = a.act if P == 1 else self.lane_act(a, p)
+            sfx = "" if P == 1 else f"_p{p}"
+            d_act = [Signal(signed(8), name=f"d_act{j}{sfx}") for j in range(L)]
+            m.d.sync += [d_act[j].eq(act[j]) for j in range(L)]
 
-        # ---- x_: the plane's shift -------------------------------------------------------
-        opts = []
-        for q in range(n):
-            sh = gbs.field_shift(q, s) - u
-            opts.append(total << sh if sh >= 0 else total >> 1)   # exact: even there
-        x_term = Signal(signed(W), name="x_term")
-        m.d.sync += x_term.eq(mux_tree(t_plane, opts) if n > 1 else opts[0])
+            # ---- t_: partial products -> registered adder tree --------------------------
+            # Field bit k of lane j adds act_j << k; bit s is the sign bit of the
+            # signed MSB field {m, r} (always 0 in {0, l}) and is subtracted. With
+            # `deep` the tree counts half-units: the field rows move up one bit and
+            # the activations, gated by the rounding bit, form one more row.
+            terms = [Term(Mux(d_field[j][k], d_act[j], 0), k + u, neg=(k == s))
+                     for k in range(s + 1) for j in range(L)]
+            if deep:
+                terms += [Term(Mux(d_rdeep, d_act[j], 0), 0) for j in range(L)]
+            psum, st = pipelined_sum(m, terms, levels_per_stage=self.levels_per_stage,
+                                     name=f"t{sfx}")
+            assert st == stages, (st, stages)
+            total = psum.value << psum.shift if psum.shift else psum.value
 
-        self.finish(m, check, x_term, stages + 2)
+            # ---- x_: the plane's shift ---------------------------------------------------
+            opts = []
+            for q in range(n):
+                sh = gbs.field_shift(q, s) - u
+                opts.append(total << sh if sh >= 0 else total >> 1)   # exact: even there
+            x_term = Signal(signed(W), name=f"x_term{sfx}")
+            m.d.sync += x_term.eq(mux_tree(t_plane, opts) if n > 1 else opts[0])
+            x_terms.append(x_term)
+
+        self.finish(m, check, x_terms[0] if P == 1 else x_terms, stages + 2)
         return m
 
 

@@ -411,19 +411,22 @@ class PipelinedMAC(wiring.Component):
     cycle, even for dot products of one beat.
     """
 
-    def __init__(self, beat_type, *, lanes: int, max_len: int, levels_per_stage: int):
+    def __init__(self, beat_type, *, lanes: int, max_len: int, levels_per_stage: int,
+                 tokens: int = 1):
         from ..golden import bitslice as gbs
         from .vocab import pe_result
         check_int("Lane count", lanes, 1, 1024)
         check_int("Maximum dot-product length", max_len, 1)
         check_int("Adder levels per pipeline stage", levels_per_stage, 1, 16)
+        check_int("Token lanes", tokens, 1, 64)
         self.lanes, self.max_len, self.levels_per_stage = lanes, max_len, levels_per_stage
+        self.tokens = tokens
         self.max_chunks = gbs.max_chunks(max_len, lanes)
         self.acc_width = gbs.acc_width(max_len, lanes)
         self.latency = max(self.data_stage, CHECK_STAGES) + 5
         self.depth = self.latency + 1
         super().__init__({"i": In(stream.Signature(beat_type)),
-                          "o": Out(stream.Signature(pe_result(max_len, lanes)))})
+                          "o": Out(stream.Signature(pe_result(max_len, lanes, tokens)))})
         #: the credit-managed result buffer (a member, so that the formal
         #: wrapper can state that it never refuses a result)
         self.result_buffer = CreditBuffer(self.o.payload.shape(), self.depth)
@@ -442,7 +445,11 @@ class PipelinedMAC(wiring.Component):
 
     def finish(self, m: Module, check, term, term_stage: int):
         """Join the checker (outputs at stage 3) and the datapath term (at
-        ``term_stage``), accumulate, and write results into the buffer."""
+        ``term_stage``; a list of terms, one per token lane, for a
+        token-parallel member), accumulate, and write results into the
+        buffer."""
+        if isinstance(term, (list, tuple)):
+            return self._finish_tokens(m, check, term, term_stage)
         if term_stage != self.data_stage:
             raise RuntimeError(f"{type(self).__name__}: datapath term at stage {term_stage}, "
                                f"latency computed for {self.data_stage}")
@@ -456,3 +463,24 @@ class PipelinedMAC(wiring.Component):
         buf = self.result_buffer
         m.d.comb += [buf.i.valid.eq(r_valid), buf.i.payload.value.eq(r_value),
                      buf.i.payload.error.eq(r_error)]
+
+    def _finish_tokens(self, m: Module, check, terms, term_stage: int):
+        """:meth:`finish` for ``P`` token lanes: one checker, ``P``
+        accumulators in lockstep, one result of ``P`` values."""
+        if term_stage != self.data_stage:
+            raise RuntimeError(f"{type(self).__name__}: datapath term at stage {term_stage}, "
+                               f"latency computed for {self.data_stage}")
+        stage = max(term_stage, CHECK_STAGES)
+        valid = delay(m, check.o_valid, stage - CHECK_STAGES, "c_valid")
+        last = delay(m, check.o_last, stage - CHECK_STAGES, "c_last")
+        bad = delay(m, check.o_bad, stage - CHECK_STAGES, "c_bad")
+        buf = self.result_buffer
+        for p, term in enumerate(terms):
+            term = delay(m, term, stage - term_stage, f"x_term_p{p}")
+            sub = Module()
+            r_valid, r_value, r_error = accumulate(sub, self.acc_width, valid=valid, last=last,
+                                                   term=term, bad=bad)
+            m.submodules[f"acc{p}"] = sub
+            m.d.comb += buf.i.payload.value[p].eq(r_value)
+            if p == 0:
+                m.d.comb += [buf.i.valid.eq(r_valid), buf.i.payload.error.eq(r_error)]

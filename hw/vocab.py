@@ -161,20 +161,25 @@ def slice_vector(slice_bits: int, lanes: int) -> type:
 
 
 @lru_cache(maxsize=None)
-def pe_beat(slice_bits: int, lanes: int) -> type:
-    """``PEBeat``: ``act[L]`` INT8, ``sv``, ``mode``, ``keep``, ``last``."""
+def pe_beat(slice_bits: int, lanes: int, tokens: int = 1) -> type:
+    """``PEBeat``: ``act[L]`` INT8 (``act[P][L]`` for a token-parallel PE of
+    ``P = tokens`` token lanes: one activation vector per token), ``sv``,
+    ``mode``, ``keep``, ``last``."""
     n = 8 // slice_bits
-    return struct("PEBeat", {"act": data.ArrayLayout(signed(8), lanes),
+    act = data.ArrayLayout(signed(8), lanes)
+    return struct("PEBeat", {"act": act if tokens == 1 else data.ArrayLayout(act, tokens),
                              "sv": slice_vector(slice_bits, lanes),
                              "mode": PEMode, "keep": unsigned(n.bit_length()),
                              "last": unsigned(1)})
 
 
 @lru_cache(maxsize=None)
-def pe_result(max_len: int, lanes: int) -> type:
+def pe_result(max_len: int, lanes: int, tokens: int = 1) -> type:
     """``PEResult``: ``value`` (signed, ``acc_width(max_len, L)`` bits: holds
-    every dot product a PE with ``L`` lanes accepts), ``error``."""
-    return struct("PEResult", {"value": signed(acc_width(max_len, lanes)),
+    every dot product a PE with ``L`` lanes accepts; ``value[P]`` for a
+    token-parallel PE), ``error``."""
+    v = signed(acc_width(max_len, lanes))
+    return struct("PEResult", {"value": v if tokens == 1 else data.ArrayLayout(v, tokens),
                                "error": unsigned(1)})
 
 
@@ -401,8 +406,8 @@ def expert_need(layer_bits: int, expert_bits: int, tokens: int) -> type:
     """``ExpertNeed``: ``{layer, expert}``, ``tokens`` (1 .. T) of the pass
     routed to it, ``precision`` (DRAFT: planes ``0..k-1``; FULL/VERIFY: all),
     ``last`` (the pass's last announcement), ``none`` (the one beat of a pass
-    that routes no expert: ``last`` = 1, no decision follows; the other
-    fields are 0)."""
+    that routes no expert: ``last`` = 1, ``layer`` = the pass's layer, no
+    decision follows; ``expert``, ``tokens`` and ``precision`` are 0)."""
     return struct("ExpertNeed", {"layer": unsigned(layer_bits), "expert": unsigned(expert_bits),
                                  "tokens": unsigned(tokens.bit_length()),
                                  "precision": TokenRole, "last": unsigned(1),
@@ -412,8 +417,12 @@ def expert_need(layer_bits: int, expert_bits: int, tokens: int) -> type:
 @lru_cache(maxsize=None)
 def expert_source(slots: int) -> type:
     """``ExpertSource``: ``hb`` = 1: planes ``0..k-1`` from HB ``slot``, the
-    others (if needed) from LPDDR; ``hb`` = 0: every needed plane from LPDDR."""
-    return struct("ExpertSource", {"hb": unsigned(1), "slot": unsigned(bits(slots))})
+    others (if needed) from HB ``lsb_slot`` when ``lsb_hb`` = 1 (the slot
+    holding the expert's LSB plane group: whole-resident, nothing from
+    LPDDR), else from LPDDR (split); ``hb`` = 0: every needed plane from
+    LPDDR (``lsb_hb`` must be 0)."""
+    return struct("ExpertSource", {"hb": unsigned(1), "slot": unsigned(bits(slots)),
+                                   "lsb_hb": unsigned(1), "lsb_slot": unsigned(bits(slots))})
 
 
 @lru_cache(maxsize=None)

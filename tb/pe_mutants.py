@@ -15,6 +15,8 @@ one thing, built by :func:`mutant`.
   check of ``tb/formal/pe_equiv.py`` must find it).
 * ``"msb_round"``: MSB-partial mode rounds like DRAFT, so MSB + LSB differs
   from FULL while FULL stays exact.
+* ``"lane0"``: a token-parallel PE multiplies every token lane's slice
+  vector with lane 0's activations.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ..hw.pe_pipeline import SequenceCheck
 
 __all__ = ["MUTANTS", "mutant"]
 
-MUTANTS = ("chunks", "limit", "round", "corner", "msb_round")
+MUTANTS = ("chunks", "limit", "round", "corner", "msb_round", "lane0")
 
 
 class _AlwaysSameCount(SequenceCheck):
@@ -76,5 +78,14 @@ def mutant(block: str, bug: str, **params):
         class Mutant(cls):
             pass
         Mutant.rounds = staticmethod(rounds)
+        return Mutant(**params)
+    if bug == "lane0":
+        if not (issubclass(cls, BitSlicePE) and params.get("tokens", 1) > 1):
+            raise ValueError(f"bug 'lane0' needs a token-parallel PE, not {block!r}")
+
+        class Mutant(cls):
+            @staticmethod
+            def lane_act(beat, p):
+                return beat.act[0]
         return Mutant(**params)
     raise ValueError(f"bug must be one of {', '.join(MUTANTS)}, not {bug!r}")

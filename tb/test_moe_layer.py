@@ -84,9 +84,10 @@ def _coverage():
 
     # source: shared = a shared expert (dense HB region); hb = every plane
     # the job needs from an HB slot; split = MSB planes from HB, the others
-    # from LPDDR; lpddr = every plane from LPDDR.
+    # from LPDDR; whole = MSB planes from the MSB slot, the others from the
+    # expert's LSB slot (whole-resident); lpddr = every plane from LPDDR.
     @CoverPoint(f"{P}.job.source", xf=lambda c: c["source"],
-                bins=["shared", "hb", "split", "lpddr"])
+                bins=["shared", "hb", "split", "whole", "lpddr"])
     @CoverPoint(f"{P}.job.precision", xf=lambda c: c["precision"], bins=["FULL", "DRAFT", "VERIFY"])
     @CoverPoint(f"{P}.job.tokens", xf=lambda c: c["tokens"], bins=["1", "some", "T"])
     @CoverPoint(f"{P}.job.decision_delay", xf=lambda c: c["delay"], bins=yn)
@@ -95,12 +96,14 @@ def _coverage():
     # Illegal by the contract (golden/moe_batched._planes): a FULL or VERIFY
     # job needs all n planes and an HB slot holds only k of them (Config:
     # hb_planes <= planes - 1 whenever planes > 1), so an HB-sourced FULL /
-    # VERIFY job is always split, never HB-only; a DRAFT job needs planes
-    # 0 .. k-1, all in the slot, so an HB-sourced DRAFT job is never split.
-    # (Only slice_bits = 8, one plane, would make HB-only FULL possible; no
-    # parameter set here has it.)
+    # VERIFY job is always split or whole (two slots), never one slot; a
+    # DRAFT job needs planes 0 .. k-1, all in the MSB slot, so an
+    # HB-sourced DRAFT job is never split nor whole. (Only slice_bits = 8,
+    # one plane, would make one-slot FULL possible; no parameter set here
+    # has it.)
     @CoverCross(f"{P}.job.sourceXprecision", items=[f"{P}.job.source", f"{P}.job.precision"],
-                ign_bins=[("hb", "FULL"), ("hb", "VERIFY"), ("split", "DRAFT")])
+                ign_bins=[("hb", "FULL"), ("hb", "VERIFY"), ("split", "DRAFT"),
+                          ("whole", "DRAFT")])
     @CoverCross(f"{P}.job.sourceXtokens", items=[f"{P}.job.source", f"{P}.job.tokens"])
     def sample_job(c):
         pass
@@ -128,7 +131,7 @@ class MoETB:
 
     def __init__(self, dut, *, stress=False, idle=0.0, bp=0.0, policy="random",
                  decision_delay=(0, 0), ext_latency=20, hb_latency=3, resident=None,
-                 free_slots=0):
+                 free_slots=0, lsb_slots=None):
         self.dut = dut
         self.cfg = cfg = Config(**params()["config"])
         self.v = vocab(cfg)
@@ -140,15 +143,24 @@ class MoETB:
         self.dense = gl.dense_image(cfg, self.layers)                  # (B, D)
         # residency: which (layer, expert) sits in which slot
         pairs = [(l, e) for l in range(cfg.layers) for e in range(cfg.experts)]
+        # ``lsb_slots`` slots hold the LSB plane group of a resident expert
+        # (whole-resident: every plane from HB), by default a quarter of them
+        # where an LSB group fits a slot
+        if lsb_slots is None:
+            lsb_slots = cfg.tag_slots // 4 if resident is None and gl.lsb_group_fits(cfg) else 0
         if resident is None:
             self.rand.shuffle(pairs)
             # ``free_slots`` slots hold no expert (an HB read of one is refused)
-            resident = pairs[:cfg.tag_slots - free_slots]
+            resident = pairs[:cfg.tag_slots - free_slots - lsb_slots]
         self.slot_of = {p: s for s, p in enumerate(resident)}
+        self.lsb_of = {p: len(resident) + i for i, p in enumerate(resident[:lsb_slots])}
         self.slots = {}
         for (l, e), s in self.slot_of.items():
             lay = self.layers[l]
             self.slots[s] = gl.hb_slot_image(cfg, lay.wg[e], lay.wu[e], lay.wd[e])
+        for (l, e), s in self.lsb_of.items():
+            lay = self.layers[l]
+            self.slots[s] = gl.hb_slot_image(cfg, lay.wg[e], lay.wu[e], lay.wd[e], group=1)
         self.words = {}
         self.idle, self.bp, self.policy = idle, bp, policy
         #: per-input idle probability overriding ``idle`` (e.g. ``{"hb0": 0.9}``)
@@ -243,21 +255,26 @@ class MoETB:
                     fault = None
         if hb and slot in self.slots:
             self.hb_reads_decided[slot] = self.hb_reads_decided.get(slot, 0) + 1
-        src = gb.Source(hb, slot)
+        # a whole-resident expert: its LSB planes from its LSB slot too
+        lsb = (hb and fault is None and prec is not R.DRAFT and (l, e) in self.lsb_of
+               and (p == "whole" or (p == "random" and self.rand.random() < 0.5)))
+        lsb_slot = self.lsb_of.get((l, e), 0) if lsb else 0
+        src = gb.Source(hb, slot, lsb, lsb_slot)
         self.decisions.append((src, fault))
         d0, d1 = self.decision_delay
         delay = self.rand.randint(d0, d1) if d1 else 0
         self.src_q.append((self.cycle + delay, pack(data.Layout.cast(self.v.ExpertSource),
-                                                    {"hb": int(hb), "slot": slot})))
+                                                    {"hb": int(hb), "slot": slot,
+                                                     "lsb_hb": int(lsb), "lsb_slot": lsb_slot})))
         n, k = self.n, self.k
         need_planes = range(k) if prec is R.DRAFT else range(n)
-        ext = [q for q in need_planes if not (hb and q < k)]
+        ext = [q for q in need_planes if not (hb and q < k) and not (lsb and q >= k)]
         if ext:
             self._queue_ext(l, e, ext, fault if fault in ("ext_error", "ext_early_last") else None)
         return delay
 
     def _free_slot(self):
-        used = set(self.slot_of.values())
+        used = set(self.slot_of.values()) | set(self.lsb_of.values())
         free = [s for s in range(self.cfg.tag_slots) if s not in used]
         return free[0] if free else None
 
@@ -630,9 +647,14 @@ class MoETB:
                             errors.append(f"output {oi} (step {si} pass {pi}): unexpected error")
                         if list(y) != exp:
                             bad = [h for h in range(cfg.hidden) if y[h] != exp[h]]
+                            jobs = [(j.expert, j.tokens, j.hb_planes, j.ext_planes, j.lsb_planes,
+                                     srcs[si][pi].get(j.expert, (None,))[0])
+                                    for j in plan.jobs if t in j.tokens]
                             errors.append(f"output {oi} (step {si} pass {pi} token {t}, "
                                           f"{R(plan.roles[t]).name}): {len(bad)} outputs differ, "
-                                          f"first y[{bad[0]}]={y[bad[0]]} expected {exp[bad[0]]}")
+                                          f"first y[{bad[0]}]={y[bad[0]]} expected {exp[bad[0]]}; "
+                                          f"its jobs (expert, tokens, HB, LPDDR, LSB planes, "
+                                          f"source): {jobs}")
                     oi += 1
         if len(self.outputs) != self.n_tokens():
             errors.append(f"{len(self.outputs)} outputs for {self.n_tokens()} tokens")
@@ -691,6 +713,9 @@ class MoETB:
                     src = srcs.get(job.expert, (gb.LPDDR, None))[0]
                     if src.hb:
                         need |= {(0, src.slot, w) for w in range(cfg.slot_words)}
+                    if job.lsb_planes:
+                        need |= {(0, src.lsb_slot, w)
+                                 for w in range(len(job.lsb_planes) * cfg.expert_rows)}
             out.append(need)
         return out
 
@@ -798,7 +823,8 @@ class MoETB:
                         source, delay = "shared", False
                     else:
                         # the golden plan carries the recorded decision's planes per port
-                        source = ("split" if job.split else "hb" if job.hb_planes else "lpddr")
+                        source = ("whole" if job.whole_hb else "split" if job.split
+                                  else "hb" if job.hb_planes else "lpddr")
                         delay = di < len(delays) and delays[di] > 0
                         di += 1
                     sj({"source": source, "precision": job.precision.name,
@@ -1006,30 +1032,74 @@ async def split_equals_full(dut):
     dut._log.info("split_equals_full: %d tokens, %d split jobs, identical", len(full), nsplit)
 
 
+#: throughput points: (name, token role, decision policy, experts the tokens
+#: route to): every expert from LPDDR; DRAFT from HB; split VERIFY (MSB
+#: planes from HB, LSB from LPDDR); whole-resident VERIFY and AR (both plane
+#: groups from HB slots, nothing from LPDDR)
+THROUGHPUT_POINTS = (("FULL", R.FULL, "lpddr", "all"), ("DRAFT", R.DRAFT, "hb", "all"),
+                     ("VERIFY", R.VERIFY, "split", "all"),
+                     ("VERIFY_whole", R.VERIFY, "whole", "whole"),
+                     ("FULL_whole", R.FULL, "whole", "whole"))
+
+
 @cocotb.test()
 async def throughput(dut):
-    """No stalls: cycles per pass for passes of 1, 4 and T tokens in FULL
-    (every expert from LPDDR), DRAFT (every expert from HB) and split VERIFY,
-    against the analytic bound; figures to ``$ELMOE_MEASURE_OUT``."""
+    """No stalls: cycles per pass for passes of 1, 4, 16 and ``T`` tokens
+    (``T`` = a whole verification of 16 requests at the longest draft) for
+    each of :data:`THROUGHPUT_POINTS`, against the analytic bound (HB words
+    per bank, LPDDR beats at the configured bandwidth, PE steps); figures to
+    ``$ELMOE_MEASURE_OUT``.
+
+    Layer 0 has a routing-trace router (:func:`elmoe3d.golden.moe_batched.trace_layer`)
+    and its tokens rank the experts at random, so every expert is routed to
+    about equally; the whole-resident points rank the ``S / 2`` experts that
+    hold both plane groups first (MSB groups in slots ``0 .. S/2-1``, LSB
+    groups in ``S/2 .. S-1``), the others all ``S`` experts MSB-resident."""
     cfg = Config(**params()["config"])
-    resident = [(0, e) for e in range(cfg.experts)][:cfg.tag_slots]
-    tb = MoETB(dut, policy="hb", ext_latency=knob("moe_ext_latency", 20), resident=resident)
+    S, E = cfg.tag_slots, cfg.experts
+    half = [(0, e) for e in range(min(E, S // 2))]
+    msb_all = [(0, e) for e in range(E)][:S]
+    tb = MoETB(dut, policy="hb", ext_latency=knob("moe_ext_latency", 20), resident=msb_all,
+               lsb_slots=0)
+    tb.layers[0] = gb.trace_layer(tb.layers[0])
+    tb.dense = gl.dense_image(cfg, tb.layers)
+
+    def residency(whole):
+        res = half if whole else msb_all
+        tb.slot_of = {p: s for s, p in enumerate(res)}
+        tb.lsb_of = {p: len(res) + i for i, p in enumerate(res)} if whole else {}
+        tb.slots = {}
+        for (l, e), s in tb.slot_of.items():
+            lay = tb.layers[l]
+            tb.slots[s] = gl.hb_slot_image(cfg, lay.wg[e], lay.wu[e], lay.wd[e])
+        for (l, e), s in tb.lsb_of.items():
+            lay = tb.layers[l]
+            tb.slots[s] = gl.hb_slot_image(cfg, lay.wg[e], lay.wu[e], lay.wd[e], group=1)
     await tb.start()
     T = tb.T
     figures = {}
     npass = knob("moe_passes", 4)
-    sizes = sorted({1, min(4, T), T})
+    sizes = sorted({1, min(4, T), min(16, T), T})
     # ELMOE_MOE_POINTS: only these points, e.g. "FULL_T16,DRAFT_T1" (default: all)
     only = {p for p in knob("moe_points", "").split(",") if p}
-    for role, policy in ((R.FULL, "lpddr"), (R.DRAFT, "hb"), (R.VERIFY, "split")):
+    for name, role, policy, route in THROUGHPUT_POINTS:
+        if policy == "whole" and not gl.lsb_group_fits(cfg):
+            continue
+        residency(policy == "whole")
         for size in sizes:
-            if only and f"{role.name}_T{size}" not in only:
+            key = f"{name}_T{size}"
+            if only and key not in only:
                 continue
             tb.policy = policy
             s0, o0 = len(tb.steps), len(tb.stats)
             allowed = tb.resident_mask(0)
+            pool = [e for _, e in half] if route == "whole" else list(range(E))
             for _ in range(npass):
-                xs = gm.random_tokens(tb.np_rng, tb.layers[0], size)
+                ranks = []
+                for _t in range(size):
+                    first = list(tb.np_rng.permutation(pool))
+                    ranks.append(first + [e for e in range(E) if e not in first])
+                xs = gb.trace_tokens(tb.np_rng, tb.layers[0], ranks)
                 tb.add_step(0, xs, [role] * size, [allowed] * size)
             await tb.drain()
             results, srcs = tb.check()
@@ -1039,27 +1109,33 @@ async def throughput(dut):
                 for plan, src in zip(res.passes, s):
                     tr = gb.pass_traffic(tb.cfg, gb.with_sources(tb.layers[0], plan,
                                                                  {e: v[0] for e, v in src.items()}))
-                    bounds.append((tr.bound, tr.hb_beats, tr.ext_beats, tr.mac_beats,
-                                   sum(tr.hb_words)))
+                    bounds.append((tr.bound, tr.hb_beats, tr.ext_cycles, tr.mac_beats,
+                                   sum(tr.hb_words), tr.ext_beats, len(plan.routed)))
             stats = [st for _, st in tb.stats[o0:]]
             # steady state: the interval between consecutive pass completions
             per_pass = (ends[-1] - ends[0]) / (len(ends) - 1)
             bound = float(np.mean([b[0] for b in bounds[1:]]))
-            figures[f"{role.name}_T{size}"] = {
-                "tokens_per_pass": size, "passes": len(ends),
+            which = ("HB", "LPDDR", "PE")[int(np.argmax([np.mean([b[i] for b in bounds[1:]])
+                                                          for i in (1, 2, 3)]))]
+            figures[key] = {
+                "tokens_per_pass": size, "passes": len(ends), "role": role.name,
+                "policy": policy,
                 "cycles_per_pass": per_pass, "bound_cycles_per_pass": bound,
-                "efficiency": bound / per_pass,
+                "efficiency": bound / per_pass, "bound_by": which,
                 "hb_beats_per_pass": float(np.mean([b[1] for b in bounds])),
-                "ext_beats_per_pass": float(np.mean([b[2] for b in bounds])),
+                "ext_cycles_per_pass": float(np.mean([b[2] for b in bounds])),
+                "ext_beats_per_pass": float(np.mean([b[5] for b in bounds])),
                 "mac_beats_per_pass": float(np.mean([b[3] for b in bounds])),
+                "ext_beats_per_expert": float(sum(b[5] for b in bounds)
+                                              / max(1, sum(b[6] for b in bounds))),
                 "hb_words_per_token": float(np.mean([st["hb_words"] for st in stats])) / size,
                 "ext_beats_per_token": float(np.mean([st["ext_beats"] for st in stats])) / size,
                 "experts_per_pass": float(np.mean([st["experts"] for st in stats])),
                 "tokens_per_expert": float(sum(st["expert_tokens"] for st in stats)
                                            / max(1, sum(st["experts"] for st in stats))),
                 "counter_cycles_per_pass": float(np.mean([st["cycles"] for st in stats]))}
-            dut._log.info("%s_T%d: %.1f cycles/pass, bound %.1f, efficiency %.3f", role.name,
-                          size, per_pass, bound, bound / per_pass)
+            dut._log.info("%s: %.1f cycles/pass, bound %.1f (%s), efficiency %.3f", key,
+                          per_pass, bound, which, bound / per_pass)
     out = os.environ.get("ELMOE_MEASURE_OUT")
     if out:
         # a run of some points (ELMOE_MOE_POINTS) updates those of an earlier

@@ -140,31 +140,47 @@ def test_job_precision(roles, prec):
 
 @pytest.mark.parametrize("s,k", [(4, 1), (2, 2), (2, 1), (1, 4)])
 def test_plane_split_per_source(s, k):
+    """Which planes each port carries: ``(MSB slot / dense, LPDDR, LSB slot)``."""
     layer = _layer(5, slice_bits=s, draft_keep=k, shared=1)
     n = 8 // s
     hb = gb.Source(True, 3)
+    whole = gb.Source(True, 3, lsb_hb=True, lsb_slot=5)
+    lo, hi = tuple(range(k)), tuple(range(k, n))
     P = gb._planes
-    assert P(layer, R.DRAFT, hb, False) == (tuple(range(k)), ())
-    assert P(layer, R.VERIFY, hb, False) == (tuple(range(k)), tuple(range(k, n)))   # split
-    assert P(layer, R.FULL, hb, False) == (tuple(range(k)), tuple(range(k, n)))
-    assert P(layer, R.FULL, gb.LPDDR, False) == ((), tuple(range(n)))
-    assert P(layer, R.DRAFT, gb.LPDDR, False) == ((), tuple(range(k)))
-    assert P(layer, R.DRAFT, None, True) == (tuple(range(k)), ())                   # shared
-    assert P(layer, R.FULL, None, True) == (tuple(range(n)), ())
+    assert P(layer, R.DRAFT, hb, False) == (lo, (), ())
+    assert P(layer, R.VERIFY, hb, False) == (lo, hi, ())                         # split
+    assert P(layer, R.FULL, hb, False) == (lo, hi, ())
+    assert P(layer, R.VERIFY, whole, False) == (lo, (), hi)                      # whole-resident
+    assert P(layer, R.FULL, whole, False) == (lo, (), hi)
+    assert P(layer, R.DRAFT, whole, False) == (lo, (), ())                       # MSB only
+    assert P(layer, R.FULL, gb.LPDDR, False) == ((), tuple(range(n)), ())
+    assert P(layer, R.DRAFT, gb.LPDDR, False) == ((), lo, ())
+    assert P(layer, R.DRAFT, None, True) == (lo, (), ())                         # shared
+    assert P(layer, R.FULL, None, True) == (tuple(range(n)), (), ())
+
+
+def test_lsb_from_hb_needs_msb_from_hb():
+    with pytest.raises(ValueError, match="lsb_slot=2"):
+        gb.Source(False, 0, lsb_hb=True, lsb_slot=2)
 
 
 def test_traffic_contract_at_default():
     """One weight load per expert per pass: the traffic of a pass counts each
     job's planes once whatever its token count, so beats per token fall
-    with T; the bound is the busiest of the three resources."""
+    with T; a whole-resident job reads both its slots from HB and nothing
+    from LPDDR; the PE array takes the tokens in steps of ``P`` lanes; the
+    bound is the busiest of the three resources."""
     cfg = preset("default")
+    P = cfg.token_lanes
     layer = gm.make_layer(np.random.default_rng(6))
     rng = np.random.default_rng(6)
     xs = gm.random_tokens(rng, layer, 16)
     rows, B, n = cfg.expert_rows, cfg.pes, cfg.planes
+    whole = gb.Source(True, 0, lsb_hb=True, lsb_slot=1)
     for role, src, hb_planes, ext_planes in ((R.FULL, gb.LPDDR, 0, n),
                                              (R.DRAFT, gb.Source(True, 0), 1, 0),
-                                             (R.VERIFY, gb.Source(True, 0), 1, n - 1)):
+                                             (R.VERIFY, gb.Source(True, 0), 1, n - 1),
+                                             (R.FULL, whole, n, 0)):
         plan = gb.plan_pass(layer, xs, [role] * 16, None, sources=lambda e, p, t: src)
         tr = gb.pass_traffic(cfg, plan)
         J = len(plan.jobs)
@@ -177,8 +193,30 @@ def test_traffic_contract_at_default():
         planes = 1 if role is R.DRAFT else n
         pairs = sum(len(j.tokens) for j in plan.jobs)
         assert pairs == 16 * cfg.top_k
-        assert tr.mac_beats == 16 * n * 16 + pairs * planes * rows
+        steps = sum(max(sum(1 for t in j.tokens if t % P == p) for p in range(P))
+                    for j in plan.jobs)
+        assert steps < pairs                  # some job has tokens in two lanes
+        assert tr.mac_beats == (16 // P) * n * 16 + steps * planes * rows
         assert tr.bound == max(tr.hb_beats, tr.ext_beats, tr.mac_beats)
+        if role is R.FULL and ext_planes == n:
+            assert tr.bound == tr.ext_beats   # an all-LPDDR pass of 16 tokens: LPDDR-bound
+
+
+def test_lane_steps():
+    """A segment's steps: one token per lane per step, lowest position first,
+    DRAFT tokens (``k`` planes) never with the others (``n`` planes)."""
+    cfg = preset("default")                    # P = 4, n = 2, k = 1
+    roles = [R.FULL] * 8 + [R.DRAFT] * 4
+    st = gb.lane_steps(cfg, (0, 1, 4, 5, 8, 9, 10, 11), roles)
+    assert st == [(1, [8, 9, 10, 11]), (2, [0, 1, None, None]), (2, [4, 5, None, None])]
+    assert gb.lane_steps(cfg.replace(token_lanes=1), (2, 3), roles) == [(2, [2]), (2, [3])]
+    assert gb.lane_steps(cfg, (), roles) == []
+
+
+def test_lpddr_bandwidth_scales_its_bound():
+    """The LPDDR port's time is its beats at the configured bandwidth."""
+    cfg = preset("default")
+    assert gb.lpddr_cycles_per_beat(cfg) == 1.0
 
 
 def test_record_words_alignment():

@@ -170,3 +170,37 @@ def test_lpddr_image_places_experts_and_dense_rows():
     assert int.from_bytes(mem[o:o + wb], "little") == int(dense[b, r])
     with pytest.raises(ValueError, match=r"dense image shape \(1,"):
         L.lpddr_image(cfg, {}, dense[:1])
+
+
+@pytest.mark.parametrize("name,over", [("tiny", {}), ("default", {}),
+                                       ("tiny", {"slice_bits": 2, "hb_words": 8192})])
+def test_plane_group_slots(name, over):
+    """A slot holds one plane group: the MSB group at :func:`hb_addr`'s
+    offsets, the LSB group (planes ``k .. n-1``) segment-interleaved the same
+    way; each slot image read from offset 0 is its planes in the order a
+    datapath consumes them (:func:`weight_beats`), bank by bank."""
+    cfg = preset(name).replace(**over)
+    rng = np.random.default_rng(3)
+    H, I = cfg.hidden, cfg.ffn
+    wg, wu = rng.integers(-127, 128, (I, H)), rng.integers(-127, 128, (I, H))
+    wd = rng.integers(-127, 128, (H, I))
+    words = L.expert_slice_words(cfg, wg, wu, wd)
+    k, n = cfg.hb_planes_eff, cfg.planes
+    for r_ in range(cfg.expert_rows):
+        assert L.group_offset(cfg, 0, k - 1, r_) == L.hb_addr(cfg, 0, k - 1, r_) - cfg.expert_base
+    for group, planes in ((0, range(k)), (1, range(k, n))):
+        img = L.hb_slot_image(cfg, wg, wu, wd, group)
+        beats = list(L.weight_beats(cfg, words, planes))
+        for b in range(cfg.pes):
+            assert [int(x) for x in img[b, :len(beats)]] == [ws[b] for *_, ws in beats]
+    assert L.lsb_group_fits(cfg)
+    with pytest.raises(ValueError, match="group"):
+        L.group_planes(cfg, 2)
+
+
+def test_lsb_group_that_does_not_fit():
+    """With more LSB planes than a slot holds, no slot holds the LSB group."""
+    cfg = preset("tiny").replace(slice_bits=2, hb_planes=1, hb_words=8192)    # n = 4, k = 1
+    assert not L.lsb_group_fits(cfg)
+    with pytest.raises(ValueError, match="does not fit a slot"):
+        L.group_planes(cfg, 1)

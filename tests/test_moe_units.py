@@ -490,8 +490,11 @@ def test_scheduler_announces_heavy_first(empty):
     golden pass plan, ``last`` marks the pass's last announcement; decisions
     are taken in order and fill the job table. A pass that routes no expert
     (every token DRAFT, nothing allowed) sends one ``none`` beat with
-    ``last`` and takes no decision."""
+    ``last`` and the pass's layer and takes no decision. The routings arrive
+    from the token lanes' top-k units, one per lane per cycle; each job's
+    steps per segment are the golden lane rule's."""
     cfg = preset("tiny").replace(batch_tokens=8, hb_words=8192)
+    P = cfg.token_lanes
     g = geom(cfg)
     dut = ExpertScheduler(g)
     rng = np.random.default_rng(4)
@@ -514,12 +517,13 @@ def test_scheduler_announces_heavy_first(empty):
         ctx.set(dut.pass_valid, 1)
         ctx.set(dut.pass_seq, 1)
         await ctx.tick()
-        for t in range(8):
-            s = plan.sel[t]
-            ctx.set(dut.sel_valid, 1)
-            ctx.set(dut.sel, {"token": t, "par": 0, "count": len(s),
-                              "sel": s + [0] * (cfg.top_k - len(s)),
-                              "logit": [0] * cfg.top_k})
+        for step in range(8 // P):
+            for p in range(P):
+                s = plan.sel[step * P + p]
+                ctx.set(dut.sel[p], {"token": step, "par": 0, "count": len(s),
+                                     "sel": s + [0] * (cfg.top_k - len(s)),
+                                     "logit": [0] * cfg.top_k})
+            ctx.set(dut.sel_valid, (1 << P) - 1)
             await ctx.tick()
         ctx.set(dut.sel_valid, 0)
         ctx.set(dut.need.ready, 1)
@@ -546,4 +550,5 @@ def test_scheduler_announces_heavy_first(empty):
     assert needs == exp
     for i, ((e, s), job) in enumerate(zip(entries, plan.routed)):
         assert e.expert == job.expert and e.tok_mask == sum(1 << t for t in job.tokens)
+        assert e.steps == len(gb.lane_steps(cfg, job.tokens, roles))
         assert (s.hb, s.slot) == (i % 2, i)

@@ -404,3 +404,105 @@ def test_formal_equivalence_catches_planted_difference(bug):
     act -128, MSB slice 0b1000) or whose MSB-partial rounds (``msb_round``)
     fails the equivalence check."""
     assert _equiv(bug).status == "FAIL"
+
+
+# -- the token-parallel PE (the MoE layer's PE array: one slice vector, P tokens) ---------
+
+def _tp_run(dut, s, lanes, P, seqs, rng):
+    """Drive ``seqs`` (dot products: lists of ``(acts[P][L], slices[L],
+    plane, mode, keep)`` beats) into a token-parallel PE with random idle
+    cycles and back-pressure; returns the results ``(values[P], error)``."""
+    from amaranth.sim import Simulator
+    beats = [(b, i == len(sq) - 1) for sq in seqs for i, b in enumerate(sq)]
+    out = []
+
+    async def bench(ctx):
+        bi, idle = 0, 0
+        while len(out) < len(seqs):
+            ctx.set(dut.o.ready, int(rng.random() < 0.7))
+            if bi < len(beats) and rng.random() < 0.8:
+                (acts, sl, plane, mode, keep), last = beats[bi]
+                ctx.set(dut.i.payload, {"act": acts, "sv": {"slices": sl, "plane": plane},
+                                        "mode": mode, "keep": keep, "last": int(last)})
+                ctx.set(dut.i.valid, 1)
+            else:
+                ctx.set(dut.i.valid, 0)
+            await ctx.delay(0)
+            took = ctx.get(dut.i.valid) and ctx.get(dut.i.ready)
+            if ctx.get(dut.o.valid) and ctx.get(dut.o.ready):
+                p = ctx.get(dut.o.payload)
+                out.append(([int(v) for v in p.value], int(p.error)))
+            await ctx.tick()
+            bi += bool(took)
+            idle += 1
+            assert idle < 50000, "the PE stopped"
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+    return out
+
+
+def _tp_seqs(s, lanes, P, rng, count):
+    """Random dot products of every mode (and some that break the beat rule)
+    with ``P`` activation vectors per beat."""
+    from elmoe3d.golden import bitslice as gbs
+    n = gbs.n_planes(s)
+    seqs = []
+    for _ in range(count):
+        mode = gbs.Mode(int(rng.integers(0, 4)))
+        keep = int(rng.integers(1, n)) if n > 1 else 1
+        chunks = int(rng.integers(1, 4))
+        planes = list(gbs.plane_range(s, mode, keep))
+        acts = rng.integers(-128, 128, (chunks, P, lanes))
+        sq = []
+        for q in planes:
+            for c in range(chunks):
+                sq.append((acts[c].tolist(), rng.integers(0, 1 << s, lanes).tolist(), q,
+                           int(mode), keep))
+        if rng.random() < 0.1 and len(sq) > 1:
+            sq = sq[:-1]                                   # a missing beat: an error result
+        seqs.append(sq)
+    return seqs
+
+
+@pytest.mark.parametrize("s,P", [(4, 2), (4, 4), (2, 3)])
+def test_token_parallel_pe_equals_golden_per_lane(s, P):
+    """A PE with ``P`` token lanes gives, per lane, the golden PE's result for
+    that lane's activations (every mode, random lengths, rule-breaking
+    sequences flagged ``error``), with random idle and back-pressure."""
+    import numpy as np
+    from elmoe3d.golden import bitslice as gbs
+    from elmoe3d.hw.pe import BitSlicePE
+    lanes, max_len = 4, 64
+    rng = np.random.default_rng(10 + P)
+    seqs = _tp_seqs(s, lanes, P, rng, 40)
+    dut = BitSlicePE(lanes=lanes, slice_bits=s, max_len=max_len, tokens=P)
+    got = _tp_run(dut, s, lanes, P, seqs, rng)
+    for i, (sq, (vals, err)) in enumerate(zip(seqs, got)):
+        for p in range(P):
+            exp, eerr, _ = gbs.pe_result(s, [(a[p], sl, q, m, k) for a, sl, q, m, k in sq],
+                                         max_len=max_len, lanes=lanes)
+            assert err == eerr, f"dot product {i}: error {err}, expected {eerr}"
+            if not eerr:
+                assert vals[p] == exp, f"dot product {i} lane {p}: {vals[p]} != {exp}"
+
+
+def test_token_parallel_pe_mutant_fails():
+    """A planted bug (every token lane multiplies lane 0's activations) is
+    caught by the per-lane comparison."""
+    import numpy as np
+    from elmoe3d.golden import bitslice as gbs
+    from elmoe3d.hw.pe import BitSlicePE
+    from elmoe3d.tb.pe_mutants import mutant
+    s, lanes, P, max_len = 4, 4, 2, 64
+    rng = np.random.default_rng(3)
+    seqs = _tp_seqs(s, lanes, P, rng, 12)
+    dut = mutant("pe", "lane0", lanes=lanes, slice_bits=s, max_len=max_len, tokens=P)
+    got = _tp_run(dut, s, lanes, P, seqs, rng)
+    bad = 0
+    for sq, (vals, err) in zip(seqs, got):
+        exp, eerr, _ = gbs.pe_result(s, [(a[1], sl, q, m, k) for a, sl, q, m, k in sq],
+                                     max_len=max_len, lanes=lanes)
+        bad += not eerr and vals[1] != exp
+    assert bad, "the planted bug went unnoticed"

@@ -54,6 +54,8 @@ class Geom:
     K: int                 # top-k
     S: int                 # shared experts
     T: int                 # tokens per pass
+    P: int                 # token lanes (tokens per beat)
+    Tl: int                # tokens per lane: ceil(T / P)
     W: int                 # PE result width
     sv: int                # slice-vector bits
     fw: int                # words per ExtBeat
@@ -72,6 +74,17 @@ class Geom:
     @property
     def dense(self):
         return gl.dense_layout(self.cfg)
+
+    def lane(self) -> "Geom":
+        """The geometry one token lane sees: ``T`` = :attr:`Tl` tokens (the
+        lane's tokens, by lane-local index ``t div P``), one lane. The
+        per-token units (top-k, softmax) are built from it, once per lane."""
+        import dataclasses
+        return dataclasses.replace(self, T=self.Tl, P=1)
+
+    def lane_token(self, t: int) -> tuple[int, int]:
+        """``(lane, lane-local index)`` of a pass's token ``t``."""
+        return t % self.P, t // self.P
 
 
 def pe_result_width(cfg: Config) -> int:
@@ -103,7 +116,8 @@ def geom(cfg: Config, *, hb_depth: int | None = None, ext_depth: int | None = No
             raise ValueError(f"{name} must be a power of two of at least {need} words, not {v!r}")
     S = cfg.shared_experts
     accw = ((S + 1) * gm.GATE_ONE * 128).bit_length() + 1
-    return Geom(cfg, cfg.slice_bits, n, k, L, B, H, I, E, cfg.top_k, S, cfg.batch_tokens,
+    T, P = cfg.batch_tokens, cfg.token_lanes
+    return Geom(cfg, cfg.slice_bits, n, k, L, B, H, I, E, cfg.top_k, S, T, P, -(-T // P),
                 pe_result_width(cfg), cfg.slice_vector_bits, cfg.fill_words, cfg.expert_rows,
                 router_words, H // L, I // L, E // B, I // B, H // B, hb, ext, accw, S + E)
 

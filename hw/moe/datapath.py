@@ -19,7 +19,7 @@ Elastic-SD controller, HB and the external-memory stream engine.
 from __future__ import annotations
 
 from amaranth.hdl import Module, Signal
-from amaranth.lib import stream, wiring
+from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ...config import Config
@@ -99,9 +99,16 @@ class MoEDatapath(wiring.Component):
         m = Module()
         g = self.g
         B = g.B
+        P, Tl = g.P, g.Tl
+        gl_ = g.lane()
         ts = m.submodules.tokens = TokenStore(g)
-        topk = m.submodules.topk = TopK(g)
-        sm = m.submodules.softmax = Softmax(g)
+        # one top-k and one softmax unit per token lane (its tokens by
+        # lane-local index)
+        topks = [TopK(gl_) for _ in range(P)]
+        sms = [Softmax(gl_) for _ in range(P)]
+        for p in range(P):
+            m.submodules["topk" if P == 1 else f"topk{p}"] = topks[p]
+            m.submodules["softmax" if P == 1 else f"softmax{p}"] = sms[p]
         sch = m.submodules.scheduler = ExpertScheduler(g)
         hbr = m.submodules.hb_reader = HBReader(g)
         extw = m.submodules.ext_writer = ExtWriter(g)
@@ -127,27 +134,37 @@ class MoEDatapath(wiring.Component):
         wiring.connect(m, out.stats, wiring.flipped(self.stats))
 
         # token store -> consumers
-        for p in range(2):
-            c += [topk.roles[p].eq(ts.roles[p]), topk.masks[p].eq(ts.masks[p]),
-                  sch.count[p].eq(ts.count[p]), sch.layer[p].eq(ts.layer[p]),
-                  sch.roles[p].eq(ts.roles[p]), hbr.layer[p].eq(ts.layer[p]),
-                  iss.count[p].eq(ts.count[p]), iss.roles[p].eq(ts.roles[p])]
+        for par in range(2):
+            c += [sch.count[par].eq(ts.count[par]), sch.layer[par].eq(ts.layer[par]),
+                  sch.roles[par].eq(ts.roles[par]), hbr.layer[par].eq(ts.layer[par]),
+                  iss.count[par].eq(ts.count[par]), iss.roles[par].eq(ts.roles[par])]
+            for p in range(P):               # lane p's tokens: positions i P + p
+                for i in range(Tl):
+                    if i * P + p < g.T:
+                        c += [topks[p].roles[par][i].eq(ts.roles[par][i * P + p]),
+                              topks[p].masks[par][i].eq(ts.masks[par][i * P + p])]
         c += [sch.pass_valid.eq(ts.valid), sch.pass_seq.eq(ts.seq),
               hbr.pass_valid.eq(ts.valid), hbr.pass_seq.eq(ts.seq),
               iss.pass_valid.eq(ts.valid), iss.step_last.eq(ts.step_last),
-              ts.x_addr.eq(iss.x_addr), iss.x_data.eq(ts.x_data),
               ts.release.eq(iss.release), ts.release_par.eq(iss.release_par)]
+        for p in range(P):
+            c += [ts.x_addr[p].eq(iss.x_addr[p]), iss.x_data[p].eq(ts.x_data[p]),
+                  vu.h_addr[p].eq(iss.h_addr[p]), iss.h_data[p].eq(vu.h_data[p]),
+                  out.y_data[p].eq(vu.y_data[p])]
 
-        # routing: vector unit -> top-k -> softmax (and the scheduler's snoop)
-        c += [topk.i_valid.eq(vu.logit_valid), topk.i.eq(vu.logit),
-              vu.topk_last_ok.eq(topk.last_ok), vu.topk_idle.eq(topk.idle)]
-        wiring.connect(m, topk.o, sm.i)
-        c += [sch.sel_valid.eq(topk.o.valid & topk.o.ready), sch.sel.eq(topk.o.payload)]
-        c += [sm.sm_we.eq(hbr.sm_we), sm.sm_par.eq(hbr.sm_par), sm.sm_mult.eq(hbr.sm_mult),
-              sm.sm_shift.eq(hbr.sm_shift), sm.sm_clear.eq(vu.done),
-              sm.sm_clear_par.eq(vu.done_par), sm.g_addr.eq(vu.g_addr),
-              vu.g_data.eq(sm.g_data), vu.gates_keep.eq(sm.ready_keep),
-              vu.softmax_idle.eq(sm.idle)]
+        # routing: vector unit -> each lane's top-k -> its softmax (and the
+        # scheduler's snoop of every lane)
+        for p in range(P):
+            topk, sm = topks[p], sms[p]
+            c += [topk.i_valid.eq(vu.logit_valid[p]), topk.i.eq(vu.logit[p]),
+                  vu.topk_last_ok[p].eq(topk.last_ok), vu.topk_idle[p].eq(topk.idle)]
+            wiring.connect(m, topk.o, sm.i)
+            c += [sch.sel_valid[p].eq(topk.o.valid & topk.o.ready), sch.sel[p].eq(topk.o.payload)]
+            c += [sm.sm_we.eq(hbr.sm_we), sm.sm_par.eq(hbr.sm_par), sm.sm_mult.eq(hbr.sm_mult),
+                  sm.sm_shift.eq(hbr.sm_shift), sm.sm_clear.eq(vu.done),
+                  sm.sm_clear_par.eq(vu.done_par), sm.g_addr.eq(vu.g_addr[p]),
+                  vu.g_data[p].eq(sm.g_data), vu.gates_keep[p].eq(sm.ready_keep),
+                  vu.softmax_idle[p].eq(sm.idle)]
 
         # job table readers: HB reader, LPDDR writer, issue
         for r, cons in enumerate((hbr, extw, iss)):
@@ -162,6 +179,17 @@ class MoEDatapath(wiring.Component):
                   out.hb_words[p].eq(hbr.words[p]), iss.ext_beats[p].eq(extw.beats[p])]
         c += [iss.sel_done.eq(sch.sel_done), out.hb_error.eq(hbr.error),
               iss.ext_error.eq(extw.error), iss.cycle.eq(cycle), out.cycle.eq(cycle)]
+
+        # the LSB port: a whole-resident job's LSB slot words, HB reader ->
+        # LPDDR writer, through a small FIFO per bank (the writer takes them
+        # in the job's turn; the reader reads the slot after the job's MSB
+        # slot, so the issue stage never waits for a later job's words)
+        for b in range(B):
+            lq = m.submodules[f"lsb_q{b}"] = fifo.SyncFIFOBuffered(width=g.sv, depth=8)
+            c += [lq.w_en.eq(hbr.lsb_we[b]), lq.w_data.eq(hbr.lsb_wdata[b]),
+                  hbr.lsb_space[b].eq(lq.w_rdy),
+                  extw.lsb_valid[b].eq(lq.r_rdy), extw.lsb_data[b].eq(lq.r_data),
+                  lq.r_en.eq(extw.lsb_ready[b])]
 
         # weight buffers
         for b in range(B):
@@ -198,7 +226,7 @@ class MoEDatapath(wiring.Component):
         wiring.connect(m, iss.o, beat_slice.i)
         wiring.connect(m, beat_slice.o, pea.i)
         wiring.connect(m, pea.o, vu.i)
-        c += [vu.h_addr.eq(iss.h_addr), iss.h_data.eq(vu.h_data), iss.up_done.eq(vu.up_done)]
+        c += iss.up_done.eq(vu.up_done)
         # (the pass summary crosses a register slice: the output stage's
         # summary queue and the issue stage's END decision sit far apart, and
         # its write had been two LUTs and 5 ns of routing after the issue
@@ -208,5 +236,5 @@ class MoEDatapath(wiring.Component):
         wiring.connect(m, sum_slice.o, out.summary)
         c += [out.done.eq(vu.done), out.done_par.eq(vu.done_par),
               out.done_error.eq(vu.done_error), vu.y_addr.eq(out.y_addr),
-              out.y_data.eq(vu.y_data), vu.out_done.eq(out.out_done)]
+              vu.out_done.eq(out.out_done)]
         return m

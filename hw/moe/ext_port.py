@@ -13,7 +13,13 @@ port writes zero words for the rest of the job so that the issue stage
 still finds every word it expects and the next job starts on the next
 command. Every such case flags the pass.
 
-Throughput: one beat per cycle while every bank's buffer has space
+A whole-resident job (decision ``lsb_hb``, precision FULL or VERIFY) takes
+its planes ``k .. n-1`` from the LSB port instead (``lsb_*``: one word
+stream per bank, the HB reader's read of the job's LSB slot, in the same
+order), all ``B`` banks per step: the buffer sees the same words in the same
+places, so the issue stage cannot tell the two apart.
+
+Throughput: one beat per cycle (``B`` LSB words per cycle) while every bank's buffer has space
 (``ready`` follows the buffer's ``room``, one flip-flop: every bank had
 room for three words two cycles ago).
 """
@@ -40,6 +46,8 @@ class ExtWriter(wiring.Component):
     decided, total, total_valid, epoch : ``In`` per buffer (scheduler)
     ext : ``In(stream.Signature(ExtBeat))``
     buf_room : ``In(1)`` (the buffer's ``room``); buf_we, buf_wdata : ``Out.array(B)``
+    lsb_valid : ``In(B)``; lsb_data : ``In.array(B)``; lsb_ready : ``Out(B)``
+        The LSB port (per bank, from the HB reader through a FIFO).
     error : ``Out(2)``; beats : ``Out.array(2)``
         Per buffer: a beat out of order, with ``error``, or a misplaced
         ``last`` (the flag rises the cycle after the beat's handshake); LPDDR
@@ -60,6 +68,8 @@ class ExtWriter(wiring.Component):
             "ext": In(stream.Signature(self.ExtBeat)),
             "buf_room": In(1), "buf_we": Out(1).array(g.B),
             "buf_wdata": Out(unsigned(g.sv)).array(g.B),
+            "lsb_valid": In(g.B), "lsb_data": In(unsigned(g.sv)).array(g.B),
+            "lsb_ready": Out(g.B),
             "error": Out(2), "beats": Out(unsigned(cfg.stat_bits)).array(2),
         })
 
@@ -97,13 +107,19 @@ class ExtWriter(wiring.Component):
         space = self.buf_room
         beat = self.ExtBeat(self.ext.payload)
         running = Signal()
-        m.d.comb += self.ext.ready.eq(running & ~pad & space)
+        lsb = Signal()                       # the job's planes come from the LSB port
+        m.d.comb += self.ext.ready.eq(running & ~lsb & ~pad & space)
         take = self.ext.valid & self.ext.ready
         adv = Signal()
-        m.d.comb += adv.eq(take | (running & pad & space))
+        lsb_go = running & lsb & space & self.lsb_valid.all()
+        m.d.comb += [adv.eq(take | (running & ~lsb & pad & space) | lsb_go),
+                     self.lsb_ready.eq(lsb_go.replicate(B))]
         for b in range(B):
-            m.d.comb += [self.buf_we[b].eq(adv & (bg == b // fw)),
-                         self.buf_wdata[b].eq(Mux(pad, 0, beat.words[b % fw]))]
+            m.d.comb += [self.buf_we[b].eq(adv & (lsb | (bg == b // fw))),
+                         self.buf_wdata[b].eq(Mux(lsb, self.lsb_data[b],
+                                                  Mux(pad, 0, beat.words[b % fw])))]
+        # (an LSB step is all banks at once: one bank group)
+        one_group = Mux(lsb, 1, groups == 1)
         # the expected row and plane (`row0 + c`, `p0 + q`) kept as registers
         # beside the walk, so that the check compares the beat with registers
         erow = Signal.like(row0)
@@ -165,7 +181,7 @@ class ExtWriter(wiring.Component):
             m.d.sync += [bg.eq(bg + 1), last_bg.eq(bg + 1 == groups - 1)]
             with m.If(last_bg):
                 m.d.sync += [bg.eq(0), c.eq(c + 1), erow.eq(erow + 1),
-                             last_bg.eq(groups == 1), last_c.eq(c + 1 == chunks - 1)]
+                             last_bg.eq(one_group), last_c.eq(c + 1 == chunks - 1)]
                 with m.If(last_c):
                     m.d.sync += [c.eq(0), q.eq(q + 1), erow.eq(row0), eplane.eq(eplane + 1),
                                  last_c.eq(chunks == 1), last_q.eq(q + 1 == planes - 1)]
@@ -181,12 +197,14 @@ class ExtWriter(wiring.Component):
                                          last_c.eq(Mux(proj == 1, g.c_down == 1, g.c_in == 1)),
                                          last_g.eq(Mux(proj == 1, g.g_down == 1, g.g_in == 1))]
                             with m.If(proj == 2):
-                                m.d.sync += [running.eq(0), pad.eq(0), j.eq(j + 1),
+                                m.d.sync += [running.eq(0), pad.eq(0), lsb.eq(0), j.eq(j + 1),
                                              settle.eq(1)]
 
         ent = job_entry(g)(self.rd_entry)
         src = job_source(g)(self.rd_src)
         need = Mux(ent.precision == TokenRole.DRAFT, k, n)
+        whole = (~ent.shared & src.hb & src.lsb_hb & (ent.precision != TokenRole.DRAFT)
+                 if n - k <= k else 0)
         with m.FSM(name="ext"):
             with m.State("IDLE"):
                 with m.If(~running & ~settle & go_job):
@@ -198,8 +216,8 @@ class ExtWriter(wiring.Component):
                                  clr.eq(Mux(pe, 0b01, 0b10))]
             with m.State("READ"):
                 m.d.sync += [proj.eq(0), grp.eq(0), q.eq(0), c.eq(0), bg.eq(0), row0.eq(0),
-                             chunks.eq(g.c_in), ngroups.eq(g.g_in),
-                             last_bg.eq(groups == 1), last_c.eq(g.c_in == 1),
+                             chunks.eq(g.c_in), ngroups.eq(g.g_in), lsb.eq(whole),
+                             last_bg.eq((groups == 1) | whole), last_c.eq(g.c_in == 1),
                              last_g.eq(g.g_in == 1),
                              last_q.eq(Mux(src.hb, need - k, need) == 1),
                              settle.eq(1),

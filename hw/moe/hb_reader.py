@@ -16,7 +16,12 @@ Per pass (buffer ``par``, layer ``l``), in this order, each command to all
    are segment-interleaved, so this is the consumption order); a shared
    expert from the dense region, all ``n`` planes in one read, or — when
    every token of the pass is DRAFT — planes ``0 .. k-1`` of each segment,
-   one read per segment (the issue stage never skips a word it was sent).
+   one read per segment (the issue stage never skips a word it was sent);
+4. for a whole-resident job (``lsb_hb``, precision FULL or VERIFY): its LSB
+   slot (planes ``k .. n-1``, ``(n - k) * rows`` words from offset 0, the
+   consumption order again) -> the LSB port (``lsb_*``, one word stream per
+   bank), which the LPDDR writer puts into the LPDDR weight buffer in the
+   job's turn, where a split job's LPDDR planes would go.
 
 Errors end streams cleanly: an ``HBBeat`` with ``error`` (HB refuses a read
 of a slot that is not resident) or a ``last`` before the command's count
@@ -309,6 +314,8 @@ class HBReader(wiring.Component):
             "out_loaded": Out(2), "lut_loaded": Out(2),
             "pass_done": In(1), "pass_done_par": In(1),
             "error": Out(2), "words": Out(unsigned(cfg.stat_bits)).array(2),
+            "lsb_space": In(1).array(g.B), "lsb_we": Out(1).array(g.B),
+            "lsb_wdata": Out(unsigned(g.sv)).array(g.B),
         })
 
     def elaborate(self, platform):
@@ -338,11 +345,12 @@ class HBReader(wiring.Component):
 
         # ---- per-bank destination queues and record paths --------------------------------
         # the longest command of any kind (the demux counts up to it)
-        cnt_max = max([g.router_words, n * g.rows, k * g.rows, k * max(g.c_in, g.c_down)]
+        cnt_max = max([g.router_words, n * g.rows, k * g.rows, k * max(g.c_in, g.c_down),
+                       (n - k) * g.rows]
                       + [c[1] for c in const_cmd] + [c[1] for c in rec_cmds])
         # (`one`: `count == 1`, so that a new head's "last word" needs no compare)
-        dest_l = data.StructLayout({"rec": 1, "count": unsigned(cnt_max.bit_length()), "par": 1,
-                                    "one": 1})
+        dest_l = data.StructLayout({"rec": 1, "lsb": 1, "count": unsigned(cnt_max.bit_length()),
+                                    "par": 1, "one": 1})
         # (pointer-based level: a command's last word pops the queue without a
         # level counter behind the demux's late `take`; a command is offered
         # only while `w_rdy`, so the queue writes on `w_en` alone)
@@ -383,7 +391,7 @@ class HBReader(wiring.Component):
         ent = Signal(job_entry(g))
         src = Signal(job_source(g))
         acc = Signal(B)
-        kind = Signal(range(4))            # 0 ROUTER, 1 CONST, 2 REC, 3 WEIGHTS
+        kind = Signal(range(5))            # 0 ROUTER, 1 CONST, 2 REC, 3 WEIGHTS, 4 LSB
         # per-segment reads of a DRAFT-only shared expert
         sproj = Signal(range(3))
         sgrp = Signal(range(max(g.g_in, g.g_down) + 1))
@@ -399,6 +407,9 @@ class HBReader(wiring.Component):
                      s_last.eq((sproj == 2) & (sgrp == sgroups - 1))]
         seg_reads = Signal()
         active = Signal()
+        # a whole-resident job: its LSB slot from HB too
+        whole = ~ent.shared & src.hb & src.lsb_hb & (ent.precision != TokenRole.DRAFT) \
+            if n - k <= k else Const(0)
         # the job's record command (first word, words, skip: looked up by the
         # job's record index as the entry is read) and the pass's region bases
         # are registers (loaded with the job entry / the layer): a command's
@@ -460,6 +471,10 @@ class HBReader(wiring.Component):
                         m.d.comb += [c.region.eq(HBRegionKind.EXPERT), c.slot.eq(src.slot),
                                      c.offset.eq(0), c.count.eq(k * g.rows),
                                      dent.count.eq(k * g.rows)]
+                with m.Case(4):
+                    m.d.comb += [c.region.eq(HBRegionKind.EXPERT), c.slot.eq(src.lsb_slot),
+                                 c.offset.eq(0), c.count.eq((n - k) * g.rows),
+                                 dent.lsb.eq(1), dent.count.eq((n - k) * g.rows)]
             m.d.comb += [dent.par.eq(ph), rc.par.eq(ph), dent.one.eq(dent.count == 1)]
             # room in the bank's queues, registered: a bank takes at most one
             # command every two cycles (a command is offered from its second
@@ -553,9 +568,16 @@ class HBReader(wiring.Component):
                         m.d.sync += [active.eq(1), srow.eq(srow + schunks), sgrp.eq(sgrp + 1)]
                         with m.If(sg_end):
                             m.d.sync += [sgrp.eq(0), sproj.eq(sproj + 1)]
+                    with m.Elif(whole):
+                        m.d.sync += [kind.eq(4), active.eq(1)]
+                        m.next = "LSB"
                     with m.Else():
                         m.d.sync += j.eq(j + 1)
                         m.next = "JOB_WAIT"
+            with m.State("LSB"):
+                with m.If(active & done_all):
+                    m.d.sync += j.eq(j + 1)
+                    m.next = "JOB_WAIT"
 
         # ---- return-word demux per bank ---------------------------------------------------
         beats = [[], []]
@@ -599,7 +621,8 @@ class HBReader(wiring.Component):
             pad = Signal(name=f"pad{b}")
             word = Signal(g.sv, name=f"word{b}")
             m.d.comb += word.eq(beat.sv.slices.as_value())
-            dst_ok = Mux(head.rec, rps[b].word.ready, self.buf_space[b])
+            dst_ok = Mux(head.rec, rps[b].word.ready,
+                         Mux(head.lsb, self.lsb_space[b], self.buf_space[b]))
             m.d.comb += self.hb_data[b].ready.eq(hv & ~pad & dst_ok)
             take = self.hb_data[b].valid & self.hb_data[b].ready
             # Each destination's write is worked out from its own room only
@@ -612,8 +635,10 @@ class HBReader(wiring.Component):
                         | (pad & room))
             m.d.comb += [rps[b].word.valid.eq(head.rec & write_to(rps[b].word.ready)),
                          rps[b].word.payload.eq(Mux(pad, 0, word)),
-                         self.buf_we[b].eq(~head.rec & write_to(self.buf_space[b])),
-                         self.buf_wdata[b].eq(Mux(pad, 0, word))]
+                         self.buf_we[b].eq(~head.rec & ~head.lsb & write_to(self.buf_space[b])),
+                         self.buf_wdata[b].eq(Mux(pad, 0, word)),
+                         self.lsb_we[b].eq(head.lsb & write_to(self.lsb_space[b])),
+                         self.lsb_wdata[b].eq(Mux(pad, 0, word))]
             for p in range(2):
                 beats[p].append(take & ~beat.error & (head.par == p))
             # "the word in hand is the last" without a compare after the

@@ -1,22 +1,37 @@
-"""Issue stage: walks a pass's router and jobs segment by segment and token
-by token, reads weights from the two replay buffers and activations from
-the token store (``x``) or the vector unit (``h``), and feeds the PE array
-one beat per cycle.
+"""Issue stage: walks a pass's router and jobs segment by segment and step
+by step, reads weights from the two replay buffers and activations from
+the token store (``x``) or the vector unit (``h``), one per token lane, and
+feeds the PE array one beat per cycle.
+
+Steps (the token-parallel array)
+--------------------------------
+A beat carries one slice vector per PE and the activations of up to ``P``
+tokens, one per token lane (token ``t`` of a pass is lane ``t mod P``'s, at
+lane-local index ``t div P``). A **step** is the beats of one dot product
+for the tokens the lanes hold: for the router, the ``P`` consecutive tokens
+``s P .. s P + P - 1``; for a job's segment, in each lane the lowest of the
+job's tokens of that lane not yet taken in this segment
+(:func:`elmoe3d.golden.moe_batched.lane_steps`). A job's tokens run in two
+classes, its DRAFT tokens (``k`` planes) first, then the others (``n``
+planes), so every token of a step has the same planes; a lane without a
+token in a step multiplies zeros and the vector unit ignores its result.
+The steps of a segment are ``JobEntry.steps`` (the scheduler counts them).
 
 Order of a pass (buffer ``par``)
 --------------------------------
-1. The **router**, token-major: for every token, all ``E / B`` router
+1. The **router**, step-major: for every router step, all ``E / B`` router
    segments (planes ``0 .. n-1``, FULL), replayed from the HB buffer, so
-   each token's logits leave the vector unit together (streaming top-k).
+   each token's logits leave the vector unit together (streaming top-k, one
+   unit per lane).
 2. The **jobs** in job-table order (shared, then routed in announce
    order), each as soon as its decision is in; per job, per segment
-   (GATE groups, UP groups, DOWN groups), per token of the job: the
-   token's planes (``k`` for a DRAFT token, ``n`` otherwise), each plane's
+   (GATE groups, UP groups, DOWN groups), per step of the job: the
+   step's planes (``k`` for the DRAFT class, ``n`` otherwise), each plane's
    chunks. Plane ``q`` comes from the HB buffer when ``q`` is below the
    job's HB plane count (a shared job: the planes its precision needs; an
    HB-sourced one: ``k``; an LPDDR one: 0), else from the LPDDR buffer; the
-   segment is freed in both buffers after its last token. Every word a port
-   delivers is read by at least one token (a job needs all ``n`` planes only
+   segment is freed in both buffers after its last step. Every word a port
+   delivers is read by at least one step (a job needs all ``n`` planes only
    if one of its tokens does), so freeing a segment never skips a word that
    has not arrived.
 3. One END beat (a dot product of zeros) whose tag tells the vector unit
@@ -40,11 +55,17 @@ golden PE and ``split_equals_full`` on the RTL). One dot product instead of
 two partial ones keeps one result per segment row for the vector unit and
 keeps each dot product in one mode, as the PE's beat rule requires.
 
-Hazards: a DOWN beat of the ``j``-th token of a job needs that token's
-``h`` (written by the vector unit after its last UP result). UP results
-leave in issue order, so it suffices that at most ``T_e - 1 - j`` UP
-dot products are still in flight (``up_inflight``: +1 per issued UP dot
-product, -1 per ``up_done`` pulse). The last shared job waits for the
+A whole-resident job (both plane groups in HB slots) looks like a split
+one here: its planes ``k .. n-1`` arrive in the LPDDR buffer from its LSB
+slot (the LPDDR writer puts them there, :mod:`.ext_port`) instead of from
+LPDDR.
+
+Hazards: a DOWN beat of the ``j``-th step of a job needs its tokens'
+``h`` (written by the vector unit after their last UP results). Every
+segment of a job has the same steps in the same order and UP results
+leave in issue order, so it suffices that at most ``S_e - 1 - j`` UP
+steps are still in flight (``S_e`` the job's steps per segment;
+``up_inflight``: +1 per issued UP step, -1 per ``up_done`` pulse). The last shared job waits for the
 pass's routing before its DOWN segments (it is the last job of tokens that
 selected no routed expert).
 
@@ -68,7 +89,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..streams import QueueFIFO
 from ..vocab import PEMode, TokenRole, bits
-from .common import lowest_flag, lowest_set, pow2ceil, zext
+from .common import lowest_set, pow2ceil, zext
 from .payloads import Kind, array_beat, job_entry, job_source, pass_summary
 
 __all__ = ["Issue"]
@@ -113,16 +134,18 @@ class Issue(wiring.Component):
     def __init__(self, g, hb_pbits: int, ext_pbits: int):
         self.g = g
         cfg = g.cfg
-        T, L = g.T, g.L
-        self.tb, self.cb = bits(T), bits(max(g.c_in, g.c_down))
+        T, L, P = g.T, g.L, g.P
+        if P & (P - 1):
+            raise ValueError(f"Token lanes must be a power of two, not {P!r}")
+        self.tb, self.cb = bits(g.Tl), bits(max(g.c_in, g.c_down))
         self.cbx = bits(g.c_in)
         self.jb = bits(pow2ceil(g.jobs))
         sb = cfg.stat_bits
         super().__init__({
             "pass_valid": In(2), "count": In(unsigned(T.bit_length())).array(2),
             "roles": In(data.ArrayLayout(TokenRole, T)).array(2), "step_last": In(2),
-            "x_addr": Out(unsigned(1 + self.tb + self.cbx)),
-            "x_data": In(data.ArrayLayout(unsigned(8), L)),
+            "x_addr": Out(unsigned(1 + self.tb + self.cbx)).array(P),
+            "x_data": In(data.ArrayLayout(unsigned(8), L)).array(P),
             "release": Out(1), "release_par": Out(1),
             "rd_addr": Out(unsigned(1 + self.jb)), "rd_entry": In(job_entry(g)),
             "rd_src": In(job_source(g)),
@@ -136,8 +159,8 @@ class Issue(wiring.Component):
             "ext_pos": Out(unsigned(ext_pbits)), "ext_free": Out(unsigned(ext_pbits)),
             "ext_data": In(unsigned(g.sv)).array(g.B),
             "ext_wp": In(unsigned(ext_pbits)),
-            "h_addr": Out(unsigned(self.tb + bits(g.c_down))),
-            "h_data": In(data.ArrayLayout(unsigned(8), L)),
+            "h_addr": Out(unsigned(self.tb + bits(g.c_down))).array(P),
+            "h_data": In(data.ArrayLayout(unsigned(8), L)).array(P),
             "up_done": In(1),
             "ext_error": In(2), "ext_beats": In(unsigned(sb)).array(2),
             "cycle": In(unsigned(sb)),
@@ -148,8 +171,30 @@ class Issue(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         g = self.g
-        T, B, n, k, S = g.T, g.B, g.n, g.k, g.S
+        T, B, n, k, S, P, Tl = g.T, g.B, g.n, g.k, g.S, g.P, g.Tl
+        pb = bits(P) if P > 1 else 0         # lane bits of a pass position
         AB = array_beat(g)
+
+        n_views = [0]
+
+        def lanes_of(mask):
+            """``mask`` (``T`` bits, pass positions) cut into its ``P`` lane
+            views (bit ``i`` of lane ``p`` is position ``i P + p``), as
+            signals (an expression would be rebuilt for every bit taken)."""
+            src = Signal(T, name=f"view{n_views[0]}")
+            m.d.comb += src.eq(mask)
+            out = []
+            for p in range(P):
+                v = Signal(Tl, name=f"view{n_views[0]}_l{p}")
+                m.d.comb += v.eq(Cat(*[src[i * P + p] if i * P + p < T else Const(0, 1)
+                                       for i in range(Tl)]))
+                out.append(v)
+            n_views[0] += 1
+            return out
+
+        def scatter(lane_bits):
+            """The inverse of ``lanes_of``: ``P`` lane views -> ``T`` bits."""
+            return Cat(*[lane_bits[t % P][t // P] for t in range(T)])
         fifo = m.submodules.fifo = QueueFIFO(width=data.Layout.cast(AB).size,
                                              depth=FIFO_DEPTH, credit=True)
         m.d.comb += [self.o.payload.eq(fifo.r_data), self.o.valid.eq(fifo.r_rdy),
@@ -158,7 +203,8 @@ class Issue(wiring.Component):
         # ---- pass state -------------------------------------------------------------
         pi = Signal()
         count = Signal.like(self.count[0])
-        count_m1 = Signal.like(count)        # count - 1, registered with it
+        # the router's last step, ceil(count / P) - 1, registered with it
+        rsteps_m1 = Signal(range(max(2, Tl)))
         dmask = Signal(T)                    # the DRAFT tokens of the pass
         step_last = Signal()
         start = Signal.like(self.cycle)
@@ -171,7 +217,8 @@ class Issue(wiring.Component):
         j_ok, j_end = Signal(), Signal()     # (registers, set below)
         idle_was = Signal()                  # `~running` in the previous cycle
         total = Array(self.total)
-        no_routed = Mux(pi, self.no_routed[1], self.no_routed[0])
+        no_routed = Signal(T)
+        m.d.comb += no_routed.eq(Mux(pi, self.no_routed[1], self.no_routed[0]))
 
         # ---- walk --------------------------------------------------------------------
         in_router = Signal()
@@ -184,8 +231,15 @@ class Issue(wiring.Component):
         grp = Signal(range(max(g.g_router, g.g_in, g.g_down) + 1))
         q = Signal(range(n + 1))
         c = Signal(range(max(g.c_in, g.c_down) + 1))
-        t = Signal(range(max(2, T)))
-        rem = Signal(T)                       # tokens of this segment not yet started
+        t = Signal(range(max(2, Tl)))        # router step (lane-local token index)
+        # the tokens of the current step, per lane: lane-local index and valid
+        lt = [Signal(range(max(2, Tl)), name=f"lt{p}") for p in range(P)]
+        lv = Signal(P)
+        # Tokens of a job run class by class: its DRAFT tokens (`k` planes)
+        # first, then the others (`n` planes); `cls2` says the second class
+        # is running. `rem` holds the running class's tokens not yet started.
+        cls2 = Signal()
+        rem = Signal(T)                       # tokens of this segment and class not yet started
         slot = Signal(range(T + 1))
         slack = Signal(range(T + 1))
         hbn = Signal(range(n + 1))           # job planes in the HB buffer
@@ -262,7 +316,13 @@ class Issue(wiring.Component):
         # is not a bank's write pointer; last cycle's write pointers are a safe
         # bound (they only move forward, and a read position never passes them),
         # so new words are seen a cycle later, at unchanged throughput.
-        nxt_any, nxt_t, nxt_draft = Signal(), Signal.like(t), Signal()   # (set below)
+        nxt_any = Signal()                   # (set below)
+        # another step in this segment: of the running class, or the job's
+        # second class (registered with `nxt_any`; the read positions go back
+        # to the segment's start for it)
+        nxt_more = Signal()
+        nxt_idx = [Signal.like(lt[p], name=f"nxt_idx{p}") for p in range(P)]
+        nxt_v, nxt_oh = Signal(P), Signal(T)
         hb_reset, ext_reset = Signal(), Signal()   # FSM: position to the segment start
         hb_p_l, ext_p_l = Signal.like(hb_p), Signal.like(ext_p)
         hb_p_n, ext_p_n = Signal.like(hb_p), Signal.like(ext_p)
@@ -279,21 +339,42 @@ class Issue(wiring.Component):
         m.d.sync += [inflight.eq(Mux(launch | end_req, inf_inc, inf_keep)),
                      credit.eq(Mux(launch | end_req, inf_inc < CREDITS, inf_keep < CREDITS))]
 
-        # next token of the segment, one cycle ahead; the first one of the job
-        nxt_any_c, nxt_t_c = lowest_set(m, rem, "nxt")
-        # (the token's role travels through the priority tree with it: no
-        # select by the tree's index after the tree)
-        m.d.sync += [nxt_any.eq(nxt_any_c), nxt_t.eq(nxt_t_c),
-                     nxt_draft.eq(lowest_flag(m, rem, dmask, "nxt"))]
-        f_any_c, f_t_c = lowest_set(m, ent.tok_mask, "first")
-        f_draft_c = lowest_flag(m, ent.tok_mask, dmask, "first")
-        f_t, f_draft = Signal.like(t), Signal()
+        def step_of(mask, name):
+            """The step that takes the lowest token of each lane of ``mask``:
+            per-lane indices, the lanes' valid bits and the tokens as ``T``
+            bits (a priority tree per lane, the one-hot by ``x & -x``)."""
+            idx, vs, ohs = [], [], []
+            for p, lm in enumerate(lanes_of(mask)):
+                a, i = lowest_set(m, lm, f"{name}{p}")
+                oh = Signal(Tl, name=f"{name}_oh{p}")
+                m.d.comb += oh.eq(lm & (~lm + 1))
+                idx.append(i)
+                vs.append(a)
+                ohs.append(oh)
+            return idx, Cat(*vs), scatter(ohs)
+
+        # next step of the segment, one cycle ahead; the first step of the
+        # job's first class and of its second class
+        ni_c, nv_c, noh_c = step_of(rem, "nxt")
+        m.d.sync += [nxt_any.eq(rem.any()), nxt_v.eq(nv_c), nxt_oh.eq(noh_c)]
+        m.d.sync += [nxt_idx[p].eq(ni_c[p]) for p in range(P)]
+        jm2 = Signal(T)                      # the job's other tokens
+        has2 = Signal()                      # the job has both classes
+        m.d.sync += nxt_more.eq(rem.any() | (~cls2 & has2))
+        f_draft = Signal()                   # its first class is DRAFT
+        cm0 = Signal(T)                      # the first class's tokens (registered with them)
+        fi_c, fv_c, foh_c = step_of(cm0, "first")
+        f2i_c, f2v_c, f2oh_c = step_of(jm2, "second")
+        f_idx = [Signal.like(lt[p], name=f"f_idx{p}") for p in range(P)]
+        f2_idx = [Signal.like(lt[p], name=f"f2_idx{p}") for p in range(P)]
+        f_v, f2_v = Signal(P), Signal(P)
+        f_rem, f2_rem = Signal(T), Signal(T)  # `rem` after each first step
         cur_draft = Signal()
-        # h-ready for the current, the next and the first slot (up_inflight only
+        # h-ready for the current, the next and the first step (up_inflight only
         # falls during DOWN, so last cycle's count is a safe bound)
         h_cur = up_inflight <= slack
         h_nxt = up_inflight < slack
-        h_first = up_inflight < ent.count
+        h_first = up_inflight < ent.steps
 
         def planes_l(draft):
             return Mux(in_router, n - 1, Mux(draft, k - 1, n - 1))
@@ -305,8 +386,14 @@ class Issue(wiring.Component):
         s1 = Signal(D)
         s1_ext, s1_h = Signal(), Signal()
         dsc = s1.desc
-        m.d.comb += [self.x_addr.eq(Cat(zext(c, self.cbx), zext(t, self.tb), pi)),
-                     self.h_addr.eq(Cat(zext(c, bits(g.c_down)), zext(t, self.tb)))]
+        for p in range(P):
+            m.d.comb += [self.x_addr[p].eq(Cat(zext(c, self.cbx),
+                                               zext(Mux(in_router, t, lt[p]), self.tb), pi)),
+                         self.h_addr[p].eq(Cat(zext(c, bits(g.c_down)), zext(lt[p], self.tb)))]
+        first_l, last_l, nr_l = lanes_of(ent.first_mask), lanes_of(ent.last_mask), \
+            lanes_of(no_routed)
+        # a router step's lanes: position t P + p below the pass's count
+        rvalid = Cat(*[(Cat(Const(p, pb), t) if pb else t) < count for p in range(P)])
         m.d.sync += [s1_valid.eq(launch | end_req), launched.eq(launch)]
         # the read positions load as the walk registers do (below): on a
         # launch their after-a-launch values, while not `running` the FSM's
@@ -327,18 +414,26 @@ class Issue(wiring.Component):
             m.d.sync += [s1.mode.eq(mode), s1.keep.eq(k), s1.last.eq(tok_end),
                          s1_ext.eq(~from_hb), s1_h.eq(is_down),
                          dsc.kind.eq(Mux(in_router, Kind.ROUTER, proj)), dsc.end.eq(0),
-                         dsc.par.eq(pi), dsc.group.eq(grp), dsc.token.eq(t),
+                         dsc.par.eq(pi), dsc.group.eq(grp),
                          dsc.expert.eq(ent.expert), dsc.routed.eq(~ent.shared),
-                         dsc.first.eq(Mux(ent.shared, ent.expert == 0, ent.first_mask.bit_select(t, 1))),
-                         dsc.last.eq(Mux(ent.shared, (ent.expert == S - 1) & no_routed.bit_select(t, 1),
-                                         ent.last_mask.bit_select(t, 1))),
-                         dsc.seg_last.eq(~rem.any())]
+                         dsc.seg_last.eq(~rem.any() & (cls2 | ~has2))]
+            for p in range(P):
+                ln = dsc.lanes[p]
+                m.d.sync += [
+                    ln.valid.eq(Mux(in_router, rvalid[p], lv[p])),
+                    ln.token.eq(Mux(in_router, t, lt[p])),
+                    ln.first.eq(Mux(ent.shared, ent.expert == 0,
+                                    first_l[p].bit_select(lt[p], 1))),
+                    ln.last.eq(Mux(ent.shared,
+                                   (ent.expert == S - 1) & nr_l[p].bit_select(lt[p], 1),
+                                   last_l[p].bit_select(lt[p], 1)))]
             m.d.sync += [s1.sv[b].plane.eq(q) for b in range(B)]
         with m.Else():
             # a one-beat MSB dot product of zeros (a legal beat sequence)
             m.d.sync += [s1.mode.eq(PEMode.MSB), s1.keep.eq(1), s1.last.eq(1), s1_ext.eq(0),
                          s1_h.eq(0), dsc.kind.eq(Kind.ROUTER), dsc.end.eq(1), dsc.par.eq(pi),
                          dsc.seg_last.eq(0)]
+            m.d.sync += [dsc.lanes[p].valid.eq(0) for p in range(P)]
             m.d.sync += [s1.sv[b].plane.eq(0) for b in range(B)]
         s1_zero = Signal()
         m.d.sync += s1_zero.eq(~launch)
@@ -349,10 +444,12 @@ class Issue(wiring.Component):
         # RAMs' output registers, see `ReplayBuffer`)
         s2_hb = [Signal(g.sv, name=f"s2_hb{b}", reset_less=True) for b in range(B)]
         s2_xd = [Signal(g.sv, name=f"s2_xd{b}", reset_less=True) for b in range(B)]
-        s2_x = Signal(8 * g.L, reset_less=True)
-        s2_hh = Signal(8 * g.L, reset_less=True)
+        s2_x = [Signal(8 * g.L, name=f"s2_x{p}", reset_less=True) for p in range(P)]
+        s2_hh = [Signal(8 * g.L, name=f"s2_hh{p}", reset_less=True) for p in range(P)]
         m.d.sync += [s2_valid.eq(s1_valid), s2.eq(s1), s2_ext.eq(s1_ext), s2_h.eq(s1_h),
-                     s2_zero.eq(s1_zero), s2_x.eq(self.x_data), s2_hh.eq(self.h_data)]
+                     s2_zero.eq(s1_zero)]
+        m.d.sync += [s2_x[p].eq(self.x_data[p]) for p in range(P)]
+        m.d.sync += [s2_hh[p].eq(self.h_data[p]) for p in range(P)]
         m.d.sync += [s2_hb[b].eq(self.hb_data[b]) for b in range(B)]
         m.d.sync += [s2_xd[b].eq(self.ext_data[b]) for b in range(B)]
         # I2 -> I3: the beat formed from the memory words into a register
@@ -366,8 +463,10 @@ class Issue(wiring.Component):
         s3 = Signal(D, reset_less=True)
         beat = D(fifo.w_data)
         m.d.sync += [s3_valid.eq(s2_valid), s3.mode.eq(s2.mode), s3.keep.eq(s2.keep),
-                     s3.last.eq(s2.last), s3.desc.eq(s2.desc),
-                     s3.act.eq(Mux(s2_zero, 0, Mux(s2_h, s2_hh, s2_x)))]
+                     s3.last.eq(s2.last), s3.desc.eq(s2.desc)]
+        # (a lane without a token multiplies zeros)
+        m.d.sync += [s3.act[p].eq(Mux(s2_zero | ~s2.desc.lanes[p].valid, 0,
+                                      Mux(s2_h, s2_hh[p], s2_x[p]))) for p in range(P)]
         for b in range(B):
             m.d.sync += [s3.sv[b].plane.eq(s2.sv[b].plane),
                          s3.sv[b].slices.eq(Mux(s2_zero, 0, Mux(s2_ext, s2_xd[b], s2_hb[b])))]
@@ -396,10 +495,10 @@ class Issue(wiring.Component):
         # next read positions and their availability (see `launch` above)
         m.d.comb += [
             hb_p_l.eq(Mux(in_router, Mux(tok_end & last_g, hb_seg, hb_p + 1),
-                          Mux(tok_end, Mux(nxt_any, hb_seg, hb_nxt),
+                          Mux(tok_end, Mux(nxt_more, hb_seg, hb_nxt),
                               Mux(from_hb, hb_p + 1, hb_p)))),
             ext_p_l.eq(Mux(in_router, ext_p,
-                           Mux(tok_end, Mux(nxt_any, ext_seg, ext_nxt),
+                           Mux(tok_end, Mux(nxt_more, ext_seg, ext_nxt),
                                Mux(from_hb, ext_p, ext_p + 1)))),
             hb_p_n.eq(Mux(hb_reset, hb_seg, hb_p)),
             ext_p_n.eq(Mux(ext_reset, ext_seg, ext_p))]
@@ -415,9 +514,9 @@ class Issue(wiring.Component):
         ext_c_p, ext_c_p1 = ext_p != self.ext_wp, ext_p != ext_wm1
         ext_c_seg, ext_c_nxt = ext_seg != self.ext_wp, ext_nxt != self.ext_wp
         hb_ok_l = Mux(in_router, Mux(tok_end & last_g, hb_c_seg, hb_c_p1),
-                      Mux(tok_end, Mux(nxt_any, hb_c_seg, hb_c_nxt), Mux(from_hb, hb_c_p1, hb_c_p)))
+                      Mux(tok_end, Mux(nxt_more, hb_c_seg, hb_c_nxt), Mux(from_hb, hb_c_p1, hb_c_p)))
         ext_ok_l = Mux(in_router, ext_c_p,
-                       Mux(tok_end, Mux(nxt_any, ext_c_seg, ext_c_nxt),
+                       Mux(tok_end, Mux(nxt_more, ext_c_seg, ext_c_nxt),
                            Mux(from_hb, ext_c_p, ext_c_p1)))
         hb_ok_n = Mux(hb_reset, hb_c_seg, hb_c_p)
         ext_ok_n = Mux(ext_reset, ext_c_seg, ext_c_p)
@@ -443,7 +542,7 @@ class Issue(wiring.Component):
         # enable -> `from_hb`, 6 LUTs with two routes across the die.
         walk = [c, last_c, q, last_q, from_hb, grp, last_g, t, running, in_router, hb_seg,
                 ext_seg, rem, j, tpl, tpl_m1, cur_draft, slot, slack, proj, cl, gl_, cl_m1,
-                gl_m1, hb_len, ext_len]
+                gl_m1, hb_len, ext_len, lv, cls2] + lt
         nx = {id(r): Signal.like(r, name=f"{Value.cast(r).name}_l") for r in walk}
         nx_c = {"hold": Signal(name="hold_l"), "h_go": Signal(name="h_go_l"),
                 "bubble": Signal(name="bubble_l")}
@@ -471,13 +570,21 @@ class Issue(wiring.Component):
             def comb(*pairs):
                 m.d.comb += [r.eq(v) for r, v in pairs]
 
-        def start_token(w, tt, draft, sl, h):
-            w.sync((t, tt), (q, 0), (c, 0), (tpl, planes_l(draft)),
+        def start_step(w, idx, v, draft, sl, h):
+            """A job's step starts: lane tokens ``idx`` (valid ``v``), all of
+            one class (``draft``), ``sl``-th of its segment."""
+            w.sync(*[(lt[p], idx[p]) for p in range(P)])
+            w.sync((lv, v), (q, 0), (c, 0), (tpl, planes_l(draft)),
                    (tpl_m1, planes_l(draft) - 1), (cur_draft, draft),
-                   (slot, sl), (slack, Mux(in_router, 0, ent.count - 1 - sl)),
+                   (slot, sl), (slack, ent.steps - 1 - sl),
                    (from_hb, hbn != 0),
                    (last_c, cl == 0), (last_q, planes_l(draft) == 0))
             w.comb((hold, (cl == 0) & (planes_l(draft) == 0)), (h_go, h_go_is(h)))
+
+        def start_first(w):
+            """The first step of a segment: the job's first class."""
+            start_step(w, f_idx, f_v, f_draft, 0, h_first)
+            w.sync((rem, f_rem), (cls2, 0))
 
         def set_phase(w, kind, draft=None):
             # (`c` is 0 whenever the phase changes; `draft`: the role of the
@@ -505,19 +612,21 @@ class Issue(wiring.Component):
                     with m.If(last_g):                            # token done
                         L_.sync((grp, 0), (last_g, gl_ == 0))
                         L_.comb((hold, (cl == 0) & (tpl == 0)))
-                        with m.If(t == count_m1):
+                        with m.If(t == rsteps_m1):
                             L_.sync((running, 0), (in_router, 0), (hb_seg, hb_seg + g.router_words))
                         with m.Else():
                             L_.sync((t, t + 1))
             with m.Elif(tok_end):
-                with m.If(nxt_any):                               # next token of the segment
-                    start_token(L_, nxt_t, nxt_draft, slot + 1, h_nxt)
-                    L_.sync((rem, rem & ~(Const(1, T) << nxt_t)))
+                with m.If(nxt_any):                               # next step of the class
+                    start_step(L_, nxt_idx, nxt_v, cur_draft, slot + 1, h_nxt)
+                    L_.sync((rem, rem & ~nxt_oh))
+                with m.Elif(~cls2 & has2):                        # the job's second class
+                    start_step(L_, f2_idx, f2_v, 0, slot + 1, h_nxt)
+                    L_.sync((rem, f2_rem), (cls2, 1))
                 with m.Else():                                    # segment done
                     L_.sync((hb_seg, hb_nxt), (ext_seg, ext_nxt), (grp, grp + 1),
                             (last_g, grp == gl_m1))
-                    start_token(L_, f_t, f_draft, 0, h_first)
-                    L_.sync((rem, ent.tok_mask & ~(Const(1, T) << f_t)))
+                    start_first(L_)
                     with m.If(last_g):
                         L_.sync((grp, 0), (last_g, gl_ == 0))
                         with m.Switch(proj):
@@ -544,8 +653,9 @@ class Issue(wiring.Component):
         with m.FSM(name="issue"):
             with m.State("IDLE"):
                 with m.If(self.pass_valid.bit_select(pi, 1)):
-                    m.d.sync += [count.eq(Mux(pi, self.count[1], self.count[0])),
-                                 count_m1.eq(Mux(pi, self.count[1], self.count[0]) - 1),
+                    cnt_in = Mux(pi, self.count[1], self.count[0])
+                    m.d.sync += [count.eq(cnt_in),
+                                 rsteps_m1.eq(((cnt_in + (P - 1)) >> pb) - 1),
                                  dmask.eq(Cat(*[Mux(pi, self.roles[1][x], self.roles[0][x])
                                                 == TokenRole.DRAFT for x in range(T)])),
                                  step_last.eq(self.step_last.bit_select(pi, 1)),
@@ -583,11 +693,22 @@ class Issue(wiring.Component):
                 m.next = "JOB_FIRST"
             with m.State("JOB_FIRST"):
                 set_phase(_Fsm, Kind.GATE)
-                m.d.sync += [f_t.eq(f_t_c), f_draft.eq(f_draft_c)]
+                d_tok = ent.tok_mask & dmask
+                o_tok = ent.tok_mask & ~dmask
+                m.d.sync += [jm2.eq(o_tok), f_draft.eq(d_tok.any()),
+                             cm0.eq(Mux(d_tok.any(), d_tok, o_tok)),
+                             has2.eq(d_tok.any() & o_tok.any())]
+                m.next = "JOB_STEPS"
+            with m.State("JOB_STEPS"):
+                # the first steps of both classes, from the registered classes
+                m.d.sync += [f_v.eq(fv_c), f_rem.eq(cm0 & ~foh_c),
+                             f2_v.eq(f2v_c), f2_rem.eq(jm2 & ~f2oh_c)]
+                m.d.sync += [f_idx[p].eq(fi_c[p]) for p in range(P)]
+                m.d.sync += [f2_idx[p].eq(f2i_c[p]) for p in range(P)]
                 m.next = "JOB_START"
             with m.State("JOB_START"):
-                start_token(_Fsm, f_t, f_draft, 0, h_first)
-                _Fsm.sync((rem, ent.tok_mask & ~(Const(1, T) << f_t)), (running, 1))
+                start_first(_Fsm)
+                _Fsm.sync((running, 1))
                 m.d.comb += [hb_reset.eq(1), ext_reset.eq(1)]
                 m.next = "JOB_WAIT"
             with m.State("END"):

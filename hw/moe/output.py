@@ -23,7 +23,7 @@ at the state register, one cycle earlier).
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Mux, Signal, unsigned
+from amaranth.hdl import Array, Cat, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -47,7 +47,8 @@ class OutputStage(wiring.Component):
         (the vector unit's END waits for the pass constants, every other
         word is consumed before it), and the reader clears a buffer's
         counter only for the next pass in that buffer, after ``done``.
-    y_addr : ``Out``; y_data : ``In`` (the vector unit's ``y`` memory)
+    y_addr : ``Out``; y_data : ``In.array(P)`` (the vector unit's ``y`` memories:
+        token ``t``'s words are lane ``t mod P``'s at lane-local ``t div P``)
     out_done : ``Out(2)``
         Passes whose ``y`` has been read (modulo 4).
     cycle : ``In`` (free-running cycle counter)
@@ -58,13 +59,13 @@ class OutputStage(wiring.Component):
     def __init__(self, g):
         self.g = g
         cfg = g.cfg
-        self.tb, self.cb = bits(g.T), bits(g.c_in)
+        self.tb, self.cb = bits(g.Tl), bits(g.c_in)
         super().__init__({
             "summary": In(stream.Signature(pass_summary(g))),
             "done": In(1), "done_par": In(1), "done_error": In(1),
             "hb_words": In(unsigned(cfg.stat_bits)).array(2), "hb_error": In(2),
             "y_addr": Out(unsigned(self.tb + self.cb)),
-            "y_data": In(data.ArrayLayout(unsigned(8), g.L)),
+            "y_data": In(data.ArrayLayout(unsigned(8), g.L)).array(g.P),
             "out_done": Out(2), "cycle": In(unsigned(cfg.stat_bits)),
             "o": Out(stream.Signature(moe_output(g.H))),
             "stats": Out(stream.Signature(pass_stats(cfg.stat_bits, g.T, g.E + g.S))),
@@ -99,13 +100,17 @@ class OutputStage(wiring.Component):
         rd_c2 = Signal.like(c)
         y_q = Signal(8 * L, reset_less=True)   # packed into the EBR's output register
         y = Signal(8 * g.H)
-        m.d.comb += self.y_addr.eq(Cat(zext(c, self.cb), zext(t, self.tb)))
+        P = g.P
+        pb = bits(P) if P > 1 else 0
+        # token `t`: lane `t mod P` (its low bits), lane-local index `t div P`
+        m.d.comb += self.y_addr.eq(Cat(zext(c, self.cb), zext(t >> pb, self.tb)))
         # a token that selected no expert (`zero_mask`) gets zeros: applied as
         # its words are read, from a flip-flop, so that `o.y` is a register
         # (the 16:1 select by `t` no longer drives the output's H x 8 bits)
         zero = Signal()
         m.d.sync += zero.eq(cur.zero_mask.bit_select(t, 1))
-        m.d.sync += y_q.eq(self.y_data)
+        # (`t` does not change from a token's first read to its SEND)
+        m.d.sync += y_q.eq(Array(self.y_data)[t[:pb]] if pb else self.y_data[0])
         with m.If(rd_valid2):
             m.d.sync += y.word_select(rd_c2, 8 * L).eq(Mux(zero, 0, y_q))
         m.d.sync += [rd_valid.eq(0), rd_c.eq(c), rd_valid2.eq(rd_valid), rd_c2.eq(rd_c)]

@@ -12,8 +12,8 @@ from amaranth.lib import data, enum
 from ...golden import moe_layer as gm
 from ..vocab import PEMode, TokenRole, bits, slice_vector, struct
 
-__all__ = ["Kind", "desc", "array_beat", "array_result", "seg_params", "logit", "topk_result",
-           "job_entry", "job_source", "pass_summary"]
+__all__ = ["Kind", "lane_tag", "desc", "array_beat", "array_result", "seg_params", "logit",
+           "topk_result", "job_entry", "job_source", "pass_summary"]
 
 
 class Kind(enum.Enum, shape=2):
@@ -25,22 +25,33 @@ class Kind(enum.Enum, shape=2):
 
 
 @lru_cache(maxsize=None)
+def lane_tag(g) -> type:
+    """``LaneTag``: what one token lane of a beat carries: whether the lane
+    has a token in this step (``valid``), its lane-local index (``token``:
+    pass position ``token * P + lane``) and whether this expert is the
+    token's first (the combine starts) and last (the output is written)."""
+    return struct("LaneTag", {"valid": unsigned(1), "token": unsigned(bits(g.Tl)),
+                              "first": unsigned(1), "last": unsigned(1)})
+
+
+@lru_cache(maxsize=None)
 def desc(g) -> type:
-    """``Desc``: the tag of one ``(segment, token)`` dot product, from the
-    issue stage through the PE array to the vector unit."""
+    """``Desc``: the tag of one ``(segment, step)`` dot product (a step holds
+    up to ``P`` tokens, one per lane), from the issue stage through the PE
+    array to the vector unit."""
     return struct("Desc", {
         "kind": Kind, "end": unsigned(1), "par": unsigned(1),
         "group": unsigned(bits(max(g.g_router, g.g_in, g.g_down))),
-        "token": unsigned(bits(g.T)), "expert": unsigned(bits(g.E)),
-        "routed": unsigned(1), "first": unsigned(1), "last": unsigned(1),
-        "seg_last": unsigned(1)})
+        "expert": unsigned(bits(g.E)), "routed": unsigned(1), "seg_last": unsigned(1),
+        "lanes": data.ArrayLayout(lane_tag(g), g.P)})
 
 
 @lru_cache(maxsize=None)
 def array_beat(g) -> type:
-    """``ArrayBeat``: one beat for all ``B`` PEs (shared activations, mode,
-    keep and last; one slice vector per PE) and the dot product's tag."""
-    return struct("ArrayBeat", {"act": data.ArrayLayout(signed(8), g.L),
+    """``ArrayBeat``: one beat for all ``B`` PEs and ``P`` token lanes (the
+    lanes' activations; mode, keep and last shared; one slice vector per PE,
+    shared by the lanes) and the dot product's tag."""
+    return struct("ArrayBeat", {"act": data.ArrayLayout(data.ArrayLayout(signed(8), g.L), g.P),
                                 "sv": data.ArrayLayout(slice_vector(g.s, g.L), g.B),
                                 "mode": PEMode,
                                 "keep": unsigned(g.n.bit_length()), "last": unsigned(1),
@@ -49,8 +60,10 @@ def array_beat(g) -> type:
 
 @lru_cache(maxsize=None)
 def array_result(g) -> type:
-    """``ArrayResult``: the ``B`` results of one dot product and its tag."""
-    return struct("ArrayResult", {"value": data.ArrayLayout(signed(g.W), g.B),
+    """``ArrayResult``: the ``P x B`` results of one dot product step (lane
+    ``p``, PE ``b``: row ``group * B + b`` for the lane's token) and its tag."""
+    return struct("ArrayResult", {"value": data.ArrayLayout(data.ArrayLayout(signed(g.W), g.B),
+                                                            g.P),
                                   "error": unsigned(1), "desc": desc(g)})
 
 
@@ -83,19 +96,24 @@ def topk_result(g) -> type:
 @lru_cache(maxsize=None)
 def job_entry(g) -> type:
     """``JobEntry``: one job of a pass in the job table (shared or routed
-    expert, its tokens, first/last-job masks, token count, precision)."""
+    expert, its tokens, first/last-job masks, token count, steps per
+    segment (:func:`elmoe3d.golden.moe_batched.lane_steps`), precision)."""
     return struct("JobEntry", {"shared": unsigned(1),
                                "expert": unsigned(bits(max(g.E, g.S, 2))),
                                "tok_mask": unsigned(g.T), "first_mask": unsigned(g.T),
                                "last_mask": unsigned(g.T), "count": unsigned(g.T.bit_length()),
+                               "steps": unsigned(g.T.bit_length()),
                                "precision": TokenRole})
 
 
 @lru_cache(maxsize=None)
 def job_source(g) -> type:
-    """``JobSource``: the decision of a job (``hb``, ``slot``); shared jobs
+    """``JobSource``: the decision of a job (``hb``, ``slot``, ``lsb_hb``,
+    ``lsb_slot``: :class:`~elmoe3d.golden.moe_batched.Source`); shared jobs
     read the dense region (``hb`` = 1)."""
-    return struct("JobSource", {"hb": unsigned(1), "slot": unsigned(bits(g.cfg.tag_slots))})
+    sb = bits(g.cfg.tag_slots)
+    return struct("JobSource", {"hb": unsigned(1), "slot": unsigned(sb),
+                                "lsb_hb": unsigned(1), "lsb_slot": unsigned(sb)})
 
 
 @lru_cache(maxsize=None)

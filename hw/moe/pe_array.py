@@ -1,9 +1,16 @@
-"""PE array: ``B`` LSB-augmented bit-slice PEs (:class:`elmoe3d.hw.pe.BitSlicePE`)
-in lockstep, PE ``b`` paired with HB bank ``b``.
+"""PE array: ``B`` token-parallel LSB-augmented bit-slice PEs
+(:class:`elmoe3d.hw.pe.BitSlicePE` with ``tokens = P``) in lockstep: PE
+``b`` is paired with HB bank ``b`` and multiplies its slice vector with
+``P`` tokens' activations in the same cycle (the token-parallel array: each
+weight word is used ``P`` times; the field decode and the beat-rule checker
+of a PE serve all its token lanes).
 
-Every beat carries one ``PEBeat`` per PE (shared activations, mode, keep and
-``last``; PE ``b``'s slice vector); every PE therefore holds the same state
-and their ``ready``/``valid`` agree cycle by cycle. A dot product's tag
+Every beat carries one ``PEBeat`` per PE (the ``P`` lanes' activations;
+mode, keep and ``last`` shared; PE ``b``'s slice vector); every PE therefore
+holds the same state and their ``ready``/``valid`` agree cycle by cycle. A
+lane without a token in a step gets the beat's activations anyway (zeros
+from the issue stage) and its result is ignored downstream (the lane's
+``valid`` in the tag). A dot product's tag
 (``Desc``) waits in a FIFO from its last beat to its results, and leaves with
 them as one ``ArrayResult`` through a register slice (so the array's
 ``i.ready`` does not depend on the vector unit's ``ready``); ``i.ready`` is
@@ -32,7 +39,7 @@ TAG_DEPTH = 8
 
 
 class PEArray(wiring.Component):
-    """``B`` PEs in lockstep with a tag queue.
+    """``B x P`` PEs in lockstep with a tag queue.
 
     Members
     -------
@@ -50,8 +57,9 @@ class PEArray(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         g = self.g
-        B = g.B
-        pes = [BitSlicePE(lanes=g.L, slice_bits=g.s, max_len=g.cfg.max_len) for _ in range(B)]
+        B, P = g.B, g.P
+        pes = [BitSlicePE(lanes=g.L, slice_bits=g.s, max_len=g.cfg.max_len, tokens=P)
+               for _ in range(B)]
         for b, pe in enumerate(pes):
             m.submodules[f"pe{b}"] = pe
         # every dot product between its last beat and its result has a tag
@@ -67,7 +75,7 @@ class PEArray(wiring.Component):
         out = m.submodules.out = RegisterSlice(array_result(g))
         wiring.connect(m, out.o, wiring.flipped(self.o))
 
-        PEBeat = pe_beat(g.s, g.L)
+        PEBeat = pe_beat(g.s, g.L, P)
         # room for a tag, as a flip-flop: `used` (the tags in the queue) is at
         # most `depth - 2`, so a write never meets the queue's inner memory
         # full (it holds `depth - 1`, the output register one more):
@@ -90,7 +98,8 @@ class PEArray(wiring.Component):
         m.d.comb += self.i.ready.eq(ready)
         for b, pe in enumerate(pes):
             beat = Signal(PEBeat, name=f"beat{b}")
-            m.d.comb += [beat.act.eq(self.i.payload.act), beat.sv.eq(self.i.payload.sv[b]),
+            m.d.comb += [beat.act.eq(self.i.payload.act[0] if P == 1 else self.i.payload.act),
+                         beat.sv.eq(self.i.payload.sv[b]),
                          beat.mode.eq(self.i.payload.mode), beat.keep.eq(self.i.payload.keep),
                          beat.last.eq(self.i.payload.last),
                          pe.i.payload.as_value().eq(beat.as_value()),
@@ -102,5 +111,8 @@ class PEArray(wiring.Component):
                      res.desc.eq(tags.r_data),
                      res.error.eq(Cat(*[pe.o.payload.error for pe in pes]).any())]
         for b, pe in enumerate(pes):
-            m.d.comb += [res.value[b].eq(pe.o.payload.value), pe.o.ready.eq(out.i.ready)]
+            m.d.comb += pe.o.ready.eq(out.i.ready)
+            for p in range(P):
+                m.d.comb += res.value[p][b].eq(pe.o.payload.value if P == 1
+                                               else pe.o.payload.value[p])
         return m

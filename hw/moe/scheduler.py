@@ -66,8 +66,10 @@ class ExpertScheduler(wiring.Component):
     Members
     -------
     pass_valid, pass_seq, count, layer, roles : ``In`` (token store)
-    sel_valid : ``In(1)``; sel : ``In(TopKResult)``
-        A token's routing (a snoop of the top-k output, one per cycle at most).
+    sel_valid : ``In(P)``; sel : ``In(TopKResult).array(P)``
+        Lane ``p``'s routing of one of its tokens (a snoop of lane ``p``'s
+        top-k output, one per lane per cycle at most; ``token`` is lane-local,
+        the pass position is ``token * P + p``).
     need : ``Out(stream.Signature(ExpertNeed))``
     source : ``In(stream.Signature(ExpertSource))``
     rd_addr : ``In.array(3)``; rd_entry, rd_src : ``Out.array(3)``
@@ -91,7 +93,7 @@ class ExpertScheduler(wiring.Component):
             "count": In(unsigned(g.T.bit_length())).array(2),
             "layer": In(unsigned(cfg.layer_bits)).array(2),
             "roles": In(data.ArrayLayout(TokenRole, g.T)).array(2),
-            "sel_valid": In(1), "sel": In(topk_result(g)),
+            "sel_valid": In(g.P), "sel": In(topk_result(g.lane())).array(g.P),
             "need": Out(stream.Signature(expert_need(cfg.layer_bits, cfg.expert_bits, g.T))),
             "source": In(stream.Signature(expert_source(cfg.tag_slots))),
             "rd_addr": In(unsigned(1 + self.jb)).array(READERS),
@@ -108,7 +110,7 @@ class ExpertScheduler(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         g = self.g
-        T, E, S, K = g.T, g.E, g.S, g.K
+        T, E, S, K, P, Tl = g.T, g.E, g.S, g.K, g.P, g.Tl
         jb = self.jb
         jmem = m.submodules.jobs = memory.Memory(shape=job_entry(g), depth=2 << jb, init=[])
         smem = m.submodules.srcs = memory.Memory(shape=job_source(g), depth=2 << jb, init=[])
@@ -133,29 +135,32 @@ class ExpertScheduler(wiring.Component):
         # row's bits (`row_d`). The payload register loads only with a
         # routing (an enable of its own, so Yosys does not merge it with a
         # register of another component that loads the same port every cycle).
-        s_valid = Signal()
-        s_sel = Signal.like(self.sel)
+        # (one selection per lane and cycle: token `t` is lane `t mod P`'s)
+        s_valid = Signal(P)
+        s_sel = [Signal.like(self.sel[ln], name=f"s_sel{ln}") for ln in range(P)]
         m.d.sync += s_valid.eq(self.sel_valid)
-        with m.If(self.sel_valid):
-            m.d.sync += s_sel.eq(self.sel)
-        sel_bits = Signal(E)
-        expr = Const(0, E)
-        for r in range(K):
-            expr = expr | Mux(r < s_sel.count, Const(1, E) << s_sel.sel[r], 0)
-        m.d.comb += sel_bits.eq(expr)
+        row_d = [Signal(E, name=f"row_d{ln}") for ln in range(P)]
+        for ln in range(P):
+            with m.If(self.sel_valid[ln]):
+                m.d.sync += s_sel[ln].eq(self.sel[ln])
+            sel_bits = Signal(E, name=f"sel_bits{ln}")
+            expr = Const(0, E)
+            for r in range(K):
+                expr = expr | Mux(r < s_sel[ln].count, Const(1, E) << s_sel[ln].sel[r], 0)
+            m.d.comb += sel_bits.eq(expr)
+            m.d.sync += row_d[ln].eq(sel_bits)
         row_we = Signal(2 * T)
-        row_d = Signal(E)
-        tok_inc = Signal(2)
-        m.d.sync += [row_we.eq(Cat(*[s_valid & (s_sel.par == p) & (s_sel.token == t)
-                                     for p in range(2) for t in range(T)])),
-                     tok_inc.eq(Cat(*[s_valid & (s_sel.par == p) for p in range(2)])),
-                     row_d.eq(sel_bits)]
+        tok_inc = [Signal(range(P + 1), name=f"tok_inc{p}") for p in range(2)]
+        m.d.sync += row_we.eq(Cat(*[s_valid[t % P] & (s_sel[t % P].par == p)
+                                    & (s_sel[t % P].token == t // P)
+                                    for p in range(2) for t in range(T)]))
+        m.d.sync += [tok_inc[p].eq(sum(s_valid[ln] & (s_sel[ln].par == p) for ln in range(P)))
+                     for p in range(2)]
         for p in range(2):
-            with m.If(tok_inc[p]):
-                m.d.sync += done_tok[p].eq(done_tok[p] + 1)
+            m.d.sync += done_tok[p].eq(done_tok[p] + tok_inc[p])
             for t in range(T):
                 with m.If(row_we[p * T + t]):
-                    m.d.sync += rows[p][t].eq(row_d)
+                    m.d.sync += rows[p][t].eq(row_d[t % P])
 
         # ---- the pass being scheduled ------------------------------------------------
         ps = Signal()
@@ -234,6 +239,31 @@ class ExpertScheduler(wiring.Component):
             m.d.comb += [sw.addr.eq(Cat(zext(dec, jb), ps)), sw.data.eq(self.source.payload),
                          sw.en.eq(1)]
 
+        def lane_views(mask, name):
+            src = Signal(T, name=name)
+            m.d.comb += src.eq(mask)
+            return [Cat(*[src[i * P + ln] if i * P + ln < T else Const(0, 1)
+                          for i in range(Tl)]) for ln in range(P)]
+
+        def class_counts(mask, name):
+            """Per lane, the tokens of ``mask`` in the DRAFT class and in the
+            other class (registered): the steps of a job's segment are the
+            larger DRAFT count plus the larger other count
+            (:func:`elmoe3d.golden.moe_batched.lane_steps`)."""
+            outs = []
+            for cls, cm in (("d", mask & is_d), ("o", mask & ~is_d)):
+                for ln, lm in enumerate(lane_views(cm, f"{name}_{cls}")):
+                    c_ = Signal(range(Tl + 1), name=f"{name}_{cls}{ln}")
+                    m.d.sync += c_.eq(sum(lm[i] for i in range(Tl)))
+                    outs.append(c_)
+            return outs[:P], outs[P:]
+
+        def max_of(vals):
+            cur = vals[0]
+            for v in vals[1:]:
+                cur = Mux(v > cur, v, cur)
+            return cur
+
         prec_all = Mux(is_v.any(), TokenRole.VERIFY, Mux((~is_d & pmask).any(), TokenRole.FULL,
                                                             TokenRole.DRAFT))
         # ORDER takes two cycles per step: the candidates of the current level
@@ -256,6 +286,13 @@ class ExpertScheduler(wiring.Component):
         ncol_c = Signal(T)
         m.d.comb += ncol_c.eq(Cat(*[
             Cat(*[col[e][t] & pick_oh[e] for e in range(E)]).any() for t in range(T)]))
+        # the steps of a job per segment: lane counts of the announced column
+        # (registered in STEPS1), their maxima summed (STEPS2); the shared
+        # jobs' from the pass's tokens (MASK -> SHARED)
+        jd_cnt, jo_cnt = class_counts(ncol, "jcnt")
+        j_steps = Signal(range(T + 1))
+        sh_d_cnt, sh_o_cnt = class_counts(pmask, "shcnt")
+        sh_steps = Signal(range(T + 1))
 
         # A new pass in buffer `ps`, as a flip-flop: the token store's
         # `valid`/`seq` and `my_seq`, selected by `ps`, had passed a compare
@@ -306,14 +343,22 @@ class ExpertScheduler(wiring.Component):
                 m.d.sync += [pmask.eq(Cat(*[t < count for t in range(T)])),
                              is_d.eq(is_d & Cat(*[t < count for t in range(T)])),
                              is_v.eq(is_v & Cat(*[t < count for t in range(T)]))]
-                m.next = "SHARED" if S else "WAIT_SEL"
+                m.next = "SH_STEPS" if S else "WAIT_SEL"
+            if S:
+                with m.State("SH_STEPS"):
+                    # (`sh_*_cnt` are registered from `pmask` here)
+                    m.next = "SH_STEPS2"
+                with m.State("SH_STEPS2"):
+                    m.d.sync += sh_steps.eq(max_of(sh_d_cnt) + max_of(sh_o_cnt))
+                    m.next = "SHARED"
             if S:
                 with m.State("SHARED"):
                     ent = job_entry(g)(jw.data)
                     m.d.comb += [jw.addr.eq(Cat(zext(sidx, jb), ps)), jw.en.eq(1),
                                  ent.shared.eq(1), ent.expert.eq(sidx), ent.tok_mask.eq(pmask),
                                  ent.first_mask.eq(Mux(sidx == 0, pmask, 0)), ent.last_mask.eq(0),
-                                 ent.count.eq(count), ent.precision.eq(prec_all),
+                                 ent.count.eq(count), ent.steps.eq(sh_steps),
+                                 ent.precision.eq(prec_all),
                                  sw.addr.eq(Cat(zext(sidx, jb), ps)), sw.en.eq(1),
                                  job_source(g)(sw.data).hb.eq(1)]
                     m.d.sync += [sidx.eq(sidx + 1), decided[ps].eq(dec + 1), dec.eq(dec + 1)]
@@ -397,8 +442,7 @@ class ExpertScheduler(wiring.Component):
             with m.State("OFFER"):
                 m.d.sync += [ncol.eq(ncol_c), ncol_first.eq(ncol_c & ~seen),
                              last_of.eq(Cat(*[ncol_c[t] & (rem[t] == 1) for t in range(T)]))]
-                m.d.sync += [self.need.valid.eq(1),
-                             self.need.payload.layer.eq(layer),
+                m.d.sync += [self.need.payload.layer.eq(layer),
                              self.need.payload.expert.eq(pick),
                              self.need.payload.tokens.eq(level),
                              # `done_e` holds `pick` already: no expert left after it
@@ -408,6 +452,13 @@ class ExpertScheduler(wiring.Component):
                                  Mux((anyv & pick_oh).any(), TokenRole.VERIFY,
                                      Mux((anyf & pick_oh).any(), TokenRole.FULL,
                                          TokenRole.DRAFT)))]
+                m.next = "STEPS1"
+            with m.State("STEPS1"):
+                # (`jcnt_*` are registered from `ncol` here)
+                m.next = "STEPS2"
+            with m.State("STEPS2"):
+                m.d.sync += [j_steps.eq(max_of(jd_cnt) + max_of(jo_cnt)),
+                             self.need.valid.eq(1)]
                 m.next = "ANNOUNCE"
             with m.State("ANNOUNCE"):
                 with m.If(self.need.ready):
@@ -415,7 +466,7 @@ class ExpertScheduler(wiring.Component):
                     m.d.comb += [jw.addr.eq(Cat(zext(S + announced, jb), ps)), jw.en.eq(1),
                                  ent.shared.eq(0), ent.expert.eq(pick), ent.tok_mask.eq(ncol),
                                  ent.first_mask.eq(ncol_first), ent.last_mask.eq(last_of),
-                                 ent.count.eq(self.need.payload.tokens),
+                                 ent.count.eq(self.need.payload.tokens), ent.steps.eq(j_steps),
                                  ent.precision.eq(self.need.payload.precision)]
                     m.d.comb += lim_inc.eq(1)
                     m.d.sync += [self.need.valid.eq(0), announced.eq(announced + 1),

@@ -3,9 +3,10 @@ tokens and holds two passes (double buffer) for the rest of the datapath.
 
 A pass ends with a token whose ``last`` is set (the end of a step), with
 the ``T``-th token, or just before a token of a different layer. Buffer
-``par`` holds the tokens' activations in a memory of ``L``-element chunks
-(``x_mem``, read by the issue stage) and their roles and masks in
-registers; ``valid[par]`` is set when the pass is complete and cleared by
+``par`` holds the tokens' activations in ``P`` memories of ``L``-element
+chunks, one per token lane (token ``t`` in lane ``t mod P`` at lane-local
+index ``t div P``: ``x_mem{p}``, read by the issue stage, one address per
+lane) and their roles and masks in registers; ``valid[par]`` is set when the pass is complete and cleared by
 the issue stage's ``release`` after the pass's last beat. ``seq[par]``
 toggles every time a buffer is filled, so a consumer that has finished one
 pass at ``par`` can tell the next one from it.
@@ -44,8 +45,8 @@ class TokenStore(wiring.Component):
         The pass in each buffer (see the module doc).
     release, release_par : ``In(1)``
         The issue stage frees buffer ``release_par``.
-    x_addr : ``In`` ``{par, token, chunk}``; ``x_data`` : ``Out(L x INT8)``
-        Activation chunk, one cycle after ``x_addr``.
+    x_addr : ``In.array(P)`` ``{chunk, lane-local token, par}``; ``x_data`` : ``Out(L x INT8).array(P)``
+        Activation chunk of each lane, one cycle after its ``x_addr``.
 
     Throughput: a token takes ``H / L + 3`` cycles (taken, layer check,
     buffer check, then its ``H / L`` chunks one per cycle); a pass is handed
@@ -64,7 +65,7 @@ class TokenStore(wiring.Component):
     def __init__(self, g):
         self.g = g
         T, E, L = g.T, g.E, g.L
-        self.tb, self.cb = bits(T), bits(g.c_in)
+        self.tb, self.cb = bits(g.Tl), bits(g.c_in)
         super().__init__({
             "tok": In(stream.Signature(moe_token(g.H, E, g.cfg.layer_bits))),
             "valid": Out(2), "seq": Out(2),
@@ -74,8 +75,8 @@ class TokenStore(wiring.Component):
             "roles": Out(data.ArrayLayout(TokenRole, T)).array(2),
             "masks": Out(data.ArrayLayout(unsigned(E), T)).array(2),
             "release": In(1), "release_par": In(1),
-            "x_addr": In(unsigned(1 + self.tb + self.cb)),
-            "x_data": Out(data.ArrayLayout(signed(8), L)),
+            "x_addr": In(unsigned(1 + self.tb + self.cb)).array(g.P),
+            "x_data": Out(data.ArrayLayout(signed(8), L)).array(g.P),
         })
 
     def elaborate(self, platform):
@@ -84,14 +85,21 @@ class TokenStore(wiring.Component):
         T, L, C = g.T, g.L, g.c_in
         # `no_rw_check`: tokens are written into a buffer no pass is reading
         # (`valid` low), so a read that meets a write is never used
-        mem = m.submodules.x_mem = memory.Memory(shape=unsigned(8 * L),
-                                                 depth=1 << (1 + self.tb + self.cb), init=[],
-                                                 attrs={"no_rw_check": 1})
-        wp, rp = mem.write_port(), mem.read_port()
-        m.d.comb += [rp.addr.eq(self.x_addr), self.x_data.eq(rp.data)]
+        P = g.P
+        wps = []
+        for p in range(P):
+            mem = m.submodules[f"x_mem{p}"] = memory.Memory(
+                shape=unsigned(8 * L), depth=1 << (1 + self.tb + self.cb), init=[],
+                attrs={"no_rw_check": 1})
+            wp, rp = mem.write_port(), mem.read_port()
+            wps.append(wp)
+            m.d.comb += [rp.addr.eq(self.x_addr[p]), self.x_data[p].eq(rp.data)]
 
         pw = Signal()                        # buffer being filled
         t = Signal(range(T + 1))
+        # the token's lane and lane-local index (counters beside `t`: no divider)
+        t_lane = Signal(range(max(2, P)))
+        t_idx = Signal(range(max(2, g.Tl)))
         t_last = Signal(init=T == 1)          # `t == T - 1`, set with `t`
         c = Signal(range(C + 1))
         cur_layer = Signal.like(self.layer[0])
@@ -110,9 +118,10 @@ class TokenStore(wiring.Component):
         we_slot = Signal(2 * T)
         we_layer = Signal(2)
         we_cur = Signal()
-        m.d.comb += [self.tok.ready.eq(rdy),
-                     wp.addr.eq(Cat(zext(c, self.cb), zext(t, self.tb), pw)),
-                     wp.data.eq(lat.x.as_value().word_select(c, 8 * L))]
+        m.d.comb += self.tok.ready.eq(rdy)
+        for p, wp in enumerate(wps):
+            m.d.comb += [wp.addr.eq(Cat(zext(c, self.cb), zext(t_idx, self.tb), pw)),
+                         wp.data.eq(lat.x.as_value().word_select(c, 8 * L))]
         with m.If(rdy):
             m.d.sync += lat.eq(self.tok.payload)
         m.d.sync += [we_slot.eq(0), we_layer.eq(0), we_cur.eq(0)]
@@ -133,7 +142,7 @@ class TokenStore(wiring.Component):
                          self.valid.bit_select(pw, 1).eq(1),
                          self.seq.bit_select(pw, 1).eq(~self.seq.bit_select(pw, 1)),
                          self.step_last.bit_select(pw, 1).eq(step_last),
-                         pw.eq(~pw), t.eq(0), t_last.eq(T == 1)]
+                         pw.eq(~pw), t.eq(0), t_last.eq(T == 1), t_lane.eq(0), t_idx.eq(0)]
 
         with m.FSM(name="tokens"):
             with m.State("IDLE"):
@@ -153,7 +162,8 @@ class TokenStore(wiring.Component):
                             m.d.sync += we_slot[p * T + j].eq((pw == p) & (t == j))
                     m.next = "WRITE"
             with m.State("WRITE"):
-                m.d.comb += wp.en.eq(1)
+                for p, wp in enumerate(wps):
+                    m.d.comb += wp.en.eq(t_lane == p)
                 m.d.sync += [c.eq(c + 1), w_last.eq(c + 2 == C)]
                 # (`w_last` is `c == C - 1` here: the pass's close starts at
                 # flip-flops, not at the chunk counter's compare)
@@ -162,6 +172,10 @@ class TokenStore(wiring.Component):
                         close(t + 1, lat.last)
                     with m.Else():
                         m.d.sync += [t.eq(t + 1), t_last.eq(t == T - 2)]
+                        with m.If(t_lane == P - 1):
+                            m.d.sync += [t_lane.eq(0), t_idx.eq(t_idx + 1)]
+                        with m.Else():
+                            m.d.sync += t_lane.eq(t_lane + 1)
                     m.d.sync += w_last.eq(0)
                     m.next = "IDLE"
         return m

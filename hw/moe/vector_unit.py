@@ -1,9 +1,15 @@
 """Vector unit: everything between a PE result and the layer output, one
 element per cycle in a fixed-latency pipeline that never stalls after its
-entry.
+entry, for ``P`` token lanes in lockstep.
 
-An ``ArrayResult`` (``B`` values of one dot product) is taken apart into
-``B`` elements, element ``b`` being row ``group * B + b`` of its projection.
+An ``ArrayResult`` (``P x B`` values of one dot-product step) is taken apart
+into ``B`` elements, element ``b`` being row ``group * B + b`` of its
+projection for every lane's token. The entry and the control of the stages
+are shared; each lane has its own arithmetic (requantisations, product,
+combine) and its own memories (its tokens' ``silu``, ``acc``, ``h`` and
+``y``, by lane-local index, and a copy of the SiLU table), and writes only
+for a lane that holds a token. The conditions of the entry that belong to
+a token (its gates, its top-k's room) hold for every lane with a token.
 At the entry (E0) an element waits until what it needs is there (its
 segment's requantisation parameters, the pass's SiLU table / output
 records, its token's gate weights, a free output buffer, room in top-k);
@@ -90,7 +96,7 @@ LATENCY = 20
 
 class VectorUnit(wiring.Component):
     """Requantisation, SiLU, SwiGLU product, gated combine, output
-    requantisation (see the module doc).
+    requantisation for ``P`` token lanes in lockstep (see the module doc).
 
     Members
     -------
@@ -99,12 +105,16 @@ class VectorUnit(wiring.Component):
     out_we, out_addr, out_data : ``In.array(B)``; lut_we, lut_addr, lut_data : ``In``
         Pass constants (from the HB reader); ``lut_loaded``, ``out_loaded``
         ``In(2)`` say they are complete.
-    logit_valid, logit : ``Out``; topk_last_ok, topk_idle : ``In`` (top-k)
-    g_addr : ``Out``; g_data, gates_keep : ``In``;
-    softmax_idle : ``In`` (softmax)
-    h_addr : ``In``; h_data : ``Out`` (issue stage)
-    y_addr : ``In``; y_data : ``Out``; out_done : ``In(2)`` (output stage)
+    logit_valid : ``Out(P)``; logit : ``Out(Logit).array(P)``
+        Lane ``p``'s router logit (lane-local token) to lane ``p``'s top-k.
+    topk_last_ok, topk_idle : ``In(P)`` (the lanes' top-k)
+    g_addr : ``Out.array(P)``; g_data : ``In.array(P)``; gates_keep : ``In(Tl).array(P)``;
+    softmax_idle : ``In(P)`` (the lanes' softmax units)
+    h_addr : ``In.array(P)``; h_data : ``Out.array(P)`` (issue stage)
+    y_addr : ``In`` (lane-local token, chunk); y_data : ``Out.array(P)``;
+    out_done : ``In(2)`` (output stage)
     up_done : ``Out(1)``
+        One pulse per UP dot-product step (all its lanes), after its last row.
     done, done_par, done_error : ``Out(1)``
         A pass's END element passed the last stage: every write of the pass
         is done.
@@ -112,11 +122,12 @@ class VectorUnit(wiring.Component):
 
     def __init__(self, g):
         self.g = g
-        T, B, L = g.T, g.B, g.L
+        T, B, L, P, Tl = g.T, g.B, g.L, g.P, g.Tl
         if g.I < 4:
             raise ValueError(f"VectorUnit needs an FFN size of at least 4 (the silu/acc "
                              f"read-after-write distance), not {g.I}")
-        self.tb = bits(T)
+        self.tb = bits(Tl)
+        gl_ = g.lane()
         super().__init__({
             "i": In(stream.Signature(array_result(g))),
             "params": In(stream.Signature(seg_params())).array(B),
@@ -124,15 +135,15 @@ class VectorUnit(wiring.Component):
             "out_data": In(unsigned(22)).array(B),
             "lut_we": In(1), "lut_addr": In(unsigned(7)), "lut_data": In(32),
             "lut_loaded": In(2), "out_loaded": In(2),
-            "logit_valid": Out(1), "logit": Out(logit(g)),
-            "topk_last_ok": In(1), "topk_idle": In(1),
-            "g_addr": Out(range(max(2, T))), "g_data": In(gate_row(g)),
-            "gates_keep": In(T),
-            "softmax_idle": In(1),
-            "h_addr": In(unsigned(self.tb + bits(g.c_down))),
-            "h_data": Out(data.ArrayLayout(unsigned(8), L)),
+            "logit_valid": Out(P), "logit": Out(logit(gl_)).array(P),
+            "topk_last_ok": In(P), "topk_idle": In(P),
+            "g_addr": Out(range(max(2, Tl))).array(P), "g_data": In(gate_row(gl_)).array(P),
+            "gates_keep": In(Tl).array(P),
+            "softmax_idle": In(P),
+            "h_addr": In(unsigned(self.tb + bits(g.c_down))).array(P),
+            "h_data": Out(data.ArrayLayout(unsigned(8), L)).array(P),
             "y_addr": In(unsigned(self.tb + bits(g.c_in))),
-            "y_data": Out(data.ArrayLayout(unsigned(8), L)),
+            "y_data": Out(data.ArrayLayout(unsigned(8), L)).array(P),
             "out_done": In(2),
             "up_done": Out(1),
             "done": Out(1), "done_par": Out(1), "done_error": Out(1),
@@ -141,7 +152,7 @@ class VectorUnit(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         g = self.g
-        T, B, L, K, W = g.T, g.B, g.L, g.K, g.W
+        T, B, L, K, W, P, Tl = g.T, g.B, g.L, g.K, g.W, g.P, g.Tl
         tb = self.tb
         rb = bits(max(g.E, g.I, g.H))
 
@@ -155,25 +166,36 @@ class VectorUnit(wiring.Component):
         # loaded only while no pass of that buffer runs). Without it Yosys
         # puts a read-old-data bypass multiplexer behind each block RAM, and
         # the register behind it cannot become the EBR's output register.
+        # Per token lane: its tokens' ``silu``, ``acc``, ``h`` and ``y`` and a
+        # copy of the SiLU table (each lane looks up its own codes).
         def mem(name, shape, depth, gran=None):
             mm = m.submodules[name] = memory.Memory(shape=shape, depth=depth, init=[],
                                                     attrs={"no_rw_check": 1})
             w = mm.write_port(granularity=gran) if gran else mm.write_port()
             return mm, w
-        silu_m, silu_w = mem("silu", signed(8), T << bits(g.I))
-        silu_r = silu_m.read_port()
-        acc_m, acc_w = mem("acc", signed(g.accw), T << bits(g.H))
-        acc_r = acc_m.read_port()
-        h_m, h_w = mem("h", unsigned(8 * L), T << bits(g.c_down), gran=8)
-        h_r = h_m.read_port()
-        y_m, y_w = mem("y", unsigned(8 * L), T << bits(g.c_in), gran=8)
-        y_r = y_m.read_port()
-        lut_m, lut_w = mem("lut", unsigned(32), 128)
-        lut_r = lut_m.read_port()
-        m.d.comb += [h_r.addr.eq(self.h_addr), self.h_data.eq(h_r.data),
-                     y_r.addr.eq(self.y_addr), self.y_data.eq(y_r.data),
-                     lut_w.addr.eq(self.lut_addr), lut_w.data.eq(self.lut_data),
-                     lut_w.en.eq(self.lut_we)]
+
+        def lname(base, p):
+            return base if P == 1 else f"{base}{p}"
+        silu_w, silu_r, acc_w, acc_r, h_w, y_w, lut_r = [], [], [], [], [], [], []
+        for p in range(P):
+            sm_, sw_ = mem(lname("silu", p), signed(8), Tl << bits(g.I))
+            silu_w.append(sw_)
+            silu_r.append(sm_.read_port())
+            am_, aw_ = mem(lname("acc", p), signed(g.accw), Tl << bits(g.H))
+            acc_w.append(aw_)
+            acc_r.append(am_.read_port())
+            hm_, hw_ = mem(lname("h", p), unsigned(8 * L), Tl << bits(g.c_down), gran=8)
+            h_w.append(hw_)
+            hr_ = hm_.read_port()
+            ym_, yw_ = mem(lname("y", p), unsigned(8 * L), Tl << bits(g.c_in), gran=8)
+            y_w.append(yw_)
+            yr_ = ym_.read_port()
+            lm_, lw_ = mem(lname("lut", p), unsigned(32), 128)
+            lut_r.append(lm_.read_port())
+            m.d.comb += [hr_.addr.eq(self.h_addr[p]), self.h_data[p].eq(hr_.data),
+                         yr_.addr.eq(self.y_addr), self.y_data[p].eq(yr_.data),
+                         lw_.addr.eq(self.lut_addr), lw_.data.eq(self.lut_data),
+                         lw_.en.eq(self.lut_we)]
         out_r = []
         for b in range(B):
             om, ow = mem(f"outrq{b}", unsigned(22), 2 << bits(g.g_down))
@@ -226,6 +248,8 @@ class VectorUnit(wiring.Component):
         for b in range(B):
             m.d.comb += self.params[b].ready.eq(adv & bi_oh[b] & need_params & dsc.seg_last)
         logit_go = adv & is_router
+        lane_v = Signal(P)
+        m.d.comb += lane_v.eq(Cat(*[dsc.lanes[p].valid for p in range(P)]))
 
         # What the entry waits for, as it will be in the next cycle. Every
         # condition only rises, except through an event of this cycle that is
@@ -237,22 +261,23 @@ class VectorUnit(wiring.Component):
         # ``ready`` bit is cleared a cycle later: ``gates_keep`` is the
         # softmax's ``ready`` without it, a register). A rise is seen a
         # cycle late (a waiting element leaves a cycle later than a
-        # combinational ``ok`` would let it); a fall never is.
-        # A parameter stream's valid as it will be: only bank `bi`'s is
-        # popped this cycle, and only if the element advances. So the element
-        # after it (bank `bi + 1`, B > 1) and an element that waits (no pop)
-        # see the valid bits as they are; only the incoming result's first
-        # element with B = 1 can see its own bank popped.
+        # combinational ``ok`` would let it); a fall never is. With lanes,
+        # each per-lane condition (top-k, gates) holds for every lane that
+        # has a token.
         pv = Cat(p.valid for p in self.params)
         pv_n = Cat(p.valid & ~p.ready for p in self.params)
-        topk_idle_n = self.topk_idle & ~logit_go
-        last_ok_n = self.topk_last_ok & ~(logit_go & last_logit)
+        topk_idle_n = (self.topk_idle & ~(lane_v & logit_go.replicate(P))).all()
         y_free_n = (ends == self.out_done) & ~(adv & is_end)
+
+        def last_ok_n(lanes):
+            """Every lane with a token can take its last logit next cycle."""
+            return Cat(*[~lanes[p] | (self.topk_last_ok[p] & ~(logit_go & last_logit & lane_v[p]))
+                         for p in range(P)]).all()
 
         def flag_n(flags, par):
             return flags.bit_select(par, 1) & ~(self.done & (self.done_par == par))
 
-        def ok_of(d, p_ok, last_bank, d_lgrp):
+        def ok_of(d, lanes, p_ok, last_bank, d_lgrp):
             """``ok`` next cycle of an element of a result tagged ``d`` (bank's
             params valid ``p_ok``; ``last_bank``), bar the gate: ``(base, needs_gate)``.
 
@@ -263,26 +288,33 @@ class VectorUnit(wiring.Component):
             count."""
             lut_ok, out_ok = flag_n(self.lut_loaded, d.par), flag_n(self.out_loaded, d.par)
             last_lg = d_lgrp & last_bank
-            base = Mux(d.end, self.softmax_idle & topk_idle_n & lut_ok & out_ok,
-                       Mux(d.kind == Kind.ROUTER, ~last_lg | last_ok_n,
+            base = Mux(d.end, self.softmax_idle.all() & topk_idle_n & lut_ok & out_ok,
+                       Mux(d.kind == Kind.ROUTER, ~last_lg | last_ok_n(lanes),
                            p_ok
                            & Mux(d.kind == Kind.GATE, lut_ok, 1)
-                           & Mux(d.kind == Kind.DOWN, ~d.last | (y_free_n & out_ok), 1)))
+                           & Mux(d.kind == Kind.DOWN,
+                                 ~Cat(*[d.lanes[p].last & d.lanes[p].valid
+                                        for p in range(P)]).any() | (y_free_n & out_ok), 1)))
             return base, ~d.end & (d.kind == Kind.DOWN) & d.routed
         nd = self.i.payload.desc
-        # The token's gate comes last: for the incoming result a select of
-        # `gates_keep` by its token, for the held one an AND-OR with the
-        # token's one-hot (a register loaded with it); each meets the rest
-        # of the decision in the last LUT levels.
-        tok_oh = Signal(T)
+        nd_v = Signal(P)
+        m.d.comb += nd_v.eq(Cat(*[nd.lanes[p].valid for p in range(P)]))
+        # The tokens' gates come last: for the incoming result a select of
+        # `gates_keep` by each lane's token, for the held one an AND-OR with
+        # the lane token's one-hot (a register loaded with it); each meets
+        # the rest of the decision in the last LUT levels.
+        tok_oh = [Signal(Tl, name=f"tok_oh{p}") for p in range(P)]
         with m.If(load):
-            m.d.sync += tok_oh.eq(1 << nd.token)
-        g_in = self.gates_keep.bit_select(nd.token, 1)
-        g_held = (self.gates_keep & tok_oh).any()
-        b_in, n_in = ok_of(nd, pv[0] if B > 1 else pv_n[0], Const(B == 1, 1),
+            m.d.sync += [tok_oh[p].eq(Mux(nd.lanes[p].valid, 1 << nd.lanes[p].token, 0))
+                         for p in range(P)]
+        g_in = Cat(*[~nd.lanes[p].valid | self.gates_keep[p].bit_select(nd.lanes[p].token, 1)
+                     for p in range(P)]).all()
+        g_held = Cat(*[~lane_v[p] | (self.gates_keep[p] & tok_oh[p]).any()
+                       for p in range(P)]).all()
+        b_in, n_in = ok_of(nd, nd_v, pv[0] if B > 1 else pv_n[0], Const(B == 1, 1),
                            nd.group == g.g_router - 1)
-        b_nx, n_held = ok_of(dsc, (pv & bi1_oh).any(), bi1_oh[B - 1], lgrp)
-        b_st, _ = ok_of(dsc, (pv & bi_oh).any(), bi_oh[B - 1], lgrp)
+        b_nx, n_held = ok_of(dsc, lane_v, (pv & bi1_oh).any(), bi1_oh[B - 1], lgrp)
+        b_st, _ = ok_of(dsc, lane_v, (pv & bi_oh).any(), bi_oh[B - 1], lgrp)
         b_held = Mux(adv, ~last & b_nx, ser_valid & b_st)
         ok_p, ok_qi, ok_qh = Signal(), Signal(), Signal()
         m.d.comb += [ok_p.eq(Mux(load, b_in & ~n_in, b_held & ~n_held)),
@@ -291,150 +323,101 @@ class VectorUnit(wiring.Component):
             ok.eq((ok_p | (ok_qh & g_held)) | (ok_qi & g_in)),
             last.eq(Mux(load, nd.end | Const(B == 1, 1),
                         Mux(adv, bi1_oh[B - 1] if B > 1 else bi + 1 == B - 1, last)))]
-        # the value of the element at the entry, a register loaded as `bi`
-        # moves (the `B`:1 select by `bi` ends there, not in top-k's compares)
-        value = Signal(signed(W))
-        m.d.sync += value.eq(Mux(load, self.i.payload.value[0],
-                                 Mux(adv, Array(ser.value[b] for b in range(B))[bi + 1], value)))
-        # logits straight to top-k
-        lg = self.logit
-        m.d.comb += [self.logit_valid.eq(logit_go), lg.token.eq(dsc.token),
-                     lg.expert.eq(Cat(bi, dsc.group) if B == 1 << (B - 1).bit_length() and B > 1
-                                   else dsc.group * B + bi), lg.value.eq(value), lg.par.eq(dsc.par),
-                     lg.last.eq(last_logit)]
-        m.d.comb += self.g_addr.eq(dsc.token)
+        # the values of the element at the entry (one per lane), registers
+        # loaded as `bi` moves (the `B`:1 select by `bi` ends there, not in
+        # top-k's compares)
+        value = [Signal(signed(W), name=f"value{p}") for p in range(P)]
+        for p in range(P):
+            m.d.sync += value[p].eq(Mux(load, self.i.payload.value[p][0],
+                                        Mux(adv, Array(ser.value[p][b] for b in range(B))[bi + 1],
+                                            value[p])))
+        # logits straight to the lanes' top-k
+        expert_of = (Cat(bi, dsc.group) if B == 1 << (B - 1).bit_length() and B > 1
+                     else dsc.group * B + bi)
+        for p in range(P):
+            lg = self.logit[p]
+            m.d.comb += [self.logit_valid[p].eq(logit_go & lane_v[p]),
+                         lg.token.eq(dsc.lanes[p].token), lg.expert.eq(expert_of),
+                         lg.value.eq(value[p]), lg.par.eq(dsc.par), lg.last.eq(last_logit),
+                         self.g_addr[p].eq(dsc.lanes[p].token)]
         pass_err = Signal()
         with m.If(adv & ~is_end):
             m.d.sync += pass_err.eq(pass_err | ser.error)
         with m.If(adv & is_end):
             m.d.sync += [pass_err.eq(0), ends.eq(ends + 1)]
 
-        # ---- A0 -------------------------------------------------------------------------
+        # ---- A0 (control shared by the lanes) --------------------------------------------
         a_valid = Signal()
         a_kind = Signal(Kind)
-        a_end, a_par, a_routed, a_first, a_last = (Signal(name=f"a_{n}") for n in
-                                                   ("end", "par", "routed", "first", "last"))
+        a_end, a_par, a_routed = (Signal(name=f"a_{n}") for n in ("end", "par", "routed"))
         a_err = Signal()
-        a_tok = Signal(range(max(2, T)))
         a_row = Signal(rb)
         a_grp = Signal.like(dsc.group)
         a_b = Signal.like(bi)
         a_exp = Signal.like(dsc.expert)
-        a_val = Signal(signed(W))
         a_p = Signal(seg_params())
         m.d.sync += [a_valid.eq(adv & ~is_router), a_kind.eq(kind), a_end.eq(is_end),
-                     a_par.eq(dsc.par), a_routed.eq(dsc.routed), a_first.eq(dsc.first),
-                     a_last.eq(dsc.last), a_err.eq(pass_err | ser.error), a_tok.eq(dsc.token),
+                     a_par.eq(dsc.par), a_routed.eq(dsc.routed),
+                     a_err.eq(pass_err | ser.error),
                      a_row.eq(dsc.group * B + bi), a_grp.eq(dsc.group), a_b.eq(bi),
-                     a_exp.eq(dsc.expert), a_val.eq(value), a_p.eq(phead)]
-        # gate of this token for this expert (routed DOWN), in Q12: the expert
-        # compares are registered at A1 with the gates, the select at A2 (the
-        # gate is first used at A9)
-        g_hit = Signal(K)
-        g_gates = [Signal(gm.GATE_FRAC + 1, name=f"g_gate{r}") for r in range(K)]
-        g_routed = Signal()
-        m.d.sync += [g_hit.eq(Cat(*[self.g_data.sel[r] == a_exp for r in range(K)])),
-                     g_routed.eq(a_routed)]
-        m.d.sync += [g_gates[r].eq(self.g_data.gate[r]) for r in range(K)]
-        gsel = Const(gm.GATE_ONE, gm.GATE_FRAC + 1)
-        for r in reversed(range(K)):
-            gsel = Mux(g_hit[r], g_gates[r], gsel)
-        gate = Signal(gm.GATE_FRAC + 1)
-        m.d.sync += gate.eq(Mux(g_routed, gsel, gm.GATE_ONE))   # at A2
-
-        # ---- A0..A7: q1 = rq(value) ----------------------------------------------------------
-        q1, lat1 = requant_pipe(m, a_val, a_p.mult, a_p.shift, "rq1")
-        assert lat1 == 7, lat1
+                     a_exp.eq(dsc.expert), a_p.eq(phead)]
+        # (per lane: its token, valid, first and last flags and value)
+        a_lv = Signal(P)
+        a_first, a_last = Signal(P), Signal(P)
+        a_tok = [Signal(range(max(2, Tl)), name=f"a_tok{p}") for p in range(P)]
+        m.d.sync += [a_lv.eq(lane_v), a_first.eq(Cat(*[dsc.lanes[p].first for p in range(P)])),
+                     a_last.eq(Cat(*[dsc.lanes[p].last for p in range(P)]))]
+        m.d.sync += [a_tok[p].eq(dsc.lanes[p].token) for p in range(P)]
+        a_val = [Signal(signed(W), name=f"a_val{p}") for p in range(P)]
+        m.d.sync += [a_val[p].eq(value[p]) for p in range(P)]
 
         def carry(sig, n, name):
             return delay(m, sig, n, name)
         c7 = {nme: carry(sig, 7, nme) for nme, sig in
               (("v7", a_valid), ("k7", a_kind), ("e7", a_end), ("p7", a_par), ("f7", a_first),
-               ("l7", a_last), ("r7", a_err), ("t7", a_tok), ("w7", a_row), ("g7", a_grp),
-               ("b7", a_b), ("rt7", a_routed))}
+               ("l7", a_last), ("r7", a_err), ("w7", a_row), ("g7", a_grp),
+               ("b7", a_b), ("rt7", a_routed), ("lv7", a_lv))}
+        t7 = [carry(a_tok[p], 7, f"t7_{p}") for p in range(P)]
         m27 = carry(a_p.mult2, 7, "m2_7")
         s27 = carry(a_p.shift2, 7, "s2_7")
-        gate7 = carry(gate, 5, "gate7")
-        code = Signal(8)
-        m.d.comb += code.eq(q1.as_unsigned() ^ 0x80)
-        m.d.comb += [lut_r.addr.eq(Cat(code[2:8], c7["p7"])),
-                     silu_r.addr.eq(Cat(zext(c7["w7"], bits(g.I)), zext(c7["t7"], tb)))]
         for b in range(B):
             m.d.comb += out_r[b].addr.eq(Cat(zext(c7["g7"], bits(g.g_down)), c7["p7"]))
-
         # ---- A8: the read data, registered into A9 (a block RAM drives no logic) ------------
         c8 = {k8: carry(v, 1, k8 + "_8") for k8, v in c7.items()}
-        # (no reset and no enable: on ECP5 they become the EBRs' output registers)
-        lut_q = Signal(32, reset_less=True)
-        silu_q = Signal(signed(8), reset_less=True)
         out_q = [Signal(22, name=f"out_q{b}", reset_less=True) for b in range(B)]
-        m.d.sync += [lut_q.eq(lut_r.data), silu_q.eq(silu_r.data)]
         m.d.sync += [out_q[b].eq(out_r[b].data) for b in range(B)]
-
         # ---- A9 -------------------------------------------------------------------------
         c9 = {k9: carry(v, 1, k9 + "_9") for k9, v in c8.items()}
-        q1_9 = carry(q1, 2, "q1_9")
-        code9 = carry(code, 2, "code9")
-        m2_9, s2_9, gate9 = carry(m27, 2, "m2_9"), carry(s27, 2, "s2_9"), carry(gate7, 2, "gate9")
-        silu_new = Signal(signed(8))
-        m.d.comb += silu_new.eq(lut_q.word_select(code9[:2], 8))
-        m.d.comb += [silu_w.addr.eq(Cat(zext(c9["w7"], bits(g.I)), zext(c9["t7"], tb))),
-                     silu_w.data.eq(silu_new),
-                     silu_w.en.eq(c9["v7"] & (c9["k7"] == Kind.GATE) & ~c9["e7"])]
+        m2_9, s2_9 = carry(m27, 2, "m2_9"), carry(s27, 2, "s2_9")
         # the operand select's "is UP" is a flip-flop of its own (A8's kind
         # compared a cycle early): `k7` -> the compare -> `bop` -> the first
         # partial products -> the adder's carry chain was 8.2 ns in timing
         # round 17
         up9 = Signal()
         m.d.sync += up9.eq(c8["k7"] == Kind.UP)
-        bop = Signal(signed(14))
-        m.d.comb += bop.eq(Mux(up9, silu_q, gate9))
         outrec = Signal(22)
         m.d.comb += outrec.eq(Array(out_q)[c9["b7"]])
-        prod, latm = mul_pipe(m, bop, q1_9, "mul_s", b_signed=True)
-        assert latm == 3, latm
         c12 = {k1: carry(v, 3, k1 + "_12") for k1, v in c9.items()}
         m2_12, s2_12 = carry(m2_9, 3, "m2_12"), carry(s2_9, 3, "s2_12")
         out_10 = Signal(22)
         m.d.sync += out_10.eq(outrec)
         out_12 = carry(out_10, 2, "out_12")
-        # acc read issued at A10, its data registered at A12
         c10 = {k0: carry(v, 1, k0 + "_10") for k0, v in c9.items()}
-        m.d.comb += acc_r.addr.eq(Cat(zext(c10["w7"], bits(g.H)), zext(c10["t7"], tb)))
-        acc_q = Signal(signed(g.accw), reset_less=True)     # (the EBR's output register)
-        m.d.sync += acc_q.eq(acc_r.data)
-
-        # ---- A12: combine ------------------------------------------------------------------
-        is_down12 = c12["v7"] & (c12["k7"] == Kind.DOWN) & ~c12["e7"]
-        acc_new = Signal(signed(g.accw))
-        m.d.comb += acc_new.eq(Mux(c12["f7"], 0, acc_q) + prod)
-        # (written a cycle later, from registers: see the module doc)
-        m.d.sync += [acc_w.addr.eq(Cat(zext(c12["w7"], bits(g.H)), zext(c12["t7"], tb))),
-                     acc_w.data.eq(acc_new), acc_w.en.eq(is_down12 & ~c12["l7"])]
-        v2 = Signal(signed(max(g.accw, len(prod))))
-        m2, s2 = Signal(16), Signal(6)
-        m.d.sync += [v2.eq(Mux(c12["k7"] == Kind.DOWN, acc_new, prod)),
-                     m2.eq(Mux(c12["k7"] == Kind.DOWN, out_12[:16], m2_12)),
-                     s2.eq(Mux(c12["k7"] == Kind.DOWN, out_12[16:22], s2_12))]
         c13 = {k2: carry(v, 1, k2 + "_13") for k2, v in c12.items()}
-
-        # ---- A13..A20: q2 = rq(v2) -----------------------------------------------------------
-        q2, lat2 = requant_pipe(m, v2, m2, s2, "rq2")
-        assert lat2 == 7, lat2
         c19 = {k9: carry(v, 7, k9 + "_20") for k9, v in c13.items()}
-
-        # ---- A20: writes -------------------------------------------------------------------
+        is_down12 = c12["v7"] & (c12["k7"] == Kind.DOWN) & ~c12["e7"]
         v19 = c19["v7"] & ~c19["e7"]
-        row19, tok19 = c19["w7"], c19["t7"]
+        row19 = c19["w7"]
         lane_bits = bits(L)
         lane_en = (Const(1, L) << row19[:lane_bits]) if L > 1 else Const(1, 1)
-        word = Cat(*[q2.as_unsigned()] * L)
-        m.d.comb += [h_w.addr.eq(Cat(zext(row19 >> lane_bits, bits(g.c_down)), zext(tok19, tb))),
-                     h_w.data.eq(word),
-                     h_w.en.eq(Mux(v19 & (c19["k7"] == Kind.UP), lane_en, 0)),
-                     y_w.addr.eq(Cat(zext(row19 >> lane_bits, bits(g.c_in)), zext(tok19, tb))),
-                     y_w.data.eq(word),
-                     y_w.en.eq(Mux(v19 & (c19["k7"] == Kind.DOWN) & c19["l7"], lane_en, 0))]
+
+        # ---- the lanes' pipelines --------------------------------------------------------
+        for p in range(P):
+            self._lane(m, p, a_val[p], a_exp, a_routed, a_p, t7[p], c7, c9, c10, c12, c19,
+                       m2_12, s2_12, out_12, up9, is_down12, v19, row19, lane_en,
+                       silu_r[p], silu_w[p], acc_r[p], acc_w[p], h_w[p], y_w[p], lut_r[p],
+                       m27, s27)
+
         # the pulses leave from flip-flops (worked out a stage early, from the
         # same carried fields one register shorter: the same cycle as the writes)
         c18 = {k8: carry(c13[k8], 6, k8 + "_19") for k8 in ("v7", "k7", "e7", "b7", "p7", "r7")}
@@ -443,3 +426,95 @@ class VectorUnit(wiring.Component):
                      self.done.eq(c18["v7"] & c18["e7"]), self.done_par.eq(c18["p7"]),
                      self.done_error.eq(c18["r7"])]
         return m
+
+    def _lane(self, m, p, a_val, a_exp, a_routed, a_p, t7, c7, c9, c10, c12, c19, m2_12,
+              s2_12, out_12, up9, is_down12, v19, row19, lane_en, silu_r, silu_w, acc_r, acc_w,
+              h_w, y_w, lut_r, m27, s27):
+        """One token lane's stages A0 .. A20 (the module doc's table)."""
+        g = self.g
+        K, tb = g.K, self.tb
+
+        def nm(x):
+            return x if g.P == 1 else f"{x}_l{p}"
+
+        def carry(sig, n, name):
+            return delay(m, sig, n, nm(name))
+        # gate of this lane's token for this expert (routed DOWN), in Q12: the
+        # expert compares are registered at A1 with the gates, the select at
+        # A2 (the gate is first used at A9)
+        gd = self.g_data[p]
+        g_hit = Signal(K, name=nm("g_hit"))
+        g_gates = [Signal(gm.GATE_FRAC + 1, name=nm(f"g_gate{r}")) for r in range(K)]
+        g_routed = Signal(name=nm("g_routed"))
+        m.d.sync += [g_hit.eq(Cat(*[gd.sel[r] == a_exp for r in range(K)])),
+                     g_routed.eq(a_routed)]
+        m.d.sync += [g_gates[r].eq(gd.gate[r]) for r in range(K)]
+        gsel = Const(gm.GATE_ONE, gm.GATE_FRAC + 1)
+        for r in reversed(range(K)):
+            gsel = Mux(g_hit[r], g_gates[r], gsel)
+        gate = Signal(gm.GATE_FRAC + 1, name=nm("gate"))
+        m.d.sync += gate.eq(Mux(g_routed, gsel, gm.GATE_ONE))   # at A2
+
+        # ---- A0..A7: q1 = rq(value) ----------------------------------------------------------
+        q1, lat1 = requant_pipe(m, a_val, a_p.mult, a_p.shift, nm("rq1"))
+        assert lat1 == 7, lat1
+        gate7 = carry(gate, 5, "gate7")
+        code = Signal(8, name=nm("code"))
+        m.d.comb += code.eq(q1.as_unsigned() ^ 0x80)
+        m.d.comb += [lut_r.addr.eq(Cat(code[2:8], c7["p7"])),
+                     silu_r.addr.eq(Cat(zext(c7["w7"], bits(g.I)), zext(t7, tb)))]
+        # ---- A8 ---------------------------------------------------------------------------
+        # (no reset and no enable: on ECP5 they become the EBRs' output registers)
+        lut_q = Signal(32, reset_less=True, name=nm("lut_q"))
+        silu_q = Signal(signed(8), reset_less=True, name=nm("silu_q"))
+        m.d.sync += [lut_q.eq(lut_r.data), silu_q.eq(silu_r.data)]
+        # ---- A9 -------------------------------------------------------------------------
+        t9 = carry(t7, 2, "t9")
+        t10 = carry(t7, 3, "t10")
+        t12 = carry(t7, 5, "t12")
+        t19 = carry(t7, 13, "t19")
+        q1_9 = carry(q1, 2, "q1_9")
+        code9 = carry(code, 2, "code9")
+        gate9 = carry(gate7, 2, "gate9")
+        lv9 = c9["lv7"][p]
+        silu_new = Signal(signed(8), name=nm("silu_new"))
+        m.d.comb += silu_new.eq(lut_q.word_select(code9[:2], 8))
+        m.d.comb += [silu_w.addr.eq(Cat(zext(c9["w7"], bits(g.I)), zext(t9, tb))),
+                     silu_w.data.eq(silu_new),
+                     silu_w.en.eq(c9["v7"] & lv9 & (c9["k7"] == Kind.GATE) & ~c9["e7"])]
+        bop = Signal(signed(14), name=nm("bop"))
+        m.d.comb += bop.eq(Mux(up9, silu_q, gate9))
+        prod, latm = mul_pipe(m, bop, q1_9, nm("mul_s"), b_signed=True)
+        assert latm == 3, latm
+        # acc read issued at A10, its data registered at A12
+        m.d.comb += acc_r.addr.eq(Cat(zext(c10["w7"], bits(g.H)), zext(t10, tb)))
+        acc_q = Signal(signed(g.accw), reset_less=True, name=nm("acc_q"))
+        m.d.sync += acc_q.eq(acc_r.data)
+
+        # ---- A12: combine ------------------------------------------------------------------
+        acc_new = Signal(signed(g.accw), name=nm("acc_new"))
+        m.d.comb += acc_new.eq(Mux(c12["f7"][p], 0, acc_q) + prod)
+        # (written a cycle later, from registers: see the module doc)
+        m.d.sync += [acc_w.addr.eq(Cat(zext(c12["w7"], bits(g.H)), zext(t12, tb))),
+                     acc_w.data.eq(acc_new),
+                     acc_w.en.eq(is_down12 & c12["lv7"][p] & ~c12["l7"][p])]
+        v2 = Signal(signed(max(g.accw, len(prod))), name=nm("v2"))
+        m2, s2 = Signal(16, name=nm("m2")), Signal(6, name=nm("s2"))
+        m.d.sync += [v2.eq(Mux(c12["k7"] == Kind.DOWN, acc_new, prod)),
+                     m2.eq(Mux(c12["k7"] == Kind.DOWN, out_12[:16], m2_12)),
+                     s2.eq(Mux(c12["k7"] == Kind.DOWN, out_12[16:22], s2_12))]
+
+        # ---- A13..A20: q2 = rq(v2) -----------------------------------------------------------
+        q2, lat2 = requant_pipe(m, v2, m2, s2, nm("rq2"))
+        assert lat2 == 7, lat2
+
+        # ---- A20: writes -------------------------------------------------------------------
+        lane_bits = bits(g.L)
+        v = v19 & c19["lv7"][p]
+        word = Cat(*[q2.as_unsigned()] * g.L)
+        m.d.comb += [h_w.addr.eq(Cat(zext(row19 >> lane_bits, bits(g.c_down)), zext(t19, tb))),
+                     h_w.data.eq(word),
+                     h_w.en.eq(Mux(v & (c19["k7"] == Kind.UP), lane_en, 0)),
+                     y_w.addr.eq(Cat(zext(row19 >> lane_bits, bits(g.c_in)), zext(t19, tb))),
+                     y_w.data.eq(word),
+                     y_w.en.eq(Mux(v & (c19["k7"] == Kind.DOWN) & c19["l7"][p], lane_en, 0))]

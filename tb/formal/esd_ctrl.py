@@ -43,7 +43,7 @@ __all__ = ["EsdCtrlFormal", "BUGS", "FORMAL_CONFIG"]
 #: AR rounds, hits, misses, evictions, splits, fills, KV moves, DECAY).
 FORMAL_CONFIG = Config(lanes=4, pes=2, max_len=256, hb_words=4096, tag_slots=4, layers=2,
                        hidden=16, ffn=32, experts=4, expert_bits=2, top_k=1, batch_tokens=1,
-                       sd_threshold=1, draft_len_max=2, draft_len_init=1, decay_period=2,
+                       token_lanes=1, sd_threshold=1, draft_len_max=2, draft_len_init=1, decay_period=2,
                        min_free_slots=1, stat_bits=8)
 
 

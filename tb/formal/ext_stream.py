@@ -47,7 +47,7 @@ __all__ = ["ExtStreamFormal", "FORMAL_CONFIG"]
 #: 24-beat experts of 12 two-beat runs, 96 experts, 4-beat bursts, 2 in flight.
 FORMAL_CONFIG = Config(slice_bits=4, lanes=2, pes=2, max_len=8, hb_words=4096, tag_slots=2,
                        layer_bits=1, expert_bits=7, layers=1, hidden=4, ffn=4, experts=96,
-                       top_k=1, batch_tokens=1, axi_data_bits=16, axi_addr_bits=14,
+                       top_k=1, batch_tokens=1, token_lanes=1, axi_data_bits=16, axi_addr_bits=14,
                        axi_id_bits=1, axi_max_burst=4, axi_outstanding=2, sd_threshold=1,
                        draft_len_max=1, draft_len_init=1, min_free_slots=0)
 

@@ -70,10 +70,11 @@ BUGS = ("drop_valid", "payload")
 
 #: The smallest geometry the datapath elaborates at: 2 PEs of 4 lanes, H = I = 4
 #: (one chunk per row), 2 experts top-1, 2-token passes, n = 2 planes (k = 1).
-#: A pass's router is then 2 beats a token, so a whole pass fits a short BMC.
+#: A pass's router is then 2 beats a token, so a whole pass fits a short BMC;
+#: 2 token lanes (both tokens of a pass in one step).
 FORMAL_CONFIG = Config(lanes=4, pes=2, max_len=64, hb_words=1024, tag_slots=4, layers=1,
                        hidden=4, ffn=4, experts=2, expert_bits=1, top_k=1, batch_tokens=2,
-                       sd_threshold=1, draft_len_max=2, draft_len_init=1, min_free_slots=1,
+                       token_lanes=2, sd_threshold=1, draft_len_max=2, draft_len_init=1, min_free_slots=1,
                        stat_bits=8)
 
 
