@@ -227,7 +227,7 @@ class MoETB:
         p = self.policy
         if p == "lpddr":
             hb = False
-        elif p in ("hb", "split"):
+        elif p in ("hb", "split", "whole"):
             hb = res
         else:
             hb = res and self.rand.random() < 0.7
@@ -253,12 +253,18 @@ class MoETB:
                         fault, self.rand.randrange(self.B), self.rand.randrange(1 << 20))
                 else:
                     fault = None
-        if hb and slot in self.slots:
-            self.hb_reads_decided[slot] = self.hb_reads_decided.get(slot, 0) + 1
         # a whole-resident expert: its LSB planes from its LSB slot too
         lsb = (hb and fault is None and prec is not R.DRAFT and (l, e) in self.lsb_of
                and (p == "whole" or (p == "random" and self.rand.random() < 0.5)))
         lsb_slot = self.lsb_of.get((l, e), 0) if lsb else 0
+        # HB commands of the decision: one read of the slot, or one per
+        # segment of each slot for a whole-resident expert (the reads of a
+        # slot are counted so that a fault names the decision's first read)
+        reads = len(gl.segments(self.cfg)) if lsb else 1
+        if hb and slot in self.slots:
+            self.hb_reads_decided[slot] = self.hb_reads_decided.get(slot, 0) + reads
+        if lsb:
+            self.hb_reads_decided[lsb_slot] = self.hb_reads_decided.get(lsb_slot, 0) + reads
         src = gb.Source(hb, slot, lsb, lsb_slot)
         self.decisions.append((src, fault))
         d0, d1 = self.decision_delay

@@ -17,11 +17,14 @@ Per pass (buffer ``par``, layer ``l``), in this order, each command to all
    expert from the dense region, all ``n`` planes in one read, or — when
    every token of the pass is DRAFT — planes ``0 .. k-1`` of each segment,
    one read per segment (the issue stage never skips a word it was sent);
-4. for a whole-resident job (``lsb_hb``, precision FULL or VERIFY): its LSB
-   slot (planes ``k .. n-1``, ``(n - k) * rows`` words from offset 0, the
-   consumption order again) -> the LSB port (``lsb_*``, one word stream per
-   bank), which the LPDDR writer puts into the LPDDR weight buffer in the
-   job's turn, where a split job's LPDDR planes would go.
+   a whole-resident job (``lsb_hb``, precision FULL or VERIFY) reads its two
+   slots segment by segment, alternating: the segment's MSB planes from the
+   MSB slot -> weight buffer, then its LSB planes (``k .. n-1``) from the
+   LSB slot -> the LSB port (``lsb_*``, one word stream per bank), which the
+   LPDDR writer puts into the LPDDR weight buffer in the job's turn, where a
+   split job's LPDDR planes would go (so the issue stage has a segment's
+   planes from both slots one segment after the job starts, not one slot
+   later).
 
 Errors end streams cleanly: an ``HBBeat`` with ``error`` (HB refuses a read
 of a slot that is not resident) or a ``last`` before the command's count
@@ -345,8 +348,7 @@ class HBReader(wiring.Component):
 
         # ---- per-bank destination queues and record paths --------------------------------
         # the longest command of any kind (the demux counts up to it)
-        cnt_max = max([g.router_words, n * g.rows, k * g.rows, k * max(g.c_in, g.c_down),
-                       (n - k) * g.rows]
+        cnt_max = max([g.router_words, n * g.rows, k * g.rows, k * max(g.c_in, g.c_down)]
                       + [c[1] for c in const_cmd] + [c[1] for c in rec_cmds])
         # (`one`: `count == 1`, so that a new head's "last word" needs no compare)
         dest_l = data.StructLayout({"rec": 1, "lsb": 1, "count": unsigned(cnt_max.bit_length()),
@@ -467,14 +469,18 @@ class HBReader(wiring.Component):
                     with m.Elif(ent.shared):
                         m.d.comb += [c.region.eq(HBRegionKind.DENSE), c.offset.eq(sbase),
                                      c.count.eq(n * g.rows), dent.count.eq(n * g.rows)]
+                    with m.Elif(whole):
+                        m.d.comb += [c.region.eq(HBRegionKind.EXPERT), c.slot.eq(src.slot),
+                                     c.offset.eq(srow * k), c.count.eq(k * schunks),
+                                     dent.count.eq(k * schunks)]
                     with m.Else():
                         m.d.comb += [c.region.eq(HBRegionKind.EXPERT), c.slot.eq(src.slot),
                                      c.offset.eq(0), c.count.eq(k * g.rows),
                                      dent.count.eq(k * g.rows)]
                 with m.Case(4):
                     m.d.comb += [c.region.eq(HBRegionKind.EXPERT), c.slot.eq(src.lsb_slot),
-                                 c.offset.eq(0), c.count.eq((n - k) * g.rows),
-                                 dent.lsb.eq(1), dent.count.eq((n - k) * g.rows)]
+                                 c.offset.eq(srow * (n - k)), c.count.eq((n - k) * schunks),
+                                 dent.lsb.eq(1), dent.count.eq((n - k) * schunks)]
             m.d.comb += [dent.par.eq(ph), rc.par.eq(ph), dent.one.eq(dent.count == 1)]
             # room in the bank's queues, registered: a bank takes at most one
             # command every two cycles (a command is offered from its second
@@ -575,9 +581,18 @@ class HBReader(wiring.Component):
                         m.d.sync += j.eq(j + 1)
                         m.next = "JOB_WAIT"
             with m.State("LSB"):
+                # a whole-resident job: the segment's LSB planes after its MSB
+                # planes, then the next segment's MSB planes (WEIGHTS)
                 with m.If(active & done_all):
-                    m.d.sync += j.eq(j + 1)
-                    m.next = "JOB_WAIT"
+                    with m.If(~s_last):
+                        m.d.sync += [kind.eq(3), active.eq(1), srow.eq(srow + schunks),
+                                     sgrp.eq(sgrp + 1)]
+                        with m.If(sg_end):
+                            m.d.sync += [sgrp.eq(0), sproj.eq(sproj + 1)]
+                        m.next = "WEIGHTS"
+                    with m.Else():
+                        m.d.sync += j.eq(j + 1)
+                        m.next = "JOB_WAIT"
 
         # ---- return-word demux per bank ---------------------------------------------------
         beats = [[], []]
