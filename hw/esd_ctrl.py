@@ -612,9 +612,11 @@ class EsdCtrl(wiring.Component):
                     m.d.sync += e_read(cur).eq(1)
                     m.next = "SOURCE_OUT"
             with m.State("SOURCE_OUT"):
+                # (no LSB plane group is HB-resident for this controller)
                 m.d.comb += [src_o.valid.eq(1),
                              src_o.payload.hb.eq(c_pin & ~c_fill),
-                             src_o.payload.slot.eq(c_slot)]
+                             src_o.payload.slot.eq(c_slot),
+                             src_o.payload.lsb_hb.eq(0), src_o.payload.lsb_slot.eq(0)]
                 with m.If(src_o.ready):
                     m.next = "NEXT_EXPERT"
             with m.State("NEXT_EXPERT"):

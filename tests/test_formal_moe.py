@@ -37,7 +37,7 @@ CHECKS = [
 ]
 
 #: cover depth per wrapper: every covered output is seen waiting within it.
-COVER = {"pe_array": 16, "topk": 6, "scheduler": 12, "issue": 8, "output": 12,
+COVER = {"pe_array": 16, "topk": 6, "scheduler": 14, "issue": 8, "output": 12,
          "record_path": 12, "hb_reader": 6, "layer": 8}
 
 
