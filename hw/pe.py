@@ -170,39 +170,42 @@ class BitSlicePE(PipelinedMAC):
         is_msb = a.sv.plane == 0
         rnd = self.rounds(a) if self.augment else Const(0)
         d_field = [Signal(s + 1, name=f"d_field{j}") for j in range(L)]
+        sfx = [""] if P == 1 else [f"_p{p}" for p in range(P)]
+        d_act = [[Signal(signed(8), name=f"d_act{j}{sfx[p]}") for j in range(L)]
+                 for p in range(P)]
+        acts = [a.act] if P == 1 else [self.lane_act(a, p) for p in range(P)]
         d_plane = Signal.like(a.sv.plane, name="d_plane")
         d_rdeep = Signal(name="d_rdeep")
         for j in range(L):
             sl = a.sv.slices[j]
-            m.d.sync += d_field[j].eq(Mux(is_msb, Cat(rnd, sl), Cat(sl, Const(0, 1))))
+            m.d.sync += [d_field[j].eq(Mux(is_msb, Cat(rnd, sl), Cat(sl, Const(0, 1))))]
+            m.d.sync += [d_act[p][j].eq(acts[p][j]) for p in range(P)]
         m.d.sync += [d_plane.eq(a.sv.plane), d_rdeep.eq(rnd & ~is_msb)]
-        # the plane travels beside the trees (their stages are equal)
-        stages = self.tree_stages
-        t_plane = d_plane
-        for k in range(stages):
-            r = Signal.like(t_plane, name=f"t{k}_plane")
-            m.d.sync += r.eq(t_plane)
-            t_plane = r
+
+        # ---- t_: partial products -> registered adder tree, one per token lane ----------
+        # Field bit k of lane j adds act_j << k; bit s is the sign bit of the
+        # signed MSB field {m, r} (always 0 in {0, l}) and is subtracted. With
+        # `deep` the tree counts half-units: the field rows move up one bit and
+        # the activations, gated by the rounding bit, form one more row.
         u = 1 if deep else 0
+        stages = self.tree_stages
+        t_plane = None
         x_terms = []
         for p in range(P):
-            act = a.act if P == 1 else self.lane_act(a, p)
-            sfx = "" if P == 1 else f"_p{p}"
-            d_act = [Signal(signed(8), name=f"d_act{j}{sfx}") for j in range(L)]
-            m.d.sync += [d_act[j].eq(act[j]) for j in range(L)]
-
-            # ---- t_: partial products -> registered adder tree --------------------------
-            # Field bit k of lane j adds act_j << k; bit s is the sign bit of the
-            # signed MSB field {m, r} (always 0 in {0, l}) and is subtracted. With
-            # `deep` the tree counts half-units: the field rows move up one bit and
-            # the activations, gated by the rounding bit, form one more row.
-            terms = [Term(Mux(d_field[j][k], d_act[j], 0), k + u, neg=(k == s))
+            terms = [Term(Mux(d_field[j][k], d_act[p][j], 0), k + u, neg=(k == s))
                      for k in range(s + 1) for j in range(L)]
             if deep:
-                terms += [Term(Mux(d_rdeep, d_act[j], 0), 0) for j in range(L)]
+                terms += [Term(Mux(d_rdeep, d_act[p][j], 0), 0) for j in range(L)]
             psum, st = pipelined_sum(m, terms, levels_per_stage=self.levels_per_stage,
-                                     name=f"t{sfx}")
+                                     name=f"t{sfx[p]}")
             assert st == stages, (st, stages)
+            if t_plane is None:
+                # the plane travels beside the trees (their stages are equal)
+                t_plane = d_plane
+                for k in range(stages):
+                    r = Signal.like(t_plane, name=f"t{k}_plane")
+                    m.d.sync += r.eq(t_plane)
+                    t_plane = r
             total = psum.value << psum.shift if psum.shift else psum.value
 
             # ---- x_: the plane's shift ---------------------------------------------------
@@ -210,7 +213,7 @@ class BitSlicePE(PipelinedMAC):
             for q in range(n):
                 sh = gbs.field_shift(q, s) - u
                 opts.append(total << sh if sh >= 0 else total >> 1)   # exact: even there
-            x_term = Signal(signed(W), name=f"x_term{sfx}")
+            x_term = Signal(signed(W), name=f"x_term{sfx[p]}")
             m.d.sync += x_term.eq(mux_tree(t_plane, opts) if n > 1 else opts[0])
             x_terms.append(x_term)
 
