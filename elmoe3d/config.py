@@ -15,8 +15,10 @@ An impossible geometry raises ``ValueError`` naming the numbers.
 
 Named presets: ``tiny`` (fast tests), ``default`` (the size ``make demo``
 reports), ``fpga`` (smallest useful build for an FPGA), ``lm`` (the shape of
-the in-project MoE language model, ``sim/lm/data/moe_lm.npz``), ``paper``
-(the paper's chip, for the system model only).
+the in-project MoE language model, ``sim/lm/data/moe_lm.npz``),
+``paper-ratio`` (the default tile at the paper's bandwidth and compute
+ratios, :meth:`Config.ratios`), ``paper`` (the paper's chip, for the system
+model only).
 """
 
 from __future__ import annotations
@@ -408,6 +410,18 @@ class Config:
             del d["lpddr_bytes_per_cycle"]
         return d
 
+    def ratios(self) -> dict:
+        """The three ratios that decide where a pass is bound
+        (``ELMoE-3D.md``, "Ratios, not sizes, decide"): the PE array's slice
+        multiplies per HB word (``P``: a word feeds ``P`` tokens) and per
+        LPDDR word, and HB's bandwidth over LPDDR's (bytes per cycle). The
+        paper's chip: about 160, 2,560 and 16."""
+        sv_bytes = self.slice_vector_bits / 8
+        lp_words = self.lpddr_rate / sv_bytes
+        return {"compute_per_hb_word": self.token_lanes,
+                "compute_per_lpddr_word": self.pes * self.token_lanes / lp_words,
+                "hb_to_lpddr": self.pes * sv_bytes / self.lpddr_rate}
+
     def geometry(self) -> dict:
         """The derived sizes, for reports and documentation."""
         return {"planes": self.planes, "hb_planes": self.hb_planes_eff,
@@ -417,7 +431,8 @@ class Config:
                 "free_words": self.hb_words - self.dense_words - self.tag_slots * self.slot_words,
                 "axi_beat_bits": self.axi_beat_bits, "fill_words": self.fill_words,
                 "lpddr_bytes_per_cycle": self.lpddr_rate,
-                "expert_bytes": self.expert_bytes, "lpddr_bytes": self.lpddr_bytes}
+                "expert_bytes": self.expert_bytes, "lpddr_bytes": self.lpddr_bytes,
+                **self.ratios()}
 
 
 PRESETS = {
@@ -436,6 +451,10 @@ PRESETS = {
     # d_model 128, 16 experts top-2, FFN 64
     "lm": Config(lanes=16, pes=4, max_len=1024, hb_words=16384, tag_slots=24, layers=4,
                  hidden=128, ffn=64, experts=16, top_k=2),
+    # the default tile at the paper's ratios: HB:LPDDR 16:1 (LPDDR 2 bytes per cycle
+    # against HB's 4 banks x 8), 16 token lanes (16 slice multiplies per HB word,
+    # 256 per LPDDR word): a DRAFT pass is HB-bound, a VERIFY LPDDR-bound
+    "paper-ratio": Config(token_lanes=16, lpddr_bytes_per_cycle=2),
     # the paper's chip (8 GB config): 32 PEs, 16x32x32 bit-slice arrays; for the system model
     "paper": Config(lanes=32, pes=32, max_len=16384, hb_words=1 << 24, tag_slots=3200,
                     layer_bits=6, expert_bits=8, layers=48, hidden=2048, ffn=768, experts=128,

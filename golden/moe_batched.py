@@ -466,10 +466,8 @@ def lane_steps(cfg, tokens, roles) -> list:
 def lpddr_cycles_per_beat(cfg) -> float:
     """Cycles the LPDDR port needs per ``ExtBeat`` (``axi_beat_bits`` bits):
     1 at the default bandwidth (one beat per cycle), more when
-    ``Config.lpddr_bytes_per_cycle`` is below a beat."""
-    bpc = getattr(cfg, "lpddr_bytes_per_cycle", None)
-    beat = cfg.axi_beat_bits // 8
-    return 1.0 if not bpc else max(1.0, beat / bpc)
+    ``Config.lpddr_bytes_per_cycle`` is below a beat (:attr:`Config.lpddr_rate`)."""
+    return (cfg.axi_beat_bits // 8) / cfg.lpddr_rate
 
 
 def pass_traffic(cfg, plan: PassPlan) -> Traffic:

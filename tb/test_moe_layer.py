@@ -178,6 +178,7 @@ class MoETB:
         self.tok_q = collections.deque()
         self.src_q = collections.deque()                 # (ready_cycle, payload int)
         self.ext_q = collections.deque()                 # (ready_cycle, payload int)
+        self._ext_next = 0.0                             # LPDDR: the next beat's earliest cycle
         self.hb_q = [collections.deque() for _ in range(self.B)]   # (ready_cycle, payload)
         self.steps = []                                  # (layer, xs, roles, masks, facts)
         self.needs = []                                  # (cycle, payload dict), routed experts
@@ -307,7 +308,10 @@ class MoETB:
             # an early last: at the command's last beat it would be a complete,
             # correct command (not a fault)
             cut = self.rand.randrange(len(beats) - 1)
-        t0 = self.cycle + self.ext_latency
+        # LPDDR bandwidth (Config.lpddr_bytes_per_cycle): a beat every
+        # `cpb` cycles at most, after the read latency
+        cpb = gb.lpddr_cycles_per_beat(cfg)
+        t = max(self.cycle + self.ext_latency, self._ext_next)
         for i, (w, q, row, b0) in enumerate(beats):
             last = i == len(beats) - 1
             err = 0
@@ -315,7 +319,9 @@ class MoETB:
                 last, err = True, int(fault == "ext_error")
             raw = ((w << off["words"]) | (q << off["plane"]) | (row << off["row"])
                    | (b0 << off["bank"]) | (int(last) << off["last"]) | (err << off["error"]))
-            self.ext_q.append((t0, raw))
+            self.ext_q.append((int(t), raw))
+            t += cpb
+            self._ext_next = t
             if cut is not None and i == cut:
                 break
 

@@ -217,6 +217,13 @@ def test_lpddr_bandwidth_scales_its_bound():
     """The LPDDR port's time is its beats at the configured bandwidth."""
     cfg = preset("default")
     assert gb.lpddr_cycles_per_beat(cfg) == 1.0
+    slow = cfg.replace(lpddr_bytes_per_cycle=2)              # a 64-bit beat every 4 cycles
+    assert gb.lpddr_cycles_per_beat(slow) == 4.0
+    layer = gm.make_layer(np.random.default_rng(2))
+    xs = gm.random_tokens(np.random.default_rng(2), layer, 4)
+    plan = gb.plan_pass(layer, xs, [R.FULL] * 4, None, sources=lambda e, p, t: gb.LPDDR)
+    a, b = gb.pass_traffic(cfg, plan), gb.pass_traffic(slow, plan)
+    assert b.ext_beats == a.ext_beats and b.ext_cycles == 4 * a.ext_cycles
 
 
 def test_record_words_alignment():

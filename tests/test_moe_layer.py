@@ -37,6 +37,7 @@ SETS = {
     "tiny-shared": preset("tiny").replace(shared_experts=1, hb_words=8192),
     "shared-s2": preset("tiny").replace(shared_experts=1, slice_bits=2, top_k=3, hb_words=16384),
     "default": preset("default"),
+    "paper-ratio": preset("paper-ratio"),
 }
 #: tokens per role per random test in the default run, per set
 TOKENS = {"tiny": 12, "tiny-shared": 8, "shared-s2": 12, "default": 6}
@@ -58,7 +59,7 @@ BUILD_FAST = {"make_vars": ["OPT_FAST=-O1"], "icarus_always_comb": True}
 
 
 def _run(name, testcase, env=None, simulator="verilator", **kw):
-    build = BUILD_FAST if name == "default" else BUILD
+    build = BUILD_FAST if name in ("default", "paper-ratio") else BUILD
     return simulate(BLOCK.factory, block=BLOCK.name, params=BLOCK.params(SETS[name]),
                     top=BLOCK.top, simulator=simulator, test_module="elmoe3d.tb.test_moe_layer",
                     testcase=testcase, env=env or {}, **build, **kw)
@@ -138,6 +139,27 @@ def test_moe_icarus_shared_s2():
     if not ok:
         pytest.skip(why)
     _run("shared-s2", "random_batches", {"ELMOE_MOE_TOKENS": "2"}, simulator="icarus")
+
+
+@pytest.mark.slow
+def test_moe_throughput_paper_ratio(measured_dir):
+    """The throughput benchmark at the paper's ratios (``paper-ratio``: 16
+    token lanes, LPDDR at 1/16 of HB's bandwidth), to
+    ``build/measured/moe_cycles_paper_ratio.json``: a DRAFT pass of 16 tokens
+    is HB-bound, a VERIFY of 16 x 5 tokens LPDDR-bound and each within 10 %
+    of that bound."""
+    cfg = preset("paper-ratio")
+    out = measured_dir / "moe_cycles_paper_ratio.json"
+    if out.exists():
+        out.unlink()
+    _run("paper-ratio", "throughput", {"ELMOE_MEASURE_OUT": str(out)})
+    fig = json.loads(out.read_text())["figures"]
+    T = cfg.batch_tokens
+    for key, f in fig.items():
+        assert f["efficiency"] >= 0.9, f"{key}: efficiency {f['efficiency']:.3f} < 0.9"
+    assert fig["DRAFT_T16"]["bound_by"] == "HB", fig["DRAFT_T16"]
+    for key in (f"FULL_T{T}", f"VERIFY_T{T}"):
+        assert fig[key]["bound_by"] == "LPDDR", fig[key]
 
 
 @pytest.mark.slow
