@@ -1,8 +1,9 @@
 """Geometry and small hardware helpers shared by the batched MoE datapath's
 components: :class:`Geom` (every size the components need, derived once
 from a :class:`~elmoe3d.config.Config`), pipelined integer arithmetic
-(:func:`mul_pipe`, :func:`requant_pipe`, :func:`delay`) and a priority
-encoder.
+(:func:`mul_pipe`, :func:`requant_pipe`, :func:`delay`), a priority
+encoder and the cycle counter the pass counters are timed by
+(:class:`CycleCounter`).
 
 Why the arithmetic is written out
 ---------------------------------
@@ -22,7 +23,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
+from amaranth.lib import wiring
+from amaranth.lib.wiring import Out
 
 from ...config import Config
 from ...golden import layout as gl
@@ -30,7 +33,7 @@ from ...golden import moe_layer as gm
 from ...golden.bitslice import acc_width
 
 __all__ = ["Geom", "geom", "pow2ceil", "mul_pipe", "requant_pipe", "delay", "lowest_set",
-           "lowest_flag", "zext", "MUL_BITS"]
+           "lowest_flag", "zext", "MUL_BITS", "CycleCount", "CycleCounter"]
 
 MUL_BITS = gm.MULT_BITS
 
@@ -120,6 +123,38 @@ def geom(cfg: Config, *, hb_depth: int | None = None, ext_depth: int | None = No
     return Geom(cfg, cfg.slice_bits, n, k, L, B, H, I, E, cfg.top_k, S, T, P, -(-T // P),
                 pe_result_width(cfg), cfg.slice_vector_bits, cfg.fill_words, cfg.expert_rows,
                 router_words, H // L, I // L, E // B, I // B, H // B, hb, ext, accw, S + E)
+
+
+class CycleCount(wiring.Signature):
+    """The time base of the pass counters: ``cycle`` (``Out``, ``stat_bits``
+    wide), the clock cycles since reset, wrapping."""
+
+    def __init__(self, g):
+        self._g = g
+        super().__init__({"cycle": Out(unsigned(g.cfg.stat_bits))})
+
+    def __eq__(self, other):
+        return type(other) is CycleCount and self._g == other._g
+
+    def __repr__(self):
+        return f"CycleCount({self._g.cfg.stat_bits} bits)"
+
+
+class CycleCounter(wiring.Component):
+    """A free-running cycle counter (its signature is :class:`CycleCount`):
+    the issue stage stamps a pass's start with it and the output stage its
+    end, so ``PassStats.cycles`` is their difference.
+
+    Latency: ``cycle`` is a register, ``n`` at the ``n``-th cycle after reset.
+    """
+
+    def __init__(self, g):
+        super().__init__(CycleCount(g))
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.sync += self.cycle.eq(self.cycle + 1)
+        return m
 
 
 def zext(v, width: int):

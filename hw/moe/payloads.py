@@ -13,7 +13,7 @@ from ...golden import moe_layer as gm
 from ..vocab import PEMode, TokenRole, bits, slice_vector, struct
 
 __all__ = ["Kind", "lane_tag", "desc", "array_beat", "array_result", "seg_params", "logit",
-           "topk_result", "job_entry", "job_source", "pass_summary"]
+           "topk_result", "gate_row", "act_chunk", "job_entry", "job_source", "pass_summary"]
 
 
 class Kind(enum.Enum, shape=2):
@@ -91,6 +91,18 @@ def topk_result(g) -> type:
                                  "count": unsigned(g.K.bit_length()),
                                  "sel": data.ArrayLayout(unsigned(bits(g.E)), g.K),
                                  "logit": data.ArrayLayout(signed(g.W), g.K)})
+
+
+def gate_row(g) -> data.StructLayout:
+    """A gate-table row: ``gate[k]`` (Q12) and ``sel[k]`` (expert) in rank order."""
+    return data.StructLayout({"gate": data.ArrayLayout(unsigned(gm.GATE_FRAC + 1), g.K),
+                              "sel": data.ArrayLayout(unsigned(bits(g.E)), g.K)})
+
+
+def act_chunk(g) -> data.ArrayLayout:
+    """One chunk of a token's activations: ``L`` INT8 values (a word of the
+    token store's ``x``, the vector unit's ``h`` and ``y``)."""
+    return data.ArrayLayout(signed(8), g.L)
 
 
 @lru_cache(maxsize=None)

@@ -22,24 +22,17 @@ buffer), loaded by the HB reader.
 from __future__ import annotations
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ...golden import moe_layer as gm
 from ..streams import CreditFIFO
-from ..vocab import bits
 from .common import delay, mul_pipe
-from .payloads import topk_result
+from .payloads import gate_row, topk_result
 
 __all__ = ["Softmax", "gate_row"]
 
 F = gm.GATE_FRAC
-
-
-def gate_row(g) -> data.StructLayout:
-    """A gate-table row: ``gate[k]`` (Q12) and ``sel[k]`` (expert) in rank order."""
-    return data.StructLayout({"gate": data.ArrayLayout(unsigned(F + 1), g.K),
-                              "sel": data.ArrayLayout(unsigned(bits(g.E)), g.K)})
 
 
 class Softmax(wiring.Component):
