@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 from ..config import preset
-from ..hw.moe.buffers import ReplayBuffer
 from ..hw.moe.common import geom
 from ..hw.moe.ext_port import ExtWriter
 from ..hw.moe.hb_reader import HBReader
@@ -33,11 +32,7 @@ from . import synth as fl
 
 def parts(g):
     """Component name -> a factory at geometry ``g``."""
-    def issue():
-        hb = ReplayBuffer(banks=g.B, width=g.sv, depth=g.hb_depth)
-        ext = ReplayBuffer(banks=g.B, width=g.sv, depth=g.ext_depth)
-        return Issue(g, hb.pbits, ext.pbits)
-    return {"issue": issue, "scheduler": lambda: ExpertScheduler(g),
+    return {"issue": lambda: Issue(g), "scheduler": lambda: ExpertScheduler(g),
             "vector_unit": lambda: VectorUnit(g), "hb_reader": lambda: HBReader(g),
             "softmax": lambda: Softmax(g), "topk": lambda: TopK(g),
             "ext_writer": lambda: ExtWriter(g), "tokens": lambda: TokenStore(g)}

@@ -553,14 +553,14 @@ class MoETB:
         for path in ("issue.issue_state", "issue.running", "issue.in_router", "issue.j",
                      "issue.pi", "issue.up_inflight", "issue.slack", "issue.t", "issue.rem",
                      "scheduler.scheduler_state", "scheduler.ps", "scheduler.announced",
-                     "scheduler.decided__0", "scheduler.decided__1", "scheduler.level",
+                     "scheduler.progress__decided__0", "scheduler.progress__decided__1", "scheduler.level",
                      "hb_reader.hb_reader_state", "hb_reader.j", "hb_reader.ph",
                      "hb_reader.acc", "ext_writer.ext_state", "ext_writer.running",
                      "ext_writer.j", "softmax.softmax_state", "output.output_state",
-                     "tokens.tokens_state", "tokens.valid", "vector_unit.ser_valid",
+                     "tokens.tokens_state", "tokens.passes__valid", "vector_unit.ser_valid",
                      "vector_unit.bi", "topk.o__valid", "hb_reader.pad0", "hb_reader.pad1",
-                     "issue.q", "issue.c", "issue.grp", "issue.proj", "issue.hb_pos",
-                     "issue.ext_pos", "issue.hb_free", "issue.ext_free", "issue.hbn",
+                     "issue.q", "issue.c", "issue.grp", "issue.proj", "issue.hb_buf__pos",
+                     "issue.ext_buf__pos", "issue.hb_buf__free", "issue.ext_buf__free", "issue.hbn",
                      "issue.extn", "issue.tp", "issue.ent", "issue.src", "ext_writer.pe",
                      "ext_writer.planes", "ext_writer.p0", "ext_writer.proj", "ext_writer.grp",
                      "hb_buffer.wp__0", "hb_buffer.wp__1", "ext_buffer.wp__0", "ext_buffer.wp__1",
@@ -569,11 +569,11 @@ class MoETB:
                      "pe_array.tags.inner_level", "pe_array.tags.r_rdy", "pe_array.out.skid_valid",
                      "ext_buffer.wp__2", "ext_buffer.wp__3", "hb_reader.rp0.raw.inner_level",
                      "hb_reader.rp0.pq.inner_level", "hb_reader.rp1.pq.inner_level",
-                     "vector_unit.ser", "vector_unit.ends", "output.out_done",
-                     "hb_reader.out_loaded", "hb_reader.lut_loaded", "softmax.ready",
+                     "vector_unit.ser", "vector_unit.ends", "output.y__out_done",
+                     "hb_reader.consts__out_loaded", "hb_reader.consts__lut_loaded", "softmax.ready",
                      "hb_reader.const_busy", "hb_reader.loaded0", "hb_reader.loaded1",
-                     "vector_unit.gates_ready", "vector_unit.softmax_idle",
-                     "vector_unit.topk_idle", "issue.sel_done", "issue.no_routed__1"):
+                     "vector_unit.gates_ready", "vector_unit.gates__0__idle",
+                     "vector_unit.logits__0__idle", "issue.progress__sel_done", "issue.progress__no_routed__1"):
             h = self.dut
             try:
                 for part in path.split("."):

@@ -179,24 +179,24 @@ def test_topk_matches_route(over):
     async def bench(ctx):
         for i, (lg, role, mask) in enumerate(cases):
             t, par = i % T, (i // T) % 2
-            ctx.set(dut.roles[par][t], role)
-            ctx.set(dut.masks[par][t], int(sum(1 << e for e in range(E) if mask[e])))
+            ctx.set(dut.tokens.roles[par][t], role)
+            ctx.set(dut.tokens.masks[par][t], int(sum(1 << e for e in range(E) if mask[e])))
             for e in range(E):
-                while e == E - 1 and not ctx.get(dut.last_ok):
-                    ctx.set(dut.i_valid, 0)
+                while e == E - 1 and not ctx.get(dut.i.last_ok):
+                    ctx.set(dut.i.valid, 0)
                     await ctx.tick()
-                ctx.set(dut.i_valid, 1)
-                ctx.set(dut.i, {"token": t, "expert": e, "value": int(lg[e]), "par": par,
-                                "last": int(e == E - 1)})
+                ctx.set(dut.i.valid, 1)
+                ctx.set(dut.i.payload, {"token": t, "expert": e, "value": int(lg[e]), "par": par,
+                                        "last": int(e == E - 1)})
                 await ctx.tick()
-            ctx.set(dut.i_valid, 0)
-        await ctx.tick().until(dut.idle)
+            ctx.set(dut.i.valid, 0)
+        await ctx.tick().until(dut.i.idle)
 
     async def sink(ctx):
         prev = [(0, 0)] * 3                     # (i_valid, last) one to three cycles before
         async for _, _, iv, il, ov, ordy, pay, idle, last_ok in ctx.tick().sample(
-                dut.i_valid, dut.i.last, dut.o.valid, dut.o.ready, dut.o.payload,
-                dut.idle, dut.last_ok):
+                dut.i.valid, dut.i.payload.last, dut.o.valid, dut.o.ready, dut.o.payload,
+                dut.i.idle, dut.i.last_ok):
             if ov and ordy:
                 got.append(pay)
             assert idle == (not ov and not any(v for v, _ in prev)), "idle"
@@ -241,12 +241,12 @@ def test_softmax_matches_gate_weights():
     sm_mult, sm_shift = 23000, 12
 
     async def bench(ctx):
-        ctx.set(dut.sm_we, 1)
-        ctx.set(dut.sm_par, 0)
-        ctx.set(dut.sm_mult, sm_mult)
-        ctx.set(dut.sm_shift, sm_shift)
+        ctx.set(dut.sm.en, 1)
+        ctx.set(dut.sm.par, 0)
+        ctx.set(dut.sm.mult, sm_mult)
+        ctx.set(dut.sm.shift, sm_shift)
         await ctx.tick()
-        ctx.set(dut.sm_we, 0)
+        ctx.set(dut.sm.en, 0)
         for i, (lg, sel) in enumerate(cases):
             t = i % g.T
             pad = K - len(lg)
@@ -255,11 +255,11 @@ def test_softmax_matches_gate_weights():
             ctx.set(dut.i.valid, 1)
             await ctx.tick().until(dut.i.ready)
             ctx.set(dut.i.valid, 0)
-            await ctx.tick().until(dut.idle)
+            await ctx.tick().until(dut.gates.idle)
             assert ctx.get(dut.ready) >> t & 1
-            ctx.set(dut.g_addr, t)
+            ctx.set(dut.gates.addr, t)
             await ctx.tick()
-            row = ctx.get(dut.g_data)
+            row = ctx.get(dut.gates.data)
             exp = gm.gate_weights(lg, sm_mult, sm_shift)
             assert [int(row.gate[r]) for r in range(len(lg))] == list(exp)
             assert [int(row.sel[r]) for r in range(len(lg))] == sel
@@ -270,7 +270,7 @@ def test_softmax_matches_gate_weights():
     async def idle_monitor(ctx):
         taken, ready = 0, 0
         async for _, _, iv, ir, now, idle in ctx.tick().sample(dut.i.valid, dut.i.ready,
-                                                              dut.ready, dut.idle):
+                                                              dut.ready, dut.gates.idle):
             idles["done"] += bin(now & ~ready).count("1")       # one rise per token done
             assert idle == (taken == idles["done"]), "idle"
             taken += iv & ir
@@ -292,7 +292,7 @@ def test_softmax_matches_gate_weights():
             else:
                 assert fell == 0, f"ready bits {fell:#x} fell without ready_clr"
             ready, clr, tok = now, ctx.get(dut.ready_clr), ctx.get(dut.ready_clr_token)
-            assert ctx.get(dut.ready_keep) == ready & ~(clr << tok), "ready_keep"
+            assert ctx.get(dut.gates.keep) == ready & ~(clr << tok), "ready_keep"
             keeps["n"] += clr
 
     sim = Simulator(dut)
@@ -311,36 +311,36 @@ def test_replay_buffer_rules():
     dut = ReplayBuffer(banks=2, width=8, depth=8)
 
     async def bench(ctx):
-        ctx.set(dut.free, 0)
+        ctx.set(dut.rd.free, 0)
         for i in range(8):
-            assert ctx.get(dut.space[0]) and ctx.get(dut.space[1])
-            ctx.set(dut.we[0], 1)
-            ctx.set(dut.wdata[0], 10 + i)
-            ctx.set(dut.we[1], i < 3)
-            ctx.set(dut.wdata[1], 20 + i)
+            assert ctx.get(dut.wr.space[0]) and ctx.get(dut.wr.space[1])
+            ctx.set(dut.wr.we[0], 1)
+            ctx.set(dut.wr.wdata[0], 10 + i)
+            ctx.set(dut.wr.we[1], i < 3)
+            ctx.set(dut.wr.wdata[1], 20 + i)
             await ctx.tick()
-        ctx.set(dut.we[0], 0)
-        ctx.set(dut.we[1], 0)
-        assert ctx.get(dut.wp[0]) == 8 and not ctx.get(dut.space[0])
-        assert ctx.get(dut.wp[1]) == 3 and ctx.get(dut.space[1])
+        ctx.set(dut.wr.we[0], 0)
+        ctx.set(dut.wr.we[1], 0)
+        assert ctx.get(dut.wp[0]) == 8 and not ctx.get(dut.wr.space[0])
+        assert ctx.get(dut.wp[1]) == 3 and ctx.get(dut.wr.space[1])
         for rep in range(2):                                   # replay positions 2..5
             for pos in range(2, 6):
-                ctx.set(dut.rd_pos, pos)
+                ctx.set(dut.rd.pos, pos)
                 await ctx.tick()
-                assert ctx.get(dut.rd_data[0]) == 10 + pos
-        ctx.set(dut.free, 3)
-        assert not ctx.get(dut.space[0])          # `space` sees `free` a cycle later
+                assert ctx.get(dut.rd.data[0]) == 10 + pos
+        ctx.set(dut.rd.free, 3)
+        assert not ctx.get(dut.wr.space[0])          # `space` sees `free` a cycle later
         await ctx.tick()
-        assert ctx.get(dut.space[0])
-        ctx.set(dut.we[0], 1)
-        ctx.set(dut.wdata[0], 99)
+        assert ctx.get(dut.wr.space[0])
+        ctx.set(dut.wr.we[0], 1)
+        ctx.set(dut.wr.wdata[0], 99)
         await ctx.tick()                          # t: the request
-        ctx.set(dut.we[0], 0)
-        ctx.set(dut.rd_pos, 0)                    # (position 0 now holds word 8's entry)
+        ctx.set(dut.wr.we[0], 0)
+        ctx.set(dut.rd.pos, 0)                    # (position 0 now holds word 8's entry)
         await ctx.tick()                          # t + 1: the block RAM's write
-        ctx.set(dut.rd_pos, 8)
+        ctx.set(dut.rd.pos, 8)
         await ctx.tick()                          # t + 2: read
-        assert ctx.get(dut.rd_data[0]) == 99
+        assert ctx.get(dut.rd.data[0]) == 99
     _sim(dut, bench)
 
 
@@ -364,8 +364,8 @@ def test_replay_buffer_flags_random(seed):
         wp_w = wp                                    # `wp` a cycle ago
         seen = set()
         for cyc in range(600):
-            sp = [ctx.get(dut.space[b]) for b in range(banks)]
-            assert ctx.get(dut.room) == room, cyc
+            sp = [ctx.get(dut.wr.space[b]) for b in range(banks)]
+            assert ctx.get(dut.wr.room) == room, cyc
             seen.add(room)
             if room:
                 assert all((w - free) % P < depth for w in wp), cyc
@@ -373,16 +373,16 @@ def test_replay_buffer_flags_random(seed):
                 assert sp[b] == ((wp[b] - free_last) % P < depth), (cyc, b)
                 assert ctx.get(dut.wp[b]) == wp[b]
                 assert (wp[b] - free) % P <= depth           # never overflowed
-            assert ctx.get(dut.wp_all) == wall, cyc
+            assert ctx.get(dut.rd.wp) == wall, cyc
             assert all((w - wall) % P <= depth for w in wp)
             we = [sp[b] and rng.random() < (0.9 if b else 0.5) for b in range(banks)]
             for b in range(banks):
-                ctx.set(dut.we[b], we[b])
-                ctx.set(dut.wdata[b], rng.randrange(256))
+                ctx.set(dut.wr.we[b], we[b])
+                ctx.set(dut.wr.wdata[b], rng.randrange(256))
             # `free` never passes the oldest word any bank still has to deliver
             lo = min((w - free) % P for w in wp)
             step = rng.randrange(lo + 1) if rng.random() < 0.3 else 0
-            ctx.set(dut.free, (free + step) % P)
+            ctx.set(dut.rd.free, (free + step) % P)
             await ctx.tick()
             free_last = (free + step) % P
             free = free_last
@@ -454,12 +454,12 @@ def test_record_path(name, over, stall):
                 ctx.set(dut.word.valid, 1)
             else:
                 ctx.set(dut.word.valid, 0)
-            if ctx.get(dut.out_we):
-                outs[ctx.get(dut.out_addr)] = ctx.get(dut.out_data)
-            if ctx.get(dut.lut_we):
-                luts[ctx.get(dut.lut_addr)] = ctx.get(dut.lut_data)
-            if ctx.get(dut.sm_we):
-                sms.append((ctx.get(dut.sm_mult), ctx.get(dut.sm_shift)))
+            if ctx.get(dut.out.en):
+                outs[ctx.get(dut.out.addr)] = ctx.get(dut.out.data)
+            if ctx.get(dut.lut.en):
+                luts[ctx.get(dut.lut.addr)] = ctx.get(dut.lut.data)
+            if ctx.get(dut.sm.en):
+                sms.append((ctx.get(dut.sm.mult), ctx.get(dut.sm.shift)))
             # stalled: nothing taken for the first 300 cycles (the queue
             # fills), then a quarter of the cycles
             prdy = not stall or (cyc >= 300 and prng.random() < 0.25)
@@ -510,22 +510,23 @@ def test_scheduler_announces_heavy_first(empty):
     needs, entries = [], []
 
     async def bench(ctx):
-        ctx.set(dut.count[0], 8)
-        ctx.set(dut.layer[0], 1)
+        ctx.set(dut.passes.count[0], 8)
+        ctx.set(dut.passes.layer[0], 1)
         for t, r in enumerate(roles):
-            ctx.set(dut.roles[0][t], TokenRole(int(r)))
-        ctx.set(dut.pass_valid, 1)
-        ctx.set(dut.pass_seq, 1)
+            ctx.set(dut.passes.roles[0][t], TokenRole(int(r)))
+        ctx.set(dut.passes.valid, 1)
+        ctx.set(dut.passes.seq, 1)
         await ctx.tick()
         for step in range(8 // P):
             for p in range(P):
                 s = plan.sel[step * P + p]
-                ctx.set(dut.sel[p], {"token": step, "par": 0, "count": len(s),
-                                     "sel": s + [0] * (cfg.top_k - len(s)),
-                                     "logit": [0] * cfg.top_k})
-            ctx.set(dut.sel_valid, (1 << P) - 1)
+                ctx.set(dut.sel[p].payload, {"token": step, "par": 0, "count": len(s),
+                                             "sel": s + [0] * (cfg.top_k - len(s)),
+                                             "logit": [0] * cfg.top_k})
+                ctx.set(dut.sel[p].valid, 1)
             await ctx.tick()
-        ctx.set(dut.sel_valid, 0)
+        for p in range(P):
+            ctx.set(dut.sel[p].valid, 0)
         ctx.set(dut.need.ready, 1)
         ctx.set(dut.source.valid, 1)
         dec = 0
@@ -538,11 +539,12 @@ def test_scheduler_announces_heavy_first(empty):
             took = ctx.get(dut.source.ready)
             await ctx.tick()
             dec += took
-        assert ctx.get(dut.total_valid) & 1 and ctx.get(dut.decided[0]) == ctx.get(dut.total[0])
-        for j in range(ctx.get(dut.total[0])):
-            ctx.set(dut.rd_addr[2], j)
+        prog = dut.progress
+        assert ctx.get(prog.total_valid) & 1 and ctx.get(prog.decided[0]) == ctx.get(prog.total[0])
+        for j in range(ctx.get(prog.total[0])):
+            ctx.set(dut.jobs[2].addr, j)
             await ctx.tick()
-            entries.append((ctx.get(dut.rd_entry[2]), ctx.get(dut.rd_src[2])))
+            entries.append((ctx.get(dut.jobs[2].entry), ctx.get(dut.jobs[2].src)))
     _sim(dut, bench)
     nr = len(plan.routed)
     exp = [(1, j.expert, len(j.tokens), int(j.precision), int(i == nr - 1), 0)

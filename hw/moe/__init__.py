@@ -1,5 +1,6 @@
 """The token-batched MoE layer datapath (block ``moe_layer``): small
-components joined by streams, composed in :mod:`.datapath`.
+components joined by streams and by the named side-channel signatures of
+:mod:`.ports`, composed in :mod:`.datapath`.
 
 ==================  ==========================================================
 module              component
@@ -15,6 +16,7 @@ module              component
 ``topk``            :class:`~.topk.TopK` (streaming top-k)
 ``softmax``         :class:`~.softmax.Softmax` (Q12 gates)
 ``output``          :class:`~.output.OutputStage` (outputs, counters)
+``ports``           the side channels' signatures (:class:`~.ports.PassView`, ...)
 ==================  ==========================================================
 """
 

@@ -43,6 +43,8 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
 
+from .ports import BufferRead, BufferWrite
+
 __all__ = ["ReplayBuffer"]
 
 
@@ -57,26 +59,24 @@ class ReplayBuffer(wiring.Component):
 
     Members
     -------
-    space : ``Out(1).array(banks)``
-        A flip-flop: ``wp - free' < depth`` with ``free'`` last cycle's
-        ``free`` (a safe bound): bank ``b`` can take a word.
-    we, wdata : ``In.array(banks)``
-        Write ``wdata[b]`` at ``wp[b]`` (only while ``space[b]``; a producer
-        that feeds several banks at once checks all their ``space`` first).
+    wr : ``In(BufferWrite(banks, width))``
+        ``we``, ``wdata``: write ``wdata[b]`` at ``wp[b]`` (only while
+        ``space[b]``; a producer that feeds several banks at once checks all
+        their ``space`` first, or ``room``).
+        ``space[b]``: a flip-flop, ``wp - free' < depth`` with ``free'``
+        last cycle's ``free`` (a safe bound): bank ``b`` can take a word.
+        ``room``: a flip-flop, two cycles ago every bank had room for three
+        words (``wp[b] - free'' <= depth - 3``), so every bank can take a
+        word now.
+    rd : ``In(BufferRead(banks, width, depth))``
+        ``pos``: read position; ``data[b]`` holds the word one cycle later.
+        ``free``: oldest position still needed; words before it may be
+        overwritten. ``wp`` (``wp_all``): a flip-flop, every bank holds its
+        word at every position before it (``wp_all <= wp[b]`` for all
+        ``b``); it advances by one when every bank's ``wp`` is past it.
+        Positions are ``P = log2(depth) + 1`` bits, modulo ``2 depth``.
     wp : ``Out(unsigned(P)).array(banks)``
-        Write position per bank (``P = log2(depth) + 1`` bits, modulo ``2 depth``).
-    room : ``Out(1)``
-        A flip-flop: two cycles ago every bank had room for three words
-        (``wp[b] - free'' <= depth - 3``), so every bank can take a word now.
-    wp_all : ``Out(unsigned(P))``
-        A flip-flop: every bank holds its word at every position before
-        ``wp_all`` (``wp_all <= wp[b]`` for all ``b``); it advances by one
-        when every bank's ``wp`` is past it.
-    rd_pos : ``In(unsigned(P))``
-        Read position; ``rd_data[b]`` holds the word one cycle later.
-    rd_data : ``Out(unsigned(width)).array(banks)``
-    free : ``In(unsigned(P))``
-        Oldest position still needed; words before it may be overwritten.
+        Write position per bank.
 
     Latency: one cycle from ``rd_pos`` to ``rd_data``; a word requested at
     cycle ``t`` (``we``) is in the block RAM from ``t + 2`` (it is written at
@@ -91,20 +91,15 @@ class ReplayBuffer(wiring.Component):
         self.banks, self.width, self.depth = banks, width, depth
         self.pbits = depth.bit_length()          # log2(depth) + 1
         super().__init__({
-            "space": Out(1).array(banks),
-            "room": Out(1, init=1),
-            "we": In(1).array(banks),
-            "wdata": In(unsigned(width)).array(banks),
+            "wr": In(BufferWrite(banks, width)),
+            "rd": In(BufferRead(banks, width, depth)),
             "wp": Out(unsigned(self.pbits)).array(banks),
-            "wp_all": Out(unsigned(self.pbits)),
-            "rd_pos": In(unsigned(self.pbits)),
-            "rd_data": Out(unsigned(width)).array(banks),
-            "free": In(unsigned(self.pbits)),
         })
 
     def elaborate(self, platform):
         m = Module()
         ab = self.pbits - 1
+        wr, rd = self.wr, self.rd
         room = Const(1)
         w_ens = []
         for b in range(self.banks):
@@ -122,11 +117,11 @@ class ReplayBuffer(wiring.Component):
             # which comes late, only selects
             used_n = Signal(self.pbits, name=f"used_n{b}")
             used_w = Signal(self.pbits, name=f"used_w{b}")
-            m.d.comb += [used_n.eq(self.wp[b] - self.free),
-                         used_w.eq(self.wp[b] + 1 - self.free)]
+            m.d.comb += [used_n.eq(self.wp[b] - rd.free),
+                         used_w.eq(self.wp[b] + 1 - rd.free)]
             space = Signal(name=f"space_r{b}", init=1)
-            m.d.sync += space.eq(Mux(self.we[b], used_w < self.depth, used_n < self.depth))
-            m.d.comb += self.space[b].eq(space)
+            m.d.sync += space.eq(Mux(wr.we[b], used_w < self.depth, used_n < self.depth))
+            m.d.comb += wr.space[b].eq(space)
             # (a flip-flop per bank next to its pointer; their AND a cycle later)
             room_b = Signal(name=f"room_r{b}", init=1)
             m.d.sync += room_b.eq(used_n <= self.depth - 3)
@@ -145,14 +140,14 @@ class ReplayBuffer(wiring.Component):
             w_ens.append(w_en)
             w_addr = Signal(ab, name=f"w_addr{b}", reset_less=True)
             w_data = Signal(self.width, name=f"w_data{b}", reset_less=True)
-            m.d.sync += w_en.eq(self.we[b])
-            with m.If(self.we[b]):
-                m.d.sync += [w_addr.eq(self.wp[b][:ab]), w_data.eq(self.wdata[b])]
+            m.d.sync += w_en.eq(wr.we[b])
+            with m.If(wr.we[b]):
+                m.d.sync += [w_addr.eq(self.wp[b][:ab]), w_data.eq(wr.wdata[b])]
             m.d.comb += [wport.addr.eq(w_addr), wport.data.eq(w_data), wport.en.eq(w_en),
-                         rport.addr.eq(self.rd_pos[:ab]), self.rd_data[b].eq(rport.data)]
-            with m.If(self.we[b]):
+                         rport.addr.eq(rd.pos[:ab]), rd.data[b].eq(rport.data)]
+            with m.If(wr.we[b]):
                 m.d.sync += self.wp[b].eq(self.wp[b] + 1)
-        m.d.sync += self.room.eq(room)
+        m.d.sync += wr.room.eq(room)
         # `wp_all` steps while every bank's `wp` is past it. Each bank keeps
         # its distance `wp[b] - wp_all` (`wp` as of the registered write
         # `w_en`, a cycle after the request) and whether it is zero as
@@ -176,5 +171,5 @@ class ReplayBuffer(wiring.Component):
                          nz[b].eq(Mux(w_ens[b], Mux(step, lead != 0, 1),
                                       Mux(step, lead != 1, lead != 0)))]
         with m.If(step):
-            m.d.sync += self.wp_all.eq(self.wp_all + 1)
+            m.d.sync += rd.wp.eq(rd.wp + 1)
         return m

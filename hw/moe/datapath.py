@@ -1,4 +1,6 @@
-"""The token-batched MoE layer datapath: its components joined by streams.
+"""The token-batched MoE layer datapath: its components joined by streams
+and by the side-channel signatures of :mod:`.ports` (a list of
+``wiring.connect`` calls; ``docs/blocks/moe_layer.md`` "Joins" lists them).
 
 See ``docs/blocks/moe_layer.md`` for the whole picture and
 ``docs/architecture.md`` "Batched datapath" for the contract with the
@@ -18,14 +20,14 @@ Elastic-SD controller, HB and the external-memory stream engine.
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Module
 from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ...config import Config
 from ..vocab import vocab
 from .buffers import ReplayBuffer
-from .common import geom
+from .common import CycleCounter, geom
 from .ext_port import ExtWriter
 from .hb_reader import HBReader
 from .issue import Issue
@@ -98,8 +100,7 @@ class MoEDatapath(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         g = self.g
-        B = g.B
-        P, Tl = g.P, g.Tl
+        B, P = g.B, g.P
         gl_ = g.lane()
         ts = m.submodules.tokens = TokenStore(g)
         # one top-k and one softmax unit per token lane (its tokens by
@@ -114,13 +115,11 @@ class MoEDatapath(wiring.Component):
         extw = m.submodules.ext_writer = ExtWriter(g)
         hbb = m.submodules.hb_buffer = ReplayBuffer(banks=B, width=g.sv, depth=g.hb_depth)
         extb = m.submodules.ext_buffer = ReplayBuffer(banks=B, width=g.sv, depth=g.ext_depth)
-        iss = m.submodules.issue = Issue(g, hbb.pbits, extb.pbits)
+        iss = m.submodules.issue = Issue(g)
         pea = m.submodules.pe_array = PEArray(g)
         vu = m.submodules.vector_unit = VectorUnit(g)
         out = m.submodules.output = OutputStage(g)
-        cycle = Signal(g.cfg.stat_bits)
-        m.d.sync += cycle.eq(cycle + 1)
-        c = m.d.comb
+        time = m.submodules.cycle = CycleCounter(g)
 
         # boundary streams
         wiring.connect(m, wiring.flipped(self.tok), ts.tok)
@@ -133,52 +132,28 @@ class MoEDatapath(wiring.Component):
         wiring.connect(m, out.o, wiring.flipped(self.o))
         wiring.connect(m, out.stats, wiring.flipped(self.stats))
 
-        # token store -> consumers
-        for par in range(2):
-            c += [sch.count[par].eq(ts.count[par]), sch.layer[par].eq(ts.layer[par]),
-                  sch.roles[par].eq(ts.roles[par]), hbr.layer[par].eq(ts.layer[par]),
-                  iss.count[par].eq(ts.count[par]), iss.roles[par].eq(ts.roles[par])]
-            for p in range(P):               # lane p's tokens: positions i P + p
-                for i in range(Tl):
-                    if i * P + p < g.T:
-                        c += [topks[p].roles[par][i].eq(ts.roles[par][i * P + p]),
-                              topks[p].masks[par][i].eq(ts.masks[par][i * P + p])]
-        c += [sch.pass_valid.eq(ts.valid), sch.pass_seq.eq(ts.seq),
-              hbr.pass_valid.eq(ts.valid), hbr.pass_seq.eq(ts.seq),
-              iss.pass_valid.eq(ts.valid), iss.step_last.eq(ts.step_last),
-              ts.release.eq(iss.release), ts.release_par.eq(iss.release_par)]
+        # the token store's passes -> the scheduler, the HB reader and the
+        # issue stage; each lane's roles and masks -> its top-k; the issue
+        # stage reads `x` (one port per lane) and releases the pass
+        wiring.connect(m, ts.passes, sch.passes, hbr.passes, iss.passes)
+        wiring.connect(m, iss.release, ts.release)
         for p in range(P):
-            c += [ts.x_addr[p].eq(iss.x_addr[p]), iss.x_data[p].eq(ts.x_data[p]),
-                  vu.h_addr[p].eq(iss.h_addr[p]), iss.h_data[p].eq(vu.h_data[p]),
-                  out.y_data[p].eq(vu.y_data[p])]
+            wiring.connect(m, ts.lanes[p], topks[p].tokens)
+            wiring.connect(m, iss.x[p], ts.x[p])
 
         # routing: vector unit -> each lane's top-k -> its softmax (and the
-        # scheduler's snoop of every lane)
+        # scheduler's copy of each routing); the vector unit reads the gates
         for p in range(P):
-            topk, sm = topks[p], sms[p]
-            c += [topk.i_valid.eq(vu.logit_valid[p]), topk.i.eq(vu.logit[p]),
-                  vu.topk_last_ok[p].eq(topk.last_ok), vu.topk_idle[p].eq(topk.idle)]
-            wiring.connect(m, topk.o, sm.i)
-            c += [sch.sel_valid[p].eq(topk.o.valid & topk.o.ready), sch.sel[p].eq(topk.o.payload)]
-            c += [sm.sm_we.eq(hbr.sm_we), sm.sm_par.eq(hbr.sm_par), sm.sm_mult.eq(hbr.sm_mult),
-                  sm.sm_shift.eq(hbr.sm_shift), sm.sm_clear.eq(vu.done),
-                  sm.sm_clear_par.eq(vu.done_par), sm.g_addr.eq(vu.g_addr[p]),
-                  vu.g_data[p].eq(sm.g_data), vu.gates_keep[p].eq(sm.ready_keep),
-                  vu.softmax_idle[p].eq(sm.idle)]
+            wiring.connect(m, vu.logits[p], topks[p].i)
+            wiring.connect(m, topks[p].o, sms[p].i)
+            wiring.connect(m, topks[p].sel, sch.sel[p])
+            wiring.connect(m, vu.gates[p], sms[p].gates)
 
-        # job table readers: HB reader, LPDDR writer, issue
-        for r, cons in enumerate((hbr, extw, iss)):
-            c += [sch.rd_addr[r].eq(cons.rd_addr), cons.rd_entry.eq(sch.rd_entry[r]),
-                  cons.rd_src.eq(sch.rd_src[r])]
-            for p in range(2):
-                c += [cons.decided[p].eq(sch.decided[p]), cons.total[p].eq(sch.total[p])]
-            c += [cons.total_valid.eq(sch.total_valid), cons.epoch.eq(sch.epoch)]
-        for p in range(2):
-            c += [iss.no_routed[p].eq(sch.no_routed[p]), iss.experts[p].eq(sch.experts[p]),
-                  iss.expert_tokens[p].eq(sch.expert_tokens[p]),
-                  out.hb_words[p].eq(hbr.words[p]), iss.ext_beats[p].eq(extw.beats[p])]
-        c += [iss.sel_done.eq(sch.sel_done), out.hb_error.eq(hbr.error),
-              iss.ext_error.eq(extw.error), iss.cycle.eq(cycle), out.cycle.eq(cycle)]
+        # the job table's readers (HB reader, LPDDR writer, issue) and the
+        # scheduler's progress
+        for r, reader in enumerate((hbr, extw, iss)):
+            wiring.connect(m, reader.jobs, sch.jobs[r])
+        wiring.connect(m, sch.progress, hbr.progress, extw.progress, iss.progress)
 
         # the LSB port: a whole-resident job's LSB slot words, HB reader ->
         # LPDDR writer, through a small FIFO per bank (the writer takes them
@@ -186,23 +161,18 @@ class MoEDatapath(wiring.Component):
         # slot, so the issue stage never waits for a later job's words)
         for b in range(B):
             lq = m.submodules[f"lsb_q{b}"] = fifo.SyncFIFOBuffered(width=g.sv, depth=8)
-            c += [lq.w_en.eq(hbr.lsb_we[b]), lq.w_data.eq(hbr.lsb_wdata[b]),
-                  hbr.lsb_space[b].eq(lq.w_rdy),
-                  extw.lsb_valid[b].eq(lq.r_rdy), extw.lsb_data[b].eq(lq.r_data),
-                  lq.r_en.eq(extw.lsb_ready[b])]
+            wiring.connect(m, hbr.lsb[b], lq.w_stream)
+            wiring.connect(m, lq.r_stream, extw.lsb[b])
 
-        # weight buffers
-        for b in range(B):
-            c += [hbr.buf_space[b].eq(hbb.space[b]), hbb.we[b].eq(hbr.buf_we[b]),
-                  hbb.wdata[b].eq(hbr.buf_wdata[b]), iss.hb_data[b].eq(hbb.rd_data[b]),
-                  extb.we[b].eq(extw.buf_we[b]),
-                  extb.wdata[b].eq(extw.buf_wdata[b]), iss.ext_data[b].eq(extb.rd_data[b])]
-        c += [iss.hb_wp.eq(hbb.wp_all), iss.ext_wp.eq(extb.wp_all), extw.buf_room.eq(extb.room),
-              hbb.rd_pos.eq(iss.hb_pos), hbb.free.eq(iss.hb_free),
-              extb.rd_pos.eq(iss.ext_pos), extb.free.eq(iss.ext_free)]
+        # weight buffers: written by the ports, read by the issue stage
+        wiring.connect(m, hbr.buf, hbb.wr)
+        wiring.connect(m, extw.buf, extb.wr)
+        wiring.connect(m, iss.hb_buf, hbb.rd)
+        wiring.connect(m, iss.ext_buf, extb.rd)
 
-        # constants and parameters: HB reader -> vector unit. Each bank's
-        # parameter stream crosses a register slice: the vector unit's pop
+        # constants and parameters: HB reader -> vector unit (and the
+        # softmax record -> the softmax units). Each bank's parameter
+        # stream crosses a register slice: the vector unit's pop
         # (`params[b].ready`, from its entry's `adv`) had reached the HB
         # reader's parameter queue and its level counter in the same cycle
         # (a 2.6 ns route between the two components, then the queue's
@@ -211,11 +181,17 @@ class MoEDatapath(wiring.Component):
             ps_ = m.submodules[f"params_slice{b}"] = RegisterSlice(seg_params())
             wiring.connect(m, hbr.params[b], ps_.i)
             wiring.connect(m, ps_.o, vu.params[b])
-            c += [vu.out_we[b].eq(hbr.out_we[b]), vu.out_addr[b].eq(hbr.out_addr[b]),
-                  vu.out_data[b].eq(hbr.out_data[b])]
-        c += [vu.lut_we.eq(hbr.lut_we), vu.lut_addr.eq(hbr.lut_addr), vu.lut_data.eq(hbr.lut_data),
-              vu.lut_loaded.eq(hbr.lut_loaded), vu.out_loaded.eq(hbr.out_loaded),
-              hbr.pass_done.eq(vu.done), hbr.pass_done_par.eq(vu.done_par)]
+        wiring.connect(m, hbr.consts, vu.consts)
+        wiring.connect(m, hbr.sm, *[sm.sm for sm in sms])
+        # a pass done: the HB reader frees its constants, the output stage
+        # takes its counters, the softmax units drop its record
+        wiring.connect(m, vu.pass_done, hbr.pass_done, out.pass_done, *[sm.clear for sm in sms])
+
+        # counters: the LPDDR writer's go into the pass summary (issue), the
+        # HB reader's to the output stage; both stamp with the cycle counter
+        wiring.connect(m, extw.counters, iss.ext_counters)
+        wiring.connect(m, hbr.counters, out.hb_counters)
+        wiring.connect(m, time, iss.time, out.time)
 
         # compute chain
         # the beats cross a register slice on their way to the PE array: the
@@ -226,7 +202,7 @@ class MoEDatapath(wiring.Component):
         wiring.connect(m, iss.o, beat_slice.i)
         wiring.connect(m, beat_slice.o, pea.i)
         wiring.connect(m, pea.o, vu.i)
-        c += iss.up_done.eq(vu.up_done)
+        wiring.connect(m, iss.h, vu.h)
         # (the pass summary crosses a register slice: the output stage's
         # summary queue and the issue stage's END decision sit far apart, and
         # its write had been two LUTs and 5 ns of routing after the issue
@@ -234,7 +210,5 @@ class MoEDatapath(wiring.Component):
         m.submodules.summary_slice = sum_slice = RegisterSlice(pass_summary(g))
         wiring.connect(m, iss.summary, sum_slice.i)
         wiring.connect(m, sum_slice.o, out.summary)
-        c += [out.done.eq(vu.done), out.done_par.eq(vu.done_par),
-              out.done_error.eq(vu.done_error), vu.y_addr.eq(out.y_addr),
-              vu.out_done.eq(out.out_done)]
+        wiring.connect(m, out.y, vu.y)
         return m

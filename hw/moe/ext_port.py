@@ -14,7 +14,7 @@ still finds every word it expects and the next job starts on the next
 command. Every such case flags the pass.
 
 A whole-resident job (decision ``lsb_hb``, precision FULL or VERIFY) takes
-its planes ``k .. n-1`` from the LSB port instead (``lsb_*``: one word
+its planes ``k .. n-1`` from the LSB port instead (``lsb[b]``: one word
 stream per bank, the HB reader's read of the job's LSB slot, in the same
 order), all ``B`` banks per step: the buffer sees the same words in the same
 places, so the issue stage cannot tell the two apart.
@@ -33,6 +33,7 @@ from amaranth.lib.wiring import In, Out
 from ..vocab import CMD_ID_BITS, TokenRole, bits, ext_beat
 from .common import pow2ceil, zext
 from .payloads import job_entry, job_source
+from .ports import BufferWrite, JobRead, PassCounters, PassProgress
 
 __all__ = ["ExtWriter"]
 
@@ -42,47 +43,46 @@ class ExtWriter(wiring.Component):
 
     Members
     -------
-    rd_addr : ``Out``; rd_entry, rd_src : ``In`` (job-table read port)
-    decided, total, total_valid, epoch : ``In`` per buffer (scheduler)
+    jobs : ``Out(JobRead)`` (job-table read port)
+    progress : ``In(PassProgress)`` (scheduler; ``decided``, ``total``,
+        ``total_valid``, ``epoch`` are read)
     ext : ``In(stream.Signature(ExtBeat))``
-    buf_room : ``In(1)`` (the buffer's ``room``); buf_we, buf_wdata : ``Out.array(B)``
-    lsb_valid : ``In(B)``; lsb_data : ``In.array(B)``; lsb_ready : ``Out(B)``
-        The LSB port (per bank, from the HB reader through a FIFO).
-    error : ``Out(2)``; beats : ``Out.array(2)``
-        Per buffer: a beat out of order, with ``error``, or a misplaced
-        ``last`` (the flag rises the cycle after the beat's handshake); LPDDR
-        beats received.
+    buf : ``Out(BufferWrite)``
+        The LPDDR weight buffer: ``we``, ``wdata`` per bank while ``room``
+        (every bank at once).
+    lsb : ``In(stream.Signature(unsigned(sv))).array(B)``
+        The LSB port (per bank, from the HB reader through a FIFO), taken
+        all banks at once.
+    counters : ``Out(PassCounters)``
+        Per buffer: LPDDR beats received (``count``); a beat out of order,
+        with ``error``, or a misplaced ``last`` (``error``, rising the cycle
+        after the beat's handshake).
     """
 
     def __init__(self, g):
         self.g = g
-        cfg = g.cfg
         self.jb = bits(pow2ceil(g.jobs))
         self.ExtBeat = ext_beat(g.sv, g.fw, g.n, g.rows, g.B, CMD_ID_BITS)
         super().__init__({
-            "rd_addr": Out(unsigned(1 + self.jb)), "rd_entry": In(job_entry(g)),
-            "rd_src": In(job_source(g)),
-            "decided": In(unsigned(g.jobs.bit_length())).array(2),
-            "total": In(unsigned(g.jobs.bit_length())).array(2), "total_valid": In(2),
-            "epoch": In(2),
+            "jobs": Out(JobRead(g)),
+            "progress": In(PassProgress(g)),
             "ext": In(stream.Signature(self.ExtBeat)),
-            "buf_room": In(1), "buf_we": Out(1).array(g.B),
-            "buf_wdata": Out(unsigned(g.sv)).array(g.B),
-            "lsb_valid": In(g.B), "lsb_data": In(unsigned(g.sv)).array(g.B),
-            "lsb_ready": Out(g.B),
-            "error": Out(2), "beats": Out(unsigned(cfg.stat_bits)).array(2),
+            "buf": Out(BufferWrite(g.B, g.sv)),
+            "lsb": In(stream.Signature(unsigned(g.sv))).array(g.B),
+            "counters": Out(PassCounters(g)),
         })
 
     def elaborate(self, platform):
         m = Module()
         g = self.g
+        prog, ctr = self.progress, self.counters
         B, fw, n, k = g.B, g.fw, g.n, g.k
         groups = B // fw
         pe = Signal()
         j = Signal(range(g.jobs + 1))
-        m.d.comb += self.rd_addr.eq(Cat(zext(j, self.jb), pe))
-        decided = Array(self.decided)
-        total = Array(self.total)
+        m.d.comb += self.jobs.addr.eq(Cat(zext(j, self.jb), pe))
+        decided = Array(prog.decided)
+        total = Array(prog.total)
         # walk: projection (0 GATE, 1 UP, 2 DOWN), group, plane, chunk, bank group
         proj = Signal(range(3))
         grp = Signal(range(max(g.g_in, g.g_down) + 1))
@@ -104,19 +104,19 @@ class ExtWriter(wiring.Component):
         last_c, last_q, last_g, last_bg = Signal(), Signal(), Signal(), Signal()
         last_beat = last_bg & last_c & last_q & last_g & (proj == 2)
 
-        space = self.buf_room
+        space = self.buf.room
         beat = self.ExtBeat(self.ext.payload)
         running = Signal()
         lsb = Signal()                       # the job's planes come from the LSB port
         m.d.comb += self.ext.ready.eq(running & ~lsb & ~pad & space)
         take = self.ext.valid & self.ext.ready
         adv = Signal()
-        lsb_go = running & lsb & space & self.lsb_valid.all()
-        m.d.comb += [adv.eq(take | (running & ~lsb & pad & space) | lsb_go),
-                     self.lsb_ready.eq(lsb_go.replicate(B))]
+        lsb_go = running & lsb & space & Cat(*[self.lsb[b].valid for b in range(B)]).all()
+        m.d.comb += adv.eq(take | (running & ~lsb & pad & space) | lsb_go)
         for b in range(B):
-            m.d.comb += [self.buf_we[b].eq(adv & (lsb | (bg == b // fw))),
-                         self.buf_wdata[b].eq(Mux(lsb, self.lsb_data[b],
+            m.d.comb += [self.lsb[b].ready.eq(lsb_go),
+                         self.buf.we[b].eq(adv & (lsb | (bg == b // fw))),
+                         self.buf.wdata[b].eq(Mux(lsb, self.lsb[b].payload,
                                                   Mux(pad, 0, beat.words[b % fw])))]
         # (an LSB step is all banks at once: one bank group)
         one_group = Mux(lsb, 1, groups == 1)
@@ -137,7 +137,7 @@ class ExtWriter(wiring.Component):
                      mism.eq(Cat(beat.error, beat.plane != eplane, beat.row != erow,
                                  beat.bank != bg * fw, beat.last != last_beat))]
         with m.If(chk & mism.any()):
-            m.d.sync += self.error.bit_select(chk_pe, 1).eq(1)
+            m.d.sync += ctr.error.bit_select(chk_pe, 1).eq(1)
         with m.If(take):
             # an error or an early last ends the command: pad the rest of the job
             with m.If((beat.error | beat.last) & ~last_beat):
@@ -155,9 +155,9 @@ class ExtWriter(wiring.Component):
         m.d.sync += [tk.eq(take), tk_pe.eq(pe), clr.eq(0)]
         for p in range(2):
             with m.If(clr[p]):
-                m.d.sync += self.beats[p].eq(0)
+                m.d.sync += ctr.count[p].eq(0)
             with m.Elif(tk & (tk_pe == p)):
-                m.d.sync += self.beats[p].eq(self.beats[p] + 1)
+                m.d.sync += ctr.count[p].eq(ctr.count[p] + 1)
 
         # The job decisions compare `j` with the scheduler's counters, which sit
         # far away: the compares are registered (`go_job`, `go_end`), each a
@@ -169,12 +169,12 @@ class ExtWriter(wiring.Component):
         # a pass the counters only move towards a decision, so a snapshot a
         # cycle old can only decide a cycle late.
         my_epoch = Signal(2)
-        fresh = self.epoch.bit_select(pe, 1) != my_epoch.bit_select(pe, 1)
+        fresh = prog.epoch.bit_select(pe, 1) != my_epoch.bit_select(pe, 1)
         go_job = Signal()
         go_end = Signal()
         settle = Signal()
         m.d.sync += [go_job.eq(fresh & (j < decided[pe])),
-                     go_end.eq(fresh & self.total_valid.bit_select(pe, 1) & (j == total[pe])),
+                     go_end.eq(fresh & prog.total_valid.bit_select(pe, 1) & (j == total[pe])),
                      settle.eq(0)]
 
         with m.If(adv):
@@ -200,8 +200,8 @@ class ExtWriter(wiring.Component):
                                 m.d.sync += [running.eq(0), pad.eq(0), lsb.eq(0), j.eq(j + 1),
                                              settle.eq(1)]
 
-        ent = job_entry(g)(self.rd_entry)
-        src = job_source(g)(self.rd_src)
+        ent = job_entry(g)(self.jobs.entry)
+        src = job_source(g)(self.jobs.src)
         need = Mux(ent.precision == TokenRole.DRAFT, k, n)
         whole = (~ent.shared & src.hb & src.lsb_hb & (ent.precision != TokenRole.DRAFT)
                  if n - k <= k else 0)
@@ -210,9 +210,9 @@ class ExtWriter(wiring.Component):
                 with m.If(~running & ~settle & go_job):
                     m.next = "READ"
                 with m.Elif(~running & ~settle & go_end):
-                    m.d.sync += [pe.eq(~pe), j.eq(0), self.error.bit_select(~pe, 1).eq(0),
+                    m.d.sync += [pe.eq(~pe), j.eq(0), ctr.error.bit_select(~pe, 1).eq(0),
                                  settle.eq(1),
-                                 my_epoch.bit_select(pe, 1).eq(self.epoch.bit_select(pe, 1)),
+                                 my_epoch.bit_select(pe, 1).eq(prog.epoch.bit_select(pe, 1)),
                                  clr.eq(Mux(pe, 0b01, 0b10))]
             with m.State("READ"):
                 m.d.sync += [proj.eq(0), grp.eq(0), q.eq(0), c.eq(0), bg.eq(0), row0.eq(0),

@@ -20,7 +20,7 @@ Per pass (buffer ``par``, layer ``l``), in this order, each command to all
    a whole-resident job (``lsb_hb``, precision FULL or VERIFY) reads its two
    slots segment by segment, alternating: the segment's MSB planes from the
    MSB slot -> weight buffer, then its LSB planes (``k .. n-1``) from the
-   LSB slot -> the LSB port (``lsb_*``, one word stream per bank), which the
+   LSB slot -> the LSB port (``lsb[b]``, one word stream per bank), which the
    LPDDR writer puts into the LPDDR weight buffer in the job's turn, where a
    split job's LPDDR planes would go (so the issue stage has a segment's
    planes from both slots one segment after the job starts, not one slot
@@ -48,6 +48,8 @@ from ..vocab import HBRegionKind, TokenRole, bits, hb_beat, hb_read
 from .common import pow2ceil, zext
 from ..streams import BlockFIFO, CreditFIFO, QueueFIFO, RegisterSlice
 from .payloads import job_entry, job_source, seg_params
+from .ports import (BufferWrite, JobRead, PassConstants, PassCounters, PassDone, PassProgress,
+                    PassView, SoftmaxRecord, out_record_write, silu_table_write)
 
 __all__ = ["HBReader", "RecordPath", "rec_cmd"]
 
@@ -79,11 +81,12 @@ class RecordPath(wiring.Component):
     ``nrec`` records, drop the rest of the last word. A job's records become
     one ``SegParams`` per segment row (GATE: one record; UP: ``up_rq`` and
     ``prod_rq``; DOWN: one) on ``params``; the pass constants are written
-    to the output-requantisation store (``out_*``), the softmax record
-    (``sm_*``) and the SiLU table (``lut_*``); ``const_done`` pulses after a
-    constant command's last record. Every write (``params``' queue, ``out_*``,
-    ``sm_*``, ``lut_*``, ``const_done``) comes the cycle after the record is
-    taken, from registers.
+    to the output-requantisation store (``out``, a ``WritePort``), the
+    softmax record (``sm``, a ``SoftmaxRecord``) and the SiLU table (``lut``,
+    a ``WritePort``; bank 0 only); ``const_done`` pulses after a constant
+    command's last record (``const_par`` its buffer). Every write
+    (``params``' queue, ``out``, ``sm``, ``lut``, ``const_done``) comes the
+    cycle after the record is taken, from registers.
     """
 
     def __init__(self, g, bank: int):
@@ -95,10 +98,8 @@ class RecordPath(wiring.Component):
             "word": In(stream.Signature(unsigned(cb))),
             "cmd": In(stream.Signature(rec_cmd(g))),
             "params": Out(stream.Signature(seg_params())),
-            "out_we": Out(1), "out_addr": Out(unsigned(1 + bits(g.g_down))),
-            "out_data": Out(unsigned(22)),
-            "sm_we": Out(1), "sm_par": Out(1), "sm_mult": Out(16), "sm_shift": Out(6),
-            "lut_we": Out(1), "lut_addr": Out(unsigned(7)), "lut_data": Out(32),
+            "out": Out(out_record_write(g)), "lut": Out(silu_table_write()),
+            "sm": Out(SoftmaxRecord()),
             "const_done": Out(1), "const_par": Out(1),
         })
 
@@ -225,8 +226,8 @@ class RecordPath(wiring.Component):
         up_second = ri[0] ^ (Gi & 1)          # (ri - Gi) odd: the row's prod_rq
         rec_r = Signal(32, reset_less=True)
         par_r = Signal()
-        out_addr_r = Signal.like(self.out_addr)
-        lut_addr_r = Signal.like(self.lut_addr)
+        out_addr_r = Signal.like(self.out.addr)
+        lut_addr_r = Signal.like(self.lut.addr)
         w_out, w_sm, w_lut, w_done = Signal(), Signal(), Signal(), Signal()
         w_hold, w_emit, w_up = Signal(), Signal(), Signal()
         m.d.sync += [rec_r.eq(rec), par_r.eq(cur.par),
@@ -251,10 +252,11 @@ class RecordPath(wiring.Component):
         mult, shift = rec_r[:16], rec_r[16:22]
         held = Signal(22)
         pp = seg_params()(pq.w_data)
-        m.d.comb += [self.out_we.eq(w_out), self.out_addr.eq(out_addr_r), self.out_data.eq(rec_r[:22]),
-                     self.sm_we.eq(w_sm), self.sm_par.eq(par_r), self.sm_mult.eq(mult),
-                     self.sm_shift.eq(shift),
-                     self.lut_we.eq(w_lut), self.lut_addr.eq(lut_addr_r), self.lut_data.eq(rec_r),
+        m.d.comb += [self.out.en.eq(w_out), self.out.addr.eq(out_addr_r),
+                     self.out.data.eq(rec_r[:22]),
+                     self.sm.en.eq(w_sm), self.sm.par.eq(par_r), self.sm.mult.eq(mult),
+                     self.sm.shift.eq(shift),
+                     self.lut.en.eq(w_lut), self.lut.addr.eq(lut_addr_r), self.lut.data.eq(rec_r),
                      self.const_done.eq(w_done), self.const_par.eq(par_r),
                      pq.w_en.eq(w_emit)]
         with m.If(w_hold):
@@ -272,23 +274,29 @@ class HBReader(wiring.Component):
 
     Members
     -------
-    pass_valid, pass_seq, layer : ``In`` (token store)
-    rd_addr : ``Out``; rd_entry, rd_src : ``In`` (job-table read port)
-    decided, total, total_valid, epoch : ``In`` per buffer (scheduler)
+    passes : ``In(PassView)`` (token store; ``valid``, ``seq``, ``layer`` are read)
+    jobs : ``Out(JobRead)`` (job-table read port)
+    progress : ``In(PassProgress)`` (scheduler; ``decided``, ``total``,
+        ``total_valid``, ``epoch`` are read)
     hb_cmd : ``Out(stream.Signature(HBRead)).array(B)``
     hb_data : ``In(stream.Signature(HBBeat)).array(B)``
         ``ready`` comes from registers only (the destination's space).
-    buf_space : ``In.array(B)``; buf_we, buf_wdata : ``Out.array(B)``
-        The HB weight buffer.
+    buf : ``Out(BufferWrite)``
+        The HB weight buffer (``we``, ``wdata`` while ``space``).
+    lsb : ``Out(stream.Signature(unsigned(sv))).array(B)``
+        The LSB port: a whole-resident job's LSB slot words, per bank.
     params : ``Out(stream.Signature(SegParams)).array(B)``
-    out_we/out_addr/out_data (per bank), lut_*, sm_* : ``Out``
-        Writes of the pass constants.
-    out_loaded, lut_loaded : ``Out(2)``
-        The constants of a buffer are complete (cleared by ``pass_done``).
-    pass_done, pass_done_par : ``In(1)``
-    error : ``Out(2)``; words : ``Out.array(2)``
-        Per buffer: a command ended short / without ``last`` (raised two
-        cycles after the word, from a per-bank flag); HB words received.
+    consts : ``Out(PassConstants)``
+        Writes of the pass constants (``out[b]``, ``lut``); ``out_loaded``,
+        ``lut_loaded``: the constants of a buffer are complete (cleared by
+        ``pass_done``).
+    sm : ``Out(SoftmaxRecord)``
+        The softmax record.
+    pass_done : ``In(PassDone)`` (vector unit; ``done``, ``par`` are read)
+    counters : ``Out(PassCounters)``
+        Per buffer: HB words received (``count``); a command ended short /
+        without ``last`` (``error``, raised two cycles after the word, from
+        a per-bank flag).
     """
 
     def __init__(self, g):
@@ -298,32 +306,24 @@ class HBReader(wiring.Component):
         HBRead = hb_read(cfg.tag_slots, cfg.slot_words, cfg.dense_words, cfg.planes)
         self.HBRead = HBRead
         super().__init__({
-            "pass_valid": In(2), "pass_seq": In(2),
-            "layer": In(unsigned(cfg.layer_bits)).array(2),
-            "rd_addr": Out(unsigned(1 + self.jb)), "rd_entry": In(job_entry(g)),
-            "rd_src": In(job_source(g)),
-            "decided": In(unsigned(g.jobs.bit_length())).array(2),
-            "total": In(unsigned(g.jobs.bit_length())).array(2), "total_valid": In(2),
-            "epoch": In(2),
+            "passes": In(PassView(g)),
+            "jobs": Out(JobRead(g)),
+            "progress": In(PassProgress(g)),
             "hb_cmd": Out(stream.Signature(HBRead)).array(g.B),
             "hb_data": In(stream.Signature(hb_beat(g.s, g.L))).array(g.B),
-            "buf_space": In(1).array(g.B), "buf_we": Out(1).array(g.B),
-            "buf_wdata": Out(unsigned(g.sv)).array(g.B),
+            "buf": Out(BufferWrite(g.B, g.sv)),
+            "lsb": Out(stream.Signature(unsigned(g.sv))).array(g.B),
             "params": Out(stream.Signature(seg_params())).array(g.B),
-            "out_we": Out(1).array(g.B), "out_addr": Out(unsigned(1 + bits(g.g_down))).array(g.B),
-            "out_data": Out(unsigned(22)).array(g.B),
-            "lut_we": Out(1), "lut_addr": Out(unsigned(7)), "lut_data": Out(32),
-            "sm_we": Out(1), "sm_par": Out(1), "sm_mult": Out(16), "sm_shift": Out(6),
-            "out_loaded": Out(2), "lut_loaded": Out(2),
-            "pass_done": In(1), "pass_done_par": In(1),
-            "error": Out(2), "words": Out(unsigned(cfg.stat_bits)).array(2),
-            "lsb_space": In(1).array(g.B), "lsb_we": Out(1).array(g.B),
-            "lsb_wdata": Out(unsigned(g.sv)).array(g.B),
+            "consts": Out(PassConstants(g)),
+            "sm": Out(SoftmaxRecord()),
+            "pass_done": In(PassDone()),
+            "counters": Out(PassCounters(g)),
         })
 
     def elaborate(self, platform):
         m = Module()
         g = self.g
+        pv, prog, ctr = self.passes, self.progress, self.counters
         cfg = g.cfg
         B, E, S, n, k = g.B, g.E, g.S, g.n, g.k
         d = g.dense
@@ -362,13 +362,12 @@ class HBReader(wiring.Component):
             m.submodules[f"dq{b}"] = dq[b]
             m.submodules[f"rp{b}"] = rps[b]
             wiring.connect(m, rps[b].params, wiring.flipped(self.params[b]))
-            m.d.comb += [self.out_we[b].eq(rps[b].out_we), self.out_addr[b].eq(rps[b].out_addr),
-                         self.out_data[b].eq(rps[b].out_data)]
-        r0 = rps[0]
-        m.d.comb += [self.lut_we.eq(r0.lut_we), self.lut_addr.eq(r0.lut_addr),
-                     self.lut_data.eq(r0.lut_data), self.sm_we.eq(r0.sm_we),
-                     self.sm_par.eq(r0.sm_par), self.sm_mult.eq(r0.sm_mult),
-                     self.sm_shift.eq(r0.sm_shift)]
+            cw = self.consts.out
+            m.d.comb += [cw.en[b].eq(rps[b].out.en), cw.addr[b].eq(rps[b].out.addr),
+                         cw.data[b].eq(rps[b].out.data)]
+        # (the SiLU table and the softmax record come from bank 0)
+        wiring.connect(m, rps[0].lut, wiring.flipped(self.consts.lut))
+        wiring.connect(m, rps[0].sm, wiring.flipped(self.sm))
 
         # ---- constants' life --------------------------------------------------------------
         const_busy = Signal(2)
@@ -379,16 +378,17 @@ class HBReader(wiring.Component):
         all_loaded = bank_loaded[0]
         for b in range(1, B):
             all_loaded = all_loaded & bank_loaded[b]
-        m.d.comb += [self.out_loaded.eq(all_loaded), self.lut_loaded.eq(bank_loaded[0])]
-        with m.If(self.pass_done):
-            m.d.sync += const_busy.bit_select(self.pass_done_par, 1).eq(0)
+        m.d.comb += [self.consts.out_loaded.eq(all_loaded),
+                     self.consts.lut_loaded.eq(bank_loaded[0])]
+        with m.If(self.pass_done.done):
+            m.d.sync += const_busy.bit_select(self.pass_done.par, 1).eq(0)
             for b in range(B):
-                m.d.sync += bank_loaded[b].bit_select(self.pass_done_par, 1).eq(0)
+                m.d.sync += bank_loaded[b].bit_select(self.pass_done.par, 1).eq(0)
 
         # ---- command sequencer ------------------------------------------------------------
         ph = Signal()
         my_seq = Signal(2)
-        layer = Signal.like(self.layer[0])
+        layer = Signal.like(pv.layer[0])
         j = Signal(range(g.jobs + 1))
         ent = Signal(job_entry(g))
         src = Signal(job_source(g))
@@ -419,9 +419,9 @@ class HBReader(wiring.Component):
         rw0, rwn, rskip = Signal(16), Signal(16), Signal(8)
         rbase = Signal(16)
         pbase = Signal(16)
-        m.d.comb += self.rd_addr.eq(Cat(zext(j, jb), ph))
-        decided = Array(self.decided)
-        total = Array(self.total)
+        m.d.comb += self.jobs.addr.eq(Cat(zext(j, jb), ph))
+        decided = Array(prog.decided)
+        total = Array(prog.total)
         fire = Signal(B)
         # The command payloads are computed from registers that hold still
         # while a command is active and are registered themselves: a command
@@ -513,28 +513,28 @@ class HBReader(wiring.Component):
         m.d.comb += e_any.eq(Cat(*[Cat(*[eset[b][p] for b in range(B)]).any()
                                    for p in range(2)]))
         with m.If(fresh_pass.any() | e_any.any()):
-            m.d.sync += self.error.eq((self.error & ~fresh_pass) | e_any)
+            m.d.sync += ctr.error.eq((ctr.error & ~fresh_pass) | e_any)
         my_epoch = Signal(2)
         # the scheduler's outputs for buffer `ph`, selected into registers a
         # cycle late (no buffer select before JOB_WAIT's compares): they only
         # grow / rise within a pass, `epoch` and `total_valid` move at the
         # same edge, and `ph` changes many cycles before the next JOB_WAIT
         fresh = Signal()
-        dec_ph = Signal.like(self.decided[0])
-        tot_ph = Signal.like(self.total[0])
+        dec_ph = Signal.like(prog.decided[0])
+        tot_ph = Signal.like(prog.total[0])
         tv_ph = Signal()
-        m.d.sync += [fresh.eq(self.epoch.bit_select(ph, 1) != my_epoch.bit_select(ph, 1)),
+        m.d.sync += [fresh.eq(prog.epoch.bit_select(ph, 1) != my_epoch.bit_select(ph, 1)),
                      dec_ph.eq(decided[ph]), tot_ph.eq(total[ph]),
-                     tv_ph.eq(self.total_valid.bit_select(ph, 1))]
+                     tv_ph.eq(prog.total_valid.bit_select(ph, 1))]
         with m.FSM(name="hb_reader"):
             with m.State("IDLE"):
-                with m.If(self.pass_valid.bit_select(ph, 1)
-                          & (self.pass_seq.bit_select(ph, 1) != my_seq.bit_select(ph, 1))
+                with m.If(pv.valid.bit_select(ph, 1)
+                          & (pv.seq.bit_select(ph, 1) != my_seq.bit_select(ph, 1))
                           & ~const_busy.bit_select(ph, 1)):
-                    m.d.sync += [my_seq.bit_select(ph, 1).eq(self.pass_seq.bit_select(ph, 1)),
-                                 layer.eq(Mux(ph, self.layer[1], self.layer[0])),
-                                 rbase.eq(router_base[Mux(ph, self.layer[1], self.layer[0])]),
-                                 pbase.eq(params_base[Mux(ph, self.layer[1], self.layer[0])]),
+                    m.d.sync += [my_seq.bit_select(ph, 1).eq(pv.seq.bit_select(ph, 1)),
+                                 layer.eq(Mux(ph, pv.layer[1], pv.layer[0])),
+                                 rbase.eq(router_base[Mux(ph, pv.layer[1], pv.layer[0])]),
+                                 pbase.eq(params_base[Mux(ph, pv.layer[1], pv.layer[0])]),
                                  kind.eq(0), active.eq(1), j.eq(0),
                                  const_busy.bit_select(ph, 1).eq(1),
                                  fresh_pass.bit_select(ph, 1).eq(1)]
@@ -551,14 +551,14 @@ class HBReader(wiring.Component):
                     m.next = "JOB_READ"
                 with m.Elif(fresh & tv_ph & (j == tot_ph)):
                     m.d.sync += [ph.eq(~ph),
-                                 my_epoch.bit_select(ph, 1).eq(self.epoch.bit_select(ph, 1))]
+                                 my_epoch.bit_select(ph, 1).eq(prog.epoch.bit_select(ph, 1))]
                     m.next = "IDLE"
             with m.State("JOB_READ"):
-                jx = Mux(self.rd_entry.shared, E + self.rd_entry.expert, self.rd_entry.expert)
-                m.d.sync += [ent.eq(self.rd_entry), src.eq(self.rd_src), kind.eq(2),
+                jx = Mux(self.jobs.entry.shared, E + self.jobs.entry.expert, self.jobs.entry.expert)
+                m.d.sync += [ent.eq(self.jobs.entry), src.eq(self.jobs.src), kind.eq(2),
                              rw0.eq(rec_w0[jx]), rwn.eq(rec_wn[jx]), rskip.eq(rec_skip[jx]),
                              active.eq(1), sproj.eq(0), sgrp.eq(0), srow.eq(0),
-                             seg_reads.eq(self.rd_entry.precision == TokenRole.DRAFT)]
+                             seg_reads.eq(self.jobs.entry.precision == TokenRole.DRAFT)]
                 m.next = "REC"
             with m.State("REC"):
                 with m.If(active & done_all):
@@ -637,7 +637,7 @@ class HBReader(wiring.Component):
             word = Signal(g.sv, name=f"word{b}")
             m.d.comb += word.eq(beat.sv.slices.as_value())
             dst_ok = Mux(head.rec, rps[b].word.ready,
-                         Mux(head.lsb, self.lsb_space[b], self.buf_space[b]))
+                         Mux(head.lsb, self.lsb[b].ready, self.buf.space[b]))
             m.d.comb += self.hb_data[b].ready.eq(hv & ~pad & dst_ok)
             take = self.hb_data[b].valid & self.hb_data[b].ready
             # Each destination's write is worked out from its own room only
@@ -645,15 +645,17 @@ class HBReader(wiring.Component):
             # `head.rec`): the record FIFO's write and level never see the
             # weight buffer's `space`, which had been the layer's critical
             # path through `dst_ok` although the two never meet in one word.
+            # The LSB stream's `valid` leaves its room out (a stream's valid
+            # does not wait for its ready; the transfer is the same write).
             def write_to(room):
                 return ((self.hb_data[b].valid & hv & ~pad & room & ~beat.error)
                         | (pad & room))
             m.d.comb += [rps[b].word.valid.eq(head.rec & write_to(rps[b].word.ready)),
                          rps[b].word.payload.eq(Mux(pad, 0, word)),
-                         self.buf_we[b].eq(~head.rec & ~head.lsb & write_to(self.buf_space[b])),
-                         self.buf_wdata[b].eq(Mux(pad, 0, word)),
-                         self.lsb_we[b].eq(head.lsb & write_to(self.lsb_space[b])),
-                         self.lsb_wdata[b].eq(Mux(pad, 0, word))]
+                         self.buf.we[b].eq(~head.rec & ~head.lsb & write_to(self.buf.space[b])),
+                         self.buf.wdata[b].eq(Mux(pad, 0, word)),
+                         self.lsb[b].valid.eq(head.lsb & write_to(1)),
+                         self.lsb[b].payload.eq(Mux(pad, 0, word))]
             for p in range(2):
                 beats[p].append(take & ~beat.error & (head.par == p))
             # "the word in hand is the last" without a compare after the
@@ -697,5 +699,5 @@ class HBReader(wiring.Component):
             got = Signal(range(B + 1), name=f"got{p}")
             m.d.comb += got.eq(sum(beats_r))
             with m.If(fresh_pass[p] | (got != 0)):
-                m.d.sync += self.words[p].eq(Mux(fresh_pass[p], 0, self.words[p]) + got)
+                m.d.sync += ctr.count[p].eq(Mux(fresh_pass[p], 0, ctr.count[p]) + got)
         return m

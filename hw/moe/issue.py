@@ -83,14 +83,16 @@ change of throughput).
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value, unsigned
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..streams import QueueFIFO
 from ..vocab import PEMode, TokenRole, bits
-from .common import lowest_set, pow2ceil, zext
+from .common import CycleCount, lowest_set, pow2ceil, zext
 from .payloads import Kind, array_beat, job_entry, job_source, pass_summary
+from .ports import (BufferRead, HiddenRead, JobRead, PassCounters, PassProgress, PassRelease,
+                    PassView, x_read)
 
 __all__ = ["Issue"]
 
@@ -118,52 +120,47 @@ class Issue(wiring.Component):
 
     Members
     -------
-    pass_valid, count, roles, step_last : ``In`` (token store)
-    x_addr : ``Out``; x_data : ``In``; release, release_par : ``Out``
-    rd_addr : ``Out``; rd_entry, rd_src : ``In`` (job table)
-    decided, total, total_valid, epoch, sel_done, no_routed, experts, expert_tokens : ``In``
-    hb_pos, hb_free : ``Out``; hb_data, hb_wp : ``In`` (HB buffer; ``hb_wp`` its ``wp_all``)
-    ext_pos, ext_free : ``Out``; ext_data, ext_wp : ``In`` (LPDDR buffer; ``ext_wp`` its ``wp_all``)
-    h_addr : ``Out``; h_data : ``In`` (vector unit)
-    up_done : ``In(1)``
-    ext_error, ext_beats, cycle : ``In`` (counters; the HB ones go to the output stage)
+    passes : ``In(PassView)`` (token store; ``valid``, ``count``, ``roles``,
+        ``step_last`` are read)
+    release : ``Out(PassRelease)``
+        The pass's buffer is free (with the END beat).
+    x : ``Out(ReadPort).array(P)`` (token store's ``x``, one per token lane)
+    jobs : ``Out(JobRead)`` (job table)
+    progress : ``In(PassProgress)`` (scheduler)
+    hb_buf, ext_buf : ``Out(BufferRead)``
+        The HB and LPDDR weight buffers (read position, ``free``; their
+        words and ``wp_all``).
+    h : ``Out(HiddenRead)``
+        The vector unit's ``h`` (one read port per token lane) and its
+        ``up_done`` pulses.
+    ext_counters : ``In(PassCounters)``
+        The LPDDR writer's beats and error per buffer (the HB reader's go
+        to the output stage).
+    time : ``In(CycleCount)``
+        The cycle counter (a pass's ``start``).
     o : ``Out(stream.Signature(ArrayBeat))``
     summary : ``Out(stream.Signature(PassSummary))``
     """
 
-    def __init__(self, g, hb_pbits: int, ext_pbits: int):
+    def __init__(self, g):
         self.g = g
-        cfg = g.cfg
-        T, L, P = g.T, g.L, g.P
+        P = g.P
         if P & (P - 1):
             raise ValueError(f"Token lanes must be a power of two, not {P!r}")
         self.tb, self.cb = bits(g.Tl), bits(max(g.c_in, g.c_down))
         self.cbx = bits(g.c_in)
         self.jb = bits(pow2ceil(g.jobs))
-        sb = cfg.stat_bits
         super().__init__({
-            "pass_valid": In(2), "count": In(unsigned(T.bit_length())).array(2),
-            "roles": In(data.ArrayLayout(TokenRole, T)).array(2), "step_last": In(2),
-            "x_addr": Out(unsigned(1 + self.tb + self.cbx)).array(P),
-            "x_data": In(data.ArrayLayout(unsigned(8), L)).array(P),
-            "release": Out(1), "release_par": Out(1),
-            "rd_addr": Out(unsigned(1 + self.jb)), "rd_entry": In(job_entry(g)),
-            "rd_src": In(job_source(g)),
-            "decided": In(unsigned(g.jobs.bit_length())).array(2),
-            "total": In(unsigned(g.jobs.bit_length())).array(2), "total_valid": In(2),
-            "epoch": In(2), "sel_done": In(2), "no_routed": In(unsigned(T)).array(2),
-            "experts": In(unsigned((g.E + g.S).bit_length())).array(2),
-            "expert_tokens": In(unsigned((T * (g.E + g.S)).bit_length())).array(2),
-            "hb_pos": Out(unsigned(hb_pbits)), "hb_free": Out(unsigned(hb_pbits)),
-            "hb_data": In(unsigned(g.sv)).array(g.B), "hb_wp": In(unsigned(hb_pbits)),
-            "ext_pos": Out(unsigned(ext_pbits)), "ext_free": Out(unsigned(ext_pbits)),
-            "ext_data": In(unsigned(g.sv)).array(g.B),
-            "ext_wp": In(unsigned(ext_pbits)),
-            "h_addr": Out(unsigned(self.tb + bits(g.c_down))).array(P),
-            "h_data": In(data.ArrayLayout(unsigned(8), L)).array(P),
-            "up_done": In(1),
-            "ext_error": In(2), "ext_beats": In(unsigned(sb)).array(2),
-            "cycle": In(unsigned(sb)),
+            "passes": In(PassView(g)),
+            "release": Out(PassRelease()),
+            "x": Out(x_read(g)).array(P),
+            "jobs": Out(JobRead(g)),
+            "progress": In(PassProgress(g)),
+            "hb_buf": Out(BufferRead(g.B, g.sv, g.hb_depth)),
+            "ext_buf": Out(BufferRead(g.B, g.sv, g.ext_depth)),
+            "h": Out(HiddenRead(g)),
+            "ext_counters": In(PassCounters(g)),
+            "time": In(CycleCount(g)),
             "o": Out(stream.Signature(array_beat(g))),
             "summary": Out(stream.Signature(pass_summary(g))),
         })
@@ -171,6 +168,7 @@ class Issue(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         g = self.g
+        pv, prog = self.passes, self.progress
         T, B, n, k, S, P, Tl = g.T, g.B, g.n, g.k, g.S, g.P, g.Tl
         pb = bits(P) if P > 1 else 0         # lane bits of a pass position
         AB = array_beat(g)
@@ -202,23 +200,23 @@ class Issue(wiring.Component):
 
         # ---- pass state -------------------------------------------------------------
         pi = Signal()
-        count = Signal.like(self.count[0])
+        count = Signal.like(pv.count[0])
         # the router's last step, ceil(count / P) - 1, registered with it
         rsteps_m1 = Signal(range(max(2, Tl)))
         dmask = Signal(T)                    # the DRAFT tokens of the pass
         step_last = Signal()
-        start = Signal.like(self.cycle)
-        mac = Signal.like(self.cycle)
+        start = Signal.like(self.time.cycle)
+        mac = Signal.like(self.time.cycle)
         j = Signal(range(g.jobs + 1))
         ent = Signal(job_entry(g))
         src = Signal(job_source(g))
-        m.d.comb += self.rd_addr.eq(Cat(zext(j, self.jb), pi))
-        decided = Array(self.decided)
+        m.d.comb += self.jobs.addr.eq(Cat(zext(j, self.jb), pi))
+        decided = Array(prog.decided)
         j_ok, j_end = Signal(), Signal()     # (registers, set below)
         idle_was = Signal()                  # `~running` in the previous cycle
-        total = Array(self.total)
+        total = Array(prog.total)
         no_routed = Signal(T)
-        m.d.comb += no_routed.eq(Mux(pi, self.no_routed[1], self.no_routed[0]))
+        m.d.comb += no_routed.eq(Mux(pi, prog.no_routed[1], prog.no_routed[0]))
 
         # ---- walk --------------------------------------------------------------------
         in_router = Signal()
@@ -244,13 +242,13 @@ class Issue(wiring.Component):
         slack = Signal(range(T + 1))
         hbn = Signal(range(n + 1))           # job planes in the HB buffer
         extn = Signal(range(n + 1))          # job planes in the LPDDR buffer
-        hb_seg = Signal.like(self.hb_pos)
-        ext_seg = Signal.like(self.ext_pos)
-        hb_p = Signal.like(self.hb_pos)
-        ext_p = Signal.like(self.ext_pos)
+        hb_seg = Signal.like(self.hb_buf.pos)
+        ext_seg = Signal.like(self.ext_buf.pos)
+        hb_p = Signal.like(self.hb_buf.pos)
+        ext_p = Signal.like(self.ext_buf.pos)
         up_inflight = Signal(range(g.g_in * T + 2))
-        m.d.comb += [self.hb_free.eq(hb_seg), self.ext_free.eq(ext_seg),
-                     self.hb_pos.eq(hb_p), self.ext_pos.eq(ext_p)]
+        m.d.comb += [self.hb_buf.free.eq(hb_seg), self.ext_buf.free.eq(ext_seg),
+                     self.hb_buf.pos.eq(hb_p), self.ext_buf.pos.eq(ext_p)]
 
         # Everything the launch decision looks at is a register (or one compare
         # of registers): the "last" compares use registered limits, the next
@@ -284,7 +282,7 @@ class Issue(wiring.Component):
         # `h_go` (below), so is seen a cycle late, a safe bound (it only rises
         # within a pass, long before a DOWN segment)
         last_sh = Signal()
-        wait_sel = last_sh & ~self.sel_done.bit_select(pi, 1) if S else Const(0)
+        wait_sel = last_sh & ~prog.sel_done.bit_select(pi, 1) if S else Const(0)
         # `~is_down | (h-ready & ~wait_sel)`, next cycle's value (it reaches
         # `launch` through the flip-flop `go`), from this cycle's `is_down`
         # (`proj` and `in_router` only change where `launch` waits anyway:
@@ -387,9 +385,9 @@ class Issue(wiring.Component):
         s1_ext, s1_h = Signal(), Signal()
         dsc = s1.desc
         for p in range(P):
-            m.d.comb += [self.x_addr[p].eq(Cat(zext(c, self.cbx),
+            m.d.comb += [self.x[p].addr.eq(Cat(zext(c, self.cbx),
                                                zext(Mux(in_router, t, lt[p]), self.tb), pi)),
-                         self.h_addr[p].eq(Cat(zext(c, bits(g.c_down)), zext(lt[p], self.tb)))]
+                         self.h.rd.addr[p].eq(Cat(zext(c, bits(g.c_down)), zext(lt[p], self.tb)))]
         first_l, last_l, nr_l = lanes_of(ent.first_mask), lanes_of(ent.last_mask), \
             lanes_of(no_routed)
         # a router step's lanes: position t P + p below the pass's count
@@ -448,10 +446,10 @@ class Issue(wiring.Component):
         s2_hh = [Signal(8 * g.L, name=f"s2_hh{p}", reset_less=True) for p in range(P)]
         m.d.sync += [s2_valid.eq(s1_valid), s2.eq(s1), s2_ext.eq(s1_ext), s2_h.eq(s1_h),
                      s2_zero.eq(s1_zero)]
-        m.d.sync += [s2_x[p].eq(self.x_data[p]) for p in range(P)]
-        m.d.sync += [s2_hh[p].eq(self.h_data[p]) for p in range(P)]
-        m.d.sync += [s2_hb[b].eq(self.hb_data[b]) for b in range(B)]
-        m.d.sync += [s2_xd[b].eq(self.ext_data[b]) for b in range(B)]
+        m.d.sync += [s2_x[p].eq(self.x[p].data) for p in range(P)]
+        m.d.sync += [s2_hh[p].eq(self.h.rd.data[p]) for p in range(P)]
+        m.d.sync += [s2_hb[b].eq(self.hb_buf.data[b]) for b in range(B)]
+        m.d.sync += [s2_xd[b].eq(self.ext_buf.data[b]) for b in range(B)]
         # I2 -> I3: the beat formed from the memory words into a register
         # before the FIFO's distributed RAM. The block RAMs sit in their own
         # columns, the FIFO by the issue stage: with the select straight
@@ -483,8 +481,8 @@ class Issue(wiring.Component):
         # `launch`) only selects one (no carry chain after the launch logic)
         upd_keep = Signal.like(up_inflight)
         upd_inc = Signal.like(up_inflight)
-        m.d.comb += [upd_keep.eq(up_inflight - self.up_done),
-                     upd_inc.eq(up_inflight + 1 - self.up_done)]
+        m.d.comb += [upd_keep.eq(up_inflight - self.h.up_done),
+                     upd_inc.eq(up_inflight + 1 - self.h.up_done)]
         m.d.sync += up_inflight.eq(Mux(up_inc, upd_inc, upd_keep))
         # segment lengths in each buffer, and the next segment starts
         hb_len = Signal.like(hb_seg)
@@ -506,13 +504,13 @@ class Issue(wiring.Component):
         # the choice comes after them) with the buffer's `wp_all` (one register:
         # every bank has its word below it); `p + 1 != wp` as `p != wp - 1`,
         # with `wp - 1` registered (one cycle older: still a safe bound)
-        hb_wm1 = Signal.like(self.hb_wp, name="hb_wm1")
-        ext_wm1 = Signal.like(self.ext_wp, name="ext_wm1")
-        m.d.sync += [hb_wm1.eq(self.hb_wp - 1), ext_wm1.eq(self.ext_wp - 1)]
-        hb_c_p, hb_c_p1 = hb_p != self.hb_wp, hb_p != hb_wm1
-        hb_c_seg, hb_c_nxt = hb_seg != self.hb_wp, hb_nxt != self.hb_wp
-        ext_c_p, ext_c_p1 = ext_p != self.ext_wp, ext_p != ext_wm1
-        ext_c_seg, ext_c_nxt = ext_seg != self.ext_wp, ext_nxt != self.ext_wp
+        hb_wm1 = Signal.like(self.hb_buf.wp, name="hb_wm1")
+        ext_wm1 = Signal.like(self.ext_buf.wp, name="ext_wm1")
+        m.d.sync += [hb_wm1.eq(self.hb_buf.wp - 1), ext_wm1.eq(self.ext_buf.wp - 1)]
+        hb_c_p, hb_c_p1 = hb_p != self.hb_buf.wp, hb_p != hb_wm1
+        hb_c_seg, hb_c_nxt = hb_seg != self.hb_buf.wp, hb_nxt != self.hb_buf.wp
+        ext_c_p, ext_c_p1 = ext_p != self.ext_buf.wp, ext_p != ext_wm1
+        ext_c_seg, ext_c_nxt = ext_seg != self.ext_buf.wp, ext_nxt != self.ext_buf.wp
         hb_ok_l = Mux(in_router, Mux(tok_end & last_g, hb_c_seg, hb_c_p1),
                       Mux(tok_end, Mux(nxt_more, hb_c_seg, hb_c_nxt), Mux(from_hb, hb_c_p1, hb_c_p)))
         ext_ok_l = Mux(in_router, ext_c_p,
@@ -641,25 +639,25 @@ class Issue(wiring.Component):
 
         summ = self.summary.payload
         my_epoch = Signal(2)
-        fresh = self.epoch.bit_select(pi, 1) != my_epoch.bit_select(pi, 1)
+        fresh = prog.epoch.bit_select(pi, 1) != my_epoch.bit_select(pi, 1)
         # END: the summary is offered once the beat FIFO has room (which only
         # grows while nothing launches); its handshake launches the END beat
         m.d.comb += [self.summary.valid.eq(at_end & credit),
                      end_req.eq(at_end & credit & self.summary.ready)]
         with m.If(end_req):
-            m.d.comb += [self.release.eq(1), self.release_par.eq(pi)]
+            m.d.comb += [self.release.en.eq(1), self.release.par.eq(pi)]
             m.d.sync += [pi.eq(~pi), at_end.eq(0),
-                         my_epoch.bit_select(pi, 1).eq(self.epoch.bit_select(pi, 1))]
+                         my_epoch.bit_select(pi, 1).eq(prog.epoch.bit_select(pi, 1))]
         with m.FSM(name="issue"):
             with m.State("IDLE"):
-                with m.If(self.pass_valid.bit_select(pi, 1)):
-                    cnt_in = Mux(pi, self.count[1], self.count[0])
+                with m.If(pv.valid.bit_select(pi, 1)):
+                    cnt_in = Mux(pi, pv.count[1], pv.count[0])
                     m.d.sync += [count.eq(cnt_in),
                                  rsteps_m1.eq(((cnt_in + (P - 1)) >> pb) - 1),
-                                 dmask.eq(Cat(*[Mux(pi, self.roles[1][x], self.roles[0][x])
+                                 dmask.eq(Cat(*[Mux(pi, pv.roles[1][x], pv.roles[0][x])
                                                 == TokenRole.DRAFT for x in range(T)])),
-                                 step_last.eq(self.step_last.bit_select(pi, 1)),
-                                 start.eq(self.cycle), mac.eq(0)]
+                                 step_last.eq(pv.step_last.bit_select(pi, 1)),
+                                 start.eq(self.time.cycle), mac.eq(0)]
                     _Fsm.sync((j, 0), (in_router, 1), (running, 1), (grp, 0), (q, 0), (c, 0),
                               (from_hb, 1),
                               (last_c, g.c_in == 1), (last_q, n == 1),
@@ -681,10 +679,10 @@ class Issue(wiring.Component):
                     m.d.sync += at_end.eq(1)
                     m.next = "END"
             with m.State("JOB_READ"):
-                e, s_ = self.rd_entry, self.rd_src
+                e, s_ = self.jobs.entry, self.jobs.src
                 need = Mux(e.precision == TokenRole.DRAFT, k, n)
                 nh = Mux(e.shared, need, Mux(s_.hb, k, 0))
-                m.d.sync += [ent.eq(self.rd_entry), src.eq(self.rd_src), hbn.eq(nh),
+                m.d.sync += [ent.eq(self.jobs.entry), src.eq(self.jobs.src), hbn.eq(nh),
                              hbn_m1.eq(Mux(nh == 0, 0, nh - 1)),
                              extn.eq(Mux(e.shared, 0, need - nh))]
                 _Fsm.sync((grp, 0), (last_g, gl_ == 0))
@@ -714,13 +712,14 @@ class Issue(wiring.Component):
             with m.State("END"):
                 m.d.comb += [summ.count.eq(count), summ.step_last.eq(step_last),
                              summ.zero_mask.eq(no_routed if not S else 0),
-                             summ.error.eq(self.ext_error.bit_select(pi, 1)),
+                             summ.error.eq(self.ext_counters.error.bit_select(pi, 1)),
                              summ.start.eq(start),
-                             summ.ext_beats.eq(Mux(pi, self.ext_beats[1], self.ext_beats[0])),
+                             summ.ext_beats.eq(Mux(pi, self.ext_counters.count[1],
+                                                   self.ext_counters.count[0])),
                              summ.mac_beats.eq(mac),
-                             summ.experts.eq(Mux(pi, self.experts[1], self.experts[0])),
-                             summ.expert_tokens.eq(Mux(pi, self.expert_tokens[1],
-                                                       self.expert_tokens[0]))]
+                             summ.experts.eq(Mux(pi, prog.experts[1], prog.experts[0])),
+                             summ.expert_tokens.eq(Mux(pi, prog.expert_tokens[1],
+                                                       prog.expert_tokens[0]))]
                 with m.If(end_req):
                     m.next = "IDLE"
         # `j < decided[pi]` and `j == total[pi]` (with `total_valid`) as
@@ -735,7 +734,7 @@ class Issue(wiring.Component):
         # whose previous cycle was not `running` too (`idle_was`) the flags
         # are those of the current `j`: JOB_WAIT decides from its second
         # cycle (one cycle per job).
-        tv = self.total_valid.bit_select(pi, 1)
+        tv = prog.total_valid.bit_select(pi, 1)
         m.d.sync += [j_ok.eq(j < decided[pi]), j_end.eq(tv & (j == total[pi])),
                      idle_was.eq(~running)]
         # The walk registers load `nx` on a launch, and in every cycle while

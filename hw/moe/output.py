@@ -23,14 +23,15 @@ at the state register, one cycle earlier).
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, Cat, Module, Mux, Signal, unsigned
+from amaranth.hdl import Array, Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..streams import QueueFIFO
 from ..vocab import bits, moe_output, pass_stats
-from .common import zext
+from .common import CycleCount, zext
 from .payloads import pass_summary
+from .ports import PassCounters, PassDone, YRead
 
 __all__ = ["OutputStage"]
 
@@ -41,17 +42,17 @@ class OutputStage(wiring.Component):
     Members
     -------
     summary : ``In(stream.Signature(PassSummary))``
-    done, done_par, done_error : ``In(1)`` (vector unit)
-    hb_words : ``In.array(2)``; hb_error : ``In(2)`` (HB reader, per buffer)
-        Taken with ``done``: every HB word of a pass has arrived by then
+    pass_done : ``In(PassDone)`` (vector unit)
+    hb_counters : ``In(PassCounters)`` (HB reader: words and error per buffer)
+        Taken with ``pass_done``: every HB word of a pass has arrived by then
         (the vector unit's END waits for the pass constants, every other
         word is consumed before it), and the reader clears a buffer's
-        counter only for the next pass in that buffer, after ``done``.
-    y_addr : ``Out``; y_data : ``In.array(P)`` (the vector unit's ``y`` memories:
-        token ``t``'s words are lane ``t mod P``'s at lane-local ``t div P``)
-    out_done : ``Out(2)``
-        Passes whose ``y`` has been read (modulo 4).
-    cycle : ``In`` (free-running cycle counter)
+        counter only for the next pass in that buffer, after ``pass_done``.
+    y : ``Out(YRead)``
+        The vector unit's ``y`` memories (token ``t``'s words are lane ``t
+        mod P``'s at lane-local ``t div P``); ``out_done``: passes whose
+        ``y`` has been read (modulo 4).
+    time : ``In(CycleCount)`` (the free-running cycle counter)
     o : ``Out(stream.Signature(MoEOutput))``
     stats : ``Out(stream.Signature(PassStats))``
     """
@@ -62,11 +63,10 @@ class OutputStage(wiring.Component):
         self.tb, self.cb = bits(g.Tl), bits(g.c_in)
         super().__init__({
             "summary": In(stream.Signature(pass_summary(g))),
-            "done": In(1), "done_par": In(1), "done_error": In(1),
-            "hb_words": In(unsigned(cfg.stat_bits)).array(2), "hb_error": In(2),
-            "y_addr": Out(unsigned(self.tb + self.cb)),
-            "y_data": In(data.ArrayLayout(unsigned(8), g.L)).array(g.P),
-            "out_done": Out(2), "cycle": In(unsigned(cfg.stat_bits)),
+            "pass_done": In(PassDone()),
+            "hb_counters": In(PassCounters(g)),
+            "y": Out(YRead(g)),
+            "time": In(CycleCount(g)),
             "o": Out(stream.Signature(moe_output(g.H))),
             "stats": Out(stream.Signature(pass_stats(cfg.stat_bits, g.T, g.E + g.S))),
         })
@@ -74,6 +74,7 @@ class OutputStage(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         g = self.g
+        done, hbc = self.pass_done, self.hb_counters
         T, C, L = g.T, g.c_in, g.L
         # (`QueueFIFO`: `SyncFIFOBuffered`'s ports and cycles, its level as a
         # pointer distance: the FSM's read no longer passes a level counter,
@@ -85,10 +86,10 @@ class OutputStage(wiring.Component):
         sb = g.cfg.stat_bits
         # per done pass: error, HB words (>= passes in flight + 2 entries)
         dq = m.submodules.dq = QueueFIFO(width=1 + sb, depth=8)
-        hbw = Mux(self.done_par, self.hb_words[1], self.hb_words[0])
-        m.d.comb += [dq.w_data.eq(Cat(self.done_error | self.hb_error.bit_select(self.done_par, 1),
+        hbw = Mux(done.par, hbc.count[1], hbc.count[0])
+        m.d.comb += [dq.w_data.eq(Cat(done.error | hbc.error.bit_select(done.par, 1),
                                       hbw)),
-                     dq.w_en.eq(self.done)]
+                     dq.w_en.eq(done.done)]
         hb_words = Signal(sb)
         cur = Signal(pass_summary(g))
         err = Signal()
@@ -103,14 +104,14 @@ class OutputStage(wiring.Component):
         P = g.P
         pb = bits(P) if P > 1 else 0
         # token `t`: lane `t mod P` (its low bits), lane-local index `t div P`
-        m.d.comb += self.y_addr.eq(Cat(zext(c, self.cb), zext(t >> pb, self.tb)))
+        m.d.comb += self.y.addr.eq(Cat(zext(c, self.cb), zext(t >> pb, self.tb)))
         # a token that selected no expert (`zero_mask`) gets zeros: applied as
         # its words are read, from a flip-flop, so that `o.y` is a register
         # (the 16:1 select by `t` no longer drives the output's H x 8 bits)
         zero = Signal()
         m.d.sync += zero.eq(cur.zero_mask.bit_select(t, 1))
         # (`t` does not change from a token's first read to its SEND)
-        m.d.sync += y_q.eq(Array(self.y_data)[t[:pb]] if pb else self.y_data[0])
+        m.d.sync += y_q.eq(Array(self.y.data)[t[:pb]] if pb else self.y.data[0])
         with m.If(rd_valid2):
             m.d.sync += y.word_select(rd_c2, 8 * L).eq(Mux(zero, 0, y_q))
         m.d.sync += [rd_valid.eq(0), rd_c.eq(c), rd_valid2.eq(rd_valid), rd_c2.eq(rd_c)]
@@ -119,11 +120,11 @@ class OutputStage(wiring.Component):
         t_last = t == cm1
         m.d.comb += [o.y.eq(y), o.error.eq(err), o.last.eq(cur.step_last & t_last)]
         st = self.stats.payload
-        m.d.comb += [st.cycles.eq(self.cycle - cur.start), st.hb_words.eq(hb_words),
+        m.d.comb += [st.cycles.eq(self.time.cycle - cur.start), st.hb_words.eq(hb_words),
                      st.ext_beats.eq(cur.ext_beats), st.mac_beats.eq(cur.mac_beats),
                      st.experts.eq(cur.experts), st.expert_tokens.eq(cur.expert_tokens),
                      st.tokens.eq(cur.count), st.error.eq(err)]
-        cycles = Signal.like(self.cycle)
+        cycles = Signal.like(self.time.cycle)
         with m.FSM(name="output") as fsm:
             with m.State("WAIT"):
                 with m.If(sq.r_rdy & dq.r_rdy):
@@ -135,13 +136,13 @@ class OutputStage(wiring.Component):
                              cm1.eq(pass_summary(g)(sq.r_data).count - 1),
                              err.eq(dq.r_data[0] | pass_summary(g)(sq.r_data).error),
                              hb_words.eq(dq.r_data[1:]),
-                             t.eq(0), c.eq(0), cycles.eq(self.cycle)]
+                             t.eq(0), c.eq(0), cycles.eq(self.time.cycle)]
                 m.next = "READ"
             with m.State("READ"):
                 m.d.sync += [rd_valid.eq(1), c.eq(c + 1)]
                 with m.If(c == C - 1):
                     with m.If(t_last):
-                        m.d.sync += self.out_done.eq(self.out_done + 1)
+                        m.d.sync += self.y.out_done.eq(self.y.out_done + 1)
                     m.next = "LAST_WORD"
             with m.State("LAST_WORD"):
                 m.next = "LAST_WORD2"

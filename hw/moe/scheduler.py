@@ -32,8 +32,10 @@ announce order. Each entry holds the job's token mask, the tokens for
 which it is the first and the last job (the combine starts and ends
 there), its token count and precision; a second table holds the decision.
 ``decided[par]`` counts entries whose decision is in; ``total[par]`` is
-valid once every routed expert is announced. Three read ports serve the HB
-reader, the LPDDR writer and the issue stage.
+valid once every routed expert is announced. Three read ports
+(:class:`~elmoe3d.hw.moe.ports.JobRead`) serve the HB reader, the LPDDR
+writer and the issue stage; the counters reach them as
+:class:`~elmoe3d.hw.moe.ports.PassProgress`.
 
 Timing: routing results (``sel``) are collected into a ``T x E`` selection
 matrix per buffer two cycles after they pass (the snoop and its decode are
@@ -46,13 +48,14 @@ see it (``sel_ok``, registered), four cycles of columns and popcounts, then one 
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
-from amaranth.lib import data, memory, stream, wiring
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
+from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..vocab import TokenRole, bits, expert_need, expert_source
 from .common import lowest_set, pow2ceil, zext
-from .payloads import job_entry, job_source, topk_result
+from .payloads import job_entry, job_source
+from .ports import JobRead, PassProgress, PassView, RoutingFlow
 
 __all__ = ["ExpertScheduler", "READERS"]
 
@@ -65,51 +68,42 @@ class ExpertScheduler(wiring.Component):
 
     Members
     -------
-    pass_valid, pass_seq, count, layer, roles : ``In`` (token store)
-    sel_valid : ``In(P)``; sel : ``In(TopKResult).array(P)``
-        Lane ``p``'s routing of one of its tokens (a snoop of lane ``p``'s
-        top-k output, one per lane per cycle at most; ``token`` is lane-local,
-        the pass position is ``token * P + p``).
+    passes : ``In(PassView)`` (token store; ``valid``, ``seq``, ``count``,
+        ``layer``, ``roles`` are read)
+    sel : ``In(RoutingFlow).array(P)``
+        Lane ``p``'s routing of one of its tokens (a copy of each handshake
+        of lane ``p``'s top-k output, one per lane per cycle at most;
+        ``token`` is lane-local, the pass position is ``token * P + p``).
     need : ``Out(stream.Signature(ExpertNeed))``
     source : ``In(stream.Signature(ExpertSource))``
-    rd_addr : ``In.array(3)``; rd_entry, rd_src : ``Out.array(3)``
+    jobs : ``In(JobRead).array(3)``
         Job-table reads ``{par, job}``, data one cycle later.
-    epoch : ``Out(2)``
-        Toggles when the scheduler starts a pass in a buffer (its counters
+    progress : ``Out(PassProgress)``
+        Per buffer: ``decided``, ``total``, ``total_valid``, ``sel_done``,
+        ``no_routed``, ``experts`` and ``expert_tokens`` (routed jobs, sum
+        of their tokens; valid with ``total_valid``) and ``epoch``, which
+        toggles when the scheduler starts a pass in a buffer (its counters
         are then fresh): a job-table reader takes a buffer's jobs only once
         its epoch has moved on from the pass it last finished there.
-    decided, total, total_valid, sel_done, no_routed : ``Out`` per buffer
-    experts, expert_tokens : ``Out`` per buffer (routed jobs, sum of their
-        tokens); valid with ``total_valid``
     """
 
     def __init__(self, g):
         self.g = g
         cfg = g.cfg
         self.jb = bits(pow2ceil(g.jobs))
-        J = g.jobs
         super().__init__({
-            "pass_valid": In(2), "pass_seq": In(2),
-            "count": In(unsigned(g.T.bit_length())).array(2),
-            "layer": In(unsigned(cfg.layer_bits)).array(2),
-            "roles": In(data.ArrayLayout(TokenRole, g.T)).array(2),
-            "sel_valid": In(g.P), "sel": In(topk_result(g.lane())).array(g.P),
+            "passes": In(PassView(g)),
+            "sel": In(RoutingFlow(g.lane())).array(g.P),
             "need": Out(stream.Signature(expert_need(cfg.layer_bits, cfg.expert_bits, g.T))),
             "source": In(stream.Signature(expert_source(cfg.tag_slots))),
-            "rd_addr": In(unsigned(1 + self.jb)).array(READERS),
-            "rd_entry": Out(job_entry(g)).array(READERS),
-            "rd_src": Out(job_source(g)).array(READERS),
-            "decided": Out(unsigned(J.bit_length())).array(2),
-            "total": Out(unsigned(J.bit_length())).array(2),
-            "total_valid": Out(2), "sel_done": Out(2), "epoch": Out(2),
-            "no_routed": Out(unsigned(g.T)).array(2),
-            "experts": Out(unsigned((g.E + g.S).bit_length())).array(2),
-            "expert_tokens": Out(unsigned((g.T * (g.E + g.S)).bit_length())).array(2),
+            "jobs": In(JobRead(g)).array(READERS),
+            "progress": Out(PassProgress(g)),
         })
 
     def elaborate(self, platform):
         m = Module()
         g = self.g
+        pv, prog = self.passes, self.progress
         T, E, S, K, P, Tl = g.T, g.E, g.S, g.K, g.P, g.Tl
         jb = self.jb
         jmem = m.submodules.jobs = memory.Memory(shape=job_entry(g), depth=2 << jb, init=[])
@@ -117,8 +111,8 @@ class ExpertScheduler(wiring.Component):
         jw, sw = jmem.write_port(), smem.write_port()
         for r in range(READERS):
             jr, sr = jmem.read_port(), smem.read_port()
-            m.d.comb += [jr.addr.eq(self.rd_addr[r]), sr.addr.eq(self.rd_addr[r]),
-                         self.rd_entry[r].eq(jr.data), self.rd_src[r].eq(sr.data)]
+            m.d.comb += [jr.addr.eq(self.jobs[r].addr), sr.addr.eq(self.jobs[r].addr),
+                         self.jobs[r].entry.eq(jr.data), self.jobs[r].src.eq(sr.data)]
 
         # ---- selection matrix (always collecting) -------------------------------------
         rows = [[Signal(E, name=f"sel{p}_{t}") for t in range(T)] for p in range(2)]
@@ -137,12 +131,12 @@ class ExpertScheduler(wiring.Component):
         # register of another component that loads the same port every cycle).
         # (one selection per lane and cycle: token `t` is lane `t mod P`'s)
         s_valid = Signal(P)
-        s_sel = [Signal.like(self.sel[ln], name=f"s_sel{ln}") for ln in range(P)]
-        m.d.sync += s_valid.eq(self.sel_valid)
+        s_sel = [Signal.like(self.sel[ln].payload, name=f"s_sel{ln}") for ln in range(P)]
+        m.d.sync += s_valid.eq(Cat(*[self.sel[ln].valid for ln in range(P)]))
         row_d = [Signal(E, name=f"row_d{ln}") for ln in range(P)]
         for ln in range(P):
-            with m.If(self.sel_valid[ln]):
-                m.d.sync += s_sel[ln].eq(self.sel[ln])
+            with m.If(self.sel[ln].valid):
+                m.d.sync += s_sel[ln].eq(self.sel[ln].payload)
             sel_bits = Signal(E, name=f"sel_bits{ln}")
             expr = Const(0, E)
             for r in range(K):
@@ -165,8 +159,8 @@ class ExpertScheduler(wiring.Component):
         # ---- the pass being scheduled ------------------------------------------------
         ps = Signal()
         my_seq = Signal(2)
-        count = Signal.like(self.count[0])
-        layer = Signal.like(self.layer[0])
+        count = Signal.like(pv.count[0])
+        layer = Signal.like(pv.layer[0])
         is_d = Signal(T)
         is_v = Signal(T)
         pmask = Signal(T)
@@ -203,16 +197,16 @@ class ExpertScheduler(wiring.Component):
         sidx = Signal(range(S + 1))
         pick = Signal(range(max(2, E)))
 
-        decided = Array(self.decided)
-        total = Array(self.total)
-        n_exp = Array(self.experts)
-        n_tok = Array(self.expert_tokens)
+        decided = Array(prog.decided)
+        total = Array(prog.total)
+        n_exp = Array(prog.experts)
+        n_tok = Array(prog.expert_tokens)
         # the pass's counts are kept in registers of their own (no buffer
         # mux in front of their enables) and copied into the buffer's outputs
         # with `total_valid` (the issue stage reads them at the pass's END,
         # after `total_valid`)
-        exp_c = Signal.like(self.experts[0])
-        tok_c = Signal.like(self.expert_tokens[0])
+        exp_c = Signal.like(prog.experts[0])
+        tok_c = Signal.like(prog.expert_tokens[0])
 
         # decisions: accepted while an announced expert is undecided. `dec` is
         # `decided[ps]` and `lim` is `S + announced`, kept as registers of their
@@ -220,7 +214,7 @@ class ExpertScheduler(wiring.Component):
         # `source.ready` (dec < lim) is a flip-flop: `pend` = lim - dec (dec
         # never passes lim) moves by the events below, and the flag is worked
         # out for both outcomes from registers (the events only select)
-        dec = Signal.like(self.decided[0])
+        dec = Signal.like(prog.decided[0])
         lim = Signal(range(g.jobs + 1))
         pend = Signal(range(g.jobs + 1))
         start = Signal()                     # IDLE: a new pass (dec = 0, lim = S)
@@ -315,8 +309,8 @@ class ExpertScheduler(wiring.Component):
         # with its count, so a late `sel_ok` is never a wrong one.
         sel_ok = Signal()
         m.d.sync += sel_ok.eq(Mux(ps, done_tok[1], done_tok[0]) == count)
-        m.d.sync += newp.eq(self.pass_valid.bit_select(ps, 1)
-                            & (self.pass_seq.bit_select(ps, 1) != my_seq.bit_select(ps, 1)))
+        m.d.sync += newp.eq(pv.valid.bit_select(ps, 1)
+                            & (pv.seq.bit_select(ps, 1) != my_seq.bit_select(ps, 1)))
 
         with m.FSM(name="scheduler"):
             with m.State("IDLE"):
@@ -324,20 +318,20 @@ class ExpertScheduler(wiring.Component):
                 with m.If(idle_seen & newp):
                     m.d.comb += start.eq(1)
                     m.d.sync += idle_seen.eq(0)
-                    m.d.sync += [my_seq.bit_select(ps, 1).eq(self.pass_seq.bit_select(ps, 1)),
-                                 self.epoch.bit_select(ps, 1).eq(~self.epoch.bit_select(ps, 1)),
-                                 count.eq(self.count[0]), layer.eq(self.layer[0]),
+                    m.d.sync += [my_seq.bit_select(ps, 1).eq(pv.seq.bit_select(ps, 1)),
+                                 prog.epoch.bit_select(ps, 1).eq(~prog.epoch.bit_select(ps, 1)),
+                                 count.eq(pv.count[0]), layer.eq(pv.layer[0]),
                                  decided[ps].eq(0), dec.eq(0), lim.eq(S), announced.eq(0),
                                  sidx.eq(0),
-                                 self.total_valid.bit_select(ps, 1).eq(0),
-                                 self.sel_done.bit_select(ps, 1).eq(0),
+                                 prog.total_valid.bit_select(ps, 1).eq(0),
+                                 prog.sel_done.bit_select(ps, 1).eq(0),
                                  exp_c.eq(0), tok_c.eq(0), done_e.eq(0)]
                     for t in range(T):
-                        rl = Mux(ps, self.roles[1][t], self.roles[0][t])
+                        rl = Mux(ps, pv.roles[1][t], pv.roles[0][t])
                         m.d.sync += [is_d[t].eq(rl == TokenRole.DRAFT),
                                      is_v[t].eq(rl == TokenRole.VERIFY)]
                     with m.If(ps):
-                        m.d.sync += [count.eq(self.count[1]), layer.eq(self.layer[1])]
+                        m.d.sync += [count.eq(pv.count[1]), layer.eq(pv.layer[1])]
                     m.next = "MASK"
             with m.State("MASK"):
                 m.d.sync += [pmask.eq(Cat(*[t < count for t in range(T)])),
@@ -379,12 +373,12 @@ class ExpertScheduler(wiring.Component):
                     for (r, _), (v, _) in zip(rem_q[t], quads(cur_rows[t], K)):
                         m.d.sync += r.eq(v)
                 m.d.sync += [seen.eq(Mux(S > 0, pmask, 0)),
-                             self.no_routed[0].eq(Mux(ps, self.no_routed[0],
+                             prog.no_routed[0].eq(Mux(ps, prog.no_routed[0],
                                                       Cat(*[(cur_rows[t] == 0) & pmask[t]
                                                             for t in range(T)]))),
-                             self.no_routed[1].eq(Mux(ps, Cat(*[(cur_rows[t] == 0) & pmask[t]
+                             prog.no_routed[1].eq(Mux(ps, Cat(*[(cur_rows[t] == 0) & pmask[t]
                                                                 for t in range(T)]),
-                                                      self.no_routed[1]))]
+                                                      prog.no_routed[1]))]
                 m.next = "COUNT"
             with m.State("COUNT"):
                 # popcounts in three steps (`quads`, `pairs`, the sum; the
@@ -406,7 +400,7 @@ class ExpertScheduler(wiring.Component):
             with m.State("COUNT3"):
                 for e in range(E):
                     m.d.sync += cnt[e].eq(sum(r for r, _ in cnt_h[e]))
-                m.d.sync += [level.eq(count), self.sel_done.bit_select(ps, 1).eq(1)]
+                m.d.sync += [level.eq(count), prog.sel_done.bit_select(ps, 1).eq(1)]
                 m.next = "ORDER"
             with m.State("ORDER"):
                 m.d.sync += cand.eq(Cat(*[(cnt[e] == level) & ~done_e[e] for e in range(E)]))
@@ -426,7 +420,7 @@ class ExpertScheduler(wiring.Component):
                 # (a state of its own: the `need` registers written here do not
                 # wait for PICK's priority tree)
                 m.d.sync += [total[ps].eq(S + announced),
-                             self.total_valid.bit_select(ps, 1).eq(1),
+                             prog.total_valid.bit_select(ps, 1).eq(1),
                              n_exp[ps].eq(exp_c), n_tok[ps].eq(tok_c)]
                 m.next = "WAIT_DEC"
                 with m.If(announced == 0):

@@ -16,7 +16,7 @@ About ``m + 9 + 14`` cycles per token (one of them the ``TAKE`` state, for
 timing); the router spends ``E H n / (B L)`` cycles per token, so the
 softmax keeps pace at every preset. ``sm_mult`` /
 ``sm_shift`` come from the pass's softmax record (two sets, one per pass
-buffer), loaded by the HB reader.
+buffer), loaded by the HB reader (``sm``).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from ...golden import moe_layer as gm
 from ..streams import CreditFIFO
 from .common import delay, mul_pipe
 from .payloads import gate_row, topk_result
+from .ports import GateRead, PassDone, SoftmaxRecord
 
 __all__ = ["Softmax", "gate_row"]
 
@@ -42,12 +43,13 @@ class Softmax(wiring.Component):
     -------
     i : ``In(stream.Signature(TopKResult))``
         Through an internal FIFO of ``T`` entries.
-    sm_we, sm_par, sm_mult, sm_shift : ``In``
-        Load the softmax record of pass buffer ``sm_par``.
-    sm_clear, sm_clear_par : ``In(1)``
-        The pass in buffer ``sm_clear_par`` is done: its record is stale.
-    g_addr : ``In`` token; g_data : ``Out(gate_row)``
-        Gate-table read, one cycle later.
+    sm : ``In(SoftmaxRecord)``
+        Load the softmax record of pass buffer ``sm.par``.
+    clear : ``In(PassDone)``
+        The pass in buffer ``clear.par`` is done: its record is stale.
+    gates : ``In(GateRead)``
+        ``addr`` (a token) -> ``data`` (its ``gate_row``), one cycle later;
+        ``keep`` is ``ready_keep`` and ``idle`` is ``idle`` below.
     ready : ``Out(T)``
         Token ``t``'s gates are in the table (cleared when its next result
         arrives).
@@ -55,12 +57,12 @@ class Softmax(wiring.Component):
         ``ready`` bit ``ready_clr_token`` falls in the next cycle (its token's
         next result is taken): a consumer that registers a ``ready`` bit a
         cycle ahead masks it with this (registers only, one compare).
-    ready_keep : ``Out(T)``
+    ready_keep (``gates.keep``)
         ``ready`` without the bit ``ready_clr`` names: the bits certain to be
         up in the next cycle, as a register of its own (a consumer that
         registers a ``ready`` bit a cycle ahead selects from it, with no
         compare after the select).
-    idle : ``Out(1)``
+    idle (``gates.idle``)
         No token waiting or in progress (a register).
     """
 
@@ -68,13 +70,11 @@ class Softmax(wiring.Component):
         self.g = g
         super().__init__({
             "i": In(stream.Signature(topk_result(g))),
-            "sm_we": In(1), "sm_par": In(1), "sm_mult": In(gm.MULT_BITS),
-            "sm_shift": In(gm.SHIFT_BITS),
-            "sm_clear": In(1), "sm_clear_par": In(1),
-            "g_addr": In(range(max(2, g.T))), "g_data": Out(gate_row(g)),
-            "ready": Out(g.T), "idle": Out(1),
+            "sm": In(SoftmaxRecord()),
+            "clear": In(PassDone()),
+            "gates": In(GateRead(g)),
+            "ready": Out(g.T),
             "ready_clr": Out(1), "ready_clr_token": Out(range(max(2, g.T))),
-            "ready_keep": Out(g.T),
         })
 
     def elaborate(self, platform):
@@ -109,16 +109,16 @@ class Softmax(wiring.Component):
 
         mem = m.submodules.table = memory.Memory(shape=gate_row(g), depth=max(2, T), init=[])
         wp, rp = mem.write_port(), mem.read_port()
-        m.d.comb += [rp.addr.eq(self.g_addr), self.g_data.eq(rp.data)]
+        m.d.comb += [rp.addr.eq(self.gates.addr), self.gates.data.eq(rp.data)]
 
         sm_m = Array(Signal(gm.MULT_BITS, name=f"sm_mult{p}") for p in range(2))
         sm_s = Array(Signal(gm.SHIFT_BITS, name=f"sm_shift{p}") for p in range(2))
         sm_ok = Signal(2)
-        with m.If(self.sm_we):
-            m.d.sync += [sm_m[self.sm_par].eq(self.sm_mult), sm_s[self.sm_par].eq(self.sm_shift),
-                         sm_ok.bit_select(self.sm_par, 1).eq(1)]
-        with m.If(self.sm_clear):
-            m.d.sync += sm_ok.bit_select(self.sm_clear_par, 1).eq(0)
+        with m.If(self.sm.en):
+            m.d.sync += [sm_m[self.sm.par].eq(self.sm.mult), sm_s[self.sm.par].eq(self.sm.shift),
+                         sm_ok.bit_select(self.sm.par, 1).eq(1)]
+        with m.If(self.clear.done):
+            m.d.sync += sm_ok.bit_select(self.clear.par, 1).eq(0)
 
         cur = Signal(topk_result(g))
         mult = Signal(gm.MULT_BITS)
@@ -211,7 +211,7 @@ class Softmax(wiring.Component):
         cur_oh = Signal(T)
         m.d.sync += head_oh.eq(1 << head.token)
         ready_n = Signal(T)
-        m.d.comb += [self.ready_keep.eq(keep), ready_n.eq((ready & ~ready_drop) | ready_set)]
+        m.d.comb += [self.gates.keep.eq(keep), ready_n.eq((ready & ~ready_drop) | ready_set)]
         m.d.sync += [ready.eq(ready_n), keep.eq(ready_n & ~clr_next)]
         # `idle` (LOAD and an empty FIFO) is a flip-flop, set from the next
         # values of both: the next state is LOAD only from LOAD (no take) or
@@ -222,7 +222,7 @@ class Softmax(wiring.Component):
         # compare had been the head of the layer's deepest cone, through
         # `idle` into the vector unit's `ok`).
         idle = Signal(init=1)
-        m.d.comb += self.idle.eq(idle)
+        m.d.comb += self.gates.idle.eq(idle)
         m.d.sync += idle.eq(0)
         with m.FSM(name="softmax"):
             with m.State("LOAD"):

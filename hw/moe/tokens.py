@@ -9,7 +9,10 @@ index ``t div P``: ``x_mem{p}``, read by the issue stage, one address per
 lane) and their roles and masks in registers; ``valid[par]`` is set when the pass is complete and cleared by
 the issue stage's ``release`` after the pass's last beat. ``seq[par]``
 toggles every time a buffer is filled, so a consumer that has finished one
-pass at ``par`` can tell the next one from it.
+pass at ``par`` can tell the next one from it. The buffers are seen through
+:class:`~elmoe3d.hw.moe.ports.PassView` (the whole pass) and, per token
+lane, :class:`~elmoe3d.hw.moe.ports.LaneTokens` (the lane's roles and
+masks, for its top-k unit).
 
 Timing: the incoming token goes into an input register (``lat``, loaded
 every cycle it is empty, so its clock enable is one flip-flop) and waits
@@ -22,12 +25,13 @@ about a thousand enables).
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, memory, stream, wiring
+from amaranth.hdl import Cat, Module, Mux, Signal, unsigned
+from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..vocab import TokenRole, bits, moe_token
+from ..vocab import bits, moe_token
 from .common import zext
+from .ports import LaneTokens, PassRelease, PassView, x_read
 
 __all__ = ["TokenStore"]
 
@@ -41,12 +45,17 @@ class TokenStore(wiring.Component):
         ``ready`` is a register: high while the input register is empty
         (IDLE), whether or not the filling buffer is free (a token taken
         while both buffers are full waits in the input register).
-    valid, seq, count, layer, step_last, roles, masks : ``Out`` per buffer
-        The pass in each buffer (see the module doc).
-    release, release_par : ``In(1)``
-        The issue stage frees buffer ``release_par``.
-    x_addr : ``In.array(P)`` ``{chunk, lane-local token, par}``; ``x_data`` : ``Out(L x INT8).array(P)``
-        Activation chunk of each lane, one cycle after its ``x_addr``.
+    passes : ``Out(PassView)``
+        The pass in each buffer (``valid``, ``seq``, ``count``, ``layer``,
+        ``step_last``, ``roles``, ``masks``; see the module doc).
+    lanes : ``Out(LaneTokens).array(P)``
+        Lane ``p``'s roles and masks (pass positions ``i P + p``, by
+        lane-local index ``i``): wires, no logic.
+    release : ``In(PassRelease)``
+        The issue stage frees buffer ``release.par``.
+    x : ``In(ReadPort).array(P)``
+        Lane ``p``'s activation chunk ``{chunk, lane-local token, par}``,
+        one cycle after its address.
 
     Throughput: a token takes ``H / L + 3`` cycles (taken, layer check,
     buffer check, then its ``H / L`` chunks one per cycle); a pass is handed
@@ -64,19 +73,13 @@ class TokenStore(wiring.Component):
 
     def __init__(self, g):
         self.g = g
-        T, E, L = g.T, g.E, g.L
         self.tb, self.cb = bits(g.Tl), bits(g.c_in)
         super().__init__({
-            "tok": In(stream.Signature(moe_token(g.H, E, g.cfg.layer_bits))),
-            "valid": Out(2), "seq": Out(2),
-            "count": Out(unsigned(T.bit_length())).array(2),
-            "layer": Out(unsigned(g.cfg.layer_bits)).array(2),
-            "step_last": Out(2),
-            "roles": Out(data.ArrayLayout(TokenRole, T)).array(2),
-            "masks": Out(data.ArrayLayout(unsigned(E), T)).array(2),
-            "release": In(1), "release_par": In(1),
-            "x_addr": In(unsigned(1 + self.tb + self.cb)).array(g.P),
-            "x_data": Out(data.ArrayLayout(signed(8), L)).array(g.P),
+            "tok": In(stream.Signature(moe_token(g.H, g.E, g.cfg.layer_bits))),
+            "passes": Out(PassView(g)),
+            "lanes": Out(LaneTokens(g.lane())).array(g.P),
+            "release": In(PassRelease()),
+            "x": In(x_read(g)).array(g.P),
         })
 
     def elaborate(self, platform):
@@ -93,7 +96,15 @@ class TokenStore(wiring.Component):
                 attrs={"no_rw_check": 1})
             wp, rp = mem.write_port(), mem.read_port()
             wps.append(wp)
-            m.d.comb += [rp.addr.eq(self.x_addr[p]), self.x_data[p].eq(rp.data)]
+            m.d.comb += [rp.addr.eq(self.x[p].addr), self.x[p].data.eq(rp.data)]
+        # each lane's view of the roles and masks
+        pv = self.passes
+        for p in range(P):
+            for par in range(2):
+                for i in range(g.Tl):
+                    if i * P + p < T:
+                        m.d.comb += [self.lanes[p].roles[par][i].eq(pv.roles[par][i * P + p]),
+                                     self.lanes[p].masks[par][i].eq(pv.masks[par][i * P + p])]
 
         pw = Signal()                        # buffer being filled
         t = Signal(range(T + 1))
@@ -102,7 +113,7 @@ class TokenStore(wiring.Component):
         t_idx = Signal(range(max(2, g.Tl)))
         t_last = Signal(init=T == 1)          # `t == T - 1`, set with `t`
         c = Signal(range(C + 1))
-        cur_layer = Signal.like(self.layer[0])
+        cur_layer = Signal.like(pv.layer[0])
         # input register: loaded every cycle it is empty (``rdy``), so its
         # clock enable is one flip-flop and ``tok.ready`` is that flip-flop.
         # ``rdy`` is high exactly in IDLE, and its next value is one LUT of
@@ -128,20 +139,20 @@ class TokenStore(wiring.Component):
         for p in range(2):
             for j in range(T):
                 with m.If(we_slot[p * T + j]):
-                    m.d.sync += [self.roles[p][j].eq(lat.role), self.masks[p][j].eq(lat.mask)]
+                    m.d.sync += [pv.roles[p][j].eq(lat.role), pv.masks[p][j].eq(lat.mask)]
             with m.If(we_layer[p]):
-                m.d.sync += self.layer[p].eq(lat.layer)
+                m.d.sync += pv.layer[p].eq(lat.layer)
         with m.If(we_cur):
             m.d.sync += cur_layer.eq(lat.layer)
-        with m.If(self.release):
-            m.d.sync += self.valid.bit_select(self.release_par, 1).eq(0)
+        with m.If(self.release.en):
+            m.d.sync += pv.valid.bit_select(self.release.par, 1).eq(0)
 
         def close(count, step_last):
-            m.d.sync += [self.count[0].eq(Mux(pw, self.count[0], count)),
-                         self.count[1].eq(Mux(pw, count, self.count[1])),
-                         self.valid.bit_select(pw, 1).eq(1),
-                         self.seq.bit_select(pw, 1).eq(~self.seq.bit_select(pw, 1)),
-                         self.step_last.bit_select(pw, 1).eq(step_last),
+            m.d.sync += [pv.count[0].eq(Mux(pw, pv.count[0], count)),
+                         pv.count[1].eq(Mux(pw, count, pv.count[1])),
+                         pv.valid.bit_select(pw, 1).eq(1),
+                         pv.seq.bit_select(pw, 1).eq(~pv.seq.bit_select(pw, 1)),
+                         pv.step_last.bit_select(pw, 1).eq(step_last),
                          pw.eq(~pw), t.eq(0), t_last.eq(T == 1), t_lane.eq(0), t_idx.eq(0)]
 
         with m.FSM(name="tokens"):
@@ -154,7 +165,7 @@ class TokenStore(wiring.Component):
                     close(t, 0)
                 m.next = "WAIT_BUF"
             with m.State("WAIT_BUF"):
-                with m.If(~self.valid.bit_select(pw, 1)):
+                with m.If(~pv.valid.bit_select(pw, 1)):
                     m.d.sync += [c.eq(0), we_cur.eq(1), w_last.eq(C == 1)]
                     for p in range(2):
                         m.d.sync += we_layer[p].eq((pw == p) & (t == 0))

@@ -25,12 +25,13 @@ stall.
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, stream, wiring
+from amaranth.hdl import Cat, Module, Mux, Signal, signed
+from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..vocab import TokenRole
-from .payloads import logit, topk_result
+from .payloads import topk_result
+from .ports import LaneTokens, LogitFlow, RoutingFlow
 
 __all__ = ["TopK"]
 
@@ -40,30 +41,32 @@ class TopK(wiring.Component):
 
     Members
     -------
-    i_valid : ``In(1)``; i : ``In(Logit)``
-        A logit (a flow, no ready: any logit but a token's last is always
-        taken; the producer presents a last logit only while ``last_ok``).
-        A token's ``E`` logits come expert 0 first, one per expert in order
-        (the router's order; tokens need not be consecutive in time).
-    last_ok : ``Out(1)``
-        The result register is free (registers only).
-    roles, masks : ``In`` per pass buffer (from the token store); a token's
+    i : ``In(LogitFlow)``
+        ``valid``, ``payload``: a logit (a flow, no ready: any logit but a
+        token's last is always taken; the producer presents a last logit
+        only while ``last_ok``). A token's ``E`` logits come expert 0 first,
+        one per expert in order (the router's order; tokens need not be
+        consecutive in time). ``last_ok`` (driven here): the result register
+        is free (registers only). ``idle`` (driven here): no logit in the
+        stages and no result waiting (a register).
+    tokens : ``In(LaneTokens)``
+        Roles and masks per pass buffer (from the token store); a token's
         role is read a cycle after its logit is (it must not change in
         between; the token store writes it when the pass is loaded).
     o : ``Out(stream.Signature(TopKResult))``
         One result per token, four cycles after its last logit.
-    idle : ``Out(1)``
-        No logit in the stages and no result waiting (a register).
+    sel : ``Out(RoutingFlow)``
+        A copy of each handshake of ``o`` (the scheduler's view of the
+        routings: ``valid`` is ``o.valid & o.ready``).
     """
 
     def __init__(self, g):
         self.g = g
-        T, E = g.T, g.E
         super().__init__({
-            "i_valid": In(1), "i": In(logit(g)), "last_ok": Out(1),
-            "roles": In(data.ArrayLayout(TokenRole, T)).array(2),
-            "masks": In(data.ArrayLayout(unsigned(E), T)).array(2),
-            "o": Out(stream.Signature(topk_result(g))), "idle": Out(1),
+            "i": In(LogitFlow(g)),
+            "tokens": In(LaneTokens(g)),
+            "o": Out(stream.Signature(topk_result(g))),
+            "sel": Out(RoutingFlow(g)),
         })
 
     def elaborate(self, platform):
@@ -82,29 +85,29 @@ class TopK(wiring.Component):
         # role selects below are AND-ORs of `2 T` terms (3 LUT levels at
         # `T` = 16) instead of a `2 T`:1 mux (6).
         t_valid = Signal()
-        t_in = Signal.like(self.i)
+        t_in = Signal.like(self.i.payload)
         t_oh = Signal(2 * T)
-        m.d.sync += t_valid.eq(self.i_valid)
-        with m.If(self.i_valid):
-            m.d.sync += [t_in.eq(self.i),
-                         t_oh.eq(Cat(*[(self.i.par == p) & (self.i.token == t)
+        m.d.sync += t_valid.eq(self.i.valid)
+        with m.If(self.i.valid):
+            m.d.sync += [t_in.eq(self.i.payload),
+                         t_oh.eq(Cat(*[(self.i.payload.par == p) & (self.i.payload.token == t)
                                        for p in range(2) for t in range(T)]))]
         # stage 1: register with the admission bit
         # (the token's mask row and role are registered with the logit, the
         # expert's bit is the row's bit 0 in stage 2)
         s_valid = Signal()
-        s_in = Signal.like(self.i)
+        s_in = Signal.like(self.i.payload)
         s_row = Signal(g.E)
         s_draft = Signal()
 
-        row_terms = [self.masks[p][t] & t_oh[p * T + t].replicate(g.E)
+        row_terms = [self.tokens.masks[p][t] & t_oh[p * T + t].replicate(g.E)
                      for p in range(2) for t in range(T)]
         # (each token's "is DRAFT" is a register of its own: as a compare of
         # the role inputs, ABC shared it with the issue stage's DRAFT mask
         # and chained the OR through it, 6 levels; a role is written when its
         # pass is loaded, long before that pass's first logit)
         is_draft = Signal(2 * T)
-        m.d.sync += is_draft.eq(Cat(*[self.roles[p][t] == TokenRole.DRAFT
+        m.d.sync += is_draft.eq(Cat(*[self.tokens.roles[p][t] == TokenRole.DRAFT
                                       for p in range(2) for t in range(T)]))
         draft_terms = is_draft & t_oh
         row_or = row_terms[0]
@@ -134,9 +137,9 @@ class TopK(wiring.Component):
         # is the sign of a difference, one carry chain (a `>` of two 28-bit
         # values had been a tree of 4 LUT levels alone, 6 in the layer).
         vals = [Signal(signed(W), name=f"lv{i}") for i in range(K)]
-        idxs = [Signal.like(self.i.expert, name=f"ix{i}") for i in range(K)]
+        idxs = [Signal.like(self.i.payload.expert, name=f"ix{i}") for i in range(K)]
         u_valid = Signal()
-        u_in = Signal.like(self.i)
+        u_in = Signal.like(self.i.payload)
         u_ok = Signal()
         u_first = Signal()                                     # u_in is its token's first logit
         gt = [Signal(name=f"gt{i}") for i in range(K)]         # u_in goes in front of entry i
@@ -186,6 +189,7 @@ class TopK(wiring.Component):
             m.d.sync += [idxs[i].eq(new_i[i]) for i in range(K)]
             m.d.sync += cnt.eq(new_cnt)
         o = self.o.payload
+        m.d.comb += [self.sel.valid.eq(self.o.valid & self.o.ready), self.sel.payload.eq(o)]
         with m.If(self.o.valid & self.o.ready):
             m.d.sync += self.o.valid.eq(0)
         with m.If(u_valid & u_in.last):
@@ -195,7 +199,7 @@ class TopK(wiring.Component):
             m.d.sync += [o.logit[i].eq(new_v[i]) for i in range(K)]
         # free when no result is waiting and none can appear from the four stages
         # (registers only: the producer's valid may depend on it)
-        m.d.comb += self.last_ok.eq(~self.o.valid & ~(t_valid & t_in.last)
+        m.d.comb += self.i.last_ok.eq(~self.o.valid & ~(t_valid & t_in.last)
                                     & ~(s_valid & s_in.last) & ~(u_valid & u_in.last))
         # `idle` (no result and no logit in the stages) is a flip-flop, set
         # from the next values of what it is made of, so it equals
@@ -207,6 +211,6 @@ class TopK(wiring.Component):
         # closes at depth 3.)
         idle = Signal(init=1)
         o_valid_n = (u_valid & u_in.last) | (self.o.valid & ~self.o.ready)
-        m.d.sync += idle.eq(~o_valid_n & ~self.i_valid & ~t_valid & ~s_valid)
-        m.d.comb += self.idle.eq(idle)
+        m.d.sync += idle.eq(~o_valid_n & ~self.i.valid & ~t_valid & ~s_valid)
+        m.d.comb += self.i.idle.eq(idle)
         return m

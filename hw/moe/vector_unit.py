@@ -49,14 +49,14 @@ waits for *as it will be then*: every condition only rises, except through
 an event of the current cycle that the entry knows and masks with (its own
 parameter pop, logit into top-k, END, pass ``done``, and the softmax taking
 a token's next result, which clears that token's gate-ready bit a cycle
-later: the softmax's ``ready_keep``, wired to ``gates_keep``, is its
+later: the softmax's ``ready_keep``, the vector unit's ``gates[p].keep``, is its
 ``ready`` without that bit, a register). So a stale bit never
 lets an element pass; a condition that rises while an element waits is seen
 one cycle later than a combinational ``ok`` would see it (the element leaves
 one cycle later; an element whose conditions already hold leaves in its
 first cycle as before, so the unit still takes one element per cycle).
 ``i.ready`` is one LUT of flip-flops (``~ser_valid | ok & last``): the 16:1
-select of ``gates_keep`` by the token and the rest of the conditions end
+select of ``gates[p].keep`` by the token and the rest of the conditions end
 at the ``ok`` register instead of the PE array's output register enable;
 the gate comes last in ``ok`` (an AND-OR with the held token's one-hot, or
 the select by the incoming result's token).
@@ -79,14 +79,14 @@ job's (its GATE and UP segments lie between). The constructor requires
 from __future__ import annotations
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ...golden import moe_layer as gm
 from ..vocab import bits
 from .common import delay, mul_pipe, requant_pipe, zext
-from .payloads import Kind, array_result, logit, seg_params
-from .softmax import gate_row
+from .payloads import Kind, array_result, seg_params
+from .ports import GateRead, HiddenRead, LogitFlow, PassConstants, PassDone, YRead
 
 __all__ = ["VectorUnit", "LATENCY"]
 
@@ -102,27 +102,30 @@ class VectorUnit(wiring.Component):
     -------
     i : ``In(stream.Signature(ArrayResult))``
     params : ``In(stream.Signature(SegParams)).array(B)``
-    out_we, out_addr, out_data : ``In.array(B)``; lut_we, lut_addr, lut_data : ``In``
-        Pass constants (from the HB reader); ``lut_loaded``, ``out_loaded``
-        ``In(2)`` say they are complete.
-    logit_valid : ``Out(P)``; logit : ``Out(Logit).array(P)``
-        Lane ``p``'s router logit (lane-local token) to lane ``p``'s top-k.
-    topk_last_ok, topk_idle : ``In(P)`` (the lanes' top-k)
-    g_addr : ``Out.array(P)``; g_data : ``In.array(P)``; gates_keep : ``In(Tl).array(P)``;
-    softmax_idle : ``In(P)`` (the lanes' softmax units)
-    h_addr : ``In.array(P)``; h_data : ``Out.array(P)`` (issue stage)
-    y_addr : ``In`` (lane-local token, chunk); y_data : ``Out.array(P)``;
-    out_done : ``In(2)`` (output stage)
-    up_done : ``Out(1)``
-        One pulse per UP dot-product step (all its lanes), after its last row.
-    done, done_par, done_error : ``Out(1)``
+    consts : ``In(PassConstants)``
+        Pass constants (from the HB reader): ``out`` (per bank), ``lut`` writes;
+        ``out_loaded``, ``lut_loaded`` say they are complete.
+    logits : ``Out(LogitFlow).array(P)``
+        Lane ``p``'s router logits (lane-local token) to lane ``p``'s top-k,
+        and its ``last_ok`` / ``idle``.
+    gates : ``Out(GateRead).array(P)``
+        Lane ``p``'s softmax: gate-table read, ``keep`` (its ``ready_keep``),
+        ``idle``.
+    h : ``In(HiddenRead)``
+        The issue stage's ``h`` reads (``rd``, one port per lane) and
+        ``up_done``: one pulse per UP dot-product step (all its lanes),
+        after its last row.
+    y : ``In(YRead)``
+        The output stage's ``y`` reads (``addr``: lane-local token, chunk;
+        ``data[p]``) and ``out_done``.
+    pass_done : ``Out(PassDone)``
         A pass's END element passed the last stage: every write of the pass
-        is done.
+        is done (``done``, ``par``, ``error``).
     """
 
     def __init__(self, g):
         self.g = g
-        T, B, L, P, Tl = g.T, g.B, g.L, g.P, g.Tl
+        B, P, Tl = g.B, g.P, g.Tl
         if g.I < 4:
             raise ValueError(f"VectorUnit needs an FFN size of at least 4 (the silu/acc "
                              f"read-after-write distance), not {g.I}")
@@ -131,22 +134,12 @@ class VectorUnit(wiring.Component):
         super().__init__({
             "i": In(stream.Signature(array_result(g))),
             "params": In(stream.Signature(seg_params())).array(B),
-            "out_we": In(1).array(B), "out_addr": In(unsigned(1 + bits(g.g_down))).array(B),
-            "out_data": In(unsigned(22)).array(B),
-            "lut_we": In(1), "lut_addr": In(unsigned(7)), "lut_data": In(32),
-            "lut_loaded": In(2), "out_loaded": In(2),
-            "logit_valid": Out(P), "logit": Out(logit(gl_)).array(P),
-            "topk_last_ok": In(P), "topk_idle": In(P),
-            "g_addr": Out(range(max(2, Tl))).array(P), "g_data": In(gate_row(gl_)).array(P),
-            "gates_keep": In(Tl).array(P),
-            "softmax_idle": In(P),
-            "h_addr": In(unsigned(self.tb + bits(g.c_down))).array(P),
-            "h_data": Out(data.ArrayLayout(unsigned(8), L)).array(P),
-            "y_addr": In(unsigned(self.tb + bits(g.c_in))),
-            "y_data": Out(data.ArrayLayout(unsigned(8), L)).array(P),
-            "out_done": In(2),
-            "up_done": Out(1),
-            "done": Out(1), "done_par": Out(1), "done_error": Out(1),
+            "consts": In(PassConstants(g)),
+            "logits": Out(LogitFlow(gl_)).array(P),
+            "gates": Out(GateRead(gl_)).array(P),
+            "h": In(HiddenRead(g)),
+            "y": In(YRead(g)),
+            "pass_done": Out(PassDone()),
         })
 
     def elaborate(self, platform):
@@ -192,17 +185,17 @@ class VectorUnit(wiring.Component):
             yr_ = ym_.read_port()
             lm_, lw_ = mem(lname("lut", p), unsigned(32), 128)
             lut_r.append(lm_.read_port())
-            m.d.comb += [hr_.addr.eq(self.h_addr[p]), self.h_data[p].eq(hr_.data),
-                         yr_.addr.eq(self.y_addr), self.y_data[p].eq(yr_.data),
-                         lw_.addr.eq(self.lut_addr), lw_.data.eq(self.lut_data),
-                         lw_.en.eq(self.lut_we)]
+            m.d.comb += [hr_.addr.eq(self.h.rd.addr[p]), self.h.rd.data[p].eq(hr_.data),
+                         yr_.addr.eq(self.y.addr), self.y.data[p].eq(yr_.data),
+                         lw_.addr.eq(self.consts.lut.addr), lw_.data.eq(self.consts.lut.data),
+                         lw_.en.eq(self.consts.lut.en)]
         out_r = []
         for b in range(B):
             om, ow = mem(f"outrq{b}", unsigned(22), 2 << bits(g.g_down))
             r = om.read_port()
             out_r.append(r)
-            m.d.comb += [ow.addr.eq(self.out_addr[b]), ow.data.eq(self.out_data[b]),
-                         ow.en.eq(self.out_we[b])]
+            cw = self.consts.out
+            m.d.comb += [ow.addr.eq(cw.addr[b]), ow.data.eq(cw.data[b]), ow.en.eq(cw.en[b])]
 
         # ---- serializer and entry (E0) ------------------------------------------------------
         ser = Signal(array_result(g))
@@ -258,7 +251,7 @@ class VectorUnit(wiring.Component):
         # a cycle later), an END's ``ends`` increment (the output buffer is
         # taken), a pass done (its constants' ``loaded`` flags are cleared a
         # cycle later) and the softmax taking a token's next result (its
-        # ``ready`` bit is cleared a cycle later: ``gates_keep`` is the
+        # ``ready`` bit is cleared a cycle later: ``gates[p].keep`` is the
         # softmax's ``ready`` without it, a register). A rise is seen a
         # cycle late (a waiting element leaves a cycle later than a
         # combinational ``ok`` would let it); a fall never is. With lanes,
@@ -266,16 +259,19 @@ class VectorUnit(wiring.Component):
         # has a token.
         pv = Cat(p.valid for p in self.params)
         pv_n = Cat(p.valid & ~p.ready for p in self.params)
-        topk_idle_n = (self.topk_idle & ~(lane_v & logit_go.replicate(P))).all()
-        y_free_n = (ends == self.out_done) & ~(adv & is_end)
+        topk_idle = Cat(*[self.logits[p].idle for p in range(P)])
+        topk_idle_n = (topk_idle & ~(lane_v & logit_go.replicate(P))).all()
+        y_free_n = (ends == self.y.out_done) & ~(adv & is_end)
 
         def last_ok_n(lanes):
             """Every lane with a token can take its last logit next cycle."""
-            return Cat(*[~lanes[p] | (self.topk_last_ok[p] & ~(logit_go & last_logit & lane_v[p]))
+            return Cat(*[~lanes[p] | (self.logits[p].last_ok
+                                      & ~(logit_go & last_logit & lane_v[p]))
                          for p in range(P)]).all()
 
         def flag_n(flags, par):
-            return flags.bit_select(par, 1) & ~(self.done & (self.done_par == par))
+            done = self.pass_done
+            return flags.bit_select(par, 1) & ~(done.done & (done.par == par))
 
         def ok_of(d, lanes, p_ok, last_bank, d_lgrp):
             """``ok`` next cycle of an element of a result tagged ``d`` (bank's
@@ -286,9 +282,11 @@ class VectorUnit(wiring.Component):
             their "loaded" flags (a constant arriving later would set them
             again for the next pass in this buffer) and ends its HB word
             count."""
-            lut_ok, out_ok = flag_n(self.lut_loaded, d.par), flag_n(self.out_loaded, d.par)
+            lut_ok = flag_n(self.consts.lut_loaded, d.par)
+            out_ok = flag_n(self.consts.out_loaded, d.par)
             last_lg = d_lgrp & last_bank
-            base = Mux(d.end, self.softmax_idle.all() & topk_idle_n & lut_ok & out_ok,
+            sm_idle = Cat(*[self.gates[p].idle for p in range(P)]).all()
+            base = Mux(d.end, sm_idle & topk_idle_n & lut_ok & out_ok,
                        Mux(d.kind == Kind.ROUTER, ~last_lg | last_ok_n(lanes),
                            p_ok
                            & Mux(d.kind == Kind.GATE, lut_ok, 1)
@@ -300,16 +298,16 @@ class VectorUnit(wiring.Component):
         nd_v = Signal(P)
         m.d.comb += nd_v.eq(Cat(*[nd.lanes[p].valid for p in range(P)]))
         # The tokens' gates come last: for the incoming result a select of
-        # `gates_keep` by each lane's token, for the held one an AND-OR with
+        # `gates[p].keep` by each lane's token, for the held one an AND-OR with
         # the lane token's one-hot (a register loaded with it); each meets
         # the rest of the decision in the last LUT levels.
         tok_oh = [Signal(Tl, name=f"tok_oh{p}") for p in range(P)]
         with m.If(load):
             m.d.sync += [tok_oh[p].eq(Mux(nd.lanes[p].valid, 1 << nd.lanes[p].token, 0))
                          for p in range(P)]
-        g_in = Cat(*[~nd.lanes[p].valid | self.gates_keep[p].bit_select(nd.lanes[p].token, 1)
+        g_in = Cat(*[~nd.lanes[p].valid | self.gates[p].keep.bit_select(nd.lanes[p].token, 1)
                      for p in range(P)]).all()
-        g_held = Cat(*[~lane_v[p] | (self.gates_keep[p] & tok_oh[p]).any()
+        g_held = Cat(*[~lane_v[p] | (self.gates[p].keep & tok_oh[p]).any()
                        for p in range(P)]).all()
         b_in, n_in = ok_of(nd, nd_v, pv[0] if B > 1 else pv_n[0], Const(B == 1, 1),
                            nd.group == g.g_router - 1)
@@ -335,11 +333,11 @@ class VectorUnit(wiring.Component):
         expert_of = (Cat(bi, dsc.group) if B == 1 << (B - 1).bit_length() and B > 1
                      else dsc.group * B + bi)
         for p in range(P):
-            lg = self.logit[p]
-            m.d.comb += [self.logit_valid[p].eq(logit_go & lane_v[p]),
+            lg = self.logits[p].payload
+            m.d.comb += [self.logits[p].valid.eq(logit_go & lane_v[p]),
                          lg.token.eq(dsc.lanes[p].token), lg.expert.eq(expert_of),
                          lg.value.eq(value[p]), lg.par.eq(dsc.par), lg.last.eq(last_logit),
-                         self.g_addr[p].eq(dsc.lanes[p].token)]
+                         self.gates[p].addr.eq(dsc.lanes[p].token)]
         pass_err = Signal()
         with m.If(adv & ~is_end):
             m.d.sync += pass_err.eq(pass_err | ser.error)
@@ -421,10 +419,10 @@ class VectorUnit(wiring.Component):
         # the pulses leave from flip-flops (worked out a stage early, from the
         # same carried fields one register shorter: the same cycle as the writes)
         c18 = {k8: carry(c13[k8], 6, k8 + "_19") for k8 in ("v7", "k7", "e7", "b7", "p7", "r7")}
-        m.d.sync += [self.up_done.eq(c18["v7"] & ~c18["e7"] & (c18["k7"] == Kind.UP)
+        m.d.sync += [self.h.up_done.eq(c18["v7"] & ~c18["e7"] & (c18["k7"] == Kind.UP)
                                      & (c18["b7"] == B - 1)),
-                     self.done.eq(c18["v7"] & c18["e7"]), self.done_par.eq(c18["p7"]),
-                     self.done_error.eq(c18["r7"])]
+                     self.pass_done.done.eq(c18["v7"] & c18["e7"]),
+                     self.pass_done.par.eq(c18["p7"]), self.pass_done.error.eq(c18["r7"])]
         return m
 
     def _lane(self, m, p, a_val, a_exp, a_routed, a_p, t7, c7, c9, c10, c12, c19, m2_12,
@@ -442,7 +440,7 @@ class VectorUnit(wiring.Component):
         # gate of this lane's token for this expert (routed DOWN), in Q12: the
         # expert compares are registered at A1 with the gates, the select at
         # A2 (the gate is first used at A9)
-        gd = self.g_data[p]
+        gd = self.gates[p].data
         g_hit = Signal(K, name=nm("g_hit"))
         g_gates = [Signal(gm.GATE_FRAC + 1, name=nm(f"g_gate{r}")) for r in range(K)]
         g_routed = Signal(name=nm("g_routed"))

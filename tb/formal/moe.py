@@ -9,11 +9,12 @@ without ``ready`` it stays high and the payload stays unchanged until the
 transfer.
 
 Environment (``Assume``): reset is never asserted; every input stream obeys
-the same rules; every other input (plain signals from the neighbouring
-components, ``ready`` of the outputs) is free, except where a component's
-documented contract restricts it (``TopK``: a token's last logit only while
-``last_ok``; ``Issue``: the pass counters it copies into the summary hold
-while the summary waits - see :class:`IssueFormal`).
+the same rules; every other input (the side channels from the neighbouring
+components, :mod:`elmoe3d.hw.moe.ports`, ``ready`` of the outputs) is free,
+except where a component's documented contract restricts it (``TopK``: a
+token's last logit only while ``last_ok``; ``Issue``: the pass counters it
+copies into the summary hold while the summary waits - see
+:class:`IssueFormal`).
 
 One wrapper class per component that drives a stream:
 
@@ -26,8 +27,8 @@ SchedulerFormal     ``scheduler.ExpertScheduler`` ``need`` (``source``)
 IssueFormal         ``issue.Issue``               ``o``, ``summary``
 OutputStageFormal   ``output.OutputStage``        ``o``, ``stats`` (``summary``)
 RecordPathFormal    ``hb_reader.RecordPath``      ``params`` (``word``, ``cmd``)
-HBReaderFormal      ``hb_reader.HBReader``        ``hb_cmd[b]``, ``params[b]``
-                                                  (``hb_data[b]``)
+HBReaderFormal      ``hb_reader.HBReader``        ``hb_cmd[b]``, ``params[b]``,
+                                                  ``lsb[b]`` (``hb_data[b]``)
 MoEDatapathFormal   ``MoEDatapath`` (the layer)   ``need``, ``hb_cmd[b]``,
                                                   ``o``, ``stats`` (``tok``,
                                                   ``source``, ``hb_data[b]``,
@@ -35,10 +36,10 @@ MoEDatapathFormal   ``MoEDatapath`` (the layer)   ``need``, ``hb_cmd[b]``,
 ==================  ============================  =========================
 
 ``TokenStore`` (``tok``), ``Softmax`` (``i``), ``VectorUnit`` (``i``,
-``params[b]``) and ``ExtWriter`` (``ext``) only *take* streams: the rules are
-an assumption on them and there is nothing of theirs to assert; their input
-streams are covered as outputs of their producers above (and at the layer's
-boundary).
+``params[b]``) and ``ExtWriter`` (``ext``, ``lsb[b]``) only *take* streams:
+the rules are an assumption on them and there is nothing of theirs to
+assert; their input streams are covered as outputs of their producers above
+(and at the layer's boundary).
 
 Planted bugs (``bug=``, every wrapper): ``drop_valid`` (the wrapper drops
 the first covered output stream's ``valid`` after it has waited one cycle) and
@@ -80,6 +81,10 @@ FORMAL_CONFIG = Config(lanes=4, pes=2, max_len=64, hb_words=1024, tag_slots=4, l
 
 def _members(sig):
     return sig.members.items()
+
+
+def _is_stream(member) -> bool:
+    return not member.is_port and isinstance(member.signature, stream.Signature)
 
 
 class _UnitFormal(wiring.Component):
@@ -129,7 +134,7 @@ class _UnitFormal(wiring.Component):
         self.environment(m, dut)
         self.covered = stream_rules_all(m, self)
         for name, member in _members(dut.signature):
-            if member.is_port or member.flow != wiring.Out or \
+            if not _is_stream(member) or member.flow != wiring.Out or \
                     (self.COVERS is not None and name not in self.COVERS):
                 continue
             s = getattr(self, name)
@@ -167,7 +172,7 @@ class TopKFormal(_UnitFormal):
         super().__init__(TopK(_g(cfg)), bug=bug)
 
     def environment(self, m, dut):
-        m.d.comb += Assume(~(self.i_valid & self.i.last) | dut.last_ok)
+        m.d.comb += Assume(~(self.i.valid & self.i.payload.last) | dut.i.last_ok)
 
 
 class SchedulerFormal(_UnitFormal):
@@ -181,25 +186,25 @@ class IssueFormal(_UnitFormal):
     """:class:`Issue` (PE beats on ``o``, the pass summary on ``summary``).
 
     Contract assumed: the summary's payload is not all registers - it copies
-    the pass counters of its neighbours (``ext_error``, ``ext_beats``,
-    ``experts``, ``expert_tokens``, ``no_routed``; the HB count and error
-    are latched by the output stage since moe-t16) as they are; those are assumed to hold while the summary
-    waits (in the layer they belong to the pass being ended, whose buffer is
-    released only by the summary's handshake)."""
+    the pass counters of its neighbours (the LPDDR writer's ``error`` and
+    ``count``, the scheduler's ``experts``, ``expert_tokens``,
+    ``no_routed``; the HB count and error are latched by the output stage)
+    as they are; those are assumed to hold while the summary waits (in the
+    layer they belong to the pass being ended, whose buffer is released
+    only by the summary's handshake)."""
 
-    HOLD = ("ext_error", "ext_beats", "experts", "expert_tokens", "no_routed")
+    HOLD = (("ext_counters", "error"), ("ext_counters", "count"), ("progress", "experts"),
+            ("progress", "expert_tokens"), ("progress", "no_routed"))
 
     def __init__(self, cfg: Config, *, bug=None):
-        g = _g(cfg)
-        hb_pbits = g.hb_depth.bit_length()          # ReplayBuffer.pbits
-        ext_pbits = g.ext_depth.bit_length()
-        super().__init__(Issue(g, hb_pbits, ext_pbits), bug=bug)
+        super().__init__(Issue(_g(cfg)), bug=bug)
 
     def environment(self, m, dut):
         waiting = Signal(name="summary_waiting")
         m.d.sync += waiting.eq(self.summary.valid & ~self.summary.ready)
-        for name in self.HOLD:
-            v = getattr(self, name)
+        for port, field in self.HOLD:
+            v = getattr(getattr(self, port), field)
+            name = f"{port}_{field}"
             for i, x in enumerate(v if isinstance(v, list) else [v]):
                 p = Signal.like(x, name=f"p_{name}{i}")
                 m.d.sync += p.eq(x)
