@@ -565,10 +565,10 @@ class MoETB:
                      "ext_writer.planes", "ext_writer.p0", "ext_writer.proj", "ext_writer.grp",
                      "hb_buffer.wp__0", "hb_buffer.wp__1", "ext_buffer.wp__0", "ext_buffer.wp__1",
                      "issue.s1_valid", "issue.s2_valid", "pe_array.o__valid",
-                     "vector_unit.i__ready", "issue.fifo.inner_level", "issue.fifo.r_rdy",
-                     "pe_array.tags.inner_level", "pe_array.tags.r_rdy", "pe_array.out.skid_valid",
+                     "vector_unit.i__ready", "issue.fifo.level", "issue.fifo.o__valid",
+                     "pe_array.tags.level", "pe_array.tags.o__valid", "pe_array.out.skid_valid",
                      "ext_buffer.wp__2", "ext_buffer.wp__3", "hb_reader.rp0.raw.inner_level",
-                     "hb_reader.rp0.pq.inner_level", "hb_reader.rp1.pq.inner_level",
+                     "hb_reader.rp0.pq.level", "hb_reader.rp1.pq.level",
                      "vector_unit.ser", "vector_unit.ends", "output.y__out_done",
                      "hb_reader.consts__out_loaded", "hb_reader.consts__lut_loaded", "softmax.ready",
                      "hb_reader.const_busy", "hb_reader.loaded0", "hb_reader.loaded1",
@@ -592,8 +592,8 @@ class MoETB:
                 tot += n
             out[f"hb{b}_served"] = served
             out[f"hb{b}_last_cmds"] = rows[-6:]
-        for path in ("hb_reader.recvd0", "hb_reader.recvd1", "hb_reader.dq0.inner_level",
-                     "hb_reader.dq0.r_rdy", "hb_reader.rp0.cmdq.inner_level",
+        for path in ("hb_reader.recvd0", "hb_reader.recvd1", "hb_reader.dq0.level",
+                     "hb_reader.dq0.o__valid", "hb_reader.rp0.cmdq.level",
                      "hb_reader.rp0.unpack_state", "hb_reader.rp0.ri", "hb_reader.rp0.cur",
                      "hb_reader.rp0.have"):
             h = self.dut

@@ -17,6 +17,7 @@ module              component
 ``softmax``         :class:`~.softmax.Softmax` (Q12 gates)
 ``output``          :class:`~.output.OutputStage` (outputs, counters)
 ``ports``           the side channels' signatures (:class:`~.ports.PassView`, ...)
+``queue``           :class:`~.queue.Queue` (a FIFO with a shape and streams)
 ==================  ==========================================================
 """
 

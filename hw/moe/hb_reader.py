@@ -46,10 +46,11 @@ from amaranth.lib.wiring import In, Out
 from ...golden import moe_batched as gb
 from ..vocab import HBRegionKind, TokenRole, bits, hb_beat, hb_read
 from .common import pow2ceil, zext
-from ..streams import BlockFIFO, CreditFIFO, QueueFIFO, RegisterSlice
+from ..streams import BlockFIFO, RegisterSlice
 from .payloads import job_entry, job_source, seg_params
 from .ports import (BufferWrite, JobRead, PassConstants, PassCounters, PassDone, PassProgress,
                     PassView, SoftmaxRecord, out_record_write, silu_table_write)
+from .queue import Queue
 
 __all__ = ["HBReader", "RecordPath", "rec_cmd"]
 
@@ -119,22 +120,21 @@ class RecordPath(wiring.Component):
         # which ABC shared with the pop and nextpnr placed beside the RAM.
         wslice = m.submodules.wslice = RegisterSlice(unsigned(sv))
         # (the reader offers a command only while `cmd.ready`: the queue writes
-        # on `w_en` alone and counts its level with pointers)
-        cmdq = m.submodules.cmdq = QueueFIFO(width=rec_cmd(g).size, depth=4, credit=True)
+        # on `i.valid` alone and counts its level with pointers)
+        cmdq = m.submodules.cmdq = Queue(rec_cmd(g), 4, credit=True)
         # the parameter queue's room is a flip-flop, so the word queue's read
-        # enable does not wait for a level compare; the queue writes on `w_en`
-        # alone (a `CreditFIFO`), a cycle after the former decides (below).
-        # `pq_room` at cycle t (from the level at t-1) allows a write at t+1:
-        # at most the writes of t-1 and t come between, one per cycle
-        pq = m.submodules.pq = CreditFIFO(width=data.Layout.cast(seg_params()).size, depth=16)
+        # enable does not wait for a level compare; the queue writes on
+        # `i.valid` alone (a `CreditFIFO`), a cycle after the former decides
+        # (below). `pq_room` at cycle t (from the level at t-1) allows a
+        # write at t+1: at most the writes of t-1 and t come between, one per
+        # cycle
+        pq = m.submodules.pq = Queue(seg_params(), 16, counter=True)
         pq_room = Signal()
         m.d.sync += pq_room.eq(pq.level <= pq.depth - 3)
         wiring.connect(m, wiring.flipped(self.word), wslice.i)
         wiring.connect(m, wslice.o, raw.i)
-        m.d.comb += [cmdq.w_data.eq(self.cmd.payload), cmdq.w_en.eq(self.cmd.valid),
-                     self.cmd.ready.eq(cmdq.w_rdy),
-                     self.params.payload.eq(pq.r_data), self.params.valid.eq(pq.r_rdy),
-                     pq.r_en.eq(self.params.ready)]
+        wiring.connect(m, wiring.flipped(self.cmd), cmdq.i)
+        wiring.connect(m, pq.o, wiring.flipped(self.params))
         raw = _RawView(raw.o)
         cur = Signal(rec_cmd(g))
         ri = Signal.like(cur.nrec)
@@ -165,12 +165,12 @@ class RecordPath(wiring.Component):
         lane_end = Signal()                 # the lane is the word's last (R > 1)
         with m.FSM(name="unpack"):
             with m.State("IDLE"):
-                with m.If(cmdq.r_rdy):
-                    m.d.comb += cmdq.r_en.eq(1)
-                    m.d.sync += cur.eq(cmdq.r_data)
-                    ri_load(rec_cmd(g)(cmdq.r_data).nrec)
+                with m.If(cmdq.o.valid):
+                    m.d.comb += cmdq.o.ready.eq(1)
+                    m.d.sync += cur.eq(cmdq.o.payload)
+                    ri_load(cmdq.o.payload.nrec)
                     if sv >= 32 and sv // 32 > 1:
-                        m.d.sync += lane_end.eq(rec_cmd(g)(cmdq.r_data).skip == sv // 32 - 1)
+                        m.d.sync += lane_end.eq(cmdq.o.payload.skip == sv // 32 - 1)
                     m.next = "RUN"
             with m.State("RUN"):
                 if sv >= 32:
@@ -251,14 +251,14 @@ class RecordPath(wiring.Component):
         # the writes, from registers
         mult, shift = rec_r[:16], rec_r[16:22]
         held = Signal(22)
-        pp = seg_params()(pq.w_data)
+        pp = pq.i.payload
         m.d.comb += [self.out.en.eq(w_out), self.out.addr.eq(out_addr_r),
                      self.out.data.eq(rec_r[:22]),
                      self.sm.en.eq(w_sm), self.sm.par.eq(par_r), self.sm.mult.eq(mult),
                      self.sm.shift.eq(shift),
                      self.lut.en.eq(w_lut), self.lut.addr.eq(lut_addr_r), self.lut.data.eq(rec_r),
                      self.const_done.eq(w_done), self.const_par.eq(par_r),
-                     pq.w_en.eq(w_emit)]
+                     pq.i.valid.eq(w_emit)]
         with m.If(w_hold):
             m.d.sync += held.eq(rec_r[:22])
         with m.If(w_up):
@@ -355,8 +355,8 @@ class HBReader(wiring.Component):
                                     "par": 1, "one": 1})
         # (pointer-based level: a command's last word pops the queue without a
         # level counter behind the demux's late `take`; a command is offered
-        # only while `w_rdy`, so the queue writes on `w_en` alone)
-        dq = [QueueFIFO(width=dest_l.size, depth=4, credit=True) for _ in range(B)]
+        # only while `i.ready`, so the queue writes on `i.valid` alone)
+        dq = [Queue(dest_l, 4, credit=True) for _ in range(B)]
         rps = [RecordPath(g, b) for b in range(B)]
         for b in range(B):
             m.submodules[f"dq{b}"] = dq[b]
@@ -443,7 +443,7 @@ class HBReader(wiring.Component):
             m.d.sync += [getattr(self.hb_cmd[b].payload, n).eq(getattr(c, n)) for n, _ in cmd_l]
             m.d.sync += self.hb_cmd[b].payload.plane.eq(0)
             w0, words, skip, nrec = const_cmd[b]
-            dent = dest_l(dq[b].w_data)
+            dent = dq[b].i.payload
             rc = rec_cmd(g)(rps[b].cmd.payload)
             need_rc = (kind == 1) | (kind == 2)
             with m.Switch(kind):
@@ -486,10 +486,10 @@ class HBReader(wiring.Component):
             # command every two cycles (a command is offered from its second
             # active cycle), so last cycle's room already counts its last write
             room = Signal(name=f"room{b}")
-            m.d.sync += room.eq(dq[b].w_rdy & (~need_rc | rps[b].cmd.ready))
+            m.d.sync += room.eq(dq[b].i.ready & (~need_rc | rps[b].cmd.ready))
             m.d.comb += self.hb_cmd[b].valid.eq(active & armed & ~acc[b] & room)
             hs = self.hb_cmd[b].valid & self.hb_cmd[b].ready
-            m.d.comb += [fire[b].eq(hs), dq[b].w_en.eq(hs), rps[b].cmd.valid.eq(hs & need_rc)]
+            m.d.comb += [fire[b].eq(hs), dq[b].i.valid.eq(hs), rps[b].cmd.valid.eq(hs & need_rc)]
         with m.If(active):
             m.d.sync += acc.eq(acc | fire)
             with m.If(done_all):
@@ -599,7 +599,7 @@ class HBReader(wiring.Component):
         for b in range(B):
             # The head command and a spare next one are registers beside the
             # queue (`hd`/`hv`, `nx`/`nv`). The queue is read from flip-flops
-            # only (`r_en = r_rdy & ~nv`: whenever the spare is free), so the
+            # only (`o.ready = o.valid & ~nv`: whenever the spare is free), so the
             # demux's pop - decided from the word in hand, the layer's latest
             # signal - ends at the head's clock enable instead of passing the
             # queue's read logic (round 12's worst path on three seeds of
@@ -611,14 +611,14 @@ class HBReader(wiring.Component):
             hv = Signal(name=f"hv{b}")
             nx = Signal(dest_l, name=f"nx{b}")
             nv = Signal(name=f"nv{b}")
-            refill = dq[b].r_rdy & ~nv
+            refill = dq[b].o.valid & ~nv
             adv = pop | ~hv
-            m.d.comb += dq[b].r_en.eq(refill)
+            m.d.comb += dq[b].o.ready.eq(refill)
             with m.If(adv):
-                m.d.sync += [hd.eq(Mux(nv, nx, dq[b].r_data)), hv.eq(nv | dq[b].r_rdy),
-                             nv.eq(0)]
+                m.d.sync += [hd.eq(Mux(nv, nx, dq[b].o.payload.as_value())),
+                             hv.eq(nv | dq[b].o.valid), nv.eq(0)]
             with m.Elif(refill):
-                m.d.sync += [nx.eq(dq[b].r_data), nv.eq(1)]
+                m.d.sync += [nx.eq(dq[b].o.payload), nv.eq(1)]
             head = hd
             beat = hb_beat(g.s, g.L)(self.hb_data[b].payload)
             # `nxt1` = words of the command received or padded so far + 2: the

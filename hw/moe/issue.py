@@ -84,15 +84,15 @@ change of throughput).
 from __future__ import annotations
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..streams import QueueFIFO
 from ..vocab import PEMode, TokenRole, bits
 from .common import CycleCount, lowest_set, pow2ceil, zext
 from .payloads import Kind, array_beat, job_entry, job_source, pass_summary
 from .ports import (BufferRead, HiddenRead, JobRead, PassCounters, PassProgress, PassRelease,
                     PassView, x_read)
+from .queue import Queue
 
 __all__ = ["Issue"]
 
@@ -105,12 +105,12 @@ __all__ = ["Issue"]
 CREDITS = 6
 #: The FIFO is deeper than the credits: a buffered FIFO refuses a write
 #: while its inner memory is full even if its output register is empty, so
-#: its ``level`` alone does not guarantee ``w_rdy``. With ``CREDITS`` below
+#: its ``level`` alone does not guarantee ``i.ready``. With ``CREDITS`` below
 #: the inner memory's ``FIFO_DEPTH - 1`` entries no write meets a full FIFO,
-#: so the FIFO (:class:`~elmoe3d.hw.streams.QueueFIFO`, ``credit=True``)
-#: writes on ``w_en`` alone and counts its level with two pointers: neither
-#: the 450-bit storage's write enable nor its read enable passes a level
-#: counter (the layer's critical path in round 8, both ways).
+#: so the FIFO (a :class:`~elmoe3d.hw.moe.queue.Queue` with ``credit``, on a
+#: ``QueueFIFO``) writes on ``i.valid`` alone and counts its level with two
+#: pointers: neither the 450-bit storage's write enable nor its read enable
+#: passes a level counter (the layer's critical path in round 8, both ways).
 FIFO_DEPTH = 8
 assert CREDITS < FIFO_DEPTH - 1
 
@@ -193,10 +193,8 @@ class Issue(wiring.Component):
         def scatter(lane_bits):
             """The inverse of ``lanes_of``: ``P`` lane views -> ``T`` bits."""
             return Cat(*[lane_bits[t % P][t // P] for t in range(T)])
-        fifo = m.submodules.fifo = QueueFIFO(width=data.Layout.cast(AB).size,
-                                             depth=FIFO_DEPTH, credit=True)
-        m.d.comb += [self.o.payload.eq(fifo.r_data), self.o.valid.eq(fifo.r_rdy),
-                     fifo.r_en.eq(self.o.ready)]
+        fifo = m.submodules.fifo = Queue(AB, FIFO_DEPTH, credit=True)
+        wiring.connect(m, fifo.o, wiring.flipped(self.o))
 
         # ---- pass state -------------------------------------------------------------
         pi = Signal()
@@ -330,7 +328,7 @@ class Issue(wiring.Component):
         launch = Signal()
         m.d.comb += launch.eq(running & avail & credit & go)
         # (as `up_inflight` below: the late `launch` only selects)
-        rd_now = fifo.r_en & fifo.r_rdy
+        rd_now = fifo.o.ready & fifo.o.valid
         inf_keep = Signal.like(inflight)
         inf_inc = Signal.like(inflight)
         m.d.comb += [inf_keep.eq(inflight - rd_now), inf_inc.eq(inflight + 1 - rd_now)]
@@ -459,7 +457,6 @@ class Issue(wiring.Component):
         # only with `s3_valid`.
         s3_valid = Signal()
         s3 = Signal(D, reset_less=True)
-        beat = D(fifo.w_data)
         m.d.sync += [s3_valid.eq(s2_valid), s3.mode.eq(s2.mode), s3.keep.eq(s2.keep),
                      s3.last.eq(s2.last), s3.desc.eq(s2.desc)]
         # (a lane without a token multiplies zeros)
@@ -468,7 +465,7 @@ class Issue(wiring.Component):
         for b in range(B):
             m.d.sync += [s3.sv[b].plane.eq(s2.sv[b].plane),
                          s3.sv[b].slices.eq(Mux(s2_zero, 0, Mux(s2_ext, s2_xd[b], s2_hb[b])))]
-        m.d.comb += [fifo.w_en.eq(s3_valid), beat.eq(s3)]
+        m.d.comb += [fifo.i.valid.eq(s3_valid), fifo.i.payload.eq(s3)]
 
         # ---- walk updates -------------------------------------------------------------------
         # an issued UP dot product is counted a cycle after its launch (a

@@ -17,7 +17,7 @@ Timing: ``y``'s read port is followed by a register with no enable and no
 reset (``y_q``), which the ECP5 flow packs into the block RAM's output
 register, so no logic sits behind the DP16KD's slow clock-to-out; a pass is
 taken from the two FIFOs in a state of its own (``TAKE``), so their read
-enables are decoded from the state register alone (the ``r_rdy`` test ends
+enables are decoded from the state register alone (the ``o.valid`` test ends
 at the state register, one cycle earlier).
 """
 
@@ -27,11 +27,11 @@ from amaranth.hdl import Array, Cat, Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..streams import QueueFIFO
 from ..vocab import bits, moe_output, pass_stats
 from .common import CycleCount, zext
 from .payloads import pass_summary
 from .ports import PassCounters, PassDone, YRead
+from .queue import Queue
 
 __all__ = ["OutputStage"]
 
@@ -76,20 +76,18 @@ class OutputStage(wiring.Component):
         g = self.g
         done, hbc = self.pass_done, self.hb_counters
         T, C, L = g.T, g.c_in, g.L
-        # (`QueueFIFO`: `SyncFIFOBuffered`'s ports and cycles, its level as a
-        # pointer distance: the FSM's read no longer passes a level counter,
-        # the state -> `r_en` -> the done queue's level, 8.1 ns in timing
-        # round 17)
-        sq = m.submodules.sq = QueueFIFO(width=data.Layout.cast(pass_summary(g)).size, depth=2)
-        m.d.comb += [sq.w_data.eq(self.summary.payload), sq.w_en.eq(self.summary.valid),
-                     self.summary.ready.eq(sq.w_rdy)]
+        # (`Queue`s on `QueueFIFO`s: `SyncFIFOBuffered`'s cycles, the level
+        # as a pointer distance: the FSM's read no longer passes a level
+        # counter, the state -> `o.ready` -> the done queue's level, 8.1 ns in
+        # timing round 17)
+        sq = m.submodules.sq = Queue(pass_summary(g), 2)
+        wiring.connect(m, wiring.flipped(self.summary), sq.i)
         sb = g.cfg.stat_bits
         # per done pass: error, HB words (>= passes in flight + 2 entries)
-        dq = m.submodules.dq = QueueFIFO(width=1 + sb, depth=8)
+        dq = m.submodules.dq = Queue(data.StructLayout({"error": 1, "hb_words": sb}), 8)
         hbw = Mux(done.par, hbc.count[1], hbc.count[0])
-        m.d.comb += [dq.w_data.eq(Cat(done.error | hbc.error.bit_select(done.par, 1),
-                                      hbw)),
-                     dq.w_en.eq(done.done)]
+        m.d.comb += [dq.i.payload.error.eq(done.error | hbc.error.bit_select(done.par, 1)),
+                     dq.i.payload.hb_words.eq(hbw), dq.i.valid.eq(done.done)]
         hb_words = Signal(sb)
         cur = Signal(pass_summary(g))
         err = Signal()
@@ -127,15 +125,15 @@ class OutputStage(wiring.Component):
         cycles = Signal.like(self.time.cycle)
         with m.FSM(name="output") as fsm:
             with m.State("WAIT"):
-                with m.If(sq.r_rdy & dq.r_rdy):
+                with m.If(sq.o.valid & dq.o.valid):
                     m.next = "TAKE"
             with m.State("TAKE"):
                 # (both FIFOs had a word in WAIT and nothing else reads them)
-                m.d.comb += [sq.r_en.eq(1), dq.r_en.eq(1)]
-                m.d.sync += [cur.eq(sq.r_data),
-                             cm1.eq(pass_summary(g)(sq.r_data).count - 1),
-                             err.eq(dq.r_data[0] | pass_summary(g)(sq.r_data).error),
-                             hb_words.eq(dq.r_data[1:]),
+                m.d.comb += [sq.o.ready.eq(1), dq.o.ready.eq(1)]
+                m.d.sync += [cur.eq(sq.o.payload),
+                             cm1.eq(sq.o.payload.count - 1),
+                             err.eq(dq.o.payload.error | sq.o.payload.error),
+                             hb_words.eq(dq.o.payload.hb_words),
                              t.eq(0), c.eq(0), cycles.eq(self.time.cycle)]
                 m.next = "READ"
             with m.State("READ"):

@@ -24,13 +24,14 @@ one for the register slice; one beat per cycle.
 from __future__ import annotations
 
 from amaranth.hdl import Cat, Module, Mux, Signal
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..pe import BitSlicePE
-from ..streams import QueueFIFO, RegisterSlice
+from ..streams import RegisterSlice
 from ..vocab import pe_beat
 from .payloads import array_beat, array_result, desc
+from .queue import Queue
 
 __all__ = ["PEArray"]
 
@@ -65,13 +66,13 @@ class PEArray(wiring.Component):
         # every dot product between its last beat and its result has a tag
         # (a pipelined PE holds up to `depth` results); a full tag queue only
         # holds the input back
-        # (`QueueFIFO`: `SyncFIFOBuffered`'s ports and cycles without a level
+        # (a `Queue` on a `QueueFIFO`: `SyncFIFOBuffered`'s cycles without a level
         # counter: in round 15 the read enable, the results' handshake from
         # the PE's output FIFO, passed the counter's up/down enable, the
         # worst path of a seed; its level as a pointer distance is not used
         # either, see `used` below)
         depth = max(TAG_DEPTH, getattr(pes[0], "depth", 0) + 4)
-        tags = m.submodules.tags = QueueFIFO(width=data.Layout.cast(desc(g)).size, depth=depth)
+        tags = m.submodules.tags = Queue(desc(g), depth)
         out = m.submodules.out = RegisterSlice(array_result(g))
         wiring.connect(m, out.o, wiring.flipped(self.o))
 
@@ -90,7 +91,7 @@ class PEArray(wiring.Component):
         u_inc, u_dec = Signal.like(used), Signal.like(used)
         wr = Signal()
         m.d.comb += [u_inc.eq(used + 1), u_dec.eq(used - 1)]
-        rd = tags.r_en
+        rd = tags.o.ready
         m.d.sync += [used.eq(Mux(wr, Mux(rd, used, u_inc), Mux(rd, u_dec, used))),
                      tag_room.eq(Mux(wr, Mux(rd, used <= depth - 2, used <= depth - 3),
                                      Mux(rd, used <= depth - 1, used <= depth - 2)))]
@@ -104,11 +105,11 @@ class PEArray(wiring.Component):
                          beat.last.eq(self.i.payload.last),
                          pe.i.payload.as_value().eq(beat.as_value()),
                          pe.i.valid.eq(self.i.valid & tag_room)]
-        m.d.comb += [tags.w_data.eq(self.i.payload.desc),
-                     wr.eq(self.i.valid & ready & self.i.payload.last), tags.w_en.eq(wr)]
+        m.d.comb += [tags.i.payload.eq(self.i.payload.desc),
+                     wr.eq(self.i.valid & ready & self.i.payload.last), tags.i.valid.eq(wr)]
         res = out.i.payload
-        m.d.comb += [out.i.valid.eq(pes[0].o.valid), tags.r_en.eq(out.i.valid & out.i.ready),
-                     res.desc.eq(tags.r_data),
+        m.d.comb += [out.i.valid.eq(pes[0].o.valid), tags.o.ready.eq(out.i.valid & out.i.ready),
+                     res.desc.eq(tags.o.payload),
                      res.error.eq(Cat(*[pe.o.payload.error for pe in pes]).any())]
         for b, pe in enumerate(pes):
             m.d.comb += pe.o.ready.eq(out.i.ready)

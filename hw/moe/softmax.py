@@ -26,10 +26,10 @@ from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ...golden import moe_layer as gm
-from ..streams import CreditFIFO
 from .common import delay, mul_pipe
 from .payloads import gate_row, topk_result
 from .ports import GateRead, PassDone, SoftmaxRecord
+from .queue import Queue
 
 __all__ = ["Softmax", "gate_row"]
 
@@ -85,9 +85,8 @@ class Softmax(wiring.Component):
         # at most one write happens per cycle), so top-k's output handshake
         # and the scheduler's snoop of it start at registers; one entry more
         # than the tokens of a pass keeps a whole pass's results acceptable.
-        # The FIFO writes on `w_en` alone (`CreditFIFO`).
-        fifo = m.submodules.fifo = CreditFIFO(width=len(self.i.payload.as_value()),
-                                              depth=max(2, T) + 1)
+        # The FIFO writes on `i.valid` alone (a `Queue` on a `CreditFIFO`).
+        fifo = m.submodules.fifo = Queue(topk_result(g), max(2, T) + 1, counter=True)
         # The FIFO's level is counted here as well (`used`, equal to
         # `fifo.level` in every cycle): its next value is one of four worked
         # out from `used` alone, which the write and the read only select, so
@@ -99,13 +98,13 @@ class Softmax(wiring.Component):
         used = Signal(range(fifo.depth + 1))
         u_inc, u_dec = Signal.like(used), Signal.like(used)
         f_rd = Signal()
-        m.d.comb += [u_inc.eq(used + 1), u_dec.eq(used - 1), f_rd.eq(fifo.r_en & fifo.r_rdy)]
-        m.d.sync += [used.eq(Mux(fifo.w_en, Mux(f_rd, used, u_inc), Mux(f_rd, u_dec, used))),
+        m.d.comb += [u_inc.eq(used + 1), u_dec.eq(used - 1), f_rd.eq(fifo.o.ready & fifo.o.valid)]
+        m.d.sync += [used.eq(Mux(fifo.i.valid, Mux(f_rd, used, u_inc), Mux(f_rd, u_dec, used))),
                      room.eq(used <= fifo.depth - 2)]
-        m.d.comb += [fifo.w_data.eq(self.i.payload), fifo.w_en.eq(self.i.valid & room),
+        m.d.comb += [fifo.i.payload.eq(self.i.payload), fifo.i.valid.eq(self.i.valid & room),
                      self.i.ready.eq(room)]
         head = Signal(topk_result(g))
-        m.d.comb += head.eq(fifo.r_data)
+        m.d.comb += head.eq(fifo.o.payload)
 
         mem = m.submodules.table = memory.Memory(shape=gate_row(g), depth=max(2, T), init=[])
         wp, rp = mem.write_port(), mem.read_port()
@@ -187,7 +186,7 @@ class Softmax(wiring.Component):
         m.d.comb += [wp.addr.eq(cur.token), wp.data.eq(row)]
 
         take = Signal()
-        m.d.comb += take.eq(fifo.r_rdy & sm_ok.bit_select(head.par, 1))
+        m.d.comb += take.eq(fifo.o.valid & sm_ok.bit_select(head.par, 1))
         # `ready_clr` / `ready_clr_token` are flip-flops of their own, set as
         # TAKE is entered (TAKE lasts one cycle and the head does not change
         # from LOAD to TAKE): the vector unit's `ok` register, far away,
@@ -226,7 +225,7 @@ class Softmax(wiring.Component):
         m.d.sync += idle.eq(0)
         with m.FSM(name="softmax"):
             with m.State("LOAD"):
-                m.d.sync += idle.eq((used == 0) & ~fifo.w_en)   # (r_rdy lags a write)
+                m.d.sync += idle.eq((used == 0) & ~fifo.i.valid)   # (o.valid lags a write)
                 with m.If(take):
                     m.d.sync += clr.eq(1)
                     m.d.comb += clr_next.eq(1 << head.token)
@@ -235,7 +234,7 @@ class Softmax(wiring.Component):
                 # the head seen in LOAD is still there (nothing else reads the
                 # FIFO): its read enable and `ready_clr` are decoded from the
                 # state register alone, so the take decision ends at it
-                m.d.comb += fifo.r_en.eq(1)
+                m.d.comb += fifo.o.ready.eq(1)
                 m.d.sync += [cur.eq(head), mult.eq(sm_m[head.par]), shift.eq(sm_s[head.par]),
                              lr.eq(0), got.eq(0), all_got.eq(head.count == 0), esum.eq(0),
                              cur_oh.eq(head_oh)]
@@ -261,7 +260,7 @@ class Softmax(wiring.Component):
                 with m.If(step == F):
                     m.next = "WRITE"
             with m.State("WRITE"):
-                m.d.sync += idle.eq((used == 0) & ~fifo.w_en)
+                m.d.sync += idle.eq((used == 0) & ~fifo.i.valid)
                 m.d.comb += wp.en.eq(1)
                 m.d.comb += ready_set.eq(cur_oh)
                 m.next = "LOAD"
