@@ -286,8 +286,15 @@ def _register():
     return [
         Block("pe", "elmoe3d_pe", "LSB-augmented bit-slice PE (FULL/DRAFT/MSB/LSB modes)",
               _pe_params(True), BitSlicePE, order=10,
-              timing=lambda c: f"1 beat/cycle, no bubbles; DRAFT k of n planes: k/n of FULL's "
+              timing=lambda c: f"1 beat/cycle ({c.lanes} slice-MACs), no bubbles; "
+                               f"DRAFT k of n planes: k/n of FULL's "
                                f"cycles; result {c.latency} cycles after `last`"),
+        Block("pe_lanes", "elmoe3d_pe_lanes",
+              "the MoE array's PE: one weight slice vector applied to P token lanes per cycle",
+              lambda cfg: dict(_pe_params(True)(cfg), tokens=cfg.token_lanes), BitSlicePE,
+              order=10,
+              timing=lambda c: f"1 beat/cycle for {c.tokens} tokens: {c.tokens * c.lanes} "
+                               f"slice-MACs/cycle; result {c.latency} cycles after `last`"),
         Block("pe_plain", "elmoe3d_pe_plain",
               "baseline: the same bit-slice PE without LSB augmentation",
               _pe_params(False), BitSlicePE, baseline_of="pe", order=11,

@@ -34,6 +34,9 @@ def run_cli(*args):
     (["synth", "--no-pnr", "--blocks", "pe"], "--no-pnr needs an FPGA target"),
     (["sweep", "--blocks", "", "--set", "lanes=16"], "--blocks '' names no block"),
     (["verilog", "--out", "x", "--suffix", "a-b"], "--suffix must be letters, digits and '_'"),
+    (["moe-bench", "--preset", "huge"], "Unknown configuration preset 'huge'"),
+    (["moe-bench", "--preset", ","], "--preset names nothing"),
+    (["moe-bench", "--record", "--points", "DRAFT_T16"], "--record records every point of"),
 ])
 def test_bad_arguments_one_line(args, needle, tmp_path):
     code, out, err = run_cli(*args)

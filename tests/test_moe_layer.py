@@ -18,13 +18,14 @@ adds plain ``tiny`` and ``shared-s2``, the throughput benchmark at
 (random + stress, 250 each).
 """
 
-import json
 
 import pytest
 
 from elmoe3d.blocks import get_block
 from elmoe3d.config import preset
 from elmoe3d.sim.harness import SimulationFailed, simulate, simulator_available
+from elmoe3d.sim.moe_bench import BUILD_FAST
+from elmoe3d.sim import moe_bench
 
 from conftest import sim_params
 
@@ -49,13 +50,10 @@ SLOW_TOKENS = 250
 
 #: The C++ of this design takes minutes to compile at Verilator's -Os; at
 #: the tiny sets the testbench (Python, every port every cycle) dominates the
-#: run time, so their builds are -O0. At ``default`` (four PEs of four token
-#: lanes, 80-token passes) the model itself dominates: -O0 runs about 400
-#: cycles per second, ``OPT_FAST=-O1`` (the run-time-critical files only)
-#: about 5,500 for a build of a few CPU-minutes. Icarus gets
-#: ``always_comb`` (see the harness).
+#: run time, so their builds are -O0; at ``default`` and ``paper-ratio`` the
+#: model dominates: :data:`elmoe3d.sim.moe_bench.BUILD_FAST` (``OPT_FAST=-O1``),
+#: the build ``elmoe3d moe-bench`` uses too. Icarus gets ``always_comb``.
 BUILD = {"extra_build_args": ["-CFLAGS", "-O0"], "icarus_always_comb": True}
-BUILD_FAST = {"make_vars": ["OPT_FAST=-O1"], "icarus_always_comb": True}
 
 
 def _run(name, testcase, env=None, simulator="verilator", **kw):
@@ -149,11 +147,7 @@ def test_moe_throughput_paper_ratio(measured_dir):
     is HB-bound, a VERIFY of 16 x 5 tokens LPDDR-bound and each within 10 %
     of that bound."""
     cfg = preset("paper-ratio")
-    out = measured_dir / "moe_cycles_paper_ratio.json"
-    if out.exists():
-        out.unlink()
-    _run("paper-ratio", "throughput", {"ELMOE_MEASURE_OUT": str(out)})
-    fig = json.loads(out.read_text())["figures"]
+    fig = moe_bench.run("paper-ratio", measured_dir / "moe_cycles_paper_ratio.json")["figures"]
     T = cfg.batch_tokens
     for key, f in fig.items():
         assert f["efficiency"] >= 0.9, f"{key}: efficiency {f['efficiency']:.3f} < 0.9"
@@ -169,18 +163,14 @@ def test_moe_throughput_default(measured_dir):
     (80: a whole verification of 16 requests at K = 4) tokens in FULL (every
     expert from LPDDR), DRAFT, split VERIFY and whole-resident VERIFY and AR,
     against the analytic bound, written to ``build/measured/moe_cycles.json``
-    (``sim/data/moe_cycles.json`` is its recorded copy). Checked: efficiency
+    (``elmoe3d moe-bench --record`` keeps a copy in ``sim/data/moe_cycles.json``). Checked: efficiency
     >= 0.9 against the bound; weight beats per token fall with T (one load
     per expert per pass); a pass of ``T`` tokens streams each LPDDR expert's
     image once (split: its LSB planes once); whole-resident experts read
     nothing from LPDDR."""
     from elmoe3d.config import preset as _p
     cfg = _p("default")
-    out = measured_dir / "moe_cycles.json"
-    if out.exists():
-        out.unlink()              # this run's points only (ELMOE_MOE_POINTS may select some)
-    _run("default", "throughput", {"ELMOE_MEASURE_OUT": str(out)})
-    fig = json.loads(out.read_text())["figures"]
+    fig = moe_bench.run("default", measured_dir / "moe_cycles.json")["figures"]
     assert fig, "no throughput point measured"
     for key, f in fig.items():
         assert f["cycles_per_pass"] >= f["bound_cycles_per_pass"] * 0.999, key

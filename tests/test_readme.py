@@ -158,3 +158,23 @@ def test_readme_steady_state_table_is_the_recorded_one():
     a, b = tr.README_MARKERS
     assert text[text.index(a) + len(a):text.index(b)].strip() == tr.readme_table(rec)
     assert all(r["match"] for r in rec["runs"]), "a recorded run differs from the golden"
+
+
+def test_moe_pass_tables_are_the_recorded_ones():
+    """README's and the MoE page's pass tables are what the recorded
+    benchmark says (`elmoe3d moe-bench --record` writes all three), and the
+    recording covers every role at T = 1, 4, 16 and the whole step at both
+    presets."""
+    import json
+    from elmoe3d.sim import moe_bench as mb
+    rec = json.loads(mb.recorded_path().read_text())
+    assert set(rec["presets"]) == set(mb.PRESETS)
+    for name, r in rec["presets"].items():
+        T = r["config"]["batch_tokens"]
+        for role in mb.ROLES:
+            for t in (1, 4, 16, T):
+                assert f"{role}_T{t}" in r["figures"], (name, role, t)
+    a, b = mb.MARKERS
+    for path in (README, ROOT / "docs" / "blocks" / "moe_layer.md"):
+        text = path.read_text()
+        assert text[text.index(a) + len(a):text.index(b)].strip() == mb.readme_table(rec), path
