@@ -95,13 +95,5 @@ def readme_table(recorded: dict) -> str:
 
 def write_readme_table(path, recorded: dict) -> bool:
     """Rewrite the table between :data:`MARKERS` in ``path``; ``True`` if it changed."""
-    p = Path(path)
-    text = p.read_text()
-    a, b = MARKERS
-    if a not in text or b not in text:
-        raise ValueError(f"{p} has no moe-bench markers ({a!r} ... {b!r})")
-    i, j = text.index(a) + len(a), text.index(b)
-    new = text[:i] + "\n" + readme_table(recorded) + "\n" + text[j:]
-    if new != text:
-        p.write_text(new)
-    return new != text
+    from .generated import replace_between
+    return replace_between(path, MARKERS, readme_table(recorded))

@@ -287,20 +287,23 @@ def summary_rows(results: list[dict]) -> list[list]:
 
 
 def readme_table(recorded: dict) -> str:
-    """The README's steady-state table from a recorded set (``sim/data/steady_state.json``):
-    per trace and batch, AR's and Elastic-SD's cycles per output token (mean
-    over the seeds, min-max) and SD / AR."""
+    """The steady-state table of the README and docs/blocks/tile.md from a
+    recorded set (``sim/data/steady_state.json``): per trace and batch, AR's
+    and Elastic-SD's cycles per output token (mean over the seeds, min-max),
+    SD / AR, the HB hit rates and SD's mean accepted length."""
     rows = {}
     for r in recorded["summary"]:
-        trace, batch, mode, _, _, mean, spread = r[:7]
-        rows.setdefault((trace, batch), {})[mode] = (mean, spread)
-    out = ["| trace | batch | AR cycles / token | SD cycles / token | SD / AR |",
-           "|---|---|---|---|---|"]
+        trace, batch, mode, _, _, mean, spread, hit, acc = r[:9]
+        rows.setdefault((trace, batch), {})[mode] = (mean, spread, hit, acc)
+    out = ["| trace | batch | AR cycles / token | SD cycles / token | SD / AR | "
+           "HB hit rate AR / SD | mean accepted length (SD) |",
+           "|---|---|---|---|---|---|---|"]
     for (trace, batch), v in sorted(rows.items()):
         if "AR" not in v or "SD" not in v:
             continue
-        (am, asp), (sm, ssp) = v["AR"], v["SD"]
-        out.append(f"| {trace} | {batch} | {am:,} ({asp}) | {sm:,} ({ssp}) | {sm / am:.2f} |")
+        (am, asp, ah, _), (sm, ssp, sh, sacc) = v["AR"], v["SD"]
+        out.append(f"| {trace} | {batch} | {am:,} ({asp}) | {sm:,} ({ssp}) | {sm / am:.2f} | "
+                   f"{ah} / {sh} | {sacc} |")
     return "\n".join(out)
 
 
@@ -310,13 +313,82 @@ README_MARKERS = ("<!-- steady-state: generated from sim/data/steady_state.json 
 
 
 def write_readme_table(readme, recorded: dict) -> bool:
-    """Rewrite the table between :data:`README_MARKERS`; ``True`` if it changed."""
-    from pathlib import Path
-    p = Path(readme)
-    text = p.read_text()
-    a, b = README_MARKERS
-    i, j = text.index(a) + len(a), text.index(b)
-    new = text[:i] + "\n" + readme_table(recorded) + "\n" + text[j:]
-    if new != text:
-        p.write_text(new)
-    return new != text
+    """Rewrite the table between :data:`README_MARKERS` (in README.md and
+    docs/blocks/tile.md); ``True`` if it changed."""
+    from .generated import replace_between
+    return replace_between(readme, README_MARKERS, readme_table(recorded))
+
+
+# -- the report runs: 8 decode steps per trace, batch and mode, from a cold cache ----------
+
+#: decode steps of each report run (the golden table runs 400 steps, the
+#: controller RTL's 24; the tile computes every layer, so fewer)
+REPORT_STEPS = 8
+
+
+def report_set(which: int, steps: int = REPORT_STEPS, exe=None):
+    """The report's runs of trace ``which`` (0: Zipf at ``default``, 1: the
+    LM's routing at ``lm``) on the native tile, batch 1, 4 and 16, AR and SD
+    forced, LPDDR latency 12 cycles, no pauses: ``(records, counter_runs)``
+    -- per run the record of ``tile_report.json`` (the tile's counters and
+    cycles) and of ``tile_counters.json`` (:func:`elmoe3d.sim.perf.rtl_compare.tile_run`).
+    ``AssertionError`` naming the run and its first difference if a run
+    differs from the golden."""
+    import numpy as np
+
+    from ..commands import decode as dec
+    from ..golden import layout as gl
+    from ..golden import moe_batched as gb
+    from . import native
+    from . import tile_script as ts
+    from .perf import rtl_compare as rc
+    name, cfg, _ = dec.report_traces()[which]
+    runs = dec.report_runs(steps=steps, traces=[name])
+    exe = exe or native.build(cfg)
+    outs, counter_runs = [], []
+    for r in runs:
+        case = dict(script=r["run"].script, events=r["run"].events, counters=r["counters"],
+                    faults={}, ext_reads=r["run"].controller.ext_reads,
+                    name=f"B{r['batch']} {r['mode']}")
+        rng = np.random.default_rng(7)
+        layers = [gb.trace_layer(lay) for lay in ts.random_layers(cfg, rng)]
+        plan = ts.trace_plan(cfg, layers, case, rng)
+        image = ts.lpddr_image(cfg, layers, gl.dense_image(cfg, layers))
+        rep = native.replay(cfg, plan, image, exe=exe,
+                            options=native.NativeOptions(latency=12, seed=7))
+        if not rep.match or len(rep.events) != len(r["run"].events):
+            raise AssertionError(f"{name} B{r['batch']} {r['mode']}: the tile differs from the "
+                                 f"golden: {rep.first}")
+        outs.append(dict(trace=name, batch=r["batch"], mode=r["mode"], steps=steps,
+                         config=cfg.to_dict(), rtl=rep.counters, cycles=rep.run.cycles,
+                         events=len(rep.events), sim_cpu_s=round(rep.run.sim_cpu_s, 2)))
+        counter_runs.append(rc.tile_run(cfg, name, r["batch"], r["mode"], r["run"].script,
+                                        rep.counters))
+    return outs, counter_runs
+
+
+#: markers around the tile report's table in docs/blocks/tile.md
+REPORT_MARKERS = ("<!-- tile-report: generated from sim/data/tile_report.json -->",
+                  "<!-- end of tile-report -->")
+
+
+def report_table(report: dict) -> str:
+    """docs/blocks/tile.md's table of the recorded report runs: per trace and
+    batch, AR's HB hit rate and cycles per output token, SD's hit rate, mean
+    accepted length and cycles per output token (the tile's own counters)."""
+    from ..commands.decode import _figures, cycles_per_token
+    rows = {}
+    for r in report["runs"]:
+        rows.setdefault((r["trace"], r["batch"]), {})[r["mode"]] = r
+    out = ["| trace | batch | AR: HB hit rate | AR: cycles / token | SD: HB hit rate | "
+           "SD: mean accepted length | SD: cycles / token | SD / AR |",
+           "|---|---|---|---|---|---|---|---|"]
+    for (trace, batch), v in sorted(rows.items()):
+        if "AR" not in v or "SD" not in v:
+            continue
+        a, s = v["AR"]["rtl"], v["SD"]["rtl"]
+        fa, fs = _figures(a, batch), _figures(s, batch)
+        ca, cs = cycles_per_token(a), cycles_per_token(s)
+        out.append(f"| {trace} | {batch} | {fa[0]:.3f} | {ca:,.0f} | {fs[0]:.3f} | "
+                   f"{fs[1]:.2f} | {cs:,.0f} | {cs / ca:.2f} |")
+    return "\n".join(out)

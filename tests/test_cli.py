@@ -34,6 +34,8 @@ def run_cli(*args):
     (["synth", "--no-pnr", "--blocks", "pe"], "--no-pnr needs an FPGA target"),
     (["sweep", "--blocks", "", "--set", "lanes=16"], "--blocks '' names no block"),
     (["verilog", "--out", "x", "--suffix", "a-b"], "--suffix must be letters, digits and '_'"),
+    (["tile-run", "--record"], "--record records the steady-state set or the report runs"),
+    (["tile-run", "--report", "--steady-state"], "--report and --steady-state are two"),
     (["moe-bench", "--preset", "huge"], "Unknown configuration preset 'huge'"),
     (["moe-bench", "--preset", ","], "--preset names nothing"),
     (["moe-bench", "--record", "--points", "DRAFT_T16"], "--record records every point of"),

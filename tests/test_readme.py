@@ -154,9 +154,9 @@ def test_readme_steady_state_table_is_the_recorded_one():
     import json
     from elmoe3d.sim import tile_run as tr
     rec = json.loads((ROOT / "sim" / "data" / "steady_state.json").read_text())
-    text = README.read_text()
-    a, b = tr.README_MARKERS
-    assert text[text.index(a) + len(a):text.index(b)].strip() == tr.readme_table(rec)
+    from elmoe3d.sim.generated import between
+    for page in (README, ROOT / "docs" / "blocks" / "tile.md"):
+        assert between(page.read_text(), tr.README_MARKERS) == tr.readme_table(rec), page
     assert all(r["match"] for r in rec["runs"]), "a recorded run differs from the golden"
 
 
@@ -174,7 +174,21 @@ def test_moe_pass_tables_are_the_recorded_ones():
         for role in mb.ROLES:
             for t in (1, 4, 16, T):
                 assert f"{role}_T{t}" in r["figures"], (name, role, t)
-    a, b = mb.MARKERS
+    from elmoe3d.sim.generated import between
     for path in (README, ROOT / "docs" / "blocks" / "moe_layer.md"):
-        text = path.read_text()
-        assert text[text.index(a) + len(a):text.index(b)].strip() == mb.readme_table(rec), path
+        assert between(path.read_text(), mb.MARKERS) == mb.readme_table(rec), path
+
+
+def test_tile_report_tables_are_the_recorded_ones():
+    """docs/blocks/tile.md's report table and perf.md's model-vs-RTL table
+    are what `sim/data/tile_report.json` and `tile_counters.json` say
+    (`elmoe3d tile-run --report --record` writes all four)."""
+    import json
+    from elmoe3d.sim import tile_run as tr
+    from elmoe3d.sim.generated import between
+    from elmoe3d.sim.perf import rtl_compare as rc
+    rep = json.loads((ROOT / "sim" / "data" / "tile_report.json").read_text())
+    docs = ROOT / "docs" / "blocks"
+    assert between((docs / "tile.md").read_text(), tr.REPORT_MARKERS) == tr.report_table(rep)
+    assert between((docs / "perf.md").read_text(), rc.DOC_MARKERS) == \
+        rc.doc_table(rc.compare(rc.RECORDED))

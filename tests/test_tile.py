@@ -274,51 +274,22 @@ TILE_REPORT_STEPS = 8
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("which", [0, 1], ids=["zipf-default", "lm-routing"])
-def test_tile_report(tmp_path, measured_dir, which):
+def test_tile_report(measured_dir):
     """The report's traces on the tile top (the synthetic Zipf trace at
     `default`, the LM's own routing at `lm`): batch 1, 4 and 16, AR and
-    Elastic-SD forced, one simulation; trace, outputs, responses and counters
-    equal the golden's; the tile's counters and cycles ->
-    ``build/measured/tile_report.json`` (the report's tile table) and, for a
-    trace stored in a file, ``build/measured/tile_counters.json`` (what the
-    system model compares with, ``sim/perf/rtl_compare.py``)."""
-    from elmoe3d.commands import decode as dec
-    name, cfg, _ = dec.report_traces()[which]
-    runs = dec.report_runs(steps=TILE_REPORT_STEPS, traces=[name])
-    cases = [dict(script=r["run"].script, events=r["run"].events, counters=r["counters"],
-                  faults={}, ext_reads=r["run"].controller.ext_reads,
-                  name=f"B{r['batch']} {r['mode']}") for r in runs]
-    res = _top_trace(tmp_path, cfg, cases, seed=7, build=dec.RTL_BUILD,
-                     env={"ELMOE_TILE_IDLE": "0", "ELMOE_TILE_AXI_PAUSE": "0"})
-    assert [o["events"] for o in res] == [len(r["run"].events) for r in runs]
-    outs = [dict(trace=name, batch=r["batch"], mode=r["mode"], steps=TILE_REPORT_STEPS,
-                 config=cfg.to_dict(), rtl=o["counters"], cycles=o["cycles"],
-                 events=o["events"], sim_cpu_s=o["cpu_s"])
-            for r, o in zip(runs, res)]
-    path = measured_dir / dec.TILE_REPORT
-    old = json.loads(path.read_text())["runs"] if path.is_file() else []
-    path.write_text(json.dumps({"source": "tests/test_tile.py::test_tile_report (Verilator)",
-                                "runs": [o for o in old if o["trace"] != name] + outs},
-                               indent=1))
-    _tile_counters(measured_dir, name, cfg, runs, [o["counters"] for o in res])
-
-
-def _tile_counters(measured_dir, name, cfg, runs, counters):
-    """The tile report's runs for the system model's comparison
-    (``build/measured/tile_counters.json``, ``sim/perf/rtl_compare.py``
-    version 2: the layer steps the tile routed and its counters), replacing
-    the runs of trace ``name``."""
+    Elastic-SD forced, on the native harness (`elmoe3d tile-run --report`,
+    :func:`elmoe3d.sim.tile_run.report_set`); trace, outputs, responses and
+    counters equal the golden's; the tile's counters and cycles ->
+    ``build/measured/tile_report.json`` (the report's tile table) and
+    ``build/measured/tile_counters.json`` (what the system model compares
+    with, ``sim/perf/rtl_compare.py``)."""
+    from elmoe3d.cli import main
     from elmoe3d.sim.perf import rtl_compare as rc
-    path = measured_dir / "tile_counters.json"
-    old = json.loads(path.read_text())["runs"] if path.is_file() else []
-    path.write_text(json.dumps({
-        "format": rc.FORMAT, "version": 2,
-        "source": "tests/test_tile.py::test_tile_report (elmoe3d_tile, Verilator)",
-        "runs": [o for o in old if o["trace"].get("name") != name] + [
-            rc.tile_run(cfg, name, r["batch"], r["mode"], r["run"].script, c)
-            for r, c in zip(runs, counters)]}))
-    assert rc.compare(path)["available"]
+    assert main(["tile-run", "--report", "--no-progress", "--json",
+                 str(measured_dir / "tile_report.json")]) == 0
+    rep = json.loads((measured_dir / "tile_report.json").read_text())
+    assert len(rep["runs"]) == 12
+    assert rc.compare(measured_dir / "tile_counters.json")["available"]
 
 
 def test_tile_top_fault(tmp_path, measured_dir):

@@ -454,13 +454,13 @@ def report_runs(quick=False, steps=None, traces=None):
 #: Where the controller RTL's report runs are written (tests/test_esd_ctrl.py).
 RTL_REPORT = "esd_ctrl_report.json"
 #: Where the tile's report runs are written (the tile top replaying the same
-#: traces: ``pytest -m slow tests/test_tile.py -k tile_report``).
+#: traces: ``elmoe3d tile-run --report``).
 TILE_REPORT = "tile_report.json"
 
 
 def recorded_tile_report():
     """The recorded copy of the tile's report runs in the repository
-    (``sim/data/tile_report.json``, about an hour of simulation): the report
+    (``sim/data/tile_report.json``, a few minutes on the native harness): the report
     uses it when ``build/measured`` has none."""
     from pathlib import Path
 
@@ -612,8 +612,8 @@ def build_section(ctx):
                   "`sim/data/tile_report.json`, checked against the golden now" if recorded
                   else "") + "):\n\n" + md_table(TILE_HEAD, trows))
     else:
-        md += (f"\n\nNo tile runs of the traces (`build/measured/{TILE_REPORT}`; `pytest -m "
-               "slow tests/test_tile.py -k tile_report` writes it).")
+        md += (f"\n\nNo tile runs of the traces (`build/measured/{TILE_REPORT}`; `elmoe3d "
+               "tile-run --report` writes it).")
     drows = rtl_decode_rows(ctx.outdir / "measured")
     if drows:
         md += ("\n\nThe in-project MoE LM decoded with every MoE layer on the RTL tile "

@@ -53,6 +53,10 @@ def register(p):
                    help="the steady-state set: traces zipf,lm x batch 1,4,16 x ar,sd x seeds "
                         "1,2,3, 32 warm-up steps, 128 measured at batch 1 and 64 at 4 and 16 "
                         f"(default --json build/measured/{STEADY_FILE})")
+    p.add_argument("--report", action="store_true",
+                   help="the report runs instead: both traces x batch 1,4,16 x AR,SD, 8 decode "
+                        "steps from a cold cache, to tile_report.json and tile_counters.json "
+                        "(the folder of --json; default build/measured)")
     p.add_argument("--scheduler", default=None, metavar="ADDRESS",
                    help="an existing Dask scheduler (tcp://host:8786); default: an embedded "
                         "LocalCluster")
@@ -61,7 +65,9 @@ def register(p):
     p.add_argument("--json", metavar="FILE", help="results as JSON")
     p.add_argument("--record", action="store_true",
                    help="with --steady-state: write the recorded copy (sim/data/steady_state.json) "
-                        "and README's steady-state table from it")
+                        "and README's steady-state table from it; with --report: "
+                        "sim/data/tile_report.json, tile_counters.json and the tables of "
+                        "docs/blocks/tile.md and perf.md")
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
 
 
@@ -136,8 +142,13 @@ def run(args) -> int:
     from ._common import writable_file
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, not {args.workers}")
+    if args.report:
+        if args.steady_state:
+            raise ValueError("--report and --steady-state are two different sets: give one")
+        return _report(args)
     if args.record and not args.steady_state:
-        raise ValueError("--record records the steady-state set: give --steady-state too")
+        raise ValueError("--record records the steady-state set or the report runs: give "
+                         "--steady-state or --report too")
     specs = _specs(args)
     path = args.json or (f"build/measured/{STEADY_FILE}" if args.steady_state else None)
     if args.record:
@@ -187,8 +198,9 @@ def run(args) -> int:
     if args.record:
         from .record import repo_readme
         rec = json.loads(out.read_text())
-        changed = tr.write_readme_table(repo_readme(), rec)
-        print(f"{'rewrote' if changed else 'unchanged:'} {repo_readme()}'s steady-state table")
+        for page in (repo_readme(), repo_readme().parent / "docs" / "blocks" / "tile.md"):
+            changed = tr.write_readme_table(page, rec)
+            print(f"{'rewrote' if changed else 'unchanged:'} {page}'s steady-state table")
     return 0 if all(r["match"] for r in res) else 1
 
 
@@ -221,3 +233,42 @@ def build_section(ctx):
     return Section("Tile in steady state (native harness)", md,
                    {"rows": [dict(zip(tr.SUMMARY_HEAD, r)) for r in rows],
                     "recorded": recorded}, text_table(tr.SUMMARY_HEAD, rows))
+
+
+def _report(args) -> int:
+    """``--report``: the report runs of both traces on the native tile."""
+    from ..sim import tile_run as tr
+    from ..sim.perf import rtl_compare as rc
+    from ._common import writable_file
+    if args.record:
+        folder = recorded_steady_state().parent
+    else:
+        folder = Path(args.json).parent if args.json else Path("build/measured")
+    rep_path = writable_file(str(folder / "tile_report.json"), "--json")
+    cnt_path = writable_file(str(folder / "tile_counters.json"), "--json")
+    t0 = time.monotonic()
+    outs, counter_runs = [], []
+    for which, name in ((0, "zipf"), (1, "lm")):
+        if not args.no_progress:
+            print(f"[{time.monotonic() - t0:6.1f} s] {name}: the native tile built or found, "
+                  "6 runs", file=sys.stderr, flush=True)
+        o, c = tr.report_set(which)
+        outs += o
+        counter_runs += c
+    report = {"source": "elmoe3d tile-run --report (native harness, LPDDR latency 12)",
+              "runs": outs}
+    rep_path.write_text(json.dumps(report, indent=1))
+    cnt_path.write_text(json.dumps({"format": rc.FORMAT, "version": 2,
+                                    "source": "elmoe3d tile-run --report (elmoe3d_tile, native)",
+                                    "runs": counter_runs}))
+    print(tr.report_table(report))
+    print(f"wrote {rep_path} and {cnt_path} ({time.monotonic() - t0:.0f} s); every run equal "
+          "to the golden: yes")
+    if args.record:
+        from ..sim.generated import replace_between
+        from .record import repo_readme
+        docs = repo_readme().parent / "docs" / "blocks"
+        replace_between(docs / "tile.md", tr.REPORT_MARKERS, tr.report_table(report))
+        replace_between(docs / "perf.md", rc.DOC_MARKERS, rc.doc_table(rc.compare(cnt_path)))
+        print(f"rewrote the tables of {docs / 'tile.md'} and {docs / 'perf.md'}")
+    return 0

@@ -86,10 +86,9 @@ __all__ = ["TILE_COUNTERS", "COUNTERS", "load_tile_counters", "model_counters", 
            "compare", "report_lines"]
 
 TILE_COUNTERS = REPO_ROOT / "build" / "measured" / "tile_counters.json"
-#: The tile report's counters as recorded in the repository (a copy of a
-#: ``build/measured/tile_counters.json`` that ``pytest -m slow
-#: tests/test_tile.py -k tile_report`` wrote: an hour of simulation, so a
-#: fresh clone has the figures without it); used when no fresh file exists.
+#: The tile report's counters as recorded in the repository (``elmoe3d
+#: tile-run --report --record`` writes it, so a fresh clone has the figures
+#: without a simulation); used when no fresh file exists.
 RECORDED = Path(__file__).resolve().parent.parent / "data" / "tile_counters.json"
 FORMAT, VERSION = "elmoe3d-tile-counters", 2
 VERSIONS = (1, 2)
@@ -347,8 +346,8 @@ def compare(path=None) -> dict:
     if d is None:
         p = Path(path) if path else TILE_COUNTERS
         return dict(available=False, path=str(p),
-                    message=f"model vs RTL: no tile counters ({p} does not exist; `pytest -m "
-                            "slow tests/test_tile.py -k tile_report` writes it), so no agreement "
+                    message=f"model vs RTL: no tile counters ({p} does not exist; `elmoe3d "
+                            "tile-run --report` writes it), so no agreement "
                             "is reported")
     base = Path(d["path"]).parent
     runs = []
@@ -380,3 +379,29 @@ def report_lines(cmp: dict) -> list[str]:
             out.append(f"    {x['counter']:16s} RTL {x['rtl']:>14.0f}  model {x['model']:>14.0f}  "
                        f"rel. error {e:>8s}  {'ok' if x['agree'] else 'MISMATCH'}")
     return out
+
+
+#: markers around the comparison table in docs/blocks/perf.md
+DOC_MARKERS = ("<!-- rtl-compare: generated from sim/data/tile_counters.json -->",
+               "<!-- end of rtl-compare -->")
+
+
+def doc_table(cmp: dict) -> str:
+    """docs/blocks/perf.md's table: per recorded tile run, the cache counters
+    and bytes of the tile (RTL) and the model, and whether the exact counters
+    agree."""
+    out = ["| trace | batch | mode | hits RTL / model | misses | fills | evictions | "
+           "HB MB | LPDDR MB | cache counters agree |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in cmp["runs"]:
+        v = {x["counter"]: x for x in r["rows"]}
+
+        def pair(k, mb=False):
+            a, b = v[k]["rtl"], v[k]["model"]
+            return f"{a / 1e6:.2f} / {b / 1e6:.2f}" if mb else f"{a:.0f} / {b:.0f}"
+        agree = all(v[k]["agree"] for k in ("hb_hits", "hb_misses", "fills", "evictions"))
+        out.append(f"| {r['trace']} | {r['batch']} | {r['mode']} | {pair('hb_hits')} | "
+                   f"{pair('hb_misses')} | {pair('fills')} | {pair('evictions')} | "
+                   f"{pair('hb_bytes', True)} | {pair('lpddr_bytes', True)} | "
+                   f"{'yes' if agree else 'no'} |")
+    return "\n".join(out)
