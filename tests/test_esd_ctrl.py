@@ -394,7 +394,7 @@ def test_esd_ctrl_cycles(tmp_path, measured_dir):
 # ELMOE_ESD_WRITE_REF=1 rebuilds that reference from git and rewrites the file first.
 
 #: the commit whose ``hw/esd_ctrl.py`` is the cycle reference
-CYCLE_REF = "c7cc9af"
+CYCLE_REF = "8771055"
 CYCLE_FIXTURE = Path(__file__).resolve().parent / "data" / "esd_ctrl_cycles_ref.json"
 
 
