@@ -21,21 +21,19 @@ before any logic, and every flag is a flip-flop.
 same ports and cycle behaviour, rewritten so that a wide FIFO's storage
 enables do not pass its level logic (first written for ``hb_bank``).
 
-:class:`Queue` is ``SyncFIFOBuffered`` with a payload shape and ``i``/``o``
-streams of that shape (Glasgow's ``Queue(shape=, depth=)``), and
 :class:`StreamArbiter` merges several streams into one.
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, Cat, Const, Elaboratable, Module, Mux, Shape, Signal, unsigned
-from amaranth.lib import fifo, memory, stream, wiring
+from amaranth.hdl import Array, Cat, Const, Elaboratable, Module, Mux, Signal, unsigned
+from amaranth.lib import memory, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .common import check_int
 
-__all__ = ["RegisterSlice", "BlockFIFO", "CreditFIFO", "QueueFIFO", "Queue", "StreamArbiter"]
+__all__ = ["RegisterSlice", "BlockFIFO", "CreditFIFO", "QueueFIFO", "StreamArbiter"]
 
 
 def _ring_next(ptr, depth: int):
@@ -323,49 +321,6 @@ class QueueFIFO(CreditFIFO):
             m.d.sync += self.r_rdy.eq(0)
         inner_level = Mux(p_wrap == c_wrap, produce - consume, produce + inner_depth - consume)
         m.d.comb += self.level.eq(inner_level[:len(self.level)] + self.r_rdy)
-        return m
-
-
-class Queue(wiring.Component):
-    """``amaranth.lib.fifo.SyncFIFOBuffered`` that takes a payload shape and
-    speaks streams of it.
-
-    Parameters
-    ----------
-    shape : shape-castable
-        The payload shape (a ``data.Struct`` of the shared vocabulary).
-    depth : int
-        Entries (>= 1).
-
-    Members
-    -------
-    i : ``In(stream.Signature(shape))``
-    o : ``Out(stream.Signature(shape))``
-
-    Latency and throughput: ``SyncFIFOBuffered``'s (a payload written into
-    an empty queue is valid on ``o`` two cycles later; one per cycle).
-    ``i.ready`` is the level compare of a register, ``o.valid`` and
-    ``o.payload`` are registers.
-    """
-
-    def __init__(self, shape, depth: int):
-        check_int("Queue depth", depth, 1)
-        self._shape, self.depth = shape, depth
-        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
-
-    def elaborate(self, platform):
-        m = Module()
-        width = Shape.cast(self._shape).width
-        m.submodules.fifo = q = fifo.SyncFIFOBuffered(width=width, depth=self.depth)
-        # the library FIFO's streams carry unsigned(width): the views convert
-        m.d.comb += [q.w_stream.valid.eq(self.i.valid),
-                     q.w_stream.payload.eq(self.i.payload.as_value()
-                                           if hasattr(self.i.payload, "as_value")
-                                           else self.i.payload),
-                     self.i.ready.eq(q.w_stream.ready),
-                     self.o.valid.eq(q.r_stream.valid),
-                     self.o.payload.eq(q.r_stream.payload),
-                     q.r_stream.ready.eq(self.o.ready)]
         return m
 
 

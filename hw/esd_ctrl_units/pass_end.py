@@ -29,7 +29,7 @@ from amaranth.lib.wiring import In, Out
 from ...config import Config
 from ...golden import esd as gesd
 from .. import vocab as hv
-from ..streams import Queue
+from ..moe.queue import Queue
 from .common import Emit, check_config, clear_counts
 from .counters import counter_fields
 from .pass_engine import pass_entries
@@ -90,7 +90,7 @@ class PassEnd(wiring.Component):
         fin = Emit(m, self.done, "done")
         inc = self.counts.inc
         clear_counts(m, inc, self.COUNTS)
-        m.submodules.ledger = q = Queue(self.entry_t, P)
+        m.submodules.ledger = q = Queue(self.entry_t, max(2, P))
         wiring.connect(m, wiring.flipped(self.entry), q.i)
 
         # what the pass waits for (bit per entry position, or per slot)

@@ -6,7 +6,7 @@ the KV boundary) has its own ``TraceEvent`` output register
 (:class:`~.common.Emit`). The emitter takes one event per cycle from them
 (lowest port number first), through a
 :class:`~elmoe3d.hw.streams.RegisterSlice` into a
-:class:`~elmoe3d.hw.streams.Queue` whose output is ``trace``.
+:class:`~elmoe3d.hw.moe.queue.Queue` whose output is ``trace``.
 
 Why the order of the trace is right without a sequence number
 -------------------------------------------------------------
@@ -31,7 +31,8 @@ from amaranth.lib.wiring import In, Out
 from ...config import Config
 from .. import vocab as hv
 from ..common import check_int
-from ..streams import Queue, RegisterSlice, StreamArbiter
+from ..moe.queue import Queue
+from ..streams import RegisterSlice, StreamArbiter
 from .common import check_config
 
 __all__ = ["TraceEmitter"]

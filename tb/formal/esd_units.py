@@ -42,7 +42,8 @@ from amaranth.lib import wiring
 
 from ...hw import esd_ctrl_units as units
 from ...hw.esd_ctrl_units import common
-from ...hw.streams import Queue, StreamArbiter
+from ...hw.moe.queue import Queue
+from ...hw.streams import StreamArbiter
 from .common import stream_rules_all
 from .esd_ctrl import FORMAL_CONFIG
 
@@ -80,7 +81,7 @@ class _DropsValid(Queue):
         m = super().elaborate(platform)
         stalled = Signal()
         m.d.sync += stalled.eq(self.o.valid & ~self.o.ready)
-        m.d.comb += self.o.valid.eq(m.submodules.fifo.r_stream.valid & ~stalled)
+        m.d.comb += self.o.valid.eq(m.submodules.fifo.r_rdy & ~stalled)
         return m
 
 
