@@ -9,8 +9,8 @@ in a cycle in which the output is ``free`` (empty, or emptied by a transfer
 in this cycle), and goes on; the register drains by itself. So
 
 * the payload is a register: no state decode or field multiplexer of one
-  unit sits in front of another unit's logic (the controller's longest
-  paths before it was split were exactly those);
+  unit sits in front of another unit's logic (such paths would be the
+  controller's longest);
 * the stream rules hold by construction (``valid`` falls only with
   ``ready``, the payload loads only when ``free``), whatever the FSM does;
 * one state can load several outputs at once (an event, a tag command and
