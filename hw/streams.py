@@ -20,18 +20,20 @@ before any logic, and every flag is a flip-flop.
 :class:`CreditFIFO` and :class:`QueueFIFO` are ``SyncFIFOBuffered`` with the
 same ports and cycle behaviour, rewritten so that a wide FIFO's storage
 enables do not pass its level logic (first written for ``hb_bank``).
+
+:class:`StreamArbiter` merges several streams into one.
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import Array, Elaboratable, Module, Mux, Signal, unsigned
+from amaranth.hdl import Array, Cat, Const, Elaboratable, Module, Mux, Signal, unsigned
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .common import check_int
 
-__all__ = ["RegisterSlice", "BlockFIFO", "CreditFIFO", "QueueFIFO"]
+__all__ = ["RegisterSlice", "BlockFIFO", "CreditFIFO", "QueueFIFO", "StreamArbiter"]
 
 
 def _ring_next(ptr, depth: int):
@@ -319,4 +321,73 @@ class QueueFIFO(CreditFIFO):
             m.d.sync += self.r_rdy.eq(0)
         inner_level = Mux(p_wrap == c_wrap, produce - consume, produce + inner_depth - consume)
         m.d.comb += self.level.eq(inner_level[:len(self.level)] + self.r_rdy)
+        return m
+
+
+class StreamArbiter(wiring.Component):
+    """``n`` streams into one: the lowest-numbered valid input wins, and the
+    choice is held while the output waits.
+
+    Parameters
+    ----------
+    shape : shape-castable
+        The payload shape of every stream.
+    n : int
+        Inputs (>= 1).
+    hold : bool
+        Hold the choice while ``o`` waits (default): ``o`` follows the stream
+        rules. Without it the lowest-numbered valid input is shown in every
+        cycle, for a consumer that takes a payload only when it has room
+        and does not need it to stay (a :class:`RegisterSlice`): one LUT
+        less between the inputs' ``valid`` and their ``ready``.
+
+    Members
+    -------
+    i : ``In(stream.Signature(shape)).array(n)``
+    o : ``Out(stream.Signature(shape))``
+    grant : ``Out(n)``
+        One-hot: the input ``o`` shows (valid with ``o.valid``).
+
+    Latency and throughput: combinational (``o`` is a multiplexer of the
+    inputs, ``i[k].ready = o.ready & grant[k]``); one transfer per cycle.
+
+    Why the choice is held: the stream rules let a producer count on its
+    payload staying on ``o`` once ``o.valid`` is high; an input of a lower
+    number that becomes valid while ``o`` waits must not replace it. A
+    register remembers the grant of a cycle in which ``o`` was valid and not
+    taken; a transfer releases it. The rules on the inputs keep the held
+    input valid.
+    """
+
+    def __init__(self, shape, n: int, *, hold: bool = True):
+        check_int("Arbiter inputs", n, 1)
+        self._shape, self.n, self.hold = shape, n, bool(hold)
+        super().__init__({"i": In(stream.Signature(shape)).array(n),
+                          "o": Out(stream.Signature(shape)), "grant": Out(n)})
+
+    def elaborate(self, platform):
+        m = Module()
+        n = self.n
+        valid = Cat(s.valid for s in self.i)
+        first = Signal(n)               # one-hot: the lowest-numbered valid input
+        m.d.comb += first.eq(Cat(valid[k] & ~valid[:k].any() if k else valid[0]
+                                 for k in range(n)))
+        # the held input as an index (its one-hot decode is one input, whatever
+        # the register holds)
+        hold, held = Signal(), Signal(range(n))
+        m.d.comb += self.grant.eq(Mux(hold, Cat(held == k for k in range(n)), first)
+                                  if self.hold else first)
+        m.d.comb += self.o.valid.eq((self.grant & valid).any())
+        raw = [s.payload.as_value() if hasattr(s.payload, "as_value") else s.payload
+               for s in self.i]
+        pick = Const(0, len(raw[0]))
+        for k in range(n):
+            pick = pick | Mux(self.grant[k], raw[k], 0)
+        m.d.comb += self.o.payload.eq(pick)
+        for k in range(n):
+            m.d.comb += self.i[k].ready.eq(self.o.ready & self.grant[k])
+        m.d.sync += hold.eq(self.o.valid & ~self.o.ready)
+        for k in range(n):
+            with m.If(self.grant[k]):
+                m.d.sync += held.eq(k)
         return m

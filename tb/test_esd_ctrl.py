@@ -37,7 +37,12 @@ tag unit's ``resident`` must equal those bits and ``pending`` be 0.
 
 Every stream has random idle cycles and back-pressure (``$ELMOE_ESD_IDLE``,
 default 0.2); one coroutine drives and samples every port each cycle (about
-twice as fast as one coroutine per port). At the end the trace
+twice as fast as one coroutine per port). ``$ELMOE_ESD_FAST=1`` replaces every
+random choice by the fastest one (no idle cycles, no back-pressure, every
+modelled block at its minimum latency): a deterministic environment in which
+two controller designs' cycle counts compare directly; the result then also
+lists the cycle and kind (op) of every trace event (host response)
+(``times``). At the end the trace
 (in canonical order) must equal the golden events, every host response the
 golden's, and the controller's counters the golden counters.
 """
@@ -242,8 +247,9 @@ async def replay(dut):
     cases = loaded["cases"] if "cases" in loaded else [loaded]
     cfg = Config(**params())
     t = {k: data.Layout.cast(v) for k, v in esd_ports(cfg).items()}
-    r = rng()
-    idle = float(os.environ.get("ELMOE_ESD_IDLE", "0.2"))
+    fast = os.environ.get("ELMOE_ESD_FAST", "") not in ("", "0")
+    r = _Fastest() if fast else rng()
+    idle = 0.0 if fast else float(os.environ.get("ELMOE_ESD_IDLE", "0.2"))
     if hasattr(dut, "commit__valid"):              # joined: HB's inputs defined from time 0
         dut.commit__valid.value = 0
         dut.commit__slot.value = 0
@@ -259,6 +265,19 @@ async def replay(dut):
         outs.append(await run_case(dut, case, cfg, t, r, idle))
         with open(os.environ["ELMOE_ESD_OUT"], "w") as f:
             json.dump(outs if "cases" in loaded else outs[0], f)
+
+
+class _Fastest:
+    """Stands in for ``random.Random`` in the fast environment: every delay
+    its minimum, never an idle cycle."""
+
+    @staticmethod
+    def randint(a, b):
+        return a
+
+    @staticmethod
+    def random():
+        return 1.0
 
 
 async def run_case(dut, case, cfg, t, r, idle):
@@ -407,9 +426,17 @@ async def run_case(dut, case, cfg, t, r, idle):
         passes[0][0] -= 1
         pass_check()
 
+    times = dict(responses=[], events=[])
+
+    def timed(lst, key):
+        def put(x):
+            lst.append(x)
+            times[key].append((cyc[0], x.get("kind", x.get("op"))))
+        return put
+
     # (joined: tag_cmd / tag_rsp are inner wires; a write would stick on Icarus)
-    sinks = [Snk(dut, "host_rsp", t["HostResponse"], r, idle, responses.append),
-             Snk(dut, "trace", t["TraceEvent"], r, idle, events.append),
+    sinks = [Snk(dut, "host_rsp", t["HostResponse"], r, idle, timed(responses, "responses")),
+             Snk(dut, "trace", t["TraceEvent"], r, idle, timed(events, "events")),
              *([] if joined else [Snk(dut, "tag_cmd", t["TagCommand"], r, idle, on_tag)]),
              Snk(dut, "ext_cmd", t["ExtCommand"], r, idle, on_ext),
              Snk(dut, "kv_req", t["KVRequest"], r, idle, on_kv),
@@ -458,4 +485,7 @@ async def run_case(dut, case, cfg, t, r, idle):
         mine = sum(v << s_ for s_, v in enumerate(hb_valid))
         assert res == mine and not pend, (f"end: tag unit resident {res:#x} pending {pend:#x}, "
                                           f"HB valid {mine:#x}")
-    return check_results(case, expected, responses, events, sinks, cyc[0])
+    out = check_results(case, expected, responses, events, sinks, cyc[0])
+    if isinstance(r, _Fastest):
+        out["times"] = times
+    return out

@@ -3,7 +3,9 @@ event for event against the golden control sequence (blocks modelled by
 their golden models; see ``tb/test_esd_ctrl.py``)."""
 
 import json
+import os
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -306,3 +308,208 @@ def test_saturating_add_every_value(amount_bits):
     assert len(seen) == 16 << amount_bits
     for cv, av, o, o1, o7 in seen:
         assert (o, o1, o7) == (min(cv + av, 15), min(cv + 1, 15), min(cv + 7, 15)), (cv, av)
+
+
+# ---------------------------------------------------------------------------------------
+# cycles in the fast environment (no idle, no back-pressure, every modelled block at its
+# minimum latency): the controller's own cost per command, per pass and per expert
+
+
+def _cycle_figures(out, script):
+    """Per-command mean cycles (response to response, by op and phase), the
+    cycles of a pass by its experts (its ``PASS`` to the next ``PASS`` or
+    ``LAYER_DONE``: lookups, decisions, the pass end) with a line fit
+    (fixed + per expert), and the cycles of a STEP outside its passes."""
+    ek = gesd.EventKind
+    rs, evs = out["times"]["responses"], out["times"]["events"]
+    names = {0: "ROUND", 1: "STEP", 2: "ACCEPT", 3: "CONTEXT", 4: "COUNTER"}
+    per, prev = {}, 0
+    steps = [e for e in script]
+    for i, (c, op) in enumerate(rs):
+        e = steps[i] if i < len(steps) else {}
+        key = names[op] + (f"/{gesd.Phase(e['phase']).name}" if op == 1 and "refused" not in e
+                           else "") + (" refused" if "refused" in e else "")
+        per.setdefault(key, []).append(c - prev)
+        prev = c
+    passes, groups, cur, first = [], [], None, None
+    for c, k in evs:
+        if k in (ek.PASS, ek.LAYER_DONE) and cur is not None:
+            passes.append((cur[1], c - cur[0]))
+        if k == ek.PASS:
+            first = c if first is None else first
+            cur = (c, 0)
+        elif k == ek.LAYER_DONE:
+            groups.append(c - (first if first is not None else c))
+            cur, first = None, None
+        elif k == ek.LOOKUP and cur is not None:
+            cur = (cur[0], cur[1] + 1)
+    x = np.array([p[0] for p in passes], float)
+    y = np.array([p[1] for p in passes], float)
+    fixed, per_expert = np.linalg.lstsq(np.vstack([np.ones_like(x), x]).T, y, rcond=None)[0]
+    outside, gi, prev = {}, 0, 0
+    for i, (c, op) in enumerate(rs):
+        e = steps[i] if i < len(steps) else {}
+        if op == 1 and "refused" not in e:
+            outside.setdefault(gesd.Phase(e["phase"]).name, []).append(c - prev - groups[gi])
+            gi += 1
+        prev = c
+    mean = lambda v: round(float(np.mean(v)), 2)   # noqa: E731
+    by_n = {}
+    for n, d in passes:
+        by_n.setdefault(n, []).append(d)
+    return dict(cycles=out["cycles"], commands={k: [len(v), mean(v)] for k, v in sorted(per.items())},
+                pass_fixed=round(float(fixed), 2), pass_per_expert=round(float(per_expert), 2),
+                pass_by_experts={int(n): mean(v) for n, v in sorted(by_n.items())},
+                step_outside_passes={k: mean(v) for k, v in sorted(outside.items())})
+
+
+def test_esd_ctrl_cycles(tmp_path, measured_dir):
+    """The fast environment (``ELMOE_ESD_FAST=1``): `tiny` with KV pressure
+    (the controller alone) and `default` at batch 1 / 4 / 16 (joined with
+    the real tag unit, SD forced): trace, responses and counters equal the
+    golden's; the cycles per command, per pass and per expert go to
+    ``build/measured/esd_ctrl_cycles.json`` (``docs/blocks/esd_ctrl.md``,
+    Numbers)."""
+    fast = {"ELMOE_ESD_FAST": "1"}
+    res = {}
+    for d in ("tiny", "default"):
+        (tmp_path / d).mkdir()
+    run, case = _case(TINY_KV, 4, 40, 1, **KV_PRESSURE)
+    out = _simulate(tmp_path / "tiny", TINY_KV, case, env=fast)
+    res["tiny B4 alone"] = _cycle_figures(out, case["script"])
+    runs, cases = _join_cases(DEFAULT_JOIN, 12)
+    outs = _simulate(tmp_path / "default", DEFAULT_JOIN, cases, dut=JOINED, env=fast)
+    for c, o in zip(cases, outs):
+        res[f"default {c['name']} joined"] = _cycle_figures(o, c["script"])
+    (measured_dir / "esd_ctrl_cycles.json").write_text(json.dumps(
+        {"source": "tests/test_esd_ctrl.py -k cycles (Verilator, ELMOE_ESD_FAST=1)",
+         "runs": res}, indent=1))
+    assert all(r["pass_per_expert"] > 0 for r in res.values())
+
+
+# ---------------------------------------------------------------------------------------
+# cycle for cycle against the reference controller: hw/esd_ctrl.py of CYCLE_REF (the
+# controller as one FSM), in the fast environment. Its records (the cycle and kind of
+# every host response and trace event of each case) are tests/data/esd_ctrl_cycles_ref.json;
+# ELMOE_ESD_WRITE_REF=1 rebuilds that reference from git and rewrites the file first.
+
+#: the commit whose ``hw/esd_ctrl.py`` is the cycle reference
+CYCLE_REF = "8771055"
+CYCLE_FIXTURE = Path(__file__).resolve().parent / "data" / "esd_ctrl_cycles_ref.json"
+
+
+def _cycle_runs():
+    """``(name, cfg, cases, joined)``: `tiny` alone with KV pressure and LPDDR
+    faults (SD and back-off AR rounds, KV moves that invalidate slots, aborts,
+    LPDDR errors) and with refused commands; `default` joined with the real
+    tag unit at batch 1 / 4 / 16, SD forced (lookups, evictions, touches,
+    DECAYs)."""
+    _, faults = _case(TINY_KV, 4, 40, 5, faults=FAULTS, **KV_PRESSURE)
+    _, bad = _case(TINY_KV, 4, 20, 11, bad=0.3, **KV_PRESSURE)
+    faults["name"], bad["name"] = "B4 faults", "B4 refusals"
+    _, joined = _join_cases(DEFAULT_JOIN, 12)
+    return [("tiny", TINY_KV, [faults, bad], False), ("default", DEFAULT_JOIN, joined, True)]
+
+
+def _reference_ctrl():
+    """``EsdCtrl`` of :data:`CYCLE_REF`, loaded from git as a module of
+    ``elmoe3d.hw`` (its relative imports resolve there)."""
+    import importlib.util
+    import subprocess
+    import sys
+    name = "elmoe3d.hw._esd_ctrl_ref"
+    if name not in sys.modules:
+        src = subprocess.run(["git", "show", f"{CYCLE_REF}:hw/esd_ctrl.py"],
+                             cwd=Path(__file__).resolve().parent, check=True, capture_output=True,
+                             text=True).stdout
+        mod = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, None))
+        mod.__package__ = "elmoe3d.hw"
+        exec(compile(src, f"{CYCLE_REF}:hw/esd_ctrl.py", "exec"), mod.__dict__)
+        sys.modules[name] = mod
+    return sys.modules[name].EsdCtrl
+
+
+def _reference_duts():
+    """(factory, block, top) of the reference controller alone and joined."""
+    from unittest import mock
+
+    from elmoe3d.tb import esd_join
+    ref = _reference_ctrl()
+
+    def joined(**fields):
+        with mock.patch.object(esd_join, "EsdCtrl", ref):
+            return esd_join.EsdTagJoin(Config(**fields))
+
+    return ((lambda **fields: ref(Config(**fields)), "esd_ctrl_ref", ALONE[2]),
+            (joined, "esd_tag_join_ref", JOINED[2]))
+
+
+def _plain(x):
+    """A NumPy value (array or scalar) as JSON can write it."""
+    return x.tolist() if hasattr(x, "tolist") else int(x)
+
+
+def _digest(case):
+    """What a case asks of the controller (its host script and faults)."""
+    import hashlib
+    return hashlib.sha256(json.dumps([case["script"], case["faults"]], sort_keys=True,
+                                     default=_plain).encode()).hexdigest()[:16]
+
+
+def _cycle_records(tmp_path, duts):
+    """``{case: {digest, responses, events}}`` in the fast environment, the
+    records as ``[cycle, kind or op]``."""
+    out = {}
+    for name, cfg, cases, joined in _cycle_runs():
+        d = tmp_path / f"{duts[joined][1]}-{name}"
+        d.mkdir()
+        res = _simulate(d, cfg, cases, dut=duts[joined], env={"ELMOE_ESD_FAST": "1"})
+        for c, o in zip(cases, res):
+            out[f"{name} {c['name']}"] = dict(digest=_digest(c), **{
+                k: [list(map(int, x)) for x in v] for k, v in o["times"].items()})
+    return out
+
+
+def _first_difference(want, got):
+    """The first record where two runs of one case part, or None."""
+    for key in ("responses", "events"):
+        w, g = want[key], got[key]
+        for i, (a, b) in enumerate(zip(w, g)):
+            if a != b:
+                return f"{key}[{i}]: reference {a}, this controller {b}"
+        if len(w) != len(g):
+            return f"{key}: reference {len(w)} records, this controller {len(g)}"
+    return None
+
+
+def test_esd_ctrl_cycles_equal_reference(tmp_path, measured_dir):
+    """The controller answers every host command and emits every trace
+    event in the same cycle as the reference controller (:data:`CYCLE_REF`)
+    in the fast environment (``ELMOE_ESD_FAST=1``: no idle, no
+    back-pressure, every modelled block at its minimum latency), alone and
+    joined with the real tag unit; the bench checks trace, commands,
+    responses and counters against the golden as always."""
+    if os.environ.get("ELMOE_ESD_WRITE_REF", "") not in ("", "0"):
+        ref = _cycle_records(tmp_path, _reference_duts())
+        CYCLE_FIXTURE.parent.mkdir(exist_ok=True)
+        CYCLE_FIXTURE.write_text(json.dumps(
+            {"source": f"hw/esd_ctrl.py of {CYCLE_REF}, tests/test_esd_ctrl.py -k reference "
+                       "with ELMOE_ESD_WRITE_REF=1 (Verilator, ELMOE_ESD_FAST=1)",
+             "runs": ref}, separators=(",", ":")))
+    want = json.loads(CYCLE_FIXTURE.read_text())["runs"]
+    got = _cycle_records(tmp_path, (ALONE, JOINED))
+    (measured_dir / "esd_ctrl_cycles_vs_ref.json").write_text(json.dumps(
+        {"source": "tests/test_esd_ctrl.py -k reference (Verilator, ELMOE_ESD_FAST=1)",
+         "runs": {name: dict(responses=len(got[name]["responses"]),
+                             events=len(got[name]["events"]),
+                             last_response=dict(reference=want[name]["responses"][-1][0],
+                                                now=got[name]["responses"][-1][0]),
+                             first_difference=_first_difference(want[name], got[name]))
+                  for name in want if name in got}}, indent=1))
+    assert sorted(got) == sorted(want)
+    for name in want:
+        assert got[name]["digest"] == want[name]["digest"], (
+            f"{name}: the case changed since the reference was recorded; rerun with "
+            "ELMOE_ESD_WRITE_REF=1")
+        diff = _first_difference(want[name], got[name])
+        assert diff is None, f"{name}: {diff}"

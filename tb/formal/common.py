@@ -45,19 +45,31 @@ def stream_rules(m, s, name: str, *, drive: str) -> None:
             m.d.comb += Assume(held)
 
 
-def stream_rules_all(m, component, *, prefix: str = "") -> list[str]:
+def stream_rules_all(m, component, *, prefix: str = "", nested: bool = False) -> list[str]:
     """Stream rules on every stream port of a ``wiring.Component`` (arrays
-    included): asserted on its outputs, assumed on its inputs. Returns the
-    names of the streams it covered."""
-    from amaranth.lib import stream, wiring
+    included): asserted on its outputs, assumed on its inputs. With
+    ``nested``, also on the streams inside its other interfaces (a
+    request/response port: ``<port>_<stream>``). Returns
+    the names of the streams it covered."""
     names = []
-    for name, member in component.signature.members.items():
-        if member.is_port or not isinstance(member.signature, stream.Signature):
+    _rules(m, component.signature, component, prefix, nested, names)
+    return names
+
+
+def _rules(m, sig, obj, prefix, nested, names):
+    # a member's signature is already seen from the component (an ``In``
+    # member's is flipped), so its flows need no composing here
+    from amaranth.lib import stream, wiring
+    for name, member in sig.members.items():
+        if member.is_port:
             continue
-        obj = getattr(component, name)
-        objs = [obj] if not member.dimensions else [obj[i] for i in range(member.dimensions[0])]
+        here = getattr(obj, name)
+        objs = [here] if not member.dimensions else [here[i] for i in range(member.dimensions[0])]
+        out = member.flow == wiring.Out
         for i, s in enumerate(objs):
             n = f"{prefix}{name}" + (f"{i}" if member.dimensions else "")
-            stream_rules(m, s, n, drive="dut" if member.flow == wiring.Out else "env")
-            names.append(n)
-    return names
+            if isinstance(member.signature, stream.Signature):
+                stream_rules(m, s, n, drive="dut" if out else "env")
+                names.append(n)
+            elif nested:
+                _rules(m, member.signature, s, f"{n}_", nested, names)

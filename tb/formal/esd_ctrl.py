@@ -16,9 +16,10 @@ the peers do).
 
 Planted bugs (``bug=``), each must fail:
 
-* ``slice_drops_valid``: the controller built with a register slice that
-  drops ``valid`` after one stalled cycle (a ``RegisterSlice`` whose
-  output register forgets its payload while ``ready`` is low);
+* ``slice_drops_valid``: the controller built with output registers that
+  drop ``valid`` after one stalled cycle: its input ``RegisterSlice`` s and
+  every unit's registered output (:class:`~elmoe3d.hw.esd_ctrl_units.common.Emit`)
+  forget their payload while ``ready`` is low;
 * ``trace_payload``: the trace payload changes while it waits (the
   wrapper XORs a free-running bit into the event while ``trace`` is
   stalled).
@@ -26,13 +27,18 @@ Planted bugs (``bug=``), each must fail:
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 from unittest import mock
 
-from amaranth.hdl import Assume, Cover, Module, ResetSignal, Signal
+from amaranth.hdl import Assume, Cover, Elaboratable, Fragment, Module, ResetSignal, Signal
 from amaranth.lib import wiring
 
 from ...config import Config
 from ...hw import esd_ctrl as _esd
+from ...hw import esd_ctrl_units
+from ...hw.esd_ctrl_units import UNITS
+from ...hw.esd_ctrl_units.common import Emit
 from ...hw.streams import RegisterSlice
 from .common import stream_rules_all
 
@@ -59,10 +65,42 @@ class _ForgetfulSlice(RegisterSlice):
         return m
 
 
+class _ForgetfulEmit(Emit):
+    """A unit output register that drops ``valid`` after one stalled cycle."""
+
+    def __init__(self, m, port, name):
+        super().__init__(m, port, name)
+        stalled = Signal(name=f"{name}_stalled")
+        m.d.sync += stalled.eq(port.valid & ~port.ready)
+        with m.If(stalled & ~port.ready):
+            m.d.sync += port.valid.eq(0)
+
+
 class _SliceDropsValid(_esd.EsdCtrl):
+    """The controller elaborated whole (its units too) with the forgetful
+    slices and output registers in place."""
+
     def elaborate(self, platform):
-        with mock.patch.object(_esd, "RegisterSlice", _ForgetfulSlice):
-            return super().elaborate(platform)
+        patches = [mock.patch.object(_esd, "RegisterSlice", _ForgetfulSlice)]
+        for name in UNITS:
+            module = importlib.import_module(f"{esd_ctrl_units.__name__}.{name}")
+            if hasattr(module, "Emit"):
+                patches.append(mock.patch.object(module, "Emit", _ForgetfulEmit))
+        with contextlib.ExitStack() as stack:
+            for p in patches:
+                stack.enter_context(p)
+            return Fragment.get(_Whole(self), platform)
+
+
+class _Whole(Elaboratable):
+    """``EsdCtrl.elaborate`` of the mutant, so that ``Fragment.get`` above
+    elaborates every unit while the patches are in place."""
+
+    def __init__(self, ctrl):
+        self.ctrl = ctrl
+
+    def elaborate(self, platform):
+        return _esd.EsdCtrl.elaborate(self.ctrl, platform)
 
 
 BUGS = ("slice_drops_valid", "trace_payload")
