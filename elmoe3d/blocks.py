@@ -32,6 +32,8 @@ class Block:
     ``timing`` states latency and throughput for README's block table (a
     string, or a function of the built component, e.g. reading its
     ``latency``); say only what the block's tests assert or measure.
+    ``part_of`` names the block this one is a unit of (its figures go to
+    that block's page, not a row of README's table).
     """
     name: str
     top: str
@@ -43,6 +45,7 @@ class Block:
     sweep: tuple = ()
     synth: bool = True
     timing: str | Callable[[object], str] = ""
+    part_of: str | None = None
 
     def build(self, cfg: Config):
         return self.factory(**self.params(cfg))

@@ -71,9 +71,13 @@ DECAY
     counted when its last layer finishes): ``DECAY``.
 Draft length
     ``K`` starts at ``draft_len_init``; after ``accept(n)`` with ``batch * K``
-    drafted: ``n == batch*K`` -> ``K + 1``; ``2n < batch*K`` -> ``K - 1``;
-    clamped to ``draft_len_min .. draft_len_max``; ``DRAFT_LEN`` when ``K``
-    changes. The new ``K`` applies from the next round.
+    drafted: ``4n >= 3 * batch*K`` (the batch's mean accepted length at
+    least three quarters of ``K``) -> ``K + 1``; ``2n < batch*K`` (under
+    half) -> ``K - 1``; clamped to ``draft_len_min .. draft_len_max``;
+    ``DRAFT_LEN`` when ``K`` changes. The new ``K`` applies from the next
+    round. (At batch 1 and ``K <= 3`` growing still needs every draft
+    accepted; at batch > 1 one request's early rejection no longer holds
+    the whole batch's ``K`` down.)
 KV back-off
     ``usable`` = slots not covered by the KV region; a round is AR with
     reason BACKOFF when ``batch >= sd_threshold`` but ``usable <
@@ -705,7 +709,7 @@ class EsdController:
         if n < drafted:
             self._emit(EventKind.ROLLBACK, value=drafted - n)
         cfg, K = self.cfg, self.K
-        if n == drafted and self.mutant != "adapt":
+        if 4 * n >= 3 * drafted and self.mutant != "adapt":
             K = min(K + 1, cfg.draft_len_max)
         elif 2 * n < drafted:
             K = max(K - 1, cfg.draft_len_min)

@@ -74,7 +74,8 @@ def entry(block, component, result: dict) -> dict:
     """One block's catalogue entry: the synthesis result plus what the table shows."""
     timing = block.timing(component) if callable(block.timing) else block.timing
     return {**result, "interface": interface_summary(component), "timing": timing or "",
-            "module": type(component).__module__.replace("elmoe3d.", "")}
+            "module": type(component).__module__.replace("elmoe3d.", ""),
+            **({"part_of": block.part_of} if block.part_of else {})}
 
 
 def _fmax(t: dict | None) -> str:
@@ -122,11 +123,15 @@ def _cell(text: str) -> str:
 
 
 def table(catalogue: dict) -> str:
-    """The Markdown table of every block in the catalogue, in registry order."""
+    """The Markdown table of every block in the catalogue, in registry order
+    (a unit of another block, ``part_of``, has no row: its figures are on
+    that block's page)."""
     head = ["block", "what", "interfaces (payload types)", "latency / throughput",
             "ECP5-85F area; generic", "ECP5 Fmax MHz", "iCE40 UP5K"]
     rows = []
     for name, r in catalogue.get("blocks", {}).items():
+        if r.get("part_of"):
+            continue
         rows.append([f"`{name}` (`{r.get('module', '')}`)", r.get("description", ""),
                      r.get("interface", ""), r.get("timing", ""), _area(r), _fmax(r.get("ecp5")),
                      _ice40(r)])

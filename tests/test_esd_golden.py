@@ -143,6 +143,33 @@ def test_draft_length_limits():
     assert ks == [3, 3, 3, 2, 1, 1, 1]
 
 
+@pytest.mark.parametrize("batch,K0,n,K1", [
+    (4, 2, 8, 3), (4, 2, 6, 3),          # three quarters of 8 drafts: grow
+    (4, 2, 5, 2), (4, 2, 4, 2),          # half to three quarters: keep
+    (4, 2, 3, 1),                        # under half: shrink
+    (1, 4, 3, 5), (1, 4, 2, 4),          # batch 1, K = 4: 3 of 4 grows
+    (1, 3, 2, 3), (1, 3, 3, 4),          # batch 1, K = 3: only all three grows
+    (16, 3, 36, 4), (16, 3, 35, 3),      # 36 of 48 = 3/4
+])
+def test_draft_length_follows_the_batch_mean(batch, K0, n, K1):
+    """The draft length grows when the batch's mean accepted length is at
+    least three quarters of ``K`` (``4n >= 3 * batch * K``) and shrinks
+    under half, so at batch > 1 one early rejection does not hold ``K``
+    down."""
+    cfg = TINY.replace(draft_len_min=1, draft_len_max=8, draft_len_init=K0, sd_threshold=1)
+    c = EsdController(cfg)
+    mode, K_ = c.begin_round(batch, force=Mode.SD)
+    assert (mode, K_) == (Mode.SD, K0)
+    for j in range(K_):
+        for l in range(cfg.layers):
+            c.layer_step(Phase.DRAFT, j, l, [[]] * batch)
+    for l in range(cfg.layers):
+        c.layer_step(Phase.VERIFY, 0, l, fixed([[0]] * (batch * (K_ + 1))))
+    c.accept(n)
+    assert c.K == K1
+    assert (c.events[-1] == Event(K.DRAFT_LEN, value=K1)) == (K1 != K0)
+
+
 def test_decay_period_counts_decode_steps():
     cfg = TINY.replace(decay_period=3)
     c = EsdController(cfg)

@@ -63,7 +63,7 @@ def _register():
         out.append(Block(f"esd_{name}", f"elmoe3d_esd_{name}", f"Elastic-SD controller unit, {what}",
                          params=lambda cfg: cfg.to_dict(),
                          factory=lambda make=make, **fields: make(Config(**fields)),
-                         order=71 + i / 100, synth=False))
+                         order=71 + i / 100, synth=False, part_of="esd_ctrl"))
     return out
 
 

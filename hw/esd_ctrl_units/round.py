@@ -10,8 +10,9 @@ error (``step_done``), the expected step advances; the last layer of an AR
 or DRAFT step ends a decode step (``decode_steps``, and every
 ``decay_period`` of them a DECAY through the tag unit and its event).
 ACCEPT(n) closes an SD round after its VERIFY (``ACCEPT``, ``ROLLBACK`` of
-the rest, the draft length ``K`` adapted: ``+1`` when every draft was
-accepted, ``-1`` when fewer than half, ``DRAFT_LEN`` when it changed).
+the rest, the draft length ``K`` adapted: ``+1`` when at least three
+quarters of the drafts were accepted (``4n >= 3 * batch * K``), ``-1``
+when fewer than half, ``DRAFT_LEN`` when it changed).
 The rules are :class:`elmoe3d.golden.esd.EsdController`'s; a refused
 command changes nothing.
 
@@ -120,7 +121,7 @@ class Round(wiring.Component):
         # in the next state start at flip-flops)
         take = Signal(data.StructLayout({
             "bad_batch": 1, "want_sd": 1, "host_ar": 1,           # ROUND
-            "over": 1, "every": 1, "half": 1, "back": len(drafted)}))   # ACCEPT
+            "over": 1, "every": 1, "most": 1, "half": 1, "back": len(drafted)}))   # ACCEPT
         acc = Signal(data.StructLayout({"grow": 1, "shrink": 1}))
 
         order = self.cmd.order
@@ -139,6 +140,7 @@ class Round(wiring.Component):
                                                      force == 2)),
                                  take.host_ar.eq(force == 1),
                                  take.over.eq(n > drafted), take.every.eq(n == drafted),
+                                 take.most.eq(n * 4 >= drafted * 3),
                                  take.half.eq(n * 2 < drafted), take.back.eq(drafted - n)]
                     with m.Switch(c.op):
                         with m.Case(HostOp.ROUND):
@@ -256,7 +258,7 @@ class Round(wiring.Component):
             ev.put(m, kind=EK.ACCEPT, value=n)
             m.d.sync += [inc.accepted_tokens.eq(n), inc.drafted_tokens.eq(drafted),
                          inc.tokens_out.eq(n + batch), round_open.eq(0), expect_accept.eq(0)]
-            grow = take.every & (K < cfg.draft_len_max)
+            grow = take.most & (K < cfg.draft_len_max)
             shrink = take.half & (K > cfg.draft_len_min)
             m.d.sync += [acc.grow.eq(grow), acc.shrink.eq(shrink)]
             with m.If(~take.every):
