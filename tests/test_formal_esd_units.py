@@ -41,3 +41,19 @@ def test_esd_unit_bad_names():
         UnitFormal("nope")
     with pytest.raises(ValueError, match="planted bug"):
         UnitFormal("round", bug="no_hold")
+
+
+def test_no_controller_elaborate_over_250_lines():
+    """The controller stays small units: no ``elaborate()`` in
+    ``hw/esd_ctrl.py`` or ``hw/esd_ctrl_units/`` is over 250 lines."""
+    import ast
+    from pathlib import Path
+    hw = Path(__file__).resolve().parent.parent / "hw"
+    files = [hw / "esd_ctrl.py", *sorted((hw / "esd_ctrl_units").glob("*.py"))]
+    sizes = {}
+    for f in files:
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, ast.FunctionDef) and n.name == "elaborate":
+                sizes[f"{f.name}:{n.lineno}"] = n.end_lineno - n.lineno + 1
+    assert len(sizes) >= 10, sizes
+    assert max(sizes.values()) <= 250, sizes
