@@ -22,13 +22,14 @@ def register(p):
     p.add_argument("--preset", default="default,paper-ratio", metavar="P[,P]",
                    help="presets to measure (comma list; default default,paper-ratio)")
     p.add_argument("--points", default=None, metavar="NAME[,NAME]",
-                   help="only these points, e.g. DRAFT_T16,VERIFY_T80 (default: all)")
+                   help="only these points, e.g. DRAFT_T16,VERIFY_T80 (default: all at default; "
+                        "DRAFT and VERIFY at 16 tokens and a whole step at paper-ratio)")
     p.add_argument("--seed", type=int, default=1, help="the bench's random seed (default 1)")
     p.add_argument("--json", metavar="FILE",
                    help="results as JSON (default build/measured/moe_bench.json)")
     p.add_argument("--record", action="store_true",
                    help="write sim/data/moe_cycles.json and the tables of README.md and "
-                        "docs/blocks/moe_layer.md from it (all points of the default presets)")
+                        "docs/blocks/moe_layer.md from it (the default points of both presets)")
 
 
 def run(args) -> int:
@@ -55,9 +56,8 @@ def run(args) -> int:
     for n in names:
         print(f"[{time.monotonic() - t0:6.1f} s] {n}: building (cached after the first run) "
               "and measuring", file=sys.stderr, flush=True)
-        tmp = out.with_name(f".{out.stem}-{n}.json")
-        rec["presets"][n] = mb.run(n, tmp, points=points, seed=args.seed)
-        tmp.unlink(missing_ok=True)
+        rec["presets"][n] = mb.run(n, writable_file(f"build/measured/moe_bench-{n}.json"),
+                                   points=points, seed=args.seed)
         rows = [[k, f["role"], f["policy"], f["tokens_per_pass"], round(f["cycles_per_pass"]),
                  round(f["bound_cycles_per_pass"]), f["bound_by"], f"{f['efficiency']:.3f}",
                  round(f["ext_beats_per_expert"]), round(f["hb_words_per_token"], 1)]
@@ -67,7 +67,8 @@ def run(args) -> int:
                           "bound by", "efficiency", "LPDDR beats / expert",
                           "HB words / token"], rows))
     out.write_text(json.dumps(rec, indent=1))
-    print(f"wrote {out} ({time.monotonic() - t0:.0f} s)")
+    print(f"wrote {out} ({time.monotonic() - t0:.0f} s; each preset's figures also in "
+          "build/measured/moe_bench-<preset>.json)")
     if args.record:
         from .record import repo_readme
         readme = repo_readme()

@@ -38,11 +38,11 @@ def _factory(config):
 def _register():
     from ...blocks import Block
     return [Block("moe_layer", "elmoe3d_moe_layer",
-                  "token-batched MoE layer: router, top-k, SwiGLU experts on bit-slice PEs, "
-                  "split MSB/LSB verify",
+                  "token-batched MoE layer: router, top-k, SwiGLU experts on token-parallel "
+                  "bit-slice PEs, split or whole-resident verify",
                   _params, _factory, order=60,
-                  timing="each needed expert streamed once per pass of up to T tokens; 1 slice "
-                         "vector per PE per cycle",
+                  timing="each needed expert streamed once per pass of up to T tokens (a whole "
+                         "verification); 1 slice vector per PE per cycle for P tokens",
                   sweep=(dict(batch_tokens=4), dict(batch_tokens=16)))]
 
 
