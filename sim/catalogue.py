@@ -107,7 +107,7 @@ def _area(r: dict) -> str:
 def _ice40(r: dict) -> str:
     t = r.get("ice40")
     if not t:
-        return "-"
+        return "not synthesised" if r.get("ecp5") else "-"
     if t.get("fmax_mhz") is not None:
         return f"{t['fmax_mhz']:.2f} MHz, {t['lut4']:,} LUT4"
     if not t.get("fits", True):

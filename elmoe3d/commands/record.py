@@ -38,6 +38,9 @@ def register(p):
                    help="record area only (Yosys); no place and route of changed blocks")
     p.add_argument("--seeds", default=None, metavar="N,N",
                    help="nextpnr seeds for changed blocks (default: the constraints file's)")
+    p.add_argument("--target", default="generic,ecp5,ice40", metavar="T[,T]",
+                   help="targets to record (default generic,ecp5,ice40; a block too large for "
+                        "the iCE40 UP5K can leave it out: its table cell then says so)")
     p.add_argument("--no-demo-points", action="store_true",
                    help="skip the peers and sweep points `make demo` also synthesises")
     p.add_argument("--workdir", default="build/record", metavar="DIR",
@@ -138,7 +141,11 @@ def run(args) -> int:
     progress = Progress()                         # the flow adds its steps
     try:
         pnr = "recorded" if args.no_pnr else True
-        res = run_synth(cfg, bl, work, targets=("generic", "ecp5", "ice40"), pnr=pnr,
+        targets = tuple(t.strip() for t in args.target.split(",") if t.strip())
+        bad = [t for t in targets if t not in ("generic", "ecp5", "ice40")]
+        if bad or not targets:
+            raise ValueError(f"--target {args.target!r}: choose from generic, ecp5, ice40")
+        res = run_synth(cfg, bl, work, targets=targets, pnr=pnr,
                         seeds=seeds, progress=progress)
         used = {r["verilog_sha256"] for r in res.values()}
         if not args.no_demo_points:

@@ -42,8 +42,7 @@ def _register():
                   "bit-slice PEs, split or whole-resident verify",
                   _params, _factory, order=60,
                   timing="each needed expert streamed once per pass of up to T tokens (a whole "
-                         "verification); 1 slice vector per PE per cycle for P tokens",
-                  sweep=(dict(batch_tokens=4), dict(batch_tokens=16)))]
+                         "verification); 1 slice vector per PE per cycle for P tokens")]
 
 
 BLOCK_SPECS = _register()
