@@ -36,6 +36,7 @@ def run_cli(*args):
     (["verilog", "--out", "x", "--suffix", "a-b"], "--suffix must be letters, digits and '_'"),
     (["tile-run", "--record"], "--record records the steady-state set or the report runs"),
     (["tile-run", "--report", "--steady-state"], "--report and --steady-state are two"),
+    (["record", "--target", "xyz", "--blocks", "pe"], "--target 'xyz': choose from"),
     (["moe-bench", "--preset", "huge"], "Unknown configuration preset 'huge'"),
     (["moe-bench", "--preset", ","], "--preset names nothing"),
     (["moe-bench", "--record", "--points", "DRAFT_T16"], "--record records every point of"),
