@@ -2,9 +2,10 @@
 bound (HB, LPDDR or PE), per role and residency, for passes of 1, 4, 16 tokens
 and a whole verification step (:mod:`elmoe3d.sim.moe_bench`).
 
-``elmoe3d moe-bench`` runs ``default`` and ``paper-ratio`` (a few minutes
-each, most of it the Verilator build the first time); ``--record`` writes the
-recorded copy and the README's and the block page's tables from it.
+``elmoe3d moe-bench`` runs ``default`` (about ten minutes, plus the
+Verilator build the first time); ``--record`` writes the recorded copy and
+the README's and the block page's tables from it. ``--preset paper-ratio``
+measures the paper's ratios (an hour or more).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ HELP = ("the MoE layer's cycles per pass against the pass's HB / LPDDR / PE boun
 
 
 def register(p):
-    p.add_argument("--preset", default="default,paper-ratio", metavar="P[,P]",
-                   help="presets to measure (comma list; default default,paper-ratio)")
+    p.add_argument("--preset", default="default", metavar="P[,P]",
+                   help="presets to measure (comma list; default: default; paper-ratio runs "
+                        "DRAFT and VERIFY passes, an hour or more)")
     p.add_argument("--points", default=None, metavar="NAME[,NAME]",
                    help="only these points, e.g. DRAFT_T16,VERIFY_T80 (default: all at default; "
                         "DRAFT and VERIFY at 16 tokens and a whole step at paper-ratio)")
