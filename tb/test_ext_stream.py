@@ -78,6 +78,7 @@ from ..golden import layout as gl
 from ..golden.vocab import ExtError, ExtKind
 from ..hw import vocab as hv
 from .common import golden_mutation, knob, pack, params, rng, start_clock_and_reset
+from ..sim.payload import Decoder
 from .coverage import write_coverage
 
 #: Bounded wait with outputs always ready (docs/blocks/ext_stream.md): a
@@ -221,29 +222,6 @@ def _reader(handle):
     return lambda: int(get(), 2)
 
 
-def _unpacker(layout):
-    """:func:`tb.common.unpack` for one layout, compiled into closures once
-    (the generic walk re-inspects the layout on every call: the other third
-    of a profile)."""
-    from amaranth.hdl import Shape
-    from amaranth.lib import data
-    from .common import _shape_of
-    lay = _shape_of(layout)
-    if isinstance(lay, data.ArrayLayout):
-        elem = lay.elem_shape
-        w = Shape.cast(elem).width if not isinstance(elem, data.Layout) else elem.size
-        sub, m, n = _unpacker(elem), (1 << w) - 1, lay.length
-        return lambda raw: [sub((raw >> (i * w)) & m) for i in range(n)]
-    if isinstance(lay, data.StructLayout):
-        fields = [(name, f.offset, (1 << f.width) - 1, _unpacker(f.shape)) for name, f in lay]
-        return lambda raw: {name: sub((raw >> off) & m) for name, off, m, sub in fields}
-    w = lay.width
-    if lay.signed:
-        return lambda raw: (raw & ((1 << w) - 1)) - ((raw >> (w - 1) & 1) << w)
-    m = (1 << w) - 1
-    return lambda raw: raw & m
-
-
 class _Source:
     """The ``cmd`` stream driver's state (driven by the loop)."""
 
@@ -272,7 +250,7 @@ class _Sink:
         self.ready = getattr(dut, f"{prefix}__ready")
         self.payload = getattr(dut, f"{prefix}__payload")
         self.layout, self.backpressure, self.log = layout, backpressure, log
-        self.unpack = _unpacker(layout)
+        self.unpack = Decoder(layout)
         self.read_valid, self.read_payload = _reader(self.valid), _reader(self.payload)
         self.received = []
         self.rule_violations = []
