@@ -41,8 +41,8 @@ def _register():
                   "token-batched MoE layer: router, top-k, SwiGLU experts on token-parallel "
                   "bit-slice PEs, split or whole-resident verify",
                   _params, _factory, order=60,
-                  timing="each needed expert streamed once per pass of up to T tokens (a whole "
-                         "verification); 1 slice vector per PE per cycle for P tokens")]
+                  timing="each needed expert once per pass of up to T tokens; 1 slice vector "
+                         "per PE per cycle for P tokens")]
 
 
 BLOCK_SPECS = _register()
