@@ -347,10 +347,10 @@ def test_sweep_only_keeps_the_listed_points(tmp_path, monkeypatch):
 
 
 def test_sweep_on_request_and_own_folder(tmp_path, monkeypatch):
-    """The MoE layer's batch-size sweep (``T`` = 4, 16) runs only when the
+    """The MoE layer's batch-size sweep (``T`` = 16, 80) runs only when the
     caller sets no ``max_cells`` cap (``elmoe3d synth --sweep``; ``make demo``
     passes one and gets the reason instead); a point at the block's own
-    parameters (``T`` = 16 under ``default``, the tag unit at 16 slots) is
+    parameters (``T`` = 80 under ``default``, the tag unit at 16 slots) is
     synthesised in the block's own folder, so its caches serve it."""
     from elmoe3d.sim.scaling import ON_REQUEST, run_sweeps
     seen = {}
@@ -361,11 +361,11 @@ def test_sweep_on_request_and_own_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(fl, "synth_block", fake)
     cfg = preset("default")
     demo = run_sweeps(cfg, ["moe_layer"], tmp_path, max_cells=30000)["moe_layer"]
-    assert [p["overrides"] for p in demo] == [{"batch_tokens": 4}, {"batch_tokens": 16}]
+    assert [p["overrides"] for p in demo] == [{"batch_tokens": 16}, {"batch_tokens": 80}]
     assert all(ON_REQUEST["moe_layer"] in p["error"] for p in demo) and not seen
     pts = run_sweeps(cfg, ["moe_layer"], tmp_path)["moe_layer"]
-    assert [p["overrides"]["batch_tokens"] for p in pts] == [4, 16]
-    assert sorted(seen) == ["moe_layer", "moe_layer-batch_tokens4"]
+    assert [p["overrides"]["batch_tokens"] for p in pts] == [16, 80]
+    assert sorted(seen) == ["moe_layer", "moe_layer-batch_tokens16"]
     seen.clear()
     run_sweeps(cfg, ["tag_unit"], tmp_path, only={"tag_slots": [16, 32]})
     assert sorted(seen) == ["tag_unit", "tag_unit-tag_slots32"]

@@ -42,7 +42,8 @@ def _register():
                   "bit-slice PEs, split or whole-resident verify",
                   _params, _factory, order=60,
                   timing="each needed expert once per pass of up to T tokens; 1 slice vector "
-                         "per PE per cycle for P tokens")]
+                         "per PE per cycle for P tokens",
+                  sweep=(dict(batch_tokens=16), dict(batch_tokens=80)))]
 
 
 BLOCK_SPECS = _register()
