@@ -14,10 +14,12 @@ after putting both in canonical order (:func:`canonical`).
 The controller is driven by host commands, the same ones the tile's host
 stream carries:
 
-``begin_round(batch)``
+``begin_round(batch, force, hb_cache)``
     Mode decision: SD when ``batch >= sd_threshold`` and at least
     ``min_free_slots`` expert slots lie outside the KV region, else AR
-    (reason :class:`ModeReason`). Emits ``MODE`` (and starts the round).
+    (reason :class:`ModeReason`); the host may force AR or SD, or ask for
+    AR with the HB expert cache off (``hb_cache=False``, reason LPDDR: the
+    LPDDR-only xPU analogue). Emits ``MODE`` (and starts the round).
 ``layer_step(phase, step, layer, route)``
     One layer of one decode step: ``AR`` (``batch`` tokens, FULL),
     ``DRAFT`` step ``j`` (``batch`` tokens, routing restricted to resident
@@ -60,7 +62,9 @@ Per expert of a pass
     decode steps' own decisions); VERIFY does not touch (its tokens were
     drafted already). At the end of the pass each fill ends (``FILL_END``
     COMMIT, or ABORT after an LPDDR error, followed by ``INVALIDATE`` of the
-    slot), then every pinned slot is ``UNPIN`` ned.
+    slot), then every pinned slot is ``UNPIN`` ned. In an AR round with the
+    HB expert cache off there is no lookup: every expert streams all ``n``
+    planes from LPDDR (``SOURCE`` LPDDR, slot 0), no fill, no touch.
 DRAFT eligibility
     At the start of every DRAFT layer step the controller probes the layer's
     ``E`` experts: eligible = resident (committed, enabled). ``ELIGIBLE``
@@ -126,7 +130,7 @@ from . import moe_batched as _gb
 from .tag_unit import SlotState, TagUnitModel, params_from_config
 from .vocab import ExtError
 
-__all__ = ["EventKind", "Phase", "Mode", "ModeReason", "LookupResult", "AllocResult",
+__all__ = ["EventKind", "Phase", "Mode", "ModeReason", "force_code", "LookupResult", "AllocResult",
            "Source", "FillEnd", "InvalidateReason", "HostError", "EsdHostError", "Event",
            "EVENT_FIELDS", "PASS_MEMBERS", "announce_order", "canonical", "compare", "EsdController",
            "TagPolicy", "RankingRouter", "synthetic_trace", "run_trace", "TraceRun",
@@ -175,6 +179,17 @@ class ModeReason(enum.IntEnum):
     BACKOFF = 1       # the KV region leaves fewer than min_free_slots slots: AR
     SD = 2            # Elastic-SD
     HOST = 3          # the host asked for AR
+    LPDDR = 4         # the host asked for AR with the HB expert cache off (the xPU analogue)
+
+
+def force_code(force=None, hb_cache: bool = True) -> int:
+    """ROUND's force field (``HostCommand.value`` bits 8..10) for
+    :meth:`EsdController.begin_round`'s ``force`` / ``hb_cache``: 0 the batch
+    threshold decides, 1 AR, 2 SD, 3 AR with the HB expert cache off; 4..7
+    are refused (BAD_BATCH)."""
+    if not hb_cache:
+        return 3
+    return 0 if force is None else 1 + int(force)
 
 
 class LookupResult(enum.IntEnum):
@@ -453,6 +468,7 @@ class EsdController:
         self.steps_since_decay = 0
         # round state
         self.mode = None
+        self.hb_cache = True        # False: an AR round with the HB expert cache off
         self.batch = 0
         self.round_K = 0
         self.expect = None          # (phase, step, layer) of the next layer step, or "ACCEPT"
@@ -481,12 +497,17 @@ class EsdController:
         return m
 
     # -- host commands ---------------------------------------------------------------
-    def begin_round(self, batch: int, force=None) -> tuple[Mode, int]:
+    def begin_round(self, batch: int, force=None, hb_cache: bool = True) -> tuple[Mode, int]:
         """Open a decode round of ``batch`` requests: ``(mode, K)``.
 
         ``force`` (``Mode.AR`` / ``Mode.SD``, default ``None``) overrides the
         batch threshold (the host asks for a mode; reason HOST for AR); the KV
-        back-off still applies to a forced SD."""
+        back-off still applies to a forced SD. ``hb_cache=False`` (only with
+        ``force=Mode.AR``) opens an AR round with the HB expert cache off
+        (reason LPDDR): its passes read every expert's planes from LPDDR with
+        no lookup, fill or touch (:meth:`_pass`); the tag unit is left as it
+        is (DECAY still runs). On the wire it is ROUND's force code 3
+        (:func:`force_code`)."""
         try:
             check_int("Batch", batch, 1, MAX_BATCH)
         except (TypeError, ValueError) as e:
@@ -495,8 +516,14 @@ class EsdController:
             raise EsdHostError(HostError.BAD_BATCH, "A decode round is already open")
         if force is not None and force not in (Mode.AR, Mode.SD):
             raise EsdHostError(HostError.BAD_BATCH, f"Forced mode must be AR or SD, not {force!r}")
+        if not hb_cache and force != Mode.AR:
+            raise EsdHostError(HostError.BAD_BATCH,
+                               f"The HB expert cache can be off only in a forced AR round, "
+                               f"not with force={force!r}")
         cfg = self.cfg
-        if force == Mode.AR:
+        if not hb_cache:
+            mode, reason = Mode.AR, ModeReason.LPDDR
+        elif force == Mode.AR:
             mode, reason = Mode.AR, ModeReason.HOST
         elif force is None and batch < cfg.sd_threshold:
             mode, reason = Mode.AR, ModeReason.BATCH
@@ -504,7 +531,7 @@ class EsdController:
             mode, reason = Mode.AR, ModeReason.BACKOFF
         else:
             mode, reason = Mode.SD, ModeReason.SD
-        self.mode, self.batch = mode, batch
+        self.mode, self.batch, self.hb_cache = mode, batch, bool(hb_cache)
         self.round_K = self.K if mode == Mode.SD else 0
         self._emit(EventKind.MODE, code=mode, value=self.round_K, tag=reason)
         self.counters["rounds_sd" if mode == Mode.SD else "rounds_ar"] += 1
@@ -585,6 +612,19 @@ class EsdController:
         self.ext_reads += 1
         return ExtError(self.faults.get(i, ExtError.OK))
 
+    def _lpddr_source(self, ev, slot):
+        """``SOURCE`` LPDDR of an expert (every plane from LPDDR) and its read:
+        the read's fault (``EXT_ERROR`` emitted), falsy if none."""
+        n = self.n
+        self._emit(EventKind.SOURCE, **ev, slot=slot, code=Source.LPDDR,
+                   value=self.all_mask << n)
+        self.counters["lpddr_bytes"] += n * self.plane_bytes
+        fault = self._ext_read()
+        if fault:
+            self.counters["ext_errors"] += 1
+            self._emit(EventKind.EXT_ERROR, **ev, slot=slot, value=fault)
+        return fault
+
     def _pass(self, phase, step, layer, p, toks, counts):
         c = self.counters
         n, khb = self.n, self.k_hb
@@ -600,6 +640,10 @@ class EsdController:
             cnt = counts[e]
             tag = self.tag_of(layer, e)
             ev = dict(base, expert=e)
+            if not self.hb_cache:                    # HB expert cache off: LPDDR, no lookup
+                error |= bool(self._lpddr_source(ev, 0))
+                ents.append((e, Source.LPDDR, 0, 0, self.all_mask, False))
+                continue
             res, slot = self.tags.lookup_pin(tag)
             self._emit(EventKind.LOOKUP, **ev, code=res, slot=slot, value=cnt)
             if phase == Phase.DRAFT:
@@ -651,14 +695,8 @@ class EsdController:
                     c["no_victim"] += 1
                     self._emit(EventKind.ALLOCATE, **ev, code=AllocResult.NO_VICTIM)
                     slot = 0
-            self._emit(EventKind.SOURCE, **ev, slot=slot, code=Source.LPDDR,
-                       value=self.all_mask << n)
-            c["lpddr_bytes"] += n * self.plane_bytes
-            fault = self._ext_read()
-            if fault:
-                error = True
-                c["ext_errors"] += 1
-                self._emit(EventKind.EXT_ERROR, **ev, slot=slot, value=fault)
+            fault = self._lpddr_source(ev, slot)
+            error |= bool(fault)
             if fill:
                 fills.append((e, slot, fault))
             ents.append((e, Source.LPDDR, slot, 0, self.all_mask, fill))
@@ -829,7 +867,7 @@ class TraceRun:
 def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p: float = 0.7,
               prompt: tuple = (8, 40), length: tuple = (20, 120), faults=None, mutant=None,
               kv_mid_round: bool = True, check: bool = True, force=None,
-              bad: float = 0.0) -> TraceRun:
+              hb_cache: bool = True, bad: float = 0.0) -> TraceRun:
     """The host of a synthetic decode: ``batch`` requests decoded in lock step
     until at least ``steps`` decode steps ran, routing from ``rankings``
     (:func:`synthetic_trace`, one stream per request slot, reused cyclically).
@@ -841,7 +879,9 @@ def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p:
     round, and with ``kv_mid_round`` also in the middle of random draft and
     verify steps) grows and shrinks and the KV boundary moves both ways.
     A layer step that fails (``faults``) is repeated by the host. ``force``
-    asks every round for AR or SD (:meth:`EsdController.begin_round`).
+    asks every round for AR or SD, and ``hb_cache=False`` (with ``force =
+    Mode.AR``) for AR with the HB expert cache off
+    (:meth:`EsdController.begin_round`).
     With ``bad > 0`` a command that the controller must refuse (every
     :class:`HostError` a host can cause) is sent before a legal one with that
     probability; the script records it with ``refused`` = the error code.
@@ -866,7 +906,7 @@ def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p:
         if not bad or rng.random() >= bad:
             return
         ex = ctl.expect
-        cands = [("ROUND", 0, 0), ("ROUND", MAX_BATCH + 1, 0), ("ROUND", batch, 3)]
+        cands = [("ROUND", 0, 0), ("ROUND", MAX_BATCH + 1, 0), ("ROUND", batch, 4)]
         if ex is not None:
             cands.append(("ROUND", batch, 0))
         if isinstance(ex, tuple):
@@ -934,8 +974,8 @@ def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p:
     send_context()
     while ctl.counters["decode_steps"] < steps:
         inject()
-        mode, K = ctl.begin_round(batch, force)
-        script.append(dict(op="ROUND", value=batch, force=0 if force is None else 1 + int(force),
+        mode, K = ctl.begin_round(batch, force, hb_cache)
+        script.append(dict(op="ROUND", value=batch, force=force_code(force, hb_cache),
                            mode=int(mode), k=K, error=0))
         rounds.append((int(mode), K))
         if mode == Mode.AR:

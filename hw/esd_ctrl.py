@@ -170,6 +170,7 @@ class EsdCtrl(wiring.Component):
         wiring.connect(m, rnd.step, step.order)
         wiring.connect(m, step.done, rnd.step_done)
         wiring.connect(m, step.pass_order, engine.order)
+        m.d.comb += engine.hb_cache.eq(rnd.hb_cache)      # off: AR from LPDDR only
         wiring.connect(m, engine.entry, end.entry)
         wiring.connect(m, end.done, step.pass_done)
         # the datapath, the stream engine, HB

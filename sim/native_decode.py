@@ -51,10 +51,10 @@ class ScriptTile(li.GoldenTile):
         self.ctl.context(tokens)
         self._cmd(HostOp.CONTEXT, {}, value=int(tokens))
 
-    def begin_round(self, batch, force=None):
-        mode, K = self.ctl.begin_round(batch, force)
+    def begin_round(self, batch, force=None, hb_cache=True):
+        mode, K = self.ctl.begin_round(batch, force, hb_cache)
         self._cmd(HostOp.ROUND, dict(mode=int(mode), k=int(K)),
-                  value=int(batch) | (0 if force is None else (1 + int(force)) << 8))
+                  value=int(batch) | gesd.force_code(force, hb_cache) << 8)
         return mode, K
 
     def accept(self, n):
@@ -93,7 +93,7 @@ class ReplayTile:
             raise ReplayTile.DivergedError(f"the decode asked for more {what} than the RTL "
                                            f"answered") from None
 
-    def begin_round(self, batch, force=None):
+    def begin_round(self, batch, force=None, hb_cache=True):
         mode, K = self._next(self.rounds, "rounds")
         return gesd.Mode(mode), K
 

@@ -8,7 +8,9 @@ A run (:func:`run_one`, a dict ``spec``) is a golden
 (:data:`TRACES`: the synthetic Zipf + reuse trace on the ``default`` tile,
 the in-project LM's own routing on the ``lm`` tile;
 :func:`elmoe3d.commands.decode.report_traces`) at a batch, AR or Elastic-SD
-forced every round (or the controller's choice, ``auto``), the golden's
+forced every round (or the controller's choice, ``auto``; ``lpddr``: AR
+with the HB expert cache off, every expert from LPDDR -- the LPDDR-only xPU
+analogue of the paper's baseline, on the same tile), the golden's
 random acceptance (each draft accepted with ``accept_p`` = 0.7, as the
 report runs), for ``warmup + steps`` decode steps. The tile runs it on trace
 layers (:func:`~elmoe3d.golden.moe_batched.trace_layer`: each step's
@@ -44,10 +46,11 @@ __all__ = ["TRACES", "MODES", "STEADY_STATE", "spec", "specs", "golden_run", "ru
 
 #: ``--trace`` name -> index in :func:`elmoe3d.commands.decode.report_traces`
 TRACES = {"zipf": 0, "lm": 1}
-MODES = ("ar", "sd", "auto")
+MODES = ("lpddr", "ar", "sd", "auto")
 #: The steady-state set: 32 warm-up steps, then 128 measured steps at batch 1
-#: and 64 at batch 4 and 16; both traces, AR and SD, seeds 1-3 (36 runs)
-STEADY_STATE = dict(traces=("zipf", "lm"), batches=(1, 4, 16), modes=("ar", "sd"),
+#: and 64 at batch 4 and 16; both traces, LPDDR-only AR, HB-cached AR and SD,
+#: seeds 1-3 (54 runs)
+STEADY_STATE = dict(traces=("zipf", "lm"), batches=(1, 4, 16), modes=("lpddr", "ar", "sd"),
                     seeds=(1, 2, 3), warmup=32, steps={1: 128, 4: 64, 16: 64})
 
 
@@ -122,9 +125,11 @@ def golden_run(s, steps: int):
     """The golden ``run_trace`` decode of spec ``s`` for ``steps`` decode steps."""
     from ..golden import esd as gesd
     _, cfg, R = _trace(s["trace"], s.get("preset"))
-    force = {"ar": gesd.Mode.AR, "sd": gesd.Mode.SD, "auto": None}[s["mode"]]
+    force = {"ar": gesd.Mode.AR, "lpddr": gesd.Mode.AR, "sd": gesd.Mode.SD,
+             "auto": None}[s["mode"]]
     return gesd.run_trace(cfg, R, batch=s["batch"], steps=steps, seed=s["seed"],
-                          accept_p=s["accept_p"], check=False, kv_mid_round=False, force=force)
+                          accept_p=s["accept_p"], check=False, kv_mid_round=False, force=force,
+                          hb_cache=s["mode"] != "lpddr")
 
 
 def _window(a: dict, b: dict) -> dict:
@@ -227,6 +232,17 @@ def run_one(s: dict, exe=None) -> dict:
         golden_s=round(golden_s, 2), wall_s=round(time.monotonic() - t0, 2))
 
 
+#: Weight-access energy per bit (the brief's figures, pJ): HB, LPDDR
+PJ_PER_BIT = {"hb": 0.43, "lpddr": 3.88}
+
+
+def energy_pj(counters: dict) -> float:
+    """Weight-access energy of a run's counters (``hb_bytes``, ``lpddr_bytes``)
+    at :data:`PJ_PER_BIT`, in pJ."""
+    return 8 * (counters["hb_bytes"] * PJ_PER_BIT["hb"]
+                + counters["lpddr_bytes"] * PJ_PER_BIT["lpddr"])
+
+
 def _preset_name(cfg) -> str:
     from ..config import PRESETS
     base = cfg.replace(lpddr_bytes_per_cycle=None)
@@ -288,23 +304,54 @@ def summary_rows(results: list[dict]) -> list[list]:
 
 def readme_table(recorded: dict) -> str:
     """The steady-state table of the README and docs/blocks/tile.md from a
-    recorded set (``sim/data/steady_state.json``): per trace and batch, AR's
-    and Elastic-SD's cycles per output token (mean over the seeds, min-max),
-    SD / AR, the HB hit rates and SD's mean accepted length."""
+    recorded set (``sim/data/steady_state.json``): per trace and batch, the
+    cycles per output token (mean over the seeds, min-max) of LPDDR-only AR
+    (the HB expert cache off), HB-cached AR and Elastic-SD, SD / AR, the
+    speed-ups over LPDDR-only AR, the weight-access energy per token
+    (:func:`energy_pj`) and SD's mean accepted length."""
     rows = {}
     for r in recorded["summary"]:
-        trace, batch, mode, _, _, mean, spread, hit, acc = r[:9]
-        rows.setdefault((trace, batch), {})[mode] = (mean, spread, hit, acc)
-    out = ["| trace | batch | AR cycles / token | SD cycles / token | SD / AR | "
-           "HB hit rate AR / SD | mean accepted length (SD) |",
-           "|---|---|---|---|---|---|---|"]
+        trace, batch, mode, _, _, mean, spread = r[:7]
+        rows.setdefault((trace, batch), {})[mode] = (mean, spread, r[8])
+    energy = {}
+    for r in recorded["runs"]:
+        m = r["measured"]
+        if m["tokens"]:
+            energy.setdefault((r["trace"], r["batch"], r["mode"].upper()), []).append(
+                energy_pj(m["counters_golden"]) / m["tokens"])
+    out = ["| trace | batch | LPDDR-only AR cycles / token | HB-cached AR | Elastic-SD | "
+           "SD / AR | speed-up over LPDDR-only: AR, SD | nJ / token: LPDDR-only, AR, SD | "
+           "mean accepted length (SD) |",
+           "|---|---|---|---|---|---|---|---|---|"]
+
+    def cell(v, mode):
+        return f"{v[mode][0]:,} ({v[mode][1]})" if mode in v else "-"
+
+    def nj(trace, batch, mode):
+        e = energy.get((trace, batch, mode))
+        return f"{statistics.mean(e) / 1000:,.0f}" if e else "-"
     for (trace, batch), v in sorted(rows.items()):
         if "AR" not in v or "SD" not in v:
             continue
-        (am, asp, ah, _), (sm, ssp, sh, sacc) = v["AR"], v["SD"]
-        out.append(f"| {trace} | {batch} | {am:,} ({asp}) | {sm:,} ({ssp}) | {sm / am:.2f} | "
-                   f"{ah} / {sh} | {sacc} |")
+        ar, sd = v["AR"][0], v["SD"][0]
+        lp = v["LPDDR"][0] if "LPDDR" in v else None
+        up = f"{lp / ar:.2f}x, {lp / sd:.2f}x" if lp else "-"
+        out.append(f"| {trace} | {batch} | {cell(v, 'LPDDR')} | {cell(v, 'AR')} | "
+                   f"{cell(v, 'SD')} | {sd / ar:.2f} | {up} | "
+                   f"{nj(trace, batch, 'LPDDR')}, {nj(trace, batch, 'AR')}, "
+                   f"{nj(trace, batch, 'SD')} | {v['SD'][2]} |")
     return "\n".join(out)
+
+
+def merge_runs(old: list[dict], new: list[dict]) -> list[dict]:
+    """``old`` runs with those of ``new`` added or replaced (same trace, batch,
+    mode and seed), in the steady-state set's order."""
+    key = lambda r: (r["trace_key"], r["batch"], r["mode"], r["seed"])   # noqa: E731
+    byk = {key(r): r for r in old}
+    byk.update((key(r), r) for r in new)
+    order = {m: i for i, m in enumerate(MODES)}
+    return sorted(byk.values(), key=lambda r: (r["trace_key"], r["batch"], order[r["mode"]],
+                                               r["seed"]))
 
 
 #: markers around the generated table in README.md

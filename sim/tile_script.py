@@ -150,7 +150,7 @@ def golden_script(cfg, layers, rounds, batch, np_rng, faults=None, mutant=None):
         force = gesd.Mode.SD if kind == "SD" else gesd.Mode.AR
         mode, K = ctl.begin_round(batch, force)
         cmds.append(dict(op=HostOp.ROUND, phase=0, step=0, layer=0,
-                         value=batch | (1 + int(force)) << 8))
+                         value=batch | gesd.force_code(force) << 8))
         want_rsp.append(dict(op=HostOp.ROUND, error=0, mode=int(mode), k=K))
         if mode == gesd.Mode.AR:
             for layer in range(cfg.layers):

@@ -112,8 +112,8 @@ class RtlTile:
         self.layer_calls = 0
         self.repeats = 0
 
-    def begin_round(self, batch, force=None):
-        v = batch | (0 if force is None else (1 + int(force)) << 8)
+    def begin_round(self, batch, force=None, hb_cache=True):
+        v = batch | gesd.force_code(force, hb_cache) << 8
         r = resume(self.h.ctrl_cmd)(HostOp.ROUND, value=v)
         if r["error"]:
             raise AssertionError(f"ROUND refused: {r}")

@@ -101,6 +101,25 @@ def test_esd_ctrl_refuses_bad_commands(tmp_path):
     assert codes >= {1, 2, 3, 4, 5}, codes
 
 
+def test_esd_ctrl_hb_cache_off(tmp_path):
+    """AR rounds with the HB expert cache off (ROUND force code 3, the
+    LPDDR-only xPU analogue) with refused commands sprinkled in (force code
+    4 among them): no LOOKUP, ALLOCATE, FILL or TOUCH, every expert from
+    LPDDR, the MODE reason LPDDR; trace, responses and counters equal the
+    golden's."""
+    run, out = _run(tmp_path, TINY_KV, 4, 20, seed=13, bad=0.2, force=gesd.Mode.AR,
+                    hb_cache=False, **KV_PRESSURE)
+    kinds = {gesd.EventKind(e.kind) for e in run.events}
+    assert gesd.EventKind.SOURCE in kinds and not kinds & {
+        gesd.EventKind.LOOKUP, gesd.EventKind.ALLOCATE, gesd.EventKind.FILL_START,
+        gesd.EventKind.TOUCH}
+    assert {e.tag for e in run.events if e.kind == gesd.EventKind.MODE} == {
+        int(gesd.ModeReason.LPDDR)}
+    assert run.counters["lpddr_bytes"] and not run.counters["hb_bytes"]
+    assert any(e.get("force") == 4 for e in run.script if "refused" in e)
+    assert out["events"] == len(run.events)
+
+
 def test_esd_ctrl_catches_wrong_golden(tmp_path):
     """A golden sequence from a mutated policy (VERIFY touches too) makes the
     same testbench fail: the comparison can fail."""

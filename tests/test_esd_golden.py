@@ -640,6 +640,33 @@ def test_forced_modes():
         EsdController(cfg).begin_round(1, 7)
 
 
+def test_hb_cache_off_reads_lpddr_and_leaves_the_cache_alone():
+    """An AR round with the HB expert cache off (force code 3, reason LPDDR):
+    every expert of every pass from LPDDR with no lookup, fill or touch, so
+    the tag unit's residency stays as it was (empty here); only a forced AR
+    may turn the cache off."""
+    cfg = TINY
+    R = esd.synthetic_trace(np.random.default_rng(5), requests=2, tokens=200,
+                            layers=cfg.layers, experts=cfg.experts)
+    assert esd.force_code(Mode.AR, False) == 3 and esd.force_code(None) == 0
+    for force in (None, Mode.SD):
+        with pytest.raises(EsdHostError) as ex:
+            EsdController(cfg).begin_round(2, force, hb_cache=False)
+        assert ex.value.code == HostError.BAD_BATCH
+    run = esd.run_trace(cfg, R, batch=2, steps=30, seed=5, force=Mode.AR, hb_cache=False)
+    assert all(e["force"] == 3 for e in run.script if e["op"] == "ROUND")
+    kinds = [K(e.kind) for e in run.events]
+    assert K.SOURCE in kinds and not {K.LOOKUP, K.ALLOCATE, K.FILL_START, K.TOUCH,
+                                      K.UNPIN} & set(kinds)
+    srcs = [e for e in run.events if e.kind == K.SOURCE]
+    assert all(e.code == esd.Source.LPDDR and e.slot == 0 for e in srcs)
+    n = cfg.planes
+    assert run.counters["lpddr_bytes"] == len(srcs) * n * (cfg.expert_bytes // n)
+    assert run.counters["hb_bytes"] == run.counters["hb_hits"] == run.counters["fills"] == 0
+    # the cache is untouched: residency after the cache-off rounds is the start's (empty)
+    assert all(run.controller.resident_mask(l) == 0 for l in range(cfg.layers))
+
+
 def test_refused_commands_leave_the_sequence_alone():
     """A decode with refused commands sprinkled in (every host-caused error
     code) has the same events and counters as the same decode without them."""

@@ -296,18 +296,19 @@ def test_native_2000_steps(measured_dir):
 
 def test_tile_run_set_on_dask(tmp_path, exe):
     """`elmoe3d tile-run` for a small set (the Zipf trace on the `tiny` tile,
-    batch 1 and 4, AR and SD, 6 warm-up + 8 measured steps) on an embedded
-    Dask LocalCluster: every run equal to the golden, the measurement window
-    after the warm-up (its phases add up to it; its tokens are the rounds'
-    after the warm-up), the JSON written."""
+    batch 1 and 4, LPDDR-only AR, AR and SD, 6 warm-up + 8 measured steps) on
+    an embedded Dask LocalCluster: every run equal to the golden, the
+    measurement window after the warm-up (its phases add up to it; its tokens
+    are the rounds' after the warm-up), the JSON written; the LPDDR-only runs
+    read nothing from HB and look nothing up."""
     from elmoe3d.cli import main
     from elmoe3d.sim import tile_run as tr
     out = tmp_path / "runs.json"
     assert main(["tile-run", "--trace", "zipf", "--preset", "tiny", "--batch", "1,4",
-                 "--mode", "ar,sd", "--steps", "8", "--warmup", "6", "--seed", "3",
+                 "--mode", "lpddr,ar,sd", "--steps", "8", "--warmup", "6", "--seed", "3",
                  "--workers", "2", "--no-progress", "--json", str(out)]) == 0
     d = json.loads(out.read_text())
-    assert len(d["runs"]) == 4 and all(r["match"] for r in d["runs"])
+    assert len(d["runs"]) == 6 and all(r["match"] for r in d["runs"])
     assert d["command"].startswith("elmoe3d tile-run --trace zipf")
     for r in d["runs"]:
         m = r["measured"]
@@ -320,14 +321,22 @@ def test_tile_run_set_on_dask(tmp_path, exe):
         assert m["tokens"] == sum(t for _, t in got)
         assert r["warmup_rounds"] == len(ts.round_tokens(warm.script, r["batch"]))
         assert m["counters_golden"]["tokens_out"] == m["tokens"]
+        if r["mode"] == "lpddr":
+            c = r["counters_rtl"]
+            assert c["hb_bytes"] == c["hb_hits"] == c["hb_misses"] == c["fills"] == 0
+            assert c["lpddr_bytes"] > 0 and m["hb_hit_rate"] is None
     rows = tr.summary_rows(d["runs"])
-    assert [(x[1], x[2]) for x in rows] == [(1, "AR"), (1, "SD"), (4, "AR"), (4, "SD")]
+    assert [(x[1], x[2]) for x in rows] == [(b, m) for b in (1, 4)
+                                            for m in ("LPDDR", "AR", "SD")]
+    table = tr.readme_table(dict(runs=d["runs"], summary=rows))
+    assert table.count("\n") == 3 and "x, " in table.splitlines()[2], table
 
 
 @pytest.mark.parametrize("argv,msg", [
     (["--trace", "gpt"], "--trace must be one of zipf, lm, not 'gpt'"),
     (["--batch", "17"], "--batch must be in 1..16, not 17"),
-    (["--mode", "fast"], "--mode must be one of ar, sd, auto, not 'fast'"),
+    (["--mode", "fast"], "--mode must be one of lpddr, ar, sd, auto, not 'fast'"),
+    (["--steady-state", "--mode", "auto"], "--mode auto is not in the steady-state set"),
     (["--steps", "0"], "--steps must be >= 1, not 0"),
     (["--steps", "1:8", "--batch", "4"], "no step count for batch 4"),
     (["--seed", "x"], "--seed: expected integers"),
@@ -368,7 +377,21 @@ def test_report_reads_steady_state(tmp_path):
     assert [r["all = golden"] for r in rows] == ["yes", "NO"] and not sec.data["recorded"]
     sec = cmd.build_section(types.SimpleNamespace(outdir=tmp_path / "none"))
     d = json.loads(cmd.recorded_steady_state().read_text())
-    assert sec.data["recorded"] and len(d["runs"]) == 36 and all(r["match"] for r in d["runs"])
+    assert sec.data["recorded"] and len(d["runs"]) == 54 and all(r["match"] for r in d["runs"])
     assert {(r["trace_key"], r["batch"], r["mode"], r["seed"]) for r in d["runs"]} == {
         (t, b, m, s) for t in tr.STEADY_STATE["traces"] for b in tr.STEADY_STATE["batches"]
         for m in tr.STEADY_STATE["modes"] for s in tr.STEADY_STATE["seeds"]}
+
+
+def test_steady_state_part_replaces_its_runs():
+    """`tile-run --steady-state --mode M --record` merges: a run of the part
+    replaces the set's run with the same trace, batch, mode and seed; the
+    others stay; the order is the set's."""
+    from elmoe3d.sim import tile_run as tr
+
+    def r(mode, seed, cpt):
+        return dict(trace_key="zipf", batch=4, mode=mode, seed=seed, cpt=cpt)
+    old = [r("ar", 1, 10), r("sd", 1, 8), r("lpddr", 1, 99)]
+    got = tr.merge_runs(old, [r("lpddr", 1, 12), r("lpddr", 2, 13)])
+    assert [(x["mode"], x["seed"], x["cpt"]) for x in got] == [
+        ("lpddr", 1, 12), ("lpddr", 2, 13), ("ar", 1, 10), ("sd", 1, 8)]

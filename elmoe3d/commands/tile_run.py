@@ -31,9 +31,10 @@ def register(p):
                         "routing on the lm tile); a comma list runs each (default zipf)")
     p.add_argument("--batch", default="1", metavar="B[,B]",
                    help="requests decoded together, 1..16 (comma list; default 1)")
-    p.add_argument("--mode", default="sd", metavar="M[,M]",
-                   help="ar, sd (forced every round) or auto (the controller decides); comma "
-                        "list (default sd)")
+    p.add_argument("--mode", default=None, metavar="M[,M]",
+                   help="ar, sd (forced every round), lpddr (AR with the HB expert cache off: "
+                        "the LPDDR-only baseline) or auto (the controller decides); comma list "
+                        "(default sd; with --steady-state: only these modes of the set)")
     p.add_argument("--steps", default="64", metavar="N|B:N,...",
                    help="measured decode steps after the warm-up, or per batch (1:128,4:64); "
                         "default 64")
@@ -50,7 +51,7 @@ def register(p):
     p.add_argument("--lpddr-bytes-per-cycle", type=int, default=None, metavar="N",
                    help="LPDDR bandwidth (default: one AXI beat per cycle)")
     p.add_argument("--steady-state", action="store_true",
-                   help="the steady-state set: traces zipf,lm x batch 1,4,16 x ar,sd x seeds "
+                   help="the steady-state set: traces zipf,lm x batch 1,4,16 x lpddr,ar,sd x seeds "
                         "1,2,3, 32 warm-up steps, 128 measured at batch 1 and 64 at 4 and 16 "
                         f"(default --json build/measured/{STEADY_FILE})")
     p.add_argument("--report", action="store_true",
@@ -103,9 +104,9 @@ def _steps(text):
 def _command(args) -> str:
     """The command line that reproduces the runs (for the JSON)."""
     if args.steady_state:
-        parts = ["--steady-state"]
+        parts = ["--steady-state"] + ([f"--mode {args.mode}"] if args.mode else [])
     else:
-        parts = [f"--trace {args.trace}", f"--batch {args.batch}", f"--mode {args.mode}",
+        parts = [f"--trace {args.trace}", f"--batch {args.batch}", f"--mode {args.mode or 'sd'}",
                  f"--steps {args.steps}", f"--warmup {args.warmup}", f"--seed {args.seed}"]
     parts.append(f"--latency {args.latency}")
     if args.preset is not None:
@@ -124,7 +125,14 @@ def _specs(args):
         preset(args.preset)
     if args.steady_state:
         ss = tr.STEADY_STATE
-        return tr.specs(ss["traces"], ss["batches"], ss["modes"], ss["seeds"], ss["steps"],
+        modes = ss["modes"]
+        if args.mode:
+            modes = _list(args.mode, "--mode")
+            bad = [m for m in modes if m not in ss["modes"]]
+            if bad:
+                raise ValueError(f"--mode {bad[0]} is not in the steady-state set "
+                                 f"({', '.join(ss['modes'])})")
+        return tr.specs(ss["traces"], ss["batches"], modes, ss["seeds"], ss["steps"],
                         ss["warmup"], **kw)
     steps = _steps(args.steps)
     batches = _list(args.batch, "--batch", int)
@@ -132,7 +140,7 @@ def _specs(args):
         missing = [b for b in batches if b not in steps]
         if missing:
             raise ValueError(f"--steps gives no step count for batch {missing[0]}")
-    return tr.specs(_list(args.trace, "--trace"), batches, _list(args.mode, "--mode"),
+    return tr.specs(_list(args.trace, "--trace"), batches, _list(args.mode or "sd", "--mode"),
                     _list(args.seed, "--seed", int), steps, args.warmup, **kw)
 
 
@@ -191,9 +199,22 @@ def run(args) -> int:
           f"({total / max(cpu, 1e-9):,.0f} cycles per CPU-second); {secs:.0f} s wall; every "
           f"run equal to the golden: {'yes' if all(r['match'] for r in res) else 'NO'}")
     if out:
-        out.write_text(json.dumps({
-            "command": _command(args), "wall_s": round(secs, 1), "runs": res,
-            "summary_head": tr.SUMMARY_HEAD, "summary": summary}, indent=1))
+        rec = {"command": _command(args), "wall_s": round(secs, 1), "runs": res}
+        if args.steady_state and args.mode and out.is_file():
+            # a part of the set: its runs replace their own in the file's set
+            old = json.loads(out.read_text())
+            parts = [p for p in old.get("parts", [{"command": old["command"],
+                                                    "wall_s": old["wall_s"],
+                                                    "runs": len(old["runs"])}])
+                     if p["command"] != rec["command"]]
+            runs = tr.merge_runs(old["runs"], res)
+            rec = {"command": "elmoe3d tile-run --steady-state", "wall_s": round(
+                sum(p["wall_s"] for p in parts) + secs, 1), "runs": runs,
+                "parts": parts + [{"command": rec["command"], "wall_s": round(secs, 1),
+                                   "runs": len(res)}]}
+            summary = tr.summary_rows(runs)
+        rec.update(summary_head=tr.SUMMARY_HEAD, summary=summary)
+        out.write_text(json.dumps(rec, indent=1))
         print(f"wrote {out}")
     if args.record:
         from .record import repo_readme

@@ -21,6 +21,10 @@ answer     ``source`` (``ExpertSource``: ``hb``, ``slot``; ``lsb_hb`` and
            must end: pin, fill, LPDDR read), together
 =========  =====================================================================
 
+With the HB expert cache off (``hb_cache`` low: an AR round the host asked
+for without it) an announced expert goes straight to ``SOURCE`` LPDDR: no
+lookup, no fill, no touch, every plane read from LPDDR.
+
 The ``ExtCommand`` id of an expert is its position in the pass (the pass
 end matches ``ExtResponse`` s by it). After the last expert the engine
 takes the next ``order``; the layer step sends it only once the pass end
@@ -76,6 +80,9 @@ class PassEngine(wiring.Component):
     tag : ``Out(tag_port(cfg))``
     events : ``Out(stream.Signature(TraceEvent))``
     counts : ``Out(counter_port(...))`` (:attr:`COUNTS`)
+    hb_cache : ``In(1)``
+        Low: the HB expert cache is off for this round (stable while a pass
+        runs; :class:`~.round.Round`).
 
     Raises
     ------
@@ -111,7 +118,8 @@ class PassEngine(wiring.Component):
                                       cfg.tag_slots))),
             "tag": Out(tag_port(cfg)),
             "events": Out(S(t["TraceEvent"])),
-            "counts": Out(counter_port(counter_fields(cfg, self.COUNTS)))})
+            "counts": Out(counter_port(counter_fields(cfg, self.COUNTS))),
+            "hb_cache": In(1, init=1)})
 
     def elaborate(self, platform):
         m = Module()
@@ -187,8 +195,11 @@ class PassEngine(wiring.Component):
                                      last.eq(a.last), slot.eq(0), pin.eq(0), fill.eq(0),
                                      read.eq(0), addr.eq(cfg.lpddr_base + (ctx.layer * cfg.experts
                                                          + a.expert) * cfg.expert_bytes)]
-                        tag.put(m, op=hv.TagOpcode.LOOKUP_PIN, tag=Cat(a.expert, ctx.layer))
-                        m.next = "LOOKUP"
+                        with m.If(self.hb_cache):
+                            tag.put(m, op=hv.TagOpcode.LOOKUP_PIN, tag=Cat(a.expert, ctx.layer))
+                            m.next = "LOOKUP"
+                        with m.Else():                # the HB cache off: all planes from LPDDR
+                            m.next = "SOURCE_LPDDR"
             with m.State("NONE"):
                 with m.If(ent.empty & ev.free):
                     ent.put(m, ctx=ctx, none=1, last=1)

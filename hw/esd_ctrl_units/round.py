@@ -3,7 +3,9 @@
 
 ROUND(batch, force) decides the mode (SD iff ``batch >= sd_threshold`` or
 the host forces SD, and at least ``min_free_slots`` slots are ``usable``;
-the host may force AR) and opens the round (``MODE``). STEP is admitted
+the host may force AR, or AR with the HB expert cache off: ``hb_cache``
+low for the round, which the pass engine reads) and opens the round
+(``MODE``). STEP is admitted
 when it is the step the round expects next (else BAD_PHASE / BAD_ORDER),
 handed to the layer step (``step``) and, once it ended without an LPDDR
 error (``step_done``), the expected step advances; the last layer of an AR
@@ -59,6 +61,10 @@ class Round(wiring.Component):
     status : ``Out(round_status(...))``
         ``mode``, ``k`` of the open round (changed only while a ROUND
         executes, before its result).
+    hb_cache : ``Out(1)``
+        Low in an AR round with the HB expert cache off (ROUND's force code
+        3); a register that changes only while a ROUND executes, when no
+        pass of the previous round is left (its last STEP has ended).
     kv : ``In(kv_status(S))``; watch : ``In(counter_watch(...))``
     step : ``Out(stream.Signature(StepOrder))``; step_done : ``In(stream.Signature(Done))``
     tag : ``Out(tag_port(cfg))`` (DECAY)
@@ -89,7 +95,8 @@ class Round(wiring.Component):
             "step_done": In(stream.Signature(done())),
             "tag": Out(tag_port(cfg)),
             "events": Out(stream.Signature(t["TraceEvent"])),
-            "counts": Out(counter_port(counter_fields(cfg, self.COUNTS)))})
+            "counts": Out(counter_port(counter_fields(cfg, self.COUNTS))),
+            "hb_cache": Out(1, init=1)})
 
     def elaborate(self, platform):
         m = Module()
@@ -120,7 +127,7 @@ class Round(wiring.Component):
         # tests of the command made as it is taken (registers: the decisions
         # in the next state start at flip-flops)
         take = Signal(data.StructLayout({
-            "bad_batch": 1, "want_sd": 1, "host_ar": 1,           # ROUND
+            "bad_batch": 1, "want_sd": 1, "host_ar": 1, "hb_off": 1,   # ROUND
             "over": 1, "every": 1, "most": 1, "half": 1, "back": len(drafted)}))   # ACCEPT
         acc = Signal(data.StructLayout({"grow": 1, "shrink": 1}))
 
@@ -132,13 +139,14 @@ class Round(wiring.Component):
                 m.d.comb += order.ready.eq(ev.empty & result.free & step_o.empty)
                 with m.If(order.valid & order.ready):
                     c = order.payload
-                    b, force, n = c.value[:8], c.value[8:10], c.value    # force: 0 auto, 1 AR, 2 SD
+                    # force (gesd.force_code): 0 auto, 1 AR, 2 SD, 3 AR with the HB cache off
+                    b, force, n = c.value[:8], c.value[8:11], c.value
                     m.d.sync += [cmd.eq(c),
-                                 take.bad_batch.eq((b < 1) | (b > gesd.MAX_BATCH) | (force == 3) |
-                                                   (c.value[10:] != 0)),
+                                 take.bad_batch.eq((b < 1) | (b > gesd.MAX_BATCH) | (force > 3) |
+                                                   (c.value[11:] != 0)),
                                  take.want_sd.eq(Mux(force == 0, b >= cfg.sd_threshold,
                                                      force == 2)),
-                                 take.host_ar.eq(force == 1),
+                                 take.host_ar.eq(force == 1), take.hb_off.eq(force == 3),
                                  take.over.eq(n > drafted), take.every.eq(n == drafted),
                                  take.most.eq(n * 4 >= drafted * 3),
                                  take.half.eq(n * 2 < drafted), take.back.eq(drafted - n)]
@@ -237,13 +245,15 @@ class Round(wiring.Component):
         with m.Else():
             want = take.want_sd
             sd = want & (self.kv.usable >= cfg.min_free_slots)
-            reason = Mux(take.host_ar, gesd.ModeReason.HOST,
-                         Mux(~want, gesd.ModeReason.BATCH,
-                             Mux(sd, gesd.ModeReason.SD, gesd.ModeReason.BACKOFF)))
+            reason = Mux(take.hb_off, gesd.ModeReason.LPDDR,
+                         Mux(take.host_ar, gesd.ModeReason.HOST,
+                             Mux(~want, gesd.ModeReason.BATCH,
+                                 Mux(sd, gesd.ModeReason.SD, gesd.ModeReason.BACKOFF))))
             ev.put(m, kind=EK.MODE, code=sd, value=Mux(sd, K, 0), tag=reason)
             m.d.sync += [mode.eq(sd), batch.eq(b), round_k.eq(Mux(sd, K, 0)), round_open.eq(1),
                          ex_phase.eq(Mux(sd, Ph.DRAFT, Ph.AR)), ex_step.eq(0), ex_layer.eq(0),
-                         inc.rounds_sd.eq(sd), inc.rounds_ar.eq(~sd)]
+                         inc.rounds_sd.eq(sd), inc.rounds_ar.eq(~sd),
+                         self.hb_cache.eq(~take.hb_off)]
             m.next = "DONE"
 
     def _accept(self, m, take, K, ev, result, batch, drafted, round_open, expect_accept, acc,
