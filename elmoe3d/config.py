@@ -27,6 +27,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+# the derived widths and sizes (PARAM_BITS re-exported: it is part of this module's interface)
+from .geometry import PARAM_BITS, acc_width, bits, dense_layout, lpddr_layout
+
 __all__ = ["Config", "PRESETS", "preset", "check_int", "SLICE_WIDTHS", "WEIGHT_BITS",
            "ACT_BITS", "PARAM_BITS"]
 
@@ -35,9 +38,6 @@ WEIGHT_BITS = 8
 ACT_BITS = 8
 #: Slice widths that divide an INT8 weight into equal planes.
 SLICE_WIDTHS = (1, 2, 4)
-#: Bits of one requantisation-parameter record in the dense HB region
-#: (``mult`` 16 bits, ``shift`` 6 bits, padding; see ``golden/layout.py``).
-PARAM_BITS = 32
 
 
 def check_int(name: str, value, lo: int, hi: int | None = None) -> int:
@@ -63,11 +63,6 @@ def check_int(name: str, value, lo: int, hi: int | None = None) -> int:
 def _check_pow2(name, value):
     if value & (value - 1):
         raise ValueError(f"{name} must be a power of two, not {value!r}")
-
-
-def _bits(n: int) -> int:
-    """Width of an unsigned field holding ``0 .. n-1`` (at least 1)."""
-    return max(1, (n - 1).bit_length())
 
 
 @dataclass(frozen=True)
@@ -319,7 +314,7 @@ class Config:
     @property
     def plane_bits(self) -> int:
         """Width of a plane index ``0 .. n-1``."""
-        return _bits(self.planes)
+        return bits(self.planes)
 
     @property
     def expert_rows(self) -> int:
@@ -336,7 +331,6 @@ class Config:
     def dense_words(self) -> int:
         """Words per bank of the dense region (every layer's router, shared
         experts and requantisation parameters); see ``golden/layout.py``."""
-        from .golden.layout import dense_layout
         return dense_layout(self).words
 
     @property
@@ -387,14 +381,12 @@ class Config:
     def lpddr_bytes(self) -> int:
         """Length of the LPDDR window: every layer's routed experts, then the
         dense image (``golden/layout.py``)."""
-        from .golden.layout import lpddr_layout
         return lpddr_layout(self).total_bytes
 
     @property
     def acc_bits(self) -> int:
-        """PE accumulator width: ``golden.bitslice.acc_width(max_len, lanes)``
+        """PE accumulator width: ``geometry.acc_width(max_len, lanes)``
         (no dot product a PE accepts can overflow it)."""
-        from .golden.bitslice import acc_width
         return acc_width(self.max_len, self.lanes)
 
     def replace(self, **changes) -> "Config":

@@ -42,6 +42,8 @@ import enum
 
 import numpy as np
 
+from ..geometry import acc_width, max_abs_product, max_chunks
+
 __all__ = [
     "Mode", "WEIGHT_BITS", "n_planes", "check_slice_bits", "split", "combine",
     "truncate", "reconstruct", "effective_weights", "plane_range", "check_mode",
@@ -230,43 +232,6 @@ def pe_dot(act_chunks, plane_chunks, planes_seq, s: int, mode, keep, augment=Tru
         if rnd and p > 0:
             acc += int(np.sum(a)) << (field_shift(p, s) - 1)
     return acc
-
-
-def max_abs_product() -> int:
-    """Largest ``|a * w_eff|`` of any mode: ``(-128) * (-128)``."""
-    return 128 * 128
-
-
-def max_chunks(max_len: int, lanes: int = 1) -> int:
-    """Chunks (beats per plane) a dot product may have: ``ceil(max_len / L)``.
-
-    This is the *real* length limit of a PE: a dot product of ``C`` chunks
-    carries ``C * L`` elements, which is more than ``max_len`` when ``L``
-    does not divide it (``L = 4, max_len = 7``: 2 chunks, 8 elements)."""
-    _check_len(max_len, lanes)
-    return -(-max_len // lanes)
-
-
-def _check_len(max_len, lanes):
-    for name, v in (("Maximum dot-product length", max_len), ("Lane count", lanes)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-            raise TypeError(f"{name} must be an integer, not {v!r}")
-        if v < 1:
-            raise ValueError(f"{name} must be >= 1, not {v!r}")
-
-
-def acc_width(max_len: int, lanes: int = 1) -> int:
-    """Signed accumulator width that holds every dot product a PE with ``L =
-    lanes`` accepts (``max_chunks(max_len, L) * L`` elements), in any mode,
-    and every partial sum on the way.
-
-    The largest magnitude is ``128 * 128`` per element (``(-128) * (-128)``:
-    every mode's effective weight is in ``-128 .. 127``), so ``N``
-    elements need ``bit_length(16384 * N) + 1`` bits. This is the one formula
-    behind ``PEResult.value``, ``Config.acc_bits`` and every PE's
-    accumulator."""
-    elements = max_chunks(max_len, lanes) * lanes
-    return (max_abs_product() * elements).bit_length() + 1
 
 
 # --- the dot-product rule: which beat sequences are one dot product ----------------

@@ -4,7 +4,8 @@ model, testbench and the system model uses.
 Everything that says *where a weight lives* or *in which order beats travel*
 is a function here; RTL documentation refers to these functions, testbenches
 build memory images with them, and the system model counts bytes with them.
-The geometry (sizes) comes from :class:`elmoe3d.config.Config`.
+The geometry (sizes) comes from :class:`elmoe3d.config.Config` and
+:mod:`elmoe3d.geometry`.
 
 Vocabulary: a *slice vector* is ``L`` slices of ``s`` bits of ``L``
 consecutive weights of one weight row (lane 0 in the low bits); ``plane`` is a
@@ -87,6 +88,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..geometry import DenseLayout, LpddrLayout, dense_layout, lpddr_layout
 from . import bitslice as gbs
 
 __all__ = [
@@ -240,81 +242,8 @@ def slot_covered_mask(cfg, kv_words: int) -> int:
 
 
 # --------------------------------------------------------------------------------------
-# dense region
-
-
-@dataclass(frozen=True)
-class DenseLayout:
-    """Word offsets (per bank) of the dense region.
-
-    Per layer ``l`` (``layer_base[l]``): the router (``n`` planes,
-    segment-interleaved, ``router_words``), then each shared expert (``n``
-    planes, ``expert_words_all`` each), then the parameter records
-    (``param_words``). Parameter records (32 bits, :func:`pack_param_record`)
-    are packed little-endian into consecutive words of the bank (record ``i``
-    at bit ``32 i`` of the area). Per bank ``b`` the records are, in order:
-    for every expert ``j`` in ``0 .. E+S-1`` (routed, then shared — the
-    golden layer's indexing): its GATE rows ``g*B+b`` (``gate_rq``), its UP
-    rows (``up_rq`` then ``prod_rq``), its DOWN rows (``down_rq``); then the
-    layer's output rows (``out_rq``), one softmax record (``sm_mult``,
-    ``sm_shift``) and the SiLU table (256 INT8 entries, 4 per record, entry
-    0 = code -128, in every bank).
-
-    Within an expert's UP rows the two records of a row are adjacent
-    (``up_rq`` of row ``g*B+b``, then its ``prod_rq``, then the next row), so
-    every segment's records are consecutive and in segment order
-    (:func:`dense_records` builds them; :func:`dense_image` the region).
-    """
-    words: int
-    layer_base: tuple
-    router_words: int
-    expert_words_all: int
-    shared: int
-    param_base: int           # offset of the records within a layer
-    records: int              # records per bank per layer
-    param_words: int
-    layer_words: int
-    record_index: dict        # name -> record offset within a layer's records
-
-    def router_base(self, layer: int) -> int:
-        return self.layer_base[layer]
-
-    def shared_base(self, layer: int, j: int) -> int:
-        return self.layer_base[layer] + self.router_words + j * self.expert_words_all
-
-    def params_base(self, layer: int) -> int:
-        return self.layer_base[layer] + self.param_base
-
-
-def _param_counts(cfg):
-    B, H, I, E, S = cfg.pes, cfg.hidden, cfg.ffn, cfg.experts, cfg.shared_experts
-    per_expert = (I + 2 * I + H) // B
-    idx = {"experts": 0, "per_expert": per_expert,
-           "out": (E + S) * per_expert}
-    idx["sm"] = idx["out"] + H // B
-    idx["lut"] = idx["sm"] + 1
-    total = idx["lut"] + 256 // 4
-    return idx, total
-
-
-@lru_cache(maxsize=64)
-def _dense_layout(cfg) -> DenseLayout:
-    n, sv = cfg.planes, cfg.slice_vector_bits
-    router_words = n * cfg.experts * cfg.hidden // (cfg.pes * cfg.lanes)
-    expert_all = n * cfg.expert_rows
-    idx, records = _param_counts(cfg)
-    from ..config import PARAM_BITS
-    param_words = -(-records * PARAM_BITS // sv)
-    param_base = router_words + cfg.shared_experts * expert_all
-    layer_words = param_base + param_words
-    bases = tuple(l * layer_words for l in range(cfg.layers))
-    return DenseLayout(layer_words * cfg.layers, bases, router_words, expert_all,
-                       cfg.shared_experts, param_base, records, param_words, layer_words, idx)
-
-
-def dense_layout(cfg) -> DenseLayout:
-    """The dense region's layout for a configuration (see :class:`DenseLayout`)."""
-    return _dense_layout(cfg)
+# dense region (its sizes, :class:`DenseLayout` and :func:`dense_layout`, are
+# :mod:`elmoe3d.geometry`'s: ``Config.dense_words`` needs them)
 
 
 @dataclass(frozen=True)
@@ -376,8 +305,8 @@ def dense_records(cfg, layer, bank: int) -> list[int]:
     recs.append(pack_param_record(layer.sm_mult, layer.sm_shift))
     lut = [int(v) for v in layer.lut]
     recs += [pack_lut_record(lut[4 * i:4 * i + 4]) for i in range(64)]
-    idx, total = _param_counts(cfg)
-    assert len(recs) == total and idx["lut"] == total - 64
+    d = dense_layout(cfg)
+    assert len(recs) == d.records and d.record_index["lut"] == d.records - 64
     return recs
 
 
@@ -419,28 +348,7 @@ def dense_image(cfg, layers) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------
-# LPDDR
-
-
-@dataclass(frozen=True)
-class LpddrLayout:
-    base: int
-    expert_bytes: int
-    dense_base: int
-    dense_bytes: int
-    total_bytes: int
-
-
-@lru_cache(maxsize=64)
-def _lpddr_layout(cfg) -> LpddrLayout:
-    eb = cfg.expert_bytes
-    experts = cfg.layers * cfg.experts * eb
-    dense = cfg.dense_words * cfg.pes * cfg.slice_vector_bits // 8
-    return LpddrLayout(cfg.lpddr_base, eb, cfg.lpddr_base + experts, dense, experts + dense)
-
-
-def lpddr_layout(cfg) -> LpddrLayout:
-    return _lpddr_layout(cfg)
+# LPDDR (:class:`LpddrLayout` and :func:`lpddr_layout` are :mod:`elmoe3d.geometry`'s)
 
 
 def lpddr_expert_base(cfg, layer: int, expert: int) -> int:

@@ -63,16 +63,18 @@ import numpy as np
 from . import bitslice
 
 __all__ = ["single_thread_blas", "weights_digest", "DATA_DIR", "WEIGHTS", "PRECISIONS", "MODES",
-           "SCALES", "load_weights", "quantize", "effective_matrix", "MoEModel", "KVCache", "Routing",
-           "cross_entropy", "model_paths"]
+           "SCALES", "PROMPTS", "WINDOWS", "heldout_prompts", "heldout_windows", "load_weights",
+           "quantize", "effective_matrix", "MoEModel", "KVCache", "Routing", "cross_entropy",
+           "model_paths"]
 
+#: the model's committed data (``elmoe3d.sim.lm``'s package data; a path, not an
+#: import: ``golden/`` and ``sim/`` are siblings in the source tree and in the
+#: installed package alike)
 DATA_DIR = Path(__file__).resolve().parent.parent / "sim" / "lm" / "data"
-try:  # installed layout: elmoe3d.sim.lm is the data's package
-    from elmoe3d.sim import lm as _lm_pkg
-    DATA_DIR = Path(_lm_pkg.__file__).resolve().parent / "data"
-except ImportError:  # pragma: no cover
-    pass
 WEIGHTS = "moe_lm.npz"
+#: the held-out prompts and perplexity windows (:func:`elmoe3d.sim.lm.evidence.make_heldout`)
+PROMPTS = "heldout_prompts.npy"
+WINDOWS = "heldout_windows.npy"
 
 #: precision name -> bit-slice PE mode (``None``: float weights, no quantisation)
 MODES = {"float": None, "full": bitslice.Mode.FULL, "augmented": bitslice.Mode.DRAFT,
@@ -93,6 +95,18 @@ def single_thread_blas():
         import contextlib
         return contextlib.nullcontext()
     return threadpool_limits(limits=1, user_api="blas")
+
+
+def heldout_prompts(n=None) -> np.ndarray:
+    """The first ``n`` (default all) held-out prompts (``int64`` bytes)."""
+    p = np.load(DATA_DIR / PROMPTS).astype(np.int64)
+    return p if n is None else p[:n]
+
+
+def heldout_windows(n=None) -> np.ndarray:
+    """The first ``n`` (default all) held-out perplexity windows (``int64`` bytes)."""
+    w = np.load(DATA_DIR / WINDOWS).astype(np.int64)
+    return w if n is None else w[:n]
 
 
 def _check_precision(p, what):

@@ -126,8 +126,7 @@ class IntMoE:
         width and draft planes from ``cfg`` (default the ``lm`` preset)."""
         cfg = cfg or preset("lm")
         if calib_prompts is None:
-            from ..sim.lm.evidence import heldout_prompts
-            calib_prompts = heldout_prompts(CALIB_PROMPTS)
+            calib_prompts = glm.heldout_prompts(CALIB_PROMPTS)
         slice_bits, draft_keep = cfg.slice_bits, cfg.hb_planes_eff
         xs = calibration_inputs(weights, meta, calib_prompts)
         k = meta["shape"]["top_k"]

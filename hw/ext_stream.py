@@ -858,7 +858,6 @@ class ExtStream(wiring.Component):
                 room = Signal(name=f"{name}_room")
                 m.d.sync += room.eq(q.level < depth - 3)
                 m.d.comb += getattr(router, f"{name}_room").eq(room)
-        self._dbg = dict(r_walk=r_walk, router=router, desc=desc, issued=issued, aborting=aborting, abort_mode=abort_mode, dw=dw, bq=bq, cutter=cutter)
         return m
 
 

@@ -649,8 +649,6 @@ class HBBank(wiring.Component):
 
     #: the fill decoder's class (a subclass may change one of its rules)
     fill_decoder_cls = FillDecoder
-    #: select a memory part's output a cycle early (a planted bug only)
-    part_select_early = False
     #: the read session's class (a subclass may change its FIFO depth)
     read_session_cls = None
 
@@ -663,6 +661,12 @@ class HBBank(wiring.Component):
         """A starting fill is refused (BUSY) when a read of its region is open
         (``hit``: one was open or accepted in the claim cycle)."""
         return hit
+
+    def part_select(self, part_rd, part_q):
+        """The part number that selects a bank's output among its memory
+        parts: ``part_q``, the one that travelled with the read to the parts'
+        output registers (``part_rd`` is the next access's, a cycle early)."""
+        return part_q
 
     def covered_thresholds(self) -> list[int]:
         """Slot ``j`` is covered iff ``kv_words > t[j]``
@@ -749,8 +753,7 @@ class HBBank(wiring.Component):
             hi_rd = Signal(range(Q), name=f"rd_part{b}")
             hi_q = Signal(range(Q), name=f"q_part{b}")
             m.d.sync += [hi_far.eq(hi), hi_rd.eq(hi_far), hi_q.eq(hi_rd)]
-            if self.part_select_early:         # (a planted bug, for the formal check)
-                hi_q = hi_rd
+            hi_q = self.part_select(hi_rd, hi_q)
             parts_q = []
             for i in range(Q):
                 mem = Memory(shape=unsigned(self.sv_bits), depth=PW, init=[])
@@ -1032,20 +1035,6 @@ def hb_params(cfg) -> dict:
     return dict(banks=cfg.pes, words=cfg.hb_words, slots=cfg.tag_slots,
                 slot_words=cfg.slot_words, dense_words=cfg.dense_words, lanes=cfg.lanes,
                 slice_bits=cfg.slice_bits, fill_words=cfg.fill_words, fill_depth=cfg.fill_depth)
-
-
-# ---------------------------------------------------------------------------------------
-# Names the stream engine (hw/ext_stream.py) still imports; they go when it
-# moves to hw/vocab.FillBeat (branch blk-ext).
-_bits = bits
-
-
-def fill_layout(sv_bits, fill_words, slots, planes, rows, banks):
-    """Old fill-beat layout of the stream engine (superseded by ``hw.vocab.FillBeat``)."""
-    return data.StructLayout({
-        "kind": FillBeatKind, "slot": unsigned(bits(slots)), "plane": unsigned(bits(planes)),
-        "row": unsigned(bits(rows)), "bank": unsigned(bits(banks)),
-        "data": data.ArrayLayout(unsigned(sv_bits), fill_words)})
 
 
 def _register():

@@ -77,11 +77,11 @@ from amaranth.hdl import signed, unsigned
 from amaranth.lib import data, enum, wiring
 from amaranth.lib.wiring import Out
 
+from ..geometry import acc_width, bits
 from ..golden import bitfusion as gbf
 from ..golden import esd as gesd
 from ..golden import vocab as gv
 from ..golden import tag_unit as gtu
-from ..golden.bitslice import acc_width
 from ..golden.moe_batched import Role as _Role
 
 __all__ = ["PEMode", "BitFusionMode", "FillBeatKind", "HBRegionKind", "FillResultCode", "ExtKindCode",
@@ -92,11 +92,6 @@ __all__ = ["PEMode", "BitFusionMode", "FillBeatKind", "HBRegionKind", "FillResul
            "TraceEventKind", "TracePhase", "trace_event",
            "TokenRole", "moe_token", "expert_need", "expert_source", "moe_output", "pass_stats",
            "Vocab", "vocab"]
-
-
-def bits(n: int) -> int:
-    """Width of an unsigned field holding ``0 .. n-1`` (at least 1)."""
-    return max(1, (int(n) - 1).bit_length())
 
 
 def struct(name: str, fields: dict) -> type:

@@ -28,9 +28,9 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import Out
 
 from ...config import Config
+from ...geometry import acc_width
 from ...golden import layout as gl
 from ...golden import moe_layer as gm
-from ...golden.bitslice import acc_width
 
 __all__ = ["Geom", "geom", "pow2ceil", "mul_pipe", "requant_pipe", "delay", "lowest_set",
            "lowest_flag", "zext", "MUL_BITS", "CycleCount", "CycleCounter"]
@@ -92,10 +92,7 @@ class Geom:
 
 def pe_result_width(cfg: Config) -> int:
     """Width of the PE's result for this Config (``PEResult.value``)."""
-    import inspect
-    if len(inspect.signature(acc_width).parameters) > 1:
-        return acc_width(cfg.max_len, cfg.lanes)
-    return acc_width(cfg.max_len)
+    return acc_width(cfg.max_len, cfg.lanes)
 
 
 def geom(cfg: Config, *, hb_depth: int | None = None, ext_depth: int | None = None) -> Geom:

@@ -70,6 +70,7 @@ from pathlib import Path
 import numpy as np
 
 from elmoe3d.golden import lm as glm
+from elmoe3d.golden.lm import PROMPTS, WINDOWS, heldout_prompts, heldout_windows
 from elmoe3d.golden.tag_unit import TagUnitModel
 
 __all__ = ["Setup", "DATA_DIR", "PROMPTS", "WINDOWS", "ACCEPTANCE", "RESULT",
@@ -80,8 +81,6 @@ __all__ = ["Setup", "DATA_DIR", "PROMPTS", "WINDOWS", "ACCEPTANCE", "RESULT",
            "variant_name"]
 
 DATA_DIR = glm.DATA_DIR
-PROMPTS = "heldout_prompts.npy"
-WINDOWS = "heldout_windows.npy"
 ACCEPTANCE = "acceptance.json"
 RESULT = "evidence.json"
 TRACE = "routing_trace.npz"
@@ -227,16 +226,6 @@ def make_heldout(meta: dict, n_prompts: int = 256, prompt_len: int = 64, n_windo
     np.save(out / PROMPTS, np.stack(prompts))
     np.save(out / WINDOWS, np.stack(windows))
     return np.stack(prompts), np.stack(windows)
-
-
-def heldout_prompts(n=None) -> np.ndarray:
-    p = np.load(DATA_DIR / PROMPTS).astype(np.int64)
-    return p if n is None else p[:n]
-
-
-def heldout_windows(n=None) -> np.ndarray:
-    w = np.load(DATA_DIR / WINDOWS).astype(np.int64)
-    return w if n is None else w[:n]
 
 
 # --- perplexity -------------------------------------------------------------------------

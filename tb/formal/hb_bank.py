@@ -85,8 +85,6 @@ class _BuggyHB(HBBank):
             self.fill_decoder_cls = _CommitIncomplete
         if bug == "fifo_short":
             self.read_session_cls = _FifoShort
-        if bug == "part_select_early":
-            self.part_select_early = True
 
     def open_regions(self, valid, pend, dense_valid):
         if self.bug == "no_resident_check":
@@ -97,6 +95,11 @@ class _BuggyHB(HBBank):
         if self.bug == "no_busy_refusal":
             return Const(0)
         return super().busy_at_check(hit)
+
+    def part_select(self, part_rd, part_q):
+        if self.bug == "part_select_early":
+            return part_rd
+        return super().part_select(part_rd, part_q)
 
 
 def _fix(v, w):
