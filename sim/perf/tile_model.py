@@ -1,0 +1,232 @@
+"""The tile's cycle model: a layer step costs what the tile's passes cost.
+
+The tile runs every layer step in the passes its controller decides
+(:class:`elmoe3d.golden.esd.EsdController`: ``ceil(n / T)`` passes of up to
+``T = Config.batch_tokens`` tokens; per expert of a pass HB, split
+HB + LPDDR, or LPDDR with an MSB fill). This module takes those passes from
+the golden controller itself (:func:`record_steps` captures every layer step
+it runs, whatever drives it: :func:`elmoe3d.golden.esd.run_trace`, the LM
+decode through :class:`elmoe3d.golden.lm_int.GoldenTile`) and prices each
+pass with the datapath's own traffic contract,
+:func:`elmoe3d.golden.moe_batched.pass_traffic`: HB words per bank, LPDDR
+beats at the configured bandwidth and PE beats with the token-lane array
+(lane collisions included). The model's cycles of one pass are ::
+
+    bound  = max(HB words per bank, LPDDR beats x cycles per beat, PE beats)
+    cycles = bound + c_overlap * (serial - bound) + c_pass + c_expert * experts
+             + c_pe_expert * experts [if the PE term bounds the pass] + c_miss * misses
+
+(``serial``: :func:`serial_cycles`, the pass with its experts one after
+another) and of a layer step the sum over its passes plus
+``c_token * tokens + c_step`` (and ``c_probe`` for a DRAFT step's
+eligibility probe). The bound has no free parameter; the constants
+(:class:`Constants`) are the costs the RTL shows beyond it -- the datapath's
+pipeline fill and drain per pass and per expert, the controller's per-step
+and per-token work -- and are fitted by least squares on one named set of
+runs (:mod:`elmoe3d.sim.perf.validate`). Residency is the controller's (MSB
+planes of resident experts; ``whole=True`` prices every resident expert as
+whole-resident, all planes from HB).
+
+What the model does not time separately: the overlap of the next pass's
+announcements with this pass's tail and the host's gaps between steps --
+both are inside the fitted constants.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import types
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Constants", "PassRecord", "record_steps", "step_passes", "pass_features",
+           "features", "predict", "FEATURES"]
+
+#: per-pass feature columns (see :func:`pass_features`)
+FEATURES = ("bound", "overlap", "passes", "experts", "pe_experts", "misses", "tokens", "steps",
+            "draft_probe")
+
+
+@dataclass(frozen=True)
+class Constants:
+    """The costs beyond the bound, in cycles (:data:`FEATURES` after the
+    bound): the share of the serial excess (:func:`serial_cycles` minus the
+    bound) the tile loses. The datapath's fixed costs, which the MoE layer alone shows too: per pass, per expert
+    (job) of a pass, per expert of a pass whose bound is the PE array (the
+    array drains between two experts' segments). The controller's, which
+    only the tile shows: per expert streamed whole from LPDDR (a miss:
+    its read latency and MSB fill), per token of a pass, per layer step, per
+    DRAFT layer step's eligibility probe."""
+    c_overlap: float = 0.0
+    c_pass: float = 0.0
+    c_expert: float = 0.0
+    c_pe_expert: float = 0.0
+    c_miss: float = 0.0
+    c_token: float = 0.0
+    c_step: float = 0.0
+    c_probe: float = 0.0
+
+    def vector(self) -> np.ndarray:
+        """Coefficients in :data:`FEATURES` order (the bound's is 1)."""
+        return np.array([1.0] + [getattr(self, f.name) for f in dataclasses.fields(self)])
+
+    @classmethod
+    def from_vector(cls, v) -> "Constants":
+        return cls(*(float(x) for x in v[1:]))
+
+    def as_dict(self) -> dict:
+        return {f.name: round(getattr(self, f.name), 2) for f in dataclasses.fields(self)}
+
+
+@dataclass
+class PassRecord:
+    """One layer step as the tile ran it: its phase name, the controller's
+    round (1-based) and per pass the traffic
+    (:class:`elmoe3d.golden.moe_batched.Traffic`)."""
+    phase: str
+    round: int
+    tokens: int
+    traffic: list
+
+
+@contextlib.contextmanager
+def record_steps():
+    """Capture every layer step the golden controller runs inside the block:
+    yields a list that receives ``(cfg, phase, StepResult)`` per successful
+    layer step. Works by giving :mod:`elmoe3d.golden.esd` a controller
+    subclass for the duration (every driver builds its controller from
+    there)."""
+    from ...golden import esd as gesd
+    log = []
+    base = gesd.EsdController
+
+    class Recording(base):
+        def layer_step(self, phase, step, layer, route):
+            res = super().layer_step(phase, step, layer, route)
+            if not res.error:
+                log.append((self.cfg, gesd.Phase(phase), res, self.rounds))
+            return res
+
+    gesd.EsdController = Recording
+    try:
+        yield log
+    finally:
+        gesd.EsdController = base
+
+
+def _role(phase):
+    from ...golden import esd as gesd
+    from ...golden import moe_batched as gb
+    return {gesd.Phase.AR: gb.Role.FULL, gesd.Phase.DRAFT: gb.Role.DRAFT,
+            gesd.Phase.VERIFY: gb.Role.VERIFY}[phase]
+
+
+def step_passes(cfg, phase, res, *, whole: bool = False) -> list:
+    """The datapath's pass plans (:class:`elmoe3d.golden.moe_batched.PassPlan`)
+    of one controller layer step: jobs in the controller's announce order,
+    each with the source the controller chose (``whole``: a resident expert's
+    LSB planes from HB too)."""
+    from ...golden import esd as gesd
+    from ...golden import moe_batched as gb
+    shim = types.SimpleNamespace(slice_bits=cfg.slice_bits, draft_keep=cfg.hb_planes_eff)
+    role = _role(phase)
+    out = []
+    for pp in res.passes:
+        toks = pp.tokens
+        sel = res.selections[toks.start:toks.stop]
+        roles = [role] * len(sel)
+        groups = {}
+        for t, s in enumerate(sel):
+            for e in s:
+                groups.setdefault(int(e), []).append(t)
+        jobs, sources = [], {}
+        for s in range(cfg.shared_experts):
+            hb, ext, lsb = gb._planes(shim, role, None, True)
+            jobs.append(gb.Job(cfg.experts + s, True, tuple(range(len(sel))), role, None,
+                               hb, ext, lsb))
+        for e, src, slot, *_ in pp.experts:
+            jobs.append(gb.Job(int(e), False, tuple(groups[int(e)]), role, None, (), (), ()))
+            if src in (gesd.Source.HB, gesd.Source.SPLIT):
+                sources[int(e)] = gb.Source(True, int(slot), whole, int(slot))
+        plan = gb.PassPlan(toks.start, roles, None, sel, None, jobs)
+        out.append(gb.with_sources(shim, plan, sources))
+    return out
+
+
+def records(log, *, whole: bool = False) -> list:
+    """:class:`PassRecord` s of a :func:`record_steps` log."""
+    from ...golden import moe_batched as gb
+    out = []
+    for cfg, phase, res, rnd in log:
+        tr = []
+        for p in step_passes(cfg, phase, res, whole=whole):
+            t = gb.pass_traffic(cfg, p)
+            t.serial = serial_cycles(cfg, p)
+            tr.append(t)
+        out.append(PassRecord(phase.name, rnd, len(res.selections), tr))
+    return out
+
+
+def serial_cycles(cfg, plan) -> float:
+    """The pass's cycles if its experts did not overlap one another: the
+    router's PE beats, then per job the longer of its LPDDR time and its PE
+    beats (each job's share of :func:`~elmoe3d.golden.moe_batched.pass_traffic`:
+    the traffic of the pass with that job alone, minus the pass with none).
+    Where LPDDR and the PE array are balanced the tile loses part of the gap
+    between this and the bound (the weight buffer lets LPDDR run ahead by a
+    bounded amount)."""
+    from ...golden import moe_batched as gb
+    base = gb.pass_traffic(cfg, dataclasses.replace(plan, jobs=[]))
+    total = float(base.mac_beats)
+    for job in plan.jobs:
+        t = gb.pass_traffic(cfg, dataclasses.replace(plan, jobs=[job]))
+        total += max(t.ext_cycles - base.ext_cycles, t.mac_beats - base.mac_beats)
+    return total
+
+
+def pass_features(tr, *, compute: bool = True, serial: float | None = None) -> np.ndarray:
+    """Feature row of one pass (:data:`FEATURES`; ``steps`` and
+    ``draft_probe`` are 0). ``compute=False`` is a planted model change the
+    validation must catch: the bound without its PE term."""
+    bound = max(tr.hb_beats, tr.ext_cycles, tr.mac_beats if compute else 0)
+    jobs = [e for what, e, _ in tr.hb_items if what == "records"]
+    split = {e for what, e, _ in tr.hb_items if what == "weights"}
+    misses = sum(1 for e, _, _ in tr.ext_items if e not in split)
+    pe = tr.mac_beats >= max(tr.hb_beats, tr.ext_cycles) if compute else False
+    serial = getattr(tr, "serial", bound) if serial is None else serial
+    over = max(0.0, serial - bound) if compute else 0.0
+    return np.array([bound, over, 1.0, len(jobs), len(jobs) if pe else 0, misses, 0.0, 0.0, 0.0])
+
+
+def features(recs, *, compute: bool = True, restream: bool = True) -> dict:
+    """Per phase (``AR``, ``DRAFT``, ``VERIFY``) the summed feature vector of
+    the layer steps in ``recs``.
+    ``restream=False`` is the other planted change: a layer step's LPDDR
+    traffic priced as if each expert were streamed once per step, not once
+    per pass of ``T`` tokens (later passes carry only experts no earlier
+    pass of the step streamed)."""
+    out = {p: np.zeros(len(FEATURES)) for p in ("AR", "DRAFT", "VERIFY")}
+    for r in recs:
+        f = np.zeros(len(FEATURES))
+        seen = set()
+        for tr in r.traffic:
+            serial = getattr(tr, "serial", None)
+            if not restream:
+                new = [it for it in tr.ext_items if it[0] not in seen]
+                seen.update(it[0] for it in tr.ext_items)
+                tr = dataclasses.replace(tr, ext_beats=sum(b for _, _, b in new), ext_items=new)
+            f += pass_features(tr, compute=compute, serial=serial)
+        f[6] += r.tokens
+        f[7] += 1.0
+        if r.phase == "DRAFT":
+            f[8] += 1.0
+        out[r.phase] += f
+    return out
+
+
+def predict(feats: dict, c: Constants) -> dict:
+    """Cycles per phase from :func:`features` and the constants."""
+    v = c.vector()
+    return {p: float(f @ v) for p, f in feats.items()}
