@@ -72,3 +72,70 @@ def test_constants_are_a_vector_in_feature_order():
     assert len(vec) == len(tm.FEATURES) and vec[0] == 1.0
     assert vec[tm.FEATURES.index("passes")] == 3.0 and vec[tm.FEATURES.index("draft_probe")] == 7.0
     assert tm.Constants.from_vector(vec) == c
+
+
+# -- the claims table on the validated model (sim/perf/claims.py) -------------------------
+
+def _recorded():
+    from elmoe3d.sim.perf import claims as cl
+    return json.loads(cl.recorded_path().read_text())
+
+
+def test_recorded_claims_are_the_docs_tables():
+    from pathlib import Path
+
+    from elmoe3d.sim.generated import between
+    from elmoe3d.sim.perf import claims as cl
+    rec = _recorded()
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    doc = (root / "docs" / "blocks" / "perf.md").read_text()
+    assert between(readme, cl.MARKERS) == cl.readme_table(rec)
+    assert between(doc, cl.MARKERS) == cl.readme_table(rec)
+    assert between(doc, cl.POINT_MARKERS) == cl.points_table(rec)
+
+
+def test_recorded_claims_are_complete_and_consistent():
+    from elmoe3d.sim.perf import claims as cl
+    rec = _recorded()
+    assert rec["paper"] == cl.PAPER and rec["command"] == "elmoe3d perf --validate --record"
+    assert set(rec["structures"]) == set(cl.STRUCTURES)
+    assert rec["validation"]["ok"] and rec["validation"]["rms"] < 0.02
+    for s in rec["structures"].values():
+        pts = s["points"]
+        assert len(pts) == len(rec["models"]) * len(rec["batches"]) == 12
+        sp = [p["speedup_vs"]["xPU"] for p in pts]
+        assert s["summary"]["speedup_vs_xpu_mean"] == pytest.approx(sum(sp) / len(sp))
+        assert s["summary"]["speedup_vs_xpu_max"] == pytest.approx(max(sp))
+        for p in pts:
+            best = min(cl.PRIORS, key=lambda k: p["systems"][k]["cycles_per_token"])
+            assert p["best_prior"] == best
+            assert p["speedup_vs_best"] == pytest.approx(p["speedup_vs"][best])
+    assert [r["rate"] for r in rec["sweep"]] == list(cl.SWEEP)
+
+
+def test_claims_structure_on_one_point():
+    """A live point: below the SD threshold ELMoE-3D runs AR with MSB planes
+    resident, so a hit still streams its LSB half from LPDDR: faster than the
+    xPU, by less than 2x; whole experts in HB (HB-xPU) are never slower
+    than the xPU."""
+    from elmoe3d.sim.perf import claims as cl
+    out = cl.claims(models=["GPT-OSS-20B"], batches=[1], jobs=1, sweep_model=None,
+                    structures=["token lanes (today)"])
+    p = out["structures"]["token lanes (today)"]["points"][0]
+    assert p["systems"]["ELMoE-3D"]["mode"] == "AR"
+    assert 1.2 < p["speedup_vs"]["xPU"] < 2.0
+    assert p["systems"]["HB-xPU"]["cycles_per_token"] <= p["systems"]["xPU"]["cycles_per_token"]
+    assert 0 < out["acceptance"]["GPT-OSS-20B"]["rate"] < 1
+
+
+def test_cli_perf_writes_the_claims(tmp_path, capsys):
+    from elmoe3d.cli import main
+    out = tmp_path / "claims.json"
+    assert main(["perf", "--model", "GPT-OSS-20B", "--batch", "1", "--jobs", "1",
+                 "--json", str(out)]) == 0
+    rec = json.loads(out.read_text())
+    assert rec["models"] == ["GPT-OSS-20B"] and rec["batches"] == [1]
+    assert set(rec["structures"]) == {"token lanes (today)", "before token lanes"}
+    text = capsys.readouterr().out
+    assert "paper" in text and "6.6x (12.0x)" in text and "constants (cycles)" in text

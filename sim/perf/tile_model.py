@@ -84,22 +84,33 @@ class Constants:
 class PassRecord:
     """One layer step as the tile ran it: its phase name, the controller's
     round (1-based) and per pass the traffic
-    (:class:`elmoe3d.golden.moe_batched.Traffic`)."""
+    (:class:`elmoe3d.golden.moe_batched.Traffic`) and the plan it prices."""
     phase: str
     round: int
     tokens: int
     traffic: list
+    plans: list = None
+
+
+class StepLog(list):
+    """What :func:`record_steps` captured: ``(cfg, phase, StepResult, round)``
+    per layer step; ``accepted`` maps an SD round (1-based) to its accepted
+    drafts."""
+
+    def __init__(self):
+        super().__init__()
+        self.accepted = {}
 
 
 @contextlib.contextmanager
 def record_steps():
     """Capture every layer step the golden controller runs inside the block:
-    yields a list that receives ``(cfg, phase, StepResult)`` per successful
-    layer step. Works by giving :mod:`elmoe3d.golden.esd` a controller
+    yields a :class:`StepLog` that receives ``(cfg, phase, StepResult,
+    round)`` per successful layer step and the accept counts. Works by giving :mod:`elmoe3d.golden.esd` a controller
     subclass for the duration (every driver builds its controller from
     there)."""
     from ...golden import esd as gesd
-    log = []
+    log = StepLog()
     base = gesd.EsdController
 
     class Recording(base):
@@ -108,6 +119,10 @@ def record_steps():
             if not res.error:
                 log.append((self.cfg, gesd.Phase(phase), res, self.rounds))
             return res
+
+        def accept(self, n):
+            super().accept(n)
+            log.accepted[self.rounds] = int(n)
 
     gesd.EsdController = Recording
     try:
@@ -123,11 +138,12 @@ def _role(phase):
             gesd.Phase.VERIFY: gb.Role.VERIFY}[phase]
 
 
-def step_passes(cfg, phase, res, *, whole: bool = False) -> list:
+def step_passes(cfg, phase, res, *, whole: bool = False, cache: bool = True) -> list:
     """The datapath's pass plans (:class:`elmoe3d.golden.moe_batched.PassPlan`)
     of one controller layer step: jobs in the controller's announce order,
     each with the source the controller chose (``whole``: a resident expert's
-    LSB planes from HB too)."""
+    LSB planes from HB too; ``cache=False``: every expert from LPDDR, the
+    tile with its HB cache off)."""
     from ...golden import esd as gesd
     from ...golden import moe_batched as gb
     shim = types.SimpleNamespace(slice_bits=cfg.slice_bits, draft_keep=cfg.hb_planes_eff)
@@ -148,42 +164,45 @@ def step_passes(cfg, phase, res, *, whole: bool = False) -> list:
                                hb, ext, lsb))
         for e, src, slot, *_ in pp.experts:
             jobs.append(gb.Job(int(e), False, tuple(groups[int(e)]), role, None, (), (), ()))
-            if src in (gesd.Source.HB, gesd.Source.SPLIT):
+            if cache and src in (gesd.Source.HB, gesd.Source.SPLIT):
                 sources[int(e)] = gb.Source(True, int(slot), whole, int(slot))
         plan = gb.PassPlan(toks.start, roles, None, sel, None, jobs)
         out.append(gb.with_sources(shim, plan, sources))
     return out
 
 
-def records(log, *, whole: bool = False) -> list:
-    """:class:`PassRecord` s of a :func:`record_steps` log."""
+def records(log, *, whole: bool = False, cache: bool = True) -> list:
+    """:class:`PassRecord` s of a :func:`record_steps` log (``whole``,
+    ``cache``: :func:`step_passes`)."""
     from ...golden import moe_batched as gb
     out = []
     for cfg, phase, res, rnd in log:
-        tr = []
-        for p in step_passes(cfg, phase, res, whole=whole):
+        tr, plans = [], step_passes(cfg, phase, res, whole=whole, cache=cache)
+        for p in plans:
             t = gb.pass_traffic(cfg, p)
-            t.serial = serial_cycles(cfg, p)
+            t.serial = serial_cycles(cfg, p, t)
             tr.append(t)
-        out.append(PassRecord(phase.name, rnd, len(res.selections), tr))
+        out.append(PassRecord(phase.name, rnd, len(res.selections), tr, plans))
     return out
 
 
-def serial_cycles(cfg, plan) -> float:
+def serial_cycles(cfg, plan, traffic) -> float:
     """The pass's cycles if its experts did not overlap one another: the
-    router's PE beats, then per job the longer of its LPDDR time and its PE
-    beats (each job's share of :func:`~elmoe3d.golden.moe_batched.pass_traffic`:
-    the traffic of the pass with that job alone, minus the pass with none).
-    Where LPDDR and the PE array are balanced the tile loses part of the gap
+    router's PE beats, then per job the longer of its LPDDR time (its
+    ``ext_items`` entry of :func:`~elmoe3d.golden.moe_batched.pass_traffic`)
+    and its PE beats (its :func:`~elmoe3d.golden.moe_batched.lane_steps`
+    over the layer's segments, as ``pass_traffic`` counts them). Where
+    LPDDR and the PE array are balanced the tile loses part of the gap
     between this and the bound (the weight buffer lets LPDDR run ahead by a
     bounded amount)."""
+    from ...golden import layout as gl
     from ...golden import moe_batched as gb
-    base = gb.pass_traffic(cfg, dataclasses.replace(plan, jobs=[]))
-    total = float(base.mac_beats)
-    for job in plan.jobs:
-        t = gb.pass_traffic(cfg, dataclasses.replace(plan, jobs=[job]))
-        total += max(t.ext_cycles - base.ext_cycles, t.mac_beats - base.mac_beats)
-    return total
+    chunks = sum(s.chunks for s in gl.segments(cfg))
+    ext = {e: beats * traffic.ext_cycles_per_beat for e, _, beats in traffic.ext_items}
+    mac = {j.expert: sum(p for p, _ in gb.lane_steps(cfg, j.tokens, plan.roles)) * chunks
+           for j in plan.jobs}
+    router = traffic.mac_beats - sum(mac.values())
+    return router + sum(max(ext.get(e, 0.0), m) for e, m in mac.items())
 
 
 def pass_features(tr, *, compute: bool = True, serial: float | None = None) -> np.ndarray:
