@@ -139,3 +139,16 @@ def test_cli_perf_writes_the_claims(tmp_path, capsys):
     assert set(rec["structures"]) == {"token lanes (today)", "before token lanes"}
     text = capsys.readouterr().out
     assert "paper" in text and "6.6x (12.0x)" in text and "constants (cycles)" in text
+
+
+def test_recorded_three_way_is_the_docs_table():
+    from pathlib import Path
+
+    from elmoe3d.sim.generated import between
+    rec = _recorded()
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "blocks" / "perf.md").read_text()
+    rows = rec["validation"]["three_way"]
+    assert between(doc, v.THREE_WAY_MARKERS) == v.three_way_table(rows)
+    for r in rows:      # the model's SD / AR agrees with the RTL's at the tile's scale
+        assert r["sd_model"] / r["ar_model"] == pytest.approx(r["sd_rtl"] / r["ar_rtl"], rel=0.05)
+        assert r["xpu_model"] >= r["ar_model"] * 0.99

@@ -283,6 +283,10 @@ def _claims(args) -> int:
         if not res["ok"]:
             raise ValueError("The tile cycle model misses a validation run by more than "
                              f"{res['bound']:.0%}: {w['run']} {w['phase']} {w['error']:+.2%}")
+        res["three_way"] = val.three_way()
+        print("\nthe tile's three ways at its own scale (cycles per output token, steady state; "
+              "LPDDR-only AR is the model's alone):")
+        print(val.three_way_table(res["three_way"]))
     else:
         print("tile cycle model: constants fitted on the report runs and the MoE layer's T = 1 / 16 "
               "passes; its validation against every other recorded RTL run is `elmoe3d perf "
@@ -330,6 +334,10 @@ def _claims(args) -> int:
         for f in (root / "README.md", root / "docs" / "blocks" / "perf.md"):
             if f.is_file() and cl.write_tables(f, rec):
                 print(f"updated {f}")
+        from ..sim.generated import replace_between
+        doc = root / "docs" / "blocks" / "perf.md"
+        if replace_between(doc, val.THREE_WAY_MARKERS, val.three_way_table(res["three_way"])):
+            print(f"updated {doc} (three ways)")
     return 0
 
 

@@ -42,7 +42,7 @@ import numpy as np
 from . import tile_model as tm
 
 __all__ = ["DATA", "TRAIN", "BOUND", "report_rows", "steady_rows", "decode_rows", "bench_rows",
-           "all_rows", "fit", "validate", "DECODE_FILE"]
+           "all_rows", "fit", "validate", "DECODE_FILE", "three_way", "three_way_table"]
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 DECODE_FILE = DATA / "decode_rtl.json"
@@ -90,7 +90,9 @@ def report_rows(compute=True, restream=True) -> list:
 
 
 @functools.lru_cache(maxsize=None)
-def _steady_recs():
+def _steady_logs():
+    """Per steady-state run: the record and the golden controller's log of
+    its decode (warm-up included)."""
     from .. import tile_run as trun
     rec = json.loads((DATA / "steady_state.json").read_text())
     out = []
@@ -99,9 +101,17 @@ def _steady_recs():
                       r["seed"], latency=r["latency"], accept_p=r["accept_p"])
         with tm.record_steps() as log:
             trun.golden_run(s, _steps_of(s, r))
-        recs = [x for x in tm.records(log) if x.round - 1 >= r["warmup_rounds"]]
-        out.append((r, recs))
+        out.append((r, log))
     return out
+
+
+def _window(r, recs) -> list:
+    return [x for x in recs if x.round - 1 >= r["warmup_rounds"]]
+
+
+@functools.lru_cache(maxsize=None)
+def _steady_recs():
+    return [(r, _window(r, tm.records(log))) for r, log in _steady_logs()]
 
 
 def _steps_of(s, r) -> int:
@@ -180,6 +190,51 @@ def bench_rows(compute=True, restream=True) -> list:
             set_ = "bench-fit" if name.endswith(BENCH_FIT_T) else "bench"
             rows.append(_row(set_, f"{preset_name} {name}", "pass", x, f["cycles_per_pass"]))
     return rows
+
+
+def three_way(c: tm.Constants | None = None) -> list:
+    """The tile's three ways to decode at its own scale, per trace and batch
+    of the steady-state set (means over the seeds, cycles per output token
+    over the measured window): LPDDR-only AR (the model only: the same AR
+    runs priced with the HB cache off -- the claims' xPU), HB-cached AR and
+    Elastic-SD, the RTL's beside the model's."""
+    c = c or fit(report_rows() + [r for r in bench_rows() if r["set"] in TRAIN])
+    v = c.vector()
+    groups = {}
+    for (r, log), (_, recs) in zip(_steady_logs(), _steady_recs()):
+        g = groups.setdefault((r["trace_key"], r["batch"]), {})
+        tok = r["measured"]["tokens"]
+        model = sum(f @ v for f in tm.features(recs).values()) / tok
+        g.setdefault(r["mode"], []).append((r["measured"]["cycles"] / tok, model))
+        if r["mode"] == "ar":
+            off = tm.features(_window(r, tm.records(log, cache=False)))
+            g.setdefault("xpu", []).append(sum(f @ v for f in off.values()) / tok)
+    rows = []
+    for (trace, batch), g in sorted(groups.items()):
+        mean = lambda xs: sum(xs) / len(xs)
+        ar_rtl, ar_mod = mean([a for a, _ in g["ar"]]), mean([m for _, m in g["ar"]])
+        sd_rtl, sd_mod = mean([a for a, _ in g["sd"]]), mean([m for _, m in g["sd"]])
+        rows.append(dict(trace=trace, batch=batch, xpu_model=mean(g["xpu"]), ar_rtl=ar_rtl,
+                         ar_model=ar_mod, sd_rtl=sd_rtl, sd_model=sd_mod))
+    return rows
+
+
+THREE_WAY_MARKERS = ("<!-- tile-three-way: generated from sim/data/perf_claims.json -->",
+                     "<!-- end of tile-three-way -->")
+
+
+def three_way_table(rows) -> str:
+    """docs/blocks/perf.md's table of :func:`three_way`."""
+    out = ["| trace | batch | LPDDR-only AR (model) | HB-cached AR: RTL / model | "
+           "Elastic-SD: RTL / model | SD / AR: RTL / model | HB cache gain (model) |",
+           "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['trace']} | {r['batch']} | {r['xpu_model']:,.0f} | "
+                   f"{r['ar_rtl']:,.0f} / {r['ar_model']:,.0f} | "
+                   f"{r['sd_rtl']:,.0f} / {r['sd_model']:,.0f} | "
+                   f"{r['sd_rtl'] / r['ar_rtl']:.2f} / {r['sd_model'] / r['ar_model']:.2f} | "
+                   f"{r['xpu_model'] / r['ar_model']:.2f}x |")
+    return "\n".join(out)
 
 
 def all_rows(**kw) -> list:
