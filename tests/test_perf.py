@@ -655,6 +655,8 @@ def test_build_section(tmp_path):
     from elmoe3d.config import preset
     from elmoe3d.report import BuildContext, Progress
     sec = perf.build_section(BuildContext(preset("default"), tmp_path, Progress(quiet=True), quick=True))
+    assert "tile cycle model validated against every recorded RTL run" in sec.markdown
+    assert "| paper | 6.6x (12.0x) | 4.4x | - | 2.2x / 1.4x |" in sec.markdown
     assert "| speedup vs xPU, mean | 6.60x |" in sec.markdown
     assert "Claim by claim" in sec.markdown and "LPDDR floor" in sec.markdown
     assert (tmp_path / "perf" / "speedup_vs_batch.png").exists()

@@ -524,10 +524,28 @@ def _print_ablations(abl):
                           for r in abl["context"]["rows"]]))
 
 
+def _recorded_claims_md() -> list:
+    """The recorded claims on the validated tile model
+    (``sim/data/perf_claims.json``, ``elmoe3d perf --record``) as report
+    lines: the validation and the headline table."""
+    from ..sim.perf import claims as cl
+    try:
+        rec = json.loads(cl.recorded_path().read_text())
+    except (OSError, ValueError):
+        return ["No recorded claims (`elmoe3d perf --record` writes sim/data/perf_claims.json).\n"]
+    val = rec.get("validation") or {}
+    sets = ", ".join(f"{k} {x['rms']:.2%} rms / {x['max']:.2%} max"
+                     for k, x in (val.get("sets") or {}).items() if not x["fit"])
+    return [f"The paper's claims on the tile cycle model validated against every recorded RTL run "
+            f"(`{rec.get('command', 'elmoe3d perf --record')}`; validation: {sets}):\n",
+            cl.readme_table(rec), ""]
+
+
 def build_section(ctx):
-    """Short summary for ``make demo``: the paper's grid at 8 GB, every
-    comparison against the priors, the bounds, the hotness ablation at batch
-    16, the claim-by-claim table, the tile-counter status and two plots."""
+    """Short summary for ``make demo``: the recorded claims on the validated
+    tile model, then the roofline grid at 8 GB, every comparison against
+    the priors, the bounds, the hotness ablation at batch 16, the
+    claim-by-claim table, the tile-counter status and two plots."""
     from ..report import Section
     from ..sim.perf.grid import ablations, claims_table, run_grid, side_by_side
     from ..sim.perf.models import load_models
@@ -553,11 +571,13 @@ def build_section(ctx):
         grid.setdefault("notes", []).append(f"plots failed: {e!r}")
     secs = time.monotonic() - t0
     rows = sbs_rows(sbs)
-    md = [f"Paper grid ({', '.join(paper)}; batch {', '.join(map(str, batches))}; 8 GB HB; "
+    md = _recorded_claims_md() + [
+          "The older roofline grid (not validated against the RTL; `elmoe3d perf --grid`):\n",
+          f"Paper grid ({', '.join(paper)}; batch {', '.join(map(str, batches))}; 8 GB HB; "
           f"context {grid['context']}; synthetic routing traces; every MoE layer replayed). RTL figures: "
           f"{_rtl_line(grid['rtl'])}; acceptance: {grid['acceptance_source']}. "
           f"Ran in {secs:.0f} s. Full grid, ablations and plots: "
-          "`elmoe3d perf --ablations --json build/perf.json --plot build/perf`.\n",
+          "`elmoe3d perf --grid --ablations --json build/perf.json --plot build/perf`.\n",
           md_table(SBS_HEAD, rows), "", "Claim by claim:", "", md_table(CLAIM_HEAD, claim_rows(claims)), "",
           "LPDDR floor and bounds (ELMoE-3D and HB-xPU):", "", md_table(FLOOR_HEAD, floor_rows(grid)), "",
           WHY, "", "\n".join(report_lines(tile)), ""]
