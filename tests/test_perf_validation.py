@@ -149,6 +149,7 @@ def test_recorded_three_way_is_the_docs_table():
     doc = (Path(__file__).resolve().parent.parent / "docs" / "blocks" / "perf.md").read_text()
     rows = rec["validation"]["three_way"]
     assert between(doc, v.THREE_WAY_MARKERS) == v.three_way_table(rows)
+    assert between(doc, v.VALIDATION_MARKERS) == v.validation_table(rec["validation"])
     for r in rows:      # the model's SD / AR agrees with the RTL's at the tile's scale
         assert r["sd_model"] / r["ar_model"] == pytest.approx(r["sd_rtl"] / r["ar_rtl"], rel=0.05)
         assert r["xpu_model"] >= r["ar_model"] * 0.99

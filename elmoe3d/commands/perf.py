@@ -277,6 +277,11 @@ def _claims(args) -> int:
         print(text_table(VAL_HEAD, [[s, "fit" if x["fit"] else "validation", x["rows"],
                                      f"{x['rms']:.2%}", f"{x['max']:.2%}"]
                                     for s, x in res["sets"].items()]))
+        print("every run (cycles; fit rows marked):")
+        print(text_table(["set", "run", "phase", "RTL", "model", "error"],
+                         [[x["set"] + (" (fit)" if x["fit"] else ""), x["run"], x["phase"],
+                           f"{x['rtl']:,.0f}", f"{x['model']:,.0f}", f"{x['error']:+.2%}"]
+                          for x in res["rows"]]))
         w = res["worst"]
         print(f"validation rms {res['rms']:.2%}; worst {w['set']} {w['run']} {w['phase']} "
               f"{w['error']:+.2%}")
@@ -338,6 +343,8 @@ def _claims(args) -> int:
         doc = root / "docs" / "blocks" / "perf.md"
         if replace_between(doc, val.THREE_WAY_MARKERS, val.three_way_table(res["three_way"])):
             print(f"updated {doc} (three ways)")
+        if replace_between(doc, val.VALIDATION_MARKERS, val.validation_table(res)):
+            print(f"updated {doc} (validation)")
     return 0
 
 

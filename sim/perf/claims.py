@@ -30,6 +30,10 @@ weights come from and how a pass is bounded):
     The tile as it is: the controller's own mode (AR below
     ``sd_threshold``, Elastic-SD from it), MSB planes of hot experts in HB.
 
+Every system keeps the tile's dense region (router rows, requantisation
+records) in HB and on the same logic die, so the systems differ in where
+the expert weights come from, not in that.
+
 Energy: HB and LPDDR bytes at ``hardware.json``'s pJ per bit (PIM and NMP
 reads at their own), slice MACs at the 7 nm-scaled INT8 MAC energy over
 two, and the static power over the run's time. The clock is the paper's

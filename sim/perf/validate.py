@@ -42,7 +42,8 @@ import numpy as np
 from . import tile_model as tm
 
 __all__ = ["DATA", "TRAIN", "BOUND", "report_rows", "steady_rows", "decode_rows", "bench_rows",
-           "all_rows", "fit", "validate", "DECODE_FILE", "three_way", "three_way_table"]
+           "all_rows", "fit", "validate", "DECODE_FILE", "three_way", "three_way_table",
+           "validation_table"]
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 DECODE_FILE = DATA / "decode_rtl.json"
@@ -217,6 +218,26 @@ def three_way(c: tm.Constants | None = None) -> list:
         rows.append(dict(trace=trace, batch=batch, xpu_model=mean(g["xpu"]), ar_rtl=ar_rtl,
                          ar_model=ar_mod, sd_rtl=sd_rtl, sd_model=sd_mod))
     return rows
+
+
+VALIDATION_MARKERS = ("<!-- perf-validation: generated from sim/data/perf_claims.json -->",
+                      "<!-- end of perf-validation -->")
+
+
+def validation_table(res: dict) -> str:
+    """docs/blocks/perf.md's table of a :func:`validate` result: per set its
+    role, values, rms and maximum error and its worst run; then the rms over
+    the validation runs and the fitted constants."""
+    out = ["| set | role | values | rms error | max error | worst |", "|---|---|---|---|---|---|"]
+    for name, x in res["sets"].items():
+        w = max((r for r in res["rows"] if r["set"] == name), key=lambda r: abs(r["error"]))
+        out.append(f"| {name} | {'fit' if x['fit'] else 'validation'} | {x['rows']} | "
+                   f"{x['rms']:.2%} | {x['max']:.2%} | {w['run']} {w['phase']} "
+                   f"({w['error']:+.2%}) |")
+    out += ["", f"Validation rms over the {sum(1 for r in res['rows'] if not r['fit'])} "
+                f"validation values: {res['rms']:.2%}. Fitted constants (cycles): "
+            + ", ".join(f"`{k}` {v:g}" for k, v in res["constants"].items()) + "."]
+    return "\n".join(out)
 
 
 THREE_WAY_MARKERS = ("<!-- tile-three-way: generated from sim/data/perf_claims.json -->",
