@@ -13,8 +13,8 @@ beats at the configured bandwidth and PE beats with the token-lane array
 (lane collisions included). The model's cycles of one pass are ::
 
     bound  = max(HB words per bank, LPDDR beats x cycles per beat, PE beats)
-    cycles = bound + c_overlap * (serial - bound) + c_pass + c_expert * experts
-             + c_pe_expert * experts [if the PE term bounds the pass] + c_miss * misses
+    cycles = bound + c_overlap * (serial - bound) + c_pass
+             + c_pe_expert * experts [if the PE term bounds the pass]
 
 (``serial``: :func:`serial_cycles`, the pass with its experts one after
 another) and of a layer step the sum over its passes plus
@@ -45,25 +45,22 @@ __all__ = ["Constants", "PassRecord", "record_steps", "step_passes", "pass_featu
            "features", "predict", "FEATURES"]
 
 #: per-pass feature columns (see :func:`pass_features`)
-FEATURES = ("bound", "overlap", "passes", "experts", "pe_experts", "misses", "tokens", "steps",
-            "draft_probe")
+FEATURES = ("bound", "overlap", "passes", "pe_experts", "tokens", "steps", "draft_probe")
 
 
 @dataclass(frozen=True)
 class Constants:
     """The costs beyond the bound, in cycles (:data:`FEATURES` after the
     bound): the share of the serial excess (:func:`serial_cycles` minus the
-    bound) the tile loses. The datapath's fixed costs, which the MoE layer alone shows too: per pass, per expert
-    (job) of a pass, per expert of a pass whose bound is the PE array (the
-    array drains between two experts' segments). The controller's, which
-    only the tile shows: per expert streamed whole from LPDDR (a miss:
-    its read latency and MSB fill), per token of a pass, per layer step, per
-    DRAFT layer step's eligibility probe."""
+    bound) the tile loses; the datapath's fixed costs, which the MoE layer
+    alone shows too: per pass (pipeline fill and drain), per expert of a
+    pass whose bound is the PE array (the array drains between two
+    experts' segments); the controller's, which only the tile shows: per
+    token of a layer step, per layer step, per DRAFT layer step's
+    eligibility probe."""
     c_overlap: float = 0.0
     c_pass: float = 0.0
-    c_expert: float = 0.0
     c_pe_expert: float = 0.0
-    c_miss: float = 0.0
     c_token: float = 0.0
     c_step: float = 0.0
     c_probe: float = 0.0
@@ -211,12 +208,10 @@ def pass_features(tr, *, compute: bool = True, serial: float | None = None) -> n
     validation must catch: the bound without its PE term."""
     bound = max(tr.hb_beats, tr.ext_cycles, tr.mac_beats if compute else 0)
     jobs = [e for what, e, _ in tr.hb_items if what == "records"]
-    split = {e for what, e, _ in tr.hb_items if what == "weights"}
-    misses = sum(1 for e, _, _ in tr.ext_items if e not in split)
     pe = tr.mac_beats >= max(tr.hb_beats, tr.ext_cycles) if compute else False
     serial = getattr(tr, "serial", bound) if serial is None else serial
     over = max(0.0, serial - bound) if compute else 0.0
-    return np.array([bound, over, 1.0, len(jobs), len(jobs) if pe else 0, misses, 0.0, 0.0, 0.0])
+    return np.array([bound, over, 1.0, len(jobs) if pe else 0, 0.0, 0.0, 0.0])
 
 
 def features(recs, *, compute: bool = True, restream: bool = True) -> dict:
@@ -237,10 +232,10 @@ def features(recs, *, compute: bool = True, restream: bool = True) -> dict:
                 seen.update(it[0] for it in tr.ext_items)
                 tr = dataclasses.replace(tr, ext_beats=sum(b for _, _, b in new), ext_items=new)
             f += pass_features(tr, compute=compute, serial=serial)
-        f[6] += r.tokens
-        f[7] += 1.0
+        f[4] += r.tokens
+        f[5] += 1.0
         if r.phase == "DRAFT":
-            f[8] += 1.0
+            f[6] += 1.0
         out[r.phase] += f
     return out
 

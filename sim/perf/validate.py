@@ -187,7 +187,7 @@ def bench_rows(compute=True, restream=True) -> list:
             if not compute:
                 bound = max(f["hb_beats_per_pass"], ext)
             pe = f["experts_per_pass"] if compute and f["bound_by"] == "PE" else 0.0
-            x = [bound, 0.0, 1.0, f["experts_per_pass"], pe] + [0.0] * (len(tm.FEATURES) - 5)
+            x = [bound, 0.0, 1.0, pe] + [0.0] * (len(tm.FEATURES) - 4)
             set_ = "bench-fit" if name.endswith(BENCH_FIT_T) else "bench"
             rows.append(_row(set_, f"{preset_name} {name}", "pass", x, f["cycles_per_pass"]))
     return rows
