@@ -595,7 +595,7 @@ def test_cli_perf(tmp_path, capsys):
     t = generate(m.layers, m.experts, m.top_k, requests=2, steps=40, seed=4)
     trace = save_trace(tmp_path / "t.jsonl", t)
     out = tmp_path / "perf.json"
-    rc = main(["perf", "--model", "OLMoE-1B-7B", "--batch", "1,2", "--json", str(out),
+    rc = main(["perf", "--grid", "--model", "OLMoE-1B-7B", "--batch", "1,2", "--json", str(out),
                "--plot", str(tmp_path / "plots"), "--trace", str(trace),
                "--tile-counters", str(tmp_path / "absent.json")])
     assert rc == 0
@@ -615,8 +615,13 @@ def test_cli_perf(tmp_path, capsys):
 @pytest.mark.parametrize("argv,msg", [
     (["perf", "--model", "GPT-5"], "Unknown model 'GPT-5'"),
     (["perf", "--batch", "0"], "Batch must be a positive integer, not 0"),
-    (["perf", "--model", "Mixtral-8x7B", "--hb-gb", "1"], "smaller than the dense weights"),
-    (["perf", "--trace", "/nonexistent/t.npz"], "does not exist"),
+    (["perf", "--grid", "--model", "Mixtral-8x7B", "--hb-gb", "1"], "smaller than the dense weights"),
+    (["perf", "--grid", "--trace", "/nonexistent/t.npz"], "does not exist"),
+    (["perf", "--trace", "t.npz"], "--trace applies to the roofline grid: add --grid"),
+    (["perf", "--hb-gb", "4"], "--hb-gb applies to --grid"),
+    (["perf", "--batch", "17"], "Batch must be in 1..16"),
+    (["perf", "--record", "--model", "GPT-OSS-20B"], "drop --model and --batch"),
+    (["perf", "--grid", "--record"], "drop --grid"),
     (["perf", "--jobs", "0"], "--jobs must be in 1..64"),
 ])
 def test_cli_bad_inputs(argv, msg, capsys):
@@ -629,10 +634,10 @@ def test_cli_bad_inputs(argv, msg, capsys):
 def test_cli_refuses_a_trace_of_another_shape(tmp_path, capsys):
     from elmoe3d.cli import main
     p = save_trace(tmp_path / "lm.npz", generate(4, 16, 2, requests=4, steps=40, seed=1))
-    assert main(["perf", "--model", "Qwen3-30B-A3B", "--batch", "1", "--trace", str(p)]) == 2
+    assert main(["perf", "--grid", "--model", "Qwen3-30B-A3B", "--batch", "1", "--trace", str(p)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "does not match Qwen3-30B-A3B" in err[0]
-    assert main(["perf", "--model", "OLMoE-1B-7B", "--batch", "1", "--trace", str(p), "--trace-remap",
+    assert main(["perf", "--grid", "--model", "OLMoE-1B-7B", "--batch", "1", "--trace", str(p), "--trace-remap",
                  "--tile-counters", str(tmp_path / "x.json")]) == 0
 
 
@@ -640,7 +645,7 @@ def test_cli_malformed_trace(tmp_path, capsys):
     from elmoe3d.cli import main
     p = tmp_path / "bad.jsonl"
     p.write_text('{"format": "elmoe3d-trace"}\n{"experts": 3}\n')
-    assert main(["perf", "--model", "OLMoE-1B-7B", "--batch", "1", "--trace", str(p)]) == 2
+    assert main(["perf", "--grid", "--model", "OLMoE-1B-7B", "--batch", "1", "--trace", str(p)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Malformed trace file" in err[0]
 
@@ -650,6 +655,8 @@ def test_build_section(tmp_path):
     from elmoe3d.config import preset
     from elmoe3d.report import BuildContext, Progress
     sec = perf.build_section(BuildContext(preset("default"), tmp_path, Progress(quiet=True), quick=True))
+    assert "tile cycle model validated against every recorded RTL run" in sec.markdown
+    assert "| paper | 6.6x (12.0x) | 4.4x | - | 2.2x / 1.4x |" in sec.markdown
     assert "| speedup vs xPU, mean | 6.60x |" in sec.markdown
     assert "Claim by claim" in sec.markdown and "LPDDR floor" in sec.markdown
     assert (tmp_path / "perf" / "speedup_vs_batch.png").exists()

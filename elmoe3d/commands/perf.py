@@ -1,11 +1,19 @@
-"""``elmoe3d perf``: the system-level performance and energy model.
+"""``elmoe3d perf``: the paper's claims on the validated tile cycle model.
 
-Runs the paper's evaluation grid (models x batch x systems) on published model
-shapes - every MoE layer replayed - and prints tokens/s, the ratios against
-xPU, against each prior accelerator, the best single prior and the per-point
-envelope, the LPDDR and compute floors, side by side with the paper, and the
-model-vs-RTL tile-counter agreement (when the tile has written its counters).
-See ``docs/blocks/perf.md``.
+By default: the tile cycle model's constants, fitted on the report runs
+and the MoE layer's T = 1 / 16 passes (:mod:`elmoe3d.sim.perf.validate`;
+``--validate`` also checks every other recorded RTL run), then the claims
+table (:mod:`elmoe3d.sim.perf.claims`): ELMoE-3D against the
+LPDDR-only xPU, xPU-PIM, xPU-NMP, HB-xPU and the per-point best prior, per
+model and batch, for the tile's structure today and before the token-lane
+datapath, beside the paper's 6.6x / 12.0x / 4.4x / 2.2x / 1.4x, and the
+acceptance sweep. ``--json F`` writes it; ``--record`` validates and writes
+``sim/data/perf_claims.json`` and the tables of README.md and
+docs/blocks/perf.md.
+
+``--grid`` runs the older roofline grid instead (bytes over bandwidth per
+system, every MoE layer replayed; not validated against the RTL): tokens/s,
+ratios, floors, ablations, plots. See ``docs/blocks/perf.md``.
 """
 
 from __future__ import annotations
@@ -18,15 +26,30 @@ from ..report import md_table, text_table
 from ._common import writable_dir, writable_file
 
 NAME = "perf"
-HELP = ("system performance/energy model: the paper's grid vs each prior, bounds, ablations, "
-        "side by side with the paper")
+HELP = ("the paper's claims on the tile cycle model validated against every recorded RTL run "
+        "(--grid: the older roofline grid)")
+
+#: options that only the roofline grid (--grid) reads
+GRID_ONLY = ("trace", "trace_remap", "acceptance", "draft_len", "ablations", "tile_counters", "plot",
+             "context")
 
 
 def register(p):
+    p.add_argument("--grid", action="store_true",
+                   help="run the older roofline grid (not validated against the RTL) instead of "
+                        "the claims table")
+    p.add_argument("--record", action="store_true",
+                   help="write the claims to sim/data/perf_claims.json and regenerate the tables of "
+                        "README.md and docs/blocks/perf.md (the paper's four models, batch 1, 4, 16)")
+    p.add_argument("--validate", action="store_true",
+                   help="first check the tile cycle model against every recorded RTL run (about "
+                        "30 s more)")
     p.add_argument("--model", action="append", default=None, metavar="NAME",
-                   help="model name (repeatable or comma-separated; default: all six)")
+                   help="model name (repeatable or comma-separated; default: the paper's four for "
+                        "the claims, all six for --grid)")
     p.add_argument("--batch", action="append", default=None, metavar="N",
-                   help="batch size (repeatable or comma-separated; default: 1,2,4,8,16)")
+                   help="batch size (repeatable or comma-separated; default: 1,4,16 for the claims, "
+                        "1,2,4,8,16 for --grid)")
     p.add_argument("--hb-gb", type=float, default=8.0, metavar="GB",
                    help="HB capacity in decimal GB (4 and 8 are the paper's chips; default 8)")
     p.add_argument("--context", type=int, default=None, metavar="TOKENS",
@@ -77,6 +100,18 @@ def _inputs(args):
     for b in batches:
         if b < 1:
             raise ValueError(f"Batch must be a positive integer, not {b!r}")
+    if not args.grid:
+        from ..golden.esd import MAX_BATCH
+        for b in batches:
+            if b > MAX_BATCH:
+                raise ValueError(f"Batch must be in 1..{MAX_BATCH} (the controller's), not {b!r}")
+        given = [o for o in GRID_ONLY if getattr(args, o) not in (None, False)]
+        if given:
+            raise ValueError(f"--{given[0].replace('_', '-')} applies to the roofline grid: add --grid")
+        if args.hb_gb != 8.0:
+            raise ValueError("The claims table is the paper's 8 GB chip; --hb-gb applies to --grid")
+    elif args.record:
+        raise ValueError("--record writes the claims table, not the grid: drop --grid")
     if args.context is not None and args.context < 1:
         raise ValueError(f"Context must be a positive number of tokens, not {args.context!r}")
     if not args.hb_gb > 0:
@@ -212,6 +247,108 @@ WHY = (
 
 
 def run(args) -> int:
+    if not args.grid:
+        return _claims(args)
+    return _grid(args)
+
+
+VAL_HEAD = ["set", "role", "runs", "rms error", "max error"]
+CLAIMS_HEAD = ["", "x vs xPU mean (max)", "energy vs xPU", "x vs PIM / NMP / HB-xPU",
+               "x / energy vs per-point best prior"]
+
+
+def _claims(args) -> int:
+    """The default: validation, then the claims table (module doc)."""
+    from ..sim.perf import claims as cl
+    from ..sim.perf import validate as val
+    from ..sim.perf.grid import _jsonable
+    models, _, _, _ = _inputs(args)
+    batches = _split(args.batch, int, "Batch") or list(cl.BATCHES)
+    if args.record and (models or args.batch):
+        raise ValueError("--record writes the recorded table (the paper's four models, batch 1, 4, "
+                         "16): drop --model and --batch")
+    out = writable_file(args.json, "--json") if args.json else None
+    t0 = time.monotonic()
+    res = None
+    if args.validate or args.record:
+        res = val.validate()
+        print(f"tile cycle model vs the RTL (fit on {', '.join(res['fit_sets'])}; bound "
+              f"{res['bound']:.0%} on every other run; {time.monotonic() - t0:.1f} s):")
+        print(text_table(VAL_HEAD, [[s, "fit" if x["fit"] else "validation", x["rows"],
+                                     f"{x['rms']:.2%}", f"{x['max']:.2%}"]
+                                    for s, x in res["sets"].items()]))
+        print("every run (cycles; fit rows marked):")
+        print(text_table(["set", "run", "phase", "RTL", "model", "error"],
+                         [[x["set"] + (" (fit)" if x["fit"] else ""), x["run"], x["phase"],
+                           f"{x['rtl']:,.0f}", f"{x['model']:,.0f}", f"{x['error']:+.2%}"]
+                          for x in res["rows"]]))
+        w = res["worst"]
+        print(f"validation rms {res['rms']:.2%}; worst {w['set']} {w['run']} {w['phase']} "
+              f"{w['error']:+.2%}")
+        if not res["ok"]:
+            raise ValueError("The tile cycle model misses a validation run by more than "
+                             f"{res['bound']:.0%}: {w['run']} {w['phase']} {w['error']:+.2%}")
+        res["three_way"] = val.three_way()
+        print("\nthe tile's three ways at its own scale (cycles per output token, steady state; "
+              "LPDDR-only AR is the model's alone):")
+        print(val.three_way_table(res["three_way"]))
+    else:
+        print("tile cycle model: constants fitted on the report runs and the MoE layer's T = 1 / 16 "
+              "passes; its validation against every other recorded RTL run is `elmoe3d perf "
+              "--validate` (and pytest -m perf)")
+    jobs = args.jobs or 2
+    t1 = time.monotonic()
+    rec = _jsonable(cl.claims(models, batches, jobs=jobs))
+    t_cl = time.monotonic() - t1
+    print(f"\nthe paper's claims on the validated model ({', '.join(rec['models'])}; batch "
+          f"{', '.join(map(str, rec['batches']))}; MoE layers only, {rec['sim_layers']} simulated "
+          f"per model; {t_cl:.1f} s):")
+    rows = [["paper", "6.6x (12.0x)", "4.4x", "-", "2.2x / 1.4x"]]
+    for name, s in rec["structures"].items():
+        m = s["summary"]
+        rows.append([name, f"{m['speedup_vs_xpu_mean']:.2f}x ({m['speedup_vs_xpu_max']:.2f}x)",
+                     f"{m['energy_vs_xpu_mean']:.2f}x",
+                     " / ".join(f"{m[f'speedup_vs_{p}_mean']:.2f}x" for p in cl.PRIORS),
+                     f"{m['speedup_vs_best_prior_mean']:.2f}x / {m['energy_vs_best_prior_mean']:.2f}x"])
+    print(text_table(CLAIMS_HEAD, rows))
+    print("\nper model and batch:")
+    print(cl.points_table(rec))
+    if rec["sweep"]:
+        print("\nacceptance sweep (the paper's 0.33-0.91), ELMoE-3D today:")
+        print(text_table(["model", "B", "acceptance", "mode", "x vs xPU", "x vs best prior"],
+                         [[r["model"], r["batch"], r["rate"], r["mode"],
+                           f"{r['speedup_vs_xpu']:.2f}x",
+                           f"{r['speedup_vs_best']:.2f}x ({r['best_prior']})"]
+                          for r in rec["sweep"]]))
+    if res is not None:
+        rec["validation"] = res
+    print("constants (cycles): " + ", ".join(f"{k} {v:g}" for k, v in rec["constants"].items()))
+    rec["seconds"] = round(time.monotonic() - t0, 1)
+    rec["command"] = "elmoe3d perf --validate --record" if args.record else "elmoe3d perf"
+    print(f"\nperf took {rec['seconds']} s ({jobs} worker processes)")
+    text = json.dumps(_jsonable(rec), indent=1)
+    if out:
+        out.write_text(text + "\n")
+        print(f"wrote {out}")
+    if args.record:
+        from .. import sim
+        from pathlib import Path
+        cl.recorded_path().write_text(text + "\n")
+        print(f"wrote {cl.recorded_path()}")
+        root = Path(sim.__file__).resolve().parent.parent
+        for f in (root / "README.md", root / "docs" / "blocks" / "perf.md"):
+            if f.is_file() and cl.write_tables(f, rec):
+                print(f"updated {f}")
+        from ..sim.generated import replace_between
+        doc = root / "docs" / "blocks" / "perf.md"
+        if replace_between(doc, val.THREE_WAY_MARKERS, val.three_way_table(res["three_way"])):
+            print(f"updated {doc} (three ways)")
+        if replace_between(doc, val.VALIDATION_MARKERS, val.validation_table(res)):
+            print(f"updated {doc} (validation)")
+    return 0
+
+
+def _grid(args) -> int:
     from ..report import Progress
     from ..sim.perf.grid import (ablations, ar_policy_table, claims_table, locality_check, run_grid,
                                  side_by_side)
@@ -394,10 +531,28 @@ def _print_ablations(abl):
                           for r in abl["context"]["rows"]]))
 
 
+def _recorded_claims_md() -> list:
+    """The recorded claims on the validated tile model
+    (``sim/data/perf_claims.json``, ``elmoe3d perf --record``) as report
+    lines: the validation and the headline table."""
+    from ..sim.perf import claims as cl
+    try:
+        rec = json.loads(cl.recorded_path().read_text())
+    except (OSError, ValueError):
+        return ["No recorded claims (`elmoe3d perf --record` writes sim/data/perf_claims.json).\n"]
+    val = rec.get("validation") or {}
+    sets = ", ".join(f"{k} {x['rms']:.2%} rms / {x['max']:.2%} max"
+                     for k, x in (val.get("sets") or {}).items() if not x["fit"])
+    return [f"The paper's claims on the tile cycle model validated against every recorded RTL run "
+            f"(`{rec.get('command', 'elmoe3d perf --record')}`; validation: {sets}):\n",
+            cl.readme_table(rec), ""]
+
+
 def build_section(ctx):
-    """Short summary for ``make demo``: the paper's grid at 8 GB, every
-    comparison against the priors, the bounds, the hotness ablation at batch
-    16, the claim-by-claim table, the tile-counter status and two plots."""
+    """Short summary for ``make demo``: the recorded claims on the validated
+    tile model, then the roofline grid at 8 GB, every comparison against
+    the priors, the bounds, the hotness ablation at batch 16, the
+    claim-by-claim table, the tile-counter status and two plots."""
     from ..report import Section
     from ..sim.perf.grid import ablations, claims_table, run_grid, side_by_side
     from ..sim.perf.models import load_models
@@ -423,11 +578,13 @@ def build_section(ctx):
         grid.setdefault("notes", []).append(f"plots failed: {e!r}")
     secs = time.monotonic() - t0
     rows = sbs_rows(sbs)
-    md = [f"Paper grid ({', '.join(paper)}; batch {', '.join(map(str, batches))}; 8 GB HB; "
+    md = _recorded_claims_md() + [
+          "The older roofline grid (not validated against the RTL; `elmoe3d perf --grid`):\n",
+          f"Paper grid ({', '.join(paper)}; batch {', '.join(map(str, batches))}; 8 GB HB; "
           f"context {grid['context']}; synthetic routing traces; every MoE layer replayed). RTL figures: "
           f"{_rtl_line(grid['rtl'])}; acceptance: {grid['acceptance_source']}. "
           f"Ran in {secs:.0f} s. Full grid, ablations and plots: "
-          "`elmoe3d perf --ablations --json build/perf.json --plot build/perf`.\n",
+          "`elmoe3d perf --grid --ablations --json build/perf.json --plot build/perf`.\n",
           md_table(SBS_HEAD, rows), "", "Claim by claim:", "", md_table(CLAIM_HEAD, claim_rows(claims)), "",
           "LPDDR floor and bounds (ELMoE-3D and HB-xPU):", "", md_table(FLOOR_HEAD, floor_rows(grid)), "",
           WHY, "", "\n".join(report_lines(tile)), ""]

@@ -6,9 +6,13 @@ generator, locality statistics), :mod:`.fastpolicy` (the tag-unit policy in
 NumPy, tested op for op against the golden), :mod:`._kernels` (compiled
 inner loops), :mod:`.cache` (the tag-unit cache driver, LRU/LFU/static/Belady),
 :mod:`.acceptance` (draft acceptance fitted to the LM's measurements),
-:mod:`.systems` (the systems compared), :mod:`.grid` (grid, ratios, bounds,
-ablations, side by side with the paper), :mod:`.rtl_compare` (model vs RTL
-tile counters), :mod:`.plots`. Data files in ``data/``. See
+:mod:`.tile_model` (the tile's cycle model: the golden controller's passes
+priced by the datapath's pass bound and fitted fixed costs),
+:mod:`.validate` (its fit and validation against every recorded RTL run),
+:mod:`.claims` (the paper's claims recomputed on it); the older roofline
+grid: :mod:`.systems` (the systems compared), :mod:`.grid` (grid, ratios,
+bounds, ablations, side by side with the paper), :mod:`.rtl_compare` (model
+vs RTL tile counters), :mod:`.plots`. Data files in ``data/``. See
 ``docs/blocks/perf.md``.
 """
 

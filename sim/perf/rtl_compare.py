@@ -66,8 +66,12 @@ unit; ``hb_pending`` - lookups that found their slot still being filled;
 replaced; ``accepted_tokens`` - drafts accepted in total; ``*_cycles`` -
 clock cycles spent in each phase. Cache counters are compared exactly (the
 policy is deterministic given the trace and the accept decisions); bytes and
-cycles as relative errors (the model's cycles are its roofline
-``max(bytes / rate, MACs / rate)`` per phase).
+cycles as relative errors. This driver's cycles are
+``max(HB bytes / HB rate, LPDDR bytes / LPDDR rate)`` per layer step: no
+compute term, no fixed costs, no re-streaming per pass (``macs_per_cycle``
+is recorded but not used), so they are not a prediction of the tile's
+cycles; that is :mod:`elmoe3d.sim.perf.tile_model`, validated against these
+and every other recorded run by :mod:`elmoe3d.sim.perf.validate`.
 """
 
 from __future__ import annotations
