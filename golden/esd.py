@@ -130,7 +130,7 @@ from . import moe_batched as _gb
 from .tag_unit import SlotState, TagUnitModel, params_from_config
 from .vocab import ExtError
 
-__all__ = ["EventKind", "Phase", "Mode", "ModeReason", "force_code", "LookupResult", "AllocResult",
+__all__ = ["EventKind", "Phase", "Mode", "ModeReason", "ForceCode", "force_code", "LookupResult", "AllocResult",
            "Source", "FillEnd", "InvalidateReason", "HostError", "EsdHostError", "Event",
            "EVENT_FIELDS", "PASS_MEMBERS", "announce_order", "canonical", "compare", "EsdController",
            "TagPolicy", "RankingRouter", "synthetic_trace", "run_trace", "TraceRun",
@@ -182,14 +182,22 @@ class ModeReason(enum.IntEnum):
     LPDDR = 4         # the host asked for AR with the HB expert cache off (the xPU analogue)
 
 
+class ForceCode(enum.IntEnum):
+    """ROUND's force field (``HostCommand.value`` bits 8..10, 3 bits): who
+    decides the round's mode. Codes 4..7 are refused (BAD_BATCH)."""
+    AUTO = 0          # the batch threshold (and the KV back-off) decides
+    AR = 1            # the host asks for AR
+    SD = 2            # the host asks for SD (the back-off still applies)
+    AR_NO_HB_CACHE = 3   # AR with the HB expert cache off (the xPU analogue)
+
+
 def force_code(force=None, hb_cache: bool = True) -> int:
-    """ROUND's force field (``HostCommand.value`` bits 8..10) for
-    :meth:`EsdController.begin_round`'s ``force`` / ``hb_cache``: 0 the batch
-    threshold decides, 1 AR, 2 SD, 3 AR with the HB expert cache off; 4..7
-    are refused (BAD_BATCH)."""
+    """The :class:`ForceCode` (as an int) for :meth:`EsdController.begin_round`'s
+    ``force`` / ``hb_cache``."""
     if not hb_cache:
-        return 3
-    return 0 if force is None else 1 + int(force)
+        return int(ForceCode.AR_NO_HB_CACHE)
+    # the forced codes follow Mode's order: AR + Mode.AR = AR, AR + Mode.SD = SD
+    return int(ForceCode.AUTO) if force is None else int(ForceCode.AR) + int(force)
 
 
 class LookupResult(enum.IntEnum):

@@ -32,31 +32,14 @@ family, so that the comparison is at equal effort)
 from __future__ import annotations
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed, unsigned
-from amaranth.lib import data, fifo, stream, wiring
+from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import check_int
 from ..golden import bitserial as gbsr
+from . import vocab as hv
 
-__all__ = ["BitSerialMAC", "bitserial_input_layout", "bitserial_output_layout"]
-
-
-def bitserial_input_layout(lanes: int, digit_bits: int) -> data.StructLayout:
-    """One beat: ``act[L]`` (INT8), ``digits[L]`` (``b`` bits each, lane 0
-    lowest), ``msd`` (first, most significant and signed digit of a weight
-    group), ``lsd`` (its last digit), ``last`` (closes the dot product; only
-    on an ``lsd`` beat)."""
-    return data.StructLayout({
-        "act": data.ArrayLayout(signed(8), lanes),
-        "digits": data.ArrayLayout(unsigned(digit_bits), lanes),
-        "msd": unsigned(1),
-        "lsd": unsigned(1),
-        "last": unsigned(1),
-    })
-
-
-def bitserial_output_layout(acc_width: int) -> data.StructLayout:
-    return data.StructLayout({"value": signed(acc_width), "error": unsigned(1)})
+__all__ = ["BitSerialMAC"]
 
 
 def _tree_stage(m: Module, terms: list, name: str, levels: int) -> list:
@@ -96,9 +79,9 @@ class BitSerialMAC(wiring.Component):
 
     Members
     -------
-    i : ``In(stream.Signature(bitserial_input_layout(L, b)))``
+    i : ``In(stream.Signature(BitSerialBeat))`` (:func:`elmoe3d.hw.vocab.bitserial_beat`)
         Beats; a weight group of ``p`` bits is ``p / b`` beats, ``msd`` first.
-    o : ``Out(stream.Signature(bitserial_output_layout(w)))``
+    o : ``Out(stream.Signature(BitSerialResult))``
         One result per dot product; ``error`` (``value`` unspecified) on a
         malformed group, ``last`` without ``lsd``, a group wider than 8 bits,
         or more than ``ceil(max_len / L)`` groups. The next dot product starts
@@ -136,8 +119,8 @@ class BitSerialMAC(wiring.Component):
         self.depth = self.pipe_stages + 3
         self.latency = self.pipe_stages + 1
         super().__init__({
-            "i": In(stream.Signature(bitserial_input_layout(lanes, digit_bits))),
-            "o": Out(stream.Signature(bitserial_output_layout(self.acc_width))),
+            "i": In(stream.Signature(hv.bitserial_beat(lanes, digit_bits))),
+            "o": Out(stream.Signature(hv.bitserial_result(self.acc_width))),
         })
 
     def elaborate(self, platform):

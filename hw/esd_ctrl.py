@@ -72,12 +72,13 @@ from .esd_ctrl_units.host import HostFrontEnd
 from .esd_ctrl_units.kv import KvBoundary
 from .esd_ctrl_units.pass_end import PassEnd
 from .esd_ctrl_units.pass_engine import PassEngine, pass_entries
-from .esd_ctrl_units.payloads import HostOp, esd_ports, host_command, host_response
+from .esd_ctrl_units.payloads import esd_ports
 from .esd_ctrl_units.round import Round
 from .esd_ctrl_units.step import LayerStep
 from .esd_ctrl_units.tag_client import TagClient
 from .esd_ctrl_units.trace import TraceEmitter
 from .streams import RegisterSlice
+from .vocab import HostOp, host_command, host_response   # re-exported: the host side imports them from here
 
 __all__ = ["HostOp", "TagOp", "EsdCtrl", "host_command", "host_response", "esd_ports",
            "saturating_add", "COUNTERS", "BLOCK_SPECS"]

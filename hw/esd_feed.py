@@ -20,8 +20,8 @@ So a step's datapath passes are exactly the controller's: ``ceil(tokens /
 T)`` passes of consecutive tokens (the datapath ends a pass at ``last`` or
 at the ``T``-th token).
 
-Ports: ``step`` (In, ``StepInfo`` of :func:`elmoe3d.hw.esd_ctrl.esd_ports`),
-``x`` (In, ``HostToken`` = ``{x[H]}``), ``tok`` (Out, ``MoEToken``). ``tok``
+Ports: ``step`` (In, ``StepInfo``), ``x`` (In, ``HostToken`` = ``{x[H]}``;
+both of :mod:`elmoe3d.hw.vocab`), ``tok`` (Out, ``MoEToken``). ``tok``
 leaves through a :class:`~elmoe3d.hw.streams.RegisterSlice`; ``step.ready``
 is a register and ``x.ready`` the slice's registered ``ready`` and a
 register, so no ``ready`` crosses the feed combinationally. Throughput: one
@@ -30,10 +30,8 @@ token per cycle; one idle cycle between steps.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
-from amaranth.hdl import Module, Mux, Signal, signed
-from amaranth.lib import data, stream, wiring
+from amaranth.hdl import Module, Mux, Signal
+from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import Config
@@ -42,18 +40,12 @@ from ..golden import moe_batched as gb
 from . import vocab as hv
 from .streams import RegisterSlice
 
-__all__ = ["ROLE_OF_PHASE", "TokenFeed", "host_token"]
+__all__ = ["ROLE_OF_PHASE", "TokenFeed"]
 
 #: Role of the tokens of a layer step of each phase (and so the precision of
 #: the datapath's jobs: every token of a step has the same role).
 ROLE_OF_PHASE = {gesd.Phase.AR: gb.Role.FULL, gesd.Phase.DRAFT: gb.Role.DRAFT,
                  gesd.Phase.VERIFY: gb.Role.VERIFY}
-
-
-@lru_cache(maxsize=None)
-def host_token(hidden: int) -> type:
-    """``HostToken``: one token vector ``x[H]`` INT8 from the host."""
-    return hv.struct("HostToken", {"x": data.ArrayLayout(signed(8), hidden)})
 
 
 class TokenFeed(wiring.Component):
@@ -68,12 +60,12 @@ class TokenFeed(wiring.Component):
     def __init__(self, cfg: Config):
         if not isinstance(cfg, Config):
             raise TypeError(f"TokenFeed needs a Config, not {cfg!r}")
-        from .esd_ctrl import esd_ports
         self.cfg = cfg
-        self.step_t = esd_ports(cfg)["StepInfo"]
-        self.tok_t = hv.vocab(cfg).MoEToken
+        v = hv.vocab(cfg)
+        self.step_t = v.StepInfo
+        self.tok_t = v.MoEToken
         S = stream.Signature
-        super().__init__({"step": In(S(self.step_t)), "x": In(S(host_token(cfg.hidden))),
+        super().__init__({"step": In(S(self.step_t)), "x": In(S(v.HostToken)),
                           "tok": Out(S(self.tok_t))})
 
     def elaborate(self, platform):

@@ -126,27 +126,32 @@ class ExtGeometry:
         self.slot_bits = bits(self.S)
         self.plane_bits = bits(self.n)
         self.row_bits = bits(self.rows)
-        # -- internal payloads -----------------------------------------------------
-        self.walk_layout = data.StructLayout({
+        # -- payloads between the stages (named; one class per geometry) -----------
+        #: ``ExtWalk``: CommandCheck -> RunWalker, one checked command
+        self.walk_t = hv.struct("ExtWalk", {
             "kind": ExtKindCode, "null": 1, "base": unsigned(self.aw),
             "mask": unsigned(self.n), "pe_mask": unsigned(self.n), "fill": 1,
             "o0": unsigned(self.ob), "dbeats": unsigned(self.run_bits),
             "pe_stream": 1, "fill_end": 1, "range_err": 1,
             "id": unsigned(self.cmd_id_bits), "slot": unsigned(self.slot_bits),
             "tag": unsigned(TAG_BITS)})
-        self.run_layout = data.StructLayout({
+        #: ``ExtRun``: RunWalker -> BurstCutter / BeatRouter, one run of a command
+        self.run_t = hv.struct("ExtRun", {
             "addr": unsigned(self.aw), "beats": unsigned(self.run_bits),
             "room": range(self.blk + 1), "last": 1, "contig": 1, "single": 1, "plane": unsigned(self.plane_bits),
             "row0": unsigned(self.row_bits), "hb_off0": unsigned(self.ob), "to_pe": 1,
             "to_fill": 1, "last_pe": 1, "region": HBRegionKind, "pe_stream": 1,
             "fill_end": 1, "range_err": 1, "id": unsigned(self.cmd_id_bits),
             "slot": unsigned(self.slot_bits), "tag": unsigned(TAG_BITS)})
-        self.burst_layout = data.StructLayout({
+        #: ``AxiBurst``: BurstCutter -> the AR channel, one burst
+        self.burst_t = hv.struct("AxiBurst", {
             "addr": unsigned(self.aw), "len": unsigned(8), "last": 1, "end": 1})
-        self.desc_layout = data.StructLayout({"len": unsigned(8), "single": 1, "last": 1,
+        #: ``BurstDesc``: the address side -> BeatRouter, the framing of one burst
+        self.desc_t = hv.struct("BurstDesc", {"len": unsigned(8), "single": 1, "last": 1,
                                               "end": 1})
-        # an R beat, with RID/RRESP already decoded at the register slice's input
-        self.r_layout = data.StructLayout({
+        #: ``AxiRBeat``: an R beat, with RID/RRESP already decoded at the
+        #: register slice's input (-> BeatRouter)
+        self.r_t = hv.struct("AxiRBeat", {
             "data": unsigned(cfg.axi_beat_bits), "last": 1, "bad_id": 1, "exokay": 1,
             "slverr": 1, "decerr": 1})
         #: output FIFO depth (pe, fill). The router's writes are registered
@@ -172,7 +177,7 @@ class CommandCheck(wiring.Component):
     def __init__(self, geo: ExtGeometry):
         self.geo = geo
         super().__init__({"i": In(stream.Signature(geo.vocab.ExtCommand)),
-                          "o": Out(stream.Signature(geo.walk_layout))})
+                          "o": Out(stream.Signature(geo.walk_t))})
 
     def elaborate(self, platform):
         m = Module()
@@ -276,15 +281,15 @@ class RunWalker(wiring.Component):
 
     def __init__(self, geo: ExtGeometry):
         self.geo = geo
-        super().__init__({"i": In(stream.Signature(geo.walk_layout)),
-                          "o": Out(stream.Signature(geo.run_layout)),
+        super().__init__({"i": In(stream.Signature(geo.walk_t)),
+                          "o": Out(stream.Signature(geo.run_t)),
                           "flush": In(1), "flush_tag": In(TAG_BITS)})
 
     def elaborate(self, platform):
         m = Module()
         g = self.geo
         n, k = g.n, g.k
-        c = Signal(g.walk_layout)
+        c = Signal(g.walk_t)
         busy = Signal()
         seg = Signal(range(max(g.nseg, 2)))
         down = Signal()                       # a DOWN segment (I/L chunks)
@@ -402,8 +407,8 @@ class BurstCutter(wiring.Component):
 
     def __init__(self, geo: ExtGeometry):
         self.geo = geo
-        super().__init__({"i": In(stream.Signature(geo.run_layout)),
-                          "o": Out(stream.Signature(geo.burst_layout)),
+        super().__init__({"i": In(stream.Signature(geo.run_t)),
+                          "o": Out(stream.Signature(geo.burst_t)),
                           "flush": In(1)})
 
     def elaborate(self, platform):
@@ -500,9 +505,9 @@ class BeatRouter(wiring.Component):
         self.geo = geo
         v = geo.vocab
         super().__init__({
-            "r": In(stream.Signature(geo.r_layout)),
-            "desc": In(stream.Signature(geo.desc_layout)),
-            "runs": In(stream.Signature(geo.run_layout)),
+            "r": In(stream.Signature(geo.r_t)),
+            "desc": In(stream.Signature(geo.desc_t)),
+            "runs": In(stream.Signature(geo.run_t)),
             "pe_data": Out(v.ExtBeat), "pe_en": Out(1), "pe_room": In(1),
             "fill_data": Out(v.FillBeat), "fill_en": Out(1), "fill_room": In(1),
             "rsp_data": Out(v.ExtResponse), "rsp_en": Out(1), "rsp_rdy": In(1),
@@ -515,7 +520,7 @@ class BeatRouter(wiring.Component):
         B, fw = g.B, g.fw
         r, d = self.r.payload, self.desc.payload
         # -- the current run, a beat ahead -----------------------------------------
-        cur = Signal(g.run_layout)
+        cur = Signal(g.run_t)
         cur_valid = Signal()
         rleft = Signal(g.run_bits)
         run_end = Signal()
@@ -741,7 +746,7 @@ class ExtStream(wiring.Component):
         m.submodules.check = check = CommandCheck(g)
         wiring.connect(m, wiring.flipped(self.cmd), cmd_slice.i)
         wiring.connect(m, cmd_slice.o, check.i)
-        wl = g.walk_layout.size
+        wl = data.Layout.cast(g.walk_t).size
         m.submodules.ar_cmds = ar_cmds = fifo.SyncFIFOBuffered(width=wl, depth=2)
         m.submodules.r_cmds = r_cmds = fifo.SyncFIFOBuffered(width=wl, depth=4)
         both = ar_cmds.w_rdy & r_cmds.w_rdy
@@ -752,8 +757,8 @@ class ExtStream(wiring.Component):
         # -- address side -------------------------------------------------------------
         m.submodules.ar_walk = ar_walk = RunWalker(g)
         m.submodules.cutter = cutter = BurstCutter(g)
-        m.submodules.burst_slice = bq = RegisterSlice(g.burst_layout)
-        m.submodules.ar_run_slice = ar_run_slice = RegisterSlice(g.run_layout)
+        m.submodules.burst_slice = bq = RegisterSlice(g.burst_t)
+        m.submodules.ar_run_slice = ar_run_slice = RegisterSlice(g.run_t)
         wiring.connect(m, ar_walk.o, ar_run_slice.i)
         wiring.connect(m, ar_run_slice.o, cutter.i)
         wiring.connect(m, cutter.o, bq.i)
@@ -766,7 +771,7 @@ class ExtStream(wiring.Component):
         with m.If(ar_walk.i.valid & ar_walk.i.ready):
             m.d.sync += [ar_active.eq(1), ar_tag.eq(ar_walk.i.payload.tag)]
 
-        m.submodules.desc = desc = fifo.SyncFIFOBuffered(width=g.desc_layout.size,
+        m.submodules.desc = desc = fifo.SyncFIFOBuffered(width=data.Layout.cast(g.desc_t).size,
                                                          depth=g.outstanding + 2)
         m.submodules.router = router = BeatRouter(g)
         inflight = Signal(range(g.outstanding + 2))
@@ -808,7 +813,7 @@ class ExtStream(wiring.Component):
             ar_walk.flush.eq(abort_mode), ar_walk.flush_tag.eq(ar_tag),
             cutter.flush.eq(abort_mode),
         ]
-        dw = Signal(g.desc_layout)
+        dw = Signal(g.desc_t)
         m.d.comb += [dw.len.eq(b.len), dw.single.eq(b.len == 0),
                      dw.last.eq(Mux(issued, b.last, 1)), dw.end.eq(~issued),
                      desc.w_data.eq(dw), desc.w_en.eq(issued | end_go | abort_end)]
@@ -824,7 +829,7 @@ class ExtStream(wiring.Component):
         m.d.sync += inflight.eq(inflight + issued - router.burst_done)
 
         # -- data side ------------------------------------------------------------------
-        m.submodules.r_slice = r_slice = RegisterSlice(g.r_layout)
+        m.submodules.r_slice = r_slice = RegisterSlice(g.r_t)
         rp = r_slice.i.payload
         rresp = self.m_axi_rresp
         m.d.comb += [rp.data.eq(self.m_axi_rdata), rp.last.eq(self.m_axi_rlast),
@@ -837,7 +842,7 @@ class ExtStream(wiring.Component):
         m.submodules.r_walk = r_walk = RunWalker(g)
         m.d.comb += [r_walk.i.payload.eq(r_cmds.r_data), r_walk.i.valid.eq(r_cmds.r_rdy),
                      r_cmds.r_en.eq(r_walk.i.ready)]
-        m.submodules.run_slice = run_slice = RegisterSlice(g.run_layout)
+        m.submodules.run_slice = run_slice = RegisterSlice(g.run_t)
         wiring.connect(m, r_walk.o, run_slice.i)
         wiring.connect(m, run_slice.o, router.runs)
         m.d.comb += [r_walk.flush.eq(router.drop), r_walk.flush_tag.eq(router.drop_tag)]

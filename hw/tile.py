@@ -67,17 +67,15 @@ is the one above, port for port.
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 from amaranth.hdl import Module, Mux, Signal
-from amaranth.lib import data, enum, fifo, stream, wiring
+from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import Config
 from ..golden import tag_unit as gtu
 from ..golden import layout as gl
-from .esd_ctrl import EsdCtrl, HostOp, host_command, host_response
-from .esd_feed import TokenFeed, host_token
+from .esd_ctrl import EsdCtrl
+from .esd_feed import TokenFeed
 from .ext_stream import ExtStream
 from .hb_bank import HBBank, hb_params
 from .moe import MoEDatapath
@@ -85,6 +83,8 @@ from .streams import RegisterSlice
 from .tag_unit import TagUnit
 from . import vocab as hv
 from .vocab import FillResultCode, HBRegionKind
+# the tile's host-port types, re-exported: the host side imports them from here
+from .vocab import TileError, TileOp, TileRspKind, tile_command, tile_response
 
 __all__ = ["TileMem", "Tile", "connect_compute", "TileOp", "TileRspKind", "TileError", "tile_command",
            "tile_response", "fill_done_depth", "priority_arbiter", "LOAD_ID", "BLOCK_SPECS"]
@@ -266,57 +266,6 @@ class TileMem(wiring.Component):
 
 # -- the tile top ---------------------------------------------------------------------
 
-class TileOp(enum.IntEnum, shape=3):
-    """``TileCommand.op``. ROUND .. COUNTER are the controller's
-    (:class:`~elmoe3d.hw.esd_ctrl.HostOp`, same values), forwarded to it."""
-    ROUND = HostOp.ROUND
-    STEP = HostOp.STEP
-    ACCEPT = HostOp.ACCEPT
-    CONTEXT = HostOp.CONTEXT
-    COUNTER = HostOp.COUNTER
-    TOKEN = 5                #: one token vector ``x`` of the running step
-    LOAD_DENSE = 6           #: fill HB's dense region from the LPDDR dense image
-
-
-class TileRspKind(enum.Enum, shape=2):
-    """``TileResponse.kind``: which field carries the answer."""
-    CTRL = 0                 #: ``rsp``: the controller's ``HostResponse``
-    OUTPUT = 1               #: ``out``: one layer output (``MoEOutput``)
-    TILE = 2                 #: ``rsp``: the tile's own answer (LOAD_DENSE, a refusal)
-
-
-class TileError(enum.IntEnum):
-    """``rsp.error`` of a TILE response."""
-    OK = 0
-    BUSY = 1                 #: LOAD_DENSE while the controller has a command in hand
-    LOAD_FAILED = 2          #: the dense load ended with an LPDDR error or not committed
-    BAD_OP = 3               #: an opcode the tile does not know (7)
-
-
-@lru_cache(maxsize=None)
-def _tile_types(cfg: Config) -> tuple:
-    hc = host_command(cfg.layer_bits, cfg.draft_len_max)
-    hr = host_response(cfg.draft_len_max, cfg.stat_bits)
-    cmd = hv.struct("TileCommand", {
-        **{name: (TileOp if name == "op" else f.shape) for name, f in data.Layout.cast(hc)},
-        "x": data.Layout.cast(host_token(cfg.hidden))["x"].shape})
-    rsp = hv.struct("TileResponse", {"kind": TileRspKind, "rsp": hr,
-                                     "out": hv.vocab(cfg).MoEOutput})
-    return cmd, rsp
-
-
-def tile_command(cfg: Config) -> type:
-    """``TileCommand``: the controller's ``HostCommand`` fields (``op`` a
-    :class:`TileOp`) and ``x[H]`` INT8 (TOKEN only)."""
-    return _tile_types(cfg)[0]
-
-
-def tile_response(cfg: Config) -> type:
-    """``TileResponse``: ``kind`` (:class:`TileRspKind`), ``rsp``
-    (``HostResponse``: CTRL and TILE), ``out`` (``MoEOutput``: OUTPUT)."""
-    return _tile_types(cfg)[1]
-
-
 class Tile(wiring.Component):
     """The ELMoE-3D tile (top ``elmoe3d_tile``): :class:`TileMem` (controller,
     tag unit, HB bank controller, stream engine; ``load=True``) +
@@ -385,7 +334,7 @@ class Tile(wiring.Component):
         self.mem = TileMem(cfg, load=True)
         self.feed = TokenFeed(cfg)
         self.dp = MoEDatapath(cfg)
-        self.cmd_t, self.rsp_t = _tile_types(cfg)
+        self.cmd_t, self.rsp_t = tile_command(cfg), tile_response(cfg)
         S = stream.Signature
         members = {"host_cmd": In(S(self.cmd_t)), "host_rsp": Out(S(self.rsp_t))}
         members.update({n: mb for n, mb in self.mem.signature.members.items()

@@ -1,8 +1,17 @@
 """The shared vocabulary of the RTL: shaped enums and named ``data.Struct``
 payloads, defined once and used by every block, golden model and testbench.
 
-Every payload that crosses a block boundary is one of the ``data.Struct``
-types below (a class named after what it carries). Because their sizes depend
+This module is the one home of every payload type that crosses a block
+boundary (a port of a block in the registry, or a port joined between two
+blocks: the tile's host streams, the controller's ports, HB's, the stream
+engine's, the MoE datapath's) and of the opcodes and codes they carry: each
+is one of the ``data.Struct`` types below (a class named after what it
+carries) or a shaped enum. Payloads that travel only between the parts of
+one block live beside those parts: :mod:`elmoe3d.hw.esd_ctrl_units.payloads`
+(between the controller's units), :mod:`elmoe3d.hw.moe.payloads` (between
+the MoE datapath's components), ``FillOp`` in :mod:`elmoe3d.hw.hb_bank`
+(HB's fill decoder to its fill queue) and the stream engine's stage
+payloads in :class:`elmoe3d.hw.ext_stream.ExtGeometry`. Because their sizes depend
 on parameters, each type is made by a small cached constructor: the same
 parameters always give the *same class*, so two blocks built from one
 :class:`~elmoe3d.config.Config` have identical stream signatures and
@@ -47,6 +56,28 @@ Types
 ``SlotStrobe``   (a ``wiring.Signature``, not a payload) ``valid`` + ``slot``: HB's
                  commit strobe into the tag unit (no back-pressure).
 
+``BitSerialBeat`` / ``BitSerialResult``  the bit-serial MAC baseline's input
+                 beat (``act[L]``, ``digits[L]``, ``msd``, ``lsd``, ``last``) and
+                 result (``value``, ``error``).
+
+Host and controller ports (the Elastic-SD controller, the token feed, the tile):
+
+``HostCommand``  ``op`` (:class:`HostOp`), ``phase``, ``step``, ``layer``, ``value``
+                 (ROUND's is a ``RoundValue``).
+``RoundValue``   ROUND's ``value`` read as ``{batch, force}``
+                 (:class:`ForceCode`) and the bits that must be 0.
+``HostResponse`` ``op``, ``error`` (``HostError``), ``mode``, ``k``, ``value``.
+``StepInfo``     the controller's layer step for the token feed: ``phase``,
+                 ``layer``, ``mask`` (eligible experts), ``tokens``.
+``KVRequest``    the controller asks HB to move the KV boundary to ``kv_words``.
+``FillReport``   (type name ``FillDone``) HB's ``FillDone`` of an expert fill as the
+                 controller takes it: ``slot``, ``ok`` (committed).
+``HostToken``    one token vector ``x[H]`` INT8 from the host to the token feed.
+``TileCommand``  the tile's host command: ``HostCommand``'s fields (``op`` a
+                 :class:`TileOp`) and ``x[H]`` (TOKEN).
+``TileResponse`` ``kind`` (:class:`TileRspKind`), ``rsp`` (``HostResponse``),
+                 ``out`` (``MoEOutput``).
+
 ``TraceEvent``    one control event of the Elastic-SD controller (``kind``,
                  ``phase``, ``step``, ``layer``, ``pass_no``, ``expert``, ``slot``,
                  ``tag``, ``code``, ``value``; ``golden/esd.py`` defines them).
@@ -89,7 +120,11 @@ __all__ = ["PEMode", "BitFusionMode", "FillBeatKind", "HBRegionKind", "FillResul
            "pe_beat", "pe_result", "int8_beat", "bitfusion_beat", "hb_read", "hb_beat",
            "fill_beat", "fill_done", "hb_commit", "ext_command", "ext_beat", "ext_response",
            "kv_access", "kv_response", "kv_move", "tag_command", "tag_response", "slot_strobe",
+           "bitserial_beat", "bitserial_result",
            "TraceEventKind", "TracePhase", "trace_event",
+           "HostOp", "ForceCode", "VALUE_BITS", "RoundValue", "host_command", "host_response",
+           "verify_tokens_max", "step_info", "kv_request", "fill_report", "host_token",
+           "TileOp", "TileRspKind", "TileError", "tile_command", "tile_response",
            "TokenRole", "moe_token", "expert_need", "expert_source", "moe_output", "pass_stats",
            "Vocab", "vocab"]
 
@@ -202,6 +237,23 @@ def bitfusion_beat(lanes: int) -> type:
     return struct("BitFusionBeat", {"act": data.ArrayLayout(signed(8), 2 * lanes),
                                     "weight": data.ArrayLayout(unsigned(8), lanes),
                                     "mode": BitFusionMode, "last": unsigned(1)})
+
+
+@lru_cache(maxsize=None)
+def bitserial_beat(lanes: int, digit_bits: int) -> type:
+    """``BitSerialBeat`` (bit-serial MAC baseline): ``act[L]`` (INT8),
+    ``digits[L]`` (``b`` bits each, lane 0 lowest), ``msd`` (first, most
+    significant and signed digit of a weight group), ``lsd`` (its last
+    digit), ``last`` (closes the dot product; only on an ``lsd`` beat)."""
+    return struct("BitSerialBeat", {"act": data.ArrayLayout(signed(8), lanes),
+                                    "digits": data.ArrayLayout(unsigned(digit_bits), lanes),
+                                    "msd": unsigned(1), "lsd": unsigned(1), "last": unsigned(1)})
+
+
+@lru_cache(maxsize=None)
+def bitserial_result(acc_width: int) -> type:
+    """``BitSerialResult``: ``value`` (signed, ``acc_width`` bits), ``error``."""
+    return struct("BitSerialResult", {"value": signed(acc_width), "error": unsigned(1)})
 
 
 # -- HB ----------------------------------------------------------------------------------
@@ -378,6 +430,142 @@ def trace_event(layer_bits: int, expert_bits: int, slots: int, draft_len_max: in
         "value": unsigned(trace_value_bits(slots, experts, hb_words, planes))})
 
 
+# -- host and controller ports (Elastic-SD controller, token feed, tile) -------------------
+
+class HostOp(enum.IntEnum, shape=3):
+    """``HostCommand.op`` / ``HostResponse.op``: the controller's host commands."""
+    ROUND = 0         #: open a decode round (``value``: a :class:`RoundValue`)
+    STEP = 1          #: run one layer step (``phase``, ``step``, ``layer``)
+    ACCEPT = 2        #: close an SD round (``value``: accepted drafted tokens)
+    CONTEXT = 3       #: the context length (``value``: tokens; moves the KV boundary)
+    COUNTER = 4       #: read a statistics counter (``value``: its index)
+
+
+class ForceCode(enum.IntEnum, shape=3):
+    """``RoundValue.force`` (values of :class:`elmoe3d.golden.esd.ForceCode`;
+    4..7 are refused)."""
+    AUTO = int(gesd.ForceCode.AUTO)
+    AR = int(gesd.ForceCode.AR)
+    SD = int(gesd.ForceCode.SD)
+    AR_NO_HB_CACHE = int(gesd.ForceCode.AR_NO_HB_CACHE)
+
+
+#: Width of ``HostCommand.value`` (a count, a ``RoundValue``, a counter index).
+VALUE_BITS = 32
+
+
+#: ``RoundValue``: ROUND's ``HostCommand.value``: ``batch`` (1 .. ``MAX_BATCH``),
+#: ``force`` (:class:`ForceCode`) and ``zero`` (must be 0). Read it as
+#: ``RoundValue(cmd.value)``; the host writes ``batch | force << 8``.
+RoundValue = struct("RoundValue", {"batch": unsigned(8), "force": ForceCode,
+                                   "zero": unsigned(VALUE_BITS - 11)})
+
+
+@lru_cache(maxsize=None)
+def host_command(layer_bits: int, draft_len_max: int) -> type:
+    """``HostCommand``: ``op`` (:class:`HostOp`), ``phase``, ``step``,
+    ``layer`` (STEP), ``value`` (ROUND: a :class:`RoundValue`; ACCEPT:
+    accepted tokens; CONTEXT: context tokens; COUNTER: counter index)."""
+    return struct("HostCommand", {"op": HostOp, "phase": unsigned(2),
+                                  "step": unsigned(max(1, draft_len_max.bit_length())),
+                                  "layer": unsigned(layer_bits),
+                                  "value": unsigned(VALUE_BITS)})
+
+
+@lru_cache(maxsize=None)
+def host_response(draft_len_max: int, stat_bits: int) -> type:
+    """``HostResponse``: ``op`` of the command, ``error`` (``HostError``),
+    ``mode`` and ``k`` of the open round, ``value``."""
+    return struct("HostResponse", {"op": HostOp, "error": unsigned(3),
+                                   "mode": unsigned(1),
+                                   "k": unsigned(draft_len_max.bit_length() + 1),
+                                   "value": unsigned(max(VALUE_BITS, stat_bits))})
+
+
+def verify_tokens_max(cfg) -> int:
+    """Most tokens of one layer step: a VERIFY step of the largest batch."""
+    return gesd.MAX_BATCH * (cfg.draft_len_max + 1)
+
+
+@lru_cache(maxsize=None)
+def step_info(layer_bits: int, experts: int, tokens_max: int) -> type:
+    """``StepInfo``: an admitted layer step for the token feed: ``phase``,
+    ``layer``, ``mask`` (experts eligible in DRAFT), ``tokens`` (1 .. ``tokens_max``)."""
+    return struct("StepInfo", {"phase": unsigned(2), "layer": unsigned(layer_bits),
+                               "mask": unsigned(experts),
+                               "tokens": unsigned(tokens_max.bit_length())})
+
+
+@lru_cache(maxsize=None)
+def kv_request(hb_words: int) -> type:
+    """``KVRequest``: move HB's KV boundary to ``kv_words`` words per bank."""
+    return struct("KVRequest", {"kv_words": unsigned(hb_words.bit_length())})
+
+
+@lru_cache(maxsize=None)
+def fill_report(slots: int) -> type:
+    """``FillDone`` as the controller takes it (a stream): the expert fill
+    of ``slot`` ended, ``ok`` = committed. The tile reduces HB's
+    :func:`fill_done` strobe to it (expert region only)."""
+    return struct("FillDone", {"slot": unsigned(bits(slots)), "ok": unsigned(1)})
+
+
+@lru_cache(maxsize=None)
+def host_token(hidden: int) -> type:
+    """``HostToken``: one token vector ``x[H]`` INT8 from the host."""
+    return struct("HostToken", {"x": data.ArrayLayout(signed(8), hidden)})
+
+
+class TileOp(enum.IntEnum, shape=3):
+    """``TileCommand.op``. ROUND .. COUNTER are the controller's
+    (:class:`HostOp`, same values), forwarded to it."""
+    ROUND = int(HostOp.ROUND)
+    STEP = int(HostOp.STEP)
+    ACCEPT = int(HostOp.ACCEPT)
+    CONTEXT = int(HostOp.CONTEXT)
+    COUNTER = int(HostOp.COUNTER)
+    TOKEN = 5                #: one token vector ``x`` of the running step
+    LOAD_DENSE = 6           #: fill HB's dense region from the LPDDR dense image
+
+
+class TileRspKind(enum.Enum, shape=2):
+    """``TileResponse.kind``: which field carries the answer."""
+    CTRL = 0                 #: ``rsp``: the controller's ``HostResponse``
+    OUTPUT = 1               #: ``out``: one layer output (``MoEOutput``)
+    TILE = 2                 #: ``rsp``: the tile's own answer (LOAD_DENSE, a refusal)
+
+
+class TileError(enum.IntEnum):
+    """``rsp.error`` of a TILE response."""
+    OK = 0
+    BUSY = 1                 #: LOAD_DENSE while the controller has a command in hand
+    LOAD_FAILED = 2          #: the dense load ended with an LPDDR error or not committed
+    BAD_OP = 3               #: an opcode the tile does not know (7)
+
+
+@lru_cache(maxsize=None)
+def _tile_types(cfg) -> tuple:
+    hc = host_command(cfg.layer_bits, cfg.draft_len_max)
+    hr = host_response(cfg.draft_len_max, cfg.stat_bits)
+    cmd = struct("TileCommand", {
+        **{name: (TileOp if name == "op" else f.shape) for name, f in data.Layout.cast(hc)},
+        "x": data.Layout.cast(host_token(cfg.hidden))["x"].shape})
+    rsp = struct("TileResponse", {"kind": TileRspKind, "rsp": hr, "out": vocab(cfg).MoEOutput})
+    return cmd, rsp
+
+
+def tile_command(cfg) -> type:
+    """``TileCommand``: the controller's ``HostCommand`` fields (``op`` a
+    :class:`TileOp`) and ``x[H]`` INT8 (TOKEN only)."""
+    return _tile_types(cfg)[0]
+
+
+def tile_response(cfg) -> type:
+    """``TileResponse``: ``kind`` (:class:`TileRspKind`), ``rsp``
+    (``HostResponse``: CTRL and TILE), ``out`` (``MoEOutput``: OUTPUT)."""
+    return _tile_types(cfg)[1]
+
+
 # -- batched MoE datapath -----------------------------------------------------------------
 
 class TokenRole(enum.Enum, shape=2):
@@ -546,6 +734,12 @@ class Vocab:
         self.TagResponse = tag_response(S, cfg.tag_bits, tp["plane_bits"],
                                         gtu.value_bits(cfg.hot_bits, cfg.stat_bits, cfg.pin_bits))
         self.SlotStrobe = slot_strobe(S)
+        self.HostCommand = host_command(cfg.layer_bits, cfg.draft_len_max)
+        self.HostResponse = host_response(cfg.draft_len_max, cfg.stat_bits)
+        self.StepInfo = step_info(cfg.layer_bits, E, verify_tokens_max(cfg))
+        self.KVRequest = kv_request(cfg.hb_words)
+        self.FillReport = fill_report(S)
+        self.HostToken = host_token(cfg.hidden)
 
 
 @lru_cache(maxsize=64)

@@ -17,7 +17,7 @@ import numpy as np
 from cocotb.triggers import RisingEdge
 
 from ..golden import bitserial as gbsr
-from ..hw.bitserial import bitserial_input_layout, bitserial_output_layout
+from ..hw.vocab import bitserial_beat, bitserial_result
 from .common import (CycleCounter, StreamSink, StreamSource, golden_mutation, knob, params,
                      rng, start_clock_and_reset)
 
@@ -41,9 +41,9 @@ class BitSerialTB:
     async def start(self):
         await start_clock_and_reset(self.dut)
         self.counter = CycleCounter(self.dut.clk)
-        self.src = StreamSource(self.dut, "i", bitserial_input_layout(self.L, self.b),
+        self.src = StreamSource(self.dut, "i", bitserial_beat(self.L, self.b),
                                 self.dut.clk, self.counter, idle=self.idle, rand=self.rand)
-        self.sink = StreamSink(self.dut, "o", bitserial_output_layout(self.W), self.dut.clk,
+        self.sink = StreamSink(self.dut, "o", bitserial_result(self.W), self.dut.clk,
                                self.counter, backpressure=self.backpressure, rand=self.rand)
 
     def values(self, n, p):

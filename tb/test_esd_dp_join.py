@@ -49,7 +49,7 @@ from ..config import Config
 from ..golden import esd as gesd
 from ..golden import layout as gl
 from ..hw.esd_ctrl import HostOp, esd_ports
-from ..hw.esd_feed import host_token
+from ..hw.vocab import host_token
 from ..sim import tile_script
 from .common import golden_mutation, params, start_clock_and_reset
 from .test_esd_ctrl import Snk, Src

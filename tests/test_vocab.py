@@ -70,3 +70,26 @@ def test_mutant_runs_write_no_coverage(tmp_path, monkeypatch, knob):
     write_coverage(f"blk_m{knob[6]}", run="real", transactions=1, directory=tmp_path)
     cov = load_coverage(tmp_path)[f"blk_m{knob[6]}"]
     assert cov["summary"]["transactions"] == 1 and [r["run"] for r in cov["runs"]] == ["real"]
+
+
+def test_host_opcodes_are_shaped_enums_and_round_value_is_a_view():
+    """HostOp is the ``op`` shape of HostCommand and HostResponse (TileOp
+    shares its values); ROUND's value reads as RoundValue ``{batch, force}``
+    with golden's force codes."""
+    from amaranth.hdl import Shape
+    from amaranth.lib import data, enum
+    from elmoe3d.golden import esd as gesd
+
+    v = hv.vocab(preset("tiny"))
+    assert issubclass(hv.HostOp, enum.IntEnum) and Shape.cast(hv.HostOp).width == 3
+    for t in (v.HostCommand, v.HostResponse):
+        assert data.Layout.cast(t)["op"].shape is hv.HostOp
+    assert all(hv.TileOp[op.name] == op for op in hv.HostOp)
+    assert {c.name: int(c) for c in hv.ForceCode} == {c.name: int(c) for c in gesd.ForceCode}
+    assert data.Layout.cast(hv.RoundValue).size == hv.VALUE_BITS
+    for force, cache, code in [(None, True, hv.ForceCode.AUTO), (gesd.Mode.AR, True, hv.ForceCode.AR),
+                               (gesd.Mode.SD, True, hv.ForceCode.SD),
+                               (gesd.Mode.AR, False, hv.ForceCode.AR_NO_HB_CACHE)]:
+        raw = 9 | gesd.force_code(force, cache) << 8
+        fields = data.Const(data.Layout.cast(hv.RoundValue), raw)
+        assert (fields.batch, fields.force, fields.zero) == (9, code, 0)

@@ -24,8 +24,9 @@ from amaranth.lib.wiring import In, Out
 
 from ...config import Config
 from ...golden import esd as gesd
+from ..vocab import HostOp, host_command, host_response
 from .common import check_config
-from .payloads import HostOp, command_port, host_command, host_response, round_status
+from .payloads import command_port, round_status
 
 __all__ = ["HostFrontEnd"]
 

@@ -29,7 +29,7 @@ from ..common import adder_tree
 from ..moe.common import lowest_set
 from .common import Emit, check_config
 from .counters import counter_fields
-from .payloads import VALUE_BITS, command_port, counter_port, esd_ports, kv_status
+from .payloads import command_port, counter_port, esd_ports, kv_status
 
 __all__ = ["KvBoundary"]
 
@@ -86,7 +86,7 @@ class KvBoundary(wiring.Component):
         usable = Signal(range(S + 1))
         m.d.sync += usable.eq(adder_tree([~covered[j] for j in range(S)]))
         m.d.comb += self.status.usable.eq(usable)
-        words = Signal(VALUE_BITS + max(1, cfg.kv_words_per_token.bit_length()))
+        words = Signal(hv.VALUE_BITS + max(1, cfg.kv_words_per_token.bit_length()))
         want = Signal(S)                                  # what `words` covers
         for j in range(S):
             lim = cfg.hb_words - cfg.expert_base - (j + 1) * cfg.slot_words

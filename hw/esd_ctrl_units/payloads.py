@@ -1,6 +1,7 @@
-"""Named payloads and interfaces of the Elastic-SD controller: its port types
-(``esd_ports``, shared with the tile, the token feed and the testbenches)
-and the types that travel between its units.
+"""Named payloads and interfaces between the Elastic-SD controller's units,
+and ``esd_ports``: the payload types of the controller's ports (declared in
+:mod:`elmoe3d.hw.vocab`, bundled here for the controller, the tile, the
+token feed and the testbenches).
 
 Every payload is a cached ``data.Struct`` constructor (equal parameters give
 the same class, so two units built from one Config join with
@@ -48,69 +49,23 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ...config import Config
-from ...golden import esd as gesd
 from .. import vocab as hv
 
-__all__ = ["HostOp", "VALUE_BITS", "host_command", "host_response", "esd_ports",
-           "command_result", "step_order", "pass_context", "pass_order", "pass_entry", "done",
-           "tag_port", "counter_bump", "counter_port", "command_port", "round_status",
-           "kv_status", "counter_watch", "verify_tokens_max"]
-
-#: Width of ``HostCommand.value`` (a count, a batch with flags, a counter index).
-VALUE_BITS = 32
-
-
-class HostOp:
-    """Host command opcodes (``HostCommand.op``)."""
-    ROUND = 0
-    STEP = 1
-    ACCEPT = 2
-    CONTEXT = 3
-    COUNTER = 4
-
-
-def verify_tokens_max(cfg: Config) -> int:
-    """Most tokens of one layer step: a VERIFY step of the largest batch."""
-    return gesd.MAX_BATCH * (cfg.draft_len_max + 1)
-
-
-@lru_cache(maxsize=None)
-def host_command(layer_bits: int, draft_len_max: int) -> type:
-    """``HostCommand``: ``op`` (:class:`HostOp`), ``phase``, ``step``,
-    ``layer`` (STEP), ``value`` (ROUND: batch | force << 8; ACCEPT: accepted
-    tokens; CONTEXT: context tokens; COUNTER: counter index)."""
-    return hv.struct("HostCommand", {"op": unsigned(3), "phase": unsigned(2),
-                                     "step": unsigned(max(1, draft_len_max.bit_length())),
-                                     "layer": unsigned(layer_bits),
-                                     "value": unsigned(VALUE_BITS)})
-
-
-@lru_cache(maxsize=None)
-def host_response(draft_len_max: int, stat_bits: int) -> type:
-    """``HostResponse``: ``op`` of the command, ``error`` (``HostError``),
-    ``mode`` and ``k`` of the open round, ``value``."""
-    return hv.struct("HostResponse", {"op": unsigned(3), "error": unsigned(3),
-                                      "mode": unsigned(1),
-                                      "k": unsigned(draft_len_max.bit_length() + 1),
-                                      "value": unsigned(max(VALUE_BITS, stat_bits))})
+__all__ = ["esd_ports", "command_result", "step_order", "pass_context", "pass_order", "pass_entry",
+           "done", "tag_port", "counter_bump", "counter_port", "command_port", "round_status",
+           "kv_status", "counter_watch"]
 
 
 def esd_ports(cfg: Config) -> dict:
-    """The payload types of every controller port for ``cfg``."""
-    S, E = cfg.tag_slots, cfg.experts
+    """The payload types of every controller port for ``cfg`` (all of
+    :mod:`elmoe3d.hw.vocab`)."""
     v = hv.vocab(cfg)
     return dict(
-        HostCommand=host_command(cfg.layer_bits, cfg.draft_len_max),
-        HostResponse=host_response(cfg.draft_len_max, cfg.stat_bits),
+        HostCommand=v.HostCommand, HostResponse=v.HostResponse,
         TraceEvent=v.TraceEvent, TagCommand=v.TagCommand, TagResponse=v.TagResponse,
         ExtCommand=v.ExtCommand, ExtResponse=v.ExtResponse,
-        FillDone=hv.struct("FillDone", {"slot": unsigned(hv.bits(S)), "ok": unsigned(1)}),
-        KVRequest=hv.struct("KVRequest", {"kv_words": unsigned(cfg.hb_words.bit_length())}),
-        KVMove=v.KVMove,
-        StepInfo=hv.struct("StepInfo", {"phase": unsigned(2), "layer": unsigned(cfg.layer_bits),
-                                        "mask": unsigned(E),
-                                        "tokens": unsigned(verify_tokens_max(cfg).bit_length())}),
-        # the batched datapath's own types (hw/vocab.py): the ports join it directly
+        FillDone=v.FillReport, KVRequest=v.KVRequest, KVMove=v.KVMove, StepInfo=v.StepInfo,
+        # the batched datapath's own types: the ports join it directly
         ExpertNeed=v.ExpertNeed, ExpertSource=v.ExpertSource, PassStats=v.PassStats,
     )
 
@@ -122,7 +77,7 @@ def command_result(stat_bits: int) -> type:
     """``CommandResult``: ``error`` (``HostError``) and ``value`` of one host
     command, from the unit that executed it."""
     return hv.struct("CommandResult", {"error": unsigned(3),
-                                       "value": unsigned(max(VALUE_BITS, stat_bits))})
+                                       "value": unsigned(max(hv.VALUE_BITS, stat_bits))})
 
 
 @lru_cache(maxsize=None)
@@ -198,7 +153,7 @@ def command_port(layer_bits: int, draft_len_max: int, stat_bits: int) -> wiring.
     """A host command handed to the unit that executes it: ``order``
     (``HostCommand``) out, ``result`` (``CommandResult``) in, one per order."""
     return wiring.Signature({
-        "order": Out(stream.Signature(host_command(layer_bits, draft_len_max))),
+        "order": Out(stream.Signature(hv.host_command(layer_bits, draft_len_max))),
         "result": In(stream.Signature(command_result(stat_bits)))})
 
 

@@ -37,10 +37,11 @@ from amaranth.lib.wiring import In, Out
 from ...config import Config
 from ...golden import esd as gesd
 from .. import vocab as hv
+from ..vocab import ForceCode, HostOp, RoundValue
 from .common import Emit, check_config, clear_counts
 from .counters import counter_fields
-from .payloads import (HostOp, command_port, counter_port, counter_watch, done, esd_ports, kv_status,
-                       round_status, step_order, tag_port, verify_tokens_max)
+from .payloads import (command_port, counter_port, counter_watch, done, esd_ports, kv_status,
+                       round_status, step_order, tag_port)
 
 __all__ = ["Round"]
 
@@ -62,9 +63,10 @@ class Round(wiring.Component):
         ``mode``, ``k`` of the open round (changed only while a ROUND
         executes, before its result).
     hb_cache : ``Out(1)``
-        Low in an AR round with the HB expert cache off (ROUND's force code
-        3); a register that changes only while a ROUND executes, when no
-        pass of the previous round is left (its last STEP has ended).
+        Low in an AR round with the HB expert cache off (ROUND's force
+        ``ForceCode.AR_NO_HB_CACHE``); a register that changes only while
+        a ROUND executes, when no pass of the previous round is left (its
+        last STEP has ended).
     kv : ``In(kv_status(S))``; watch : ``In(counter_watch(...))``
     step : ``Out(stream.Signature(StepOrder))``; step_done : ``In(stream.Signature(Done))``
     tag : ``Out(tag_port(cfg))`` (DECAY)
@@ -91,7 +93,7 @@ class Round(wiring.Component):
             "status": Out(round_status(cfg.draft_len_max)),
             "kv": In(kv_status(cfg.tag_slots)), "watch": In(counter_watch(cfg.stat_bits)),
             "step": Out(stream.Signature(step_order(cfg.layer_bits, cfg.draft_len_max,
-                                                    verify_tokens_max(cfg)))),
+                                                    hv.verify_tokens_max(cfg)))),
             "step_done": In(stream.Signature(done())),
             "tag": Out(tag_port(cfg)),
             "events": Out(stream.Signature(t["TraceEvent"])),
@@ -119,7 +121,7 @@ class Round(wiring.Component):
         m.d.comb += [self.status.mode.eq(mode), self.status.k.eq(round_k)]
         # products of the round (registered: they change only with ROUND)
         drafted = Signal(range(gesd.MAX_BATCH * cfg.draft_len_max + 1))
-        verify_tok = Signal(range(verify_tokens_max(cfg) + 1))
+        verify_tok = Signal(range(hv.verify_tokens_max(cfg) + 1))
         m.d.sync += [drafted.eq(batch * round_k), verify_tok.eq(batch * (round_k + 1))]
 
         # the command in hand, and ACCEPT's tests made as it is taken
@@ -139,14 +141,17 @@ class Round(wiring.Component):
                 m.d.comb += order.ready.eq(ev.empty & result.free & step_o.empty)
                 with m.If(order.valid & order.ready):
                     c = order.payload
-                    # force (gesd.force_code): 0 auto, 1 AR, 2 SD, 3 AR with the HB cache off
-                    b, force, n = c.value[:8], c.value[8:11], c.value
+                    rv, n = RoundValue(c.value), c.value    # ROUND's value; ACCEPT's n
+                    b, force = rv.batch, rv.force
                     m.d.sync += [cmd.eq(c),
-                                 take.bad_batch.eq((b < 1) | (b > gesd.MAX_BATCH) | (force > 3) |
-                                                   (c.value[11:] != 0)),
-                                 take.want_sd.eq(Mux(force == 0, b >= cfg.sd_threshold,
-                                                     force == 2)),
-                                 take.host_ar.eq(force == 1), take.hb_off.eq(force == 3),
+                                 take.bad_batch.eq((b < 1) | (b > gesd.MAX_BATCH) |
+                                                   (force > ForceCode.AR_NO_HB_CACHE) |
+                                                   (rv.zero != 0)),
+                                 take.want_sd.eq(Mux(force == ForceCode.AUTO,
+                                                     b >= cfg.sd_threshold,
+                                                     force == ForceCode.SD)),
+                                 take.host_ar.eq(force == ForceCode.AR),
+                                 take.hb_off.eq(force == ForceCode.AR_NO_HB_CACHE),
                                  take.over.eq(n > drafted), take.every.eq(n == drafted),
                                  take.most.eq(n * 4 >= drafted * 3),
                                  take.half.eq(n * 2 < drafted), take.back.eq(drafted - n)]
@@ -171,7 +176,7 @@ class Round(wiring.Component):
             with m.State("ROUND"):
                 with m.If(ev.empty & result.empty):
                     self._round(m, take, K, ev, result, mode, batch, round_k, round_open,
-                                ex_phase, ex_step, ex_layer, inc, cmd.value[:8])
+                                ex_phase, ex_step, ex_layer, inc, RoundValue(cmd.value).batch)
 
             # ---- STEP: wait for the layer step, advance the expected step ----
             with m.State("STEP"):

@@ -26,8 +26,7 @@ from ...golden import esd as gesd
 from .. import vocab as hv
 from .common import Emit, check_config
 from .counters import counter_fields
-from .payloads import (counter_port, done, esd_ports, pass_order, step_order, tag_port,
-                       verify_tokens_max)
+from .payloads import counter_port, done, esd_ports, pass_order, step_order, tag_port
 
 __all__ = ["LayerStep"]
 
@@ -65,7 +64,7 @@ class LayerStep(wiring.Component):
         t = esd_ports(cfg)
         super().__init__({
             "order": In(stream.Signature(step_order(cfg.layer_bits, cfg.draft_len_max,
-                                                    verify_tokens_max(cfg)))),
+                                                    hv.verify_tokens_max(cfg)))),
             "done": Out(stream.Signature(done())),
             "tag": Out(tag_port(cfg)),
             "dp_step": Out(stream.Signature(t["StepInfo"])),

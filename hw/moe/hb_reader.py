@@ -47,21 +47,12 @@ from ...golden import moe_batched as gb
 from ..vocab import HBRegionKind, TokenRole, bits, hb_beat, hb_read
 from .common import pow2ceil, zext
 from ..streams import BlockFIFO, RegisterSlice
-from .payloads import job_entry, job_source, seg_params
+from .payloads import job_entry, job_source, rec_cmd, seg_params
 from .ports import (BufferWrite, JobRead, PassConstants, PassCounters, PassDone, PassProgress,
                     PassView, SoftmaxRecord, out_record_write, silu_table_write)
 from .queue import Queue
 
-__all__ = ["HBReader", "RecordPath", "rec_cmd"]
-
-
-def rec_cmd(g) -> data.StructLayout:
-    """A record command: ``const`` (pass constants) or a job's records,
-    ``skip`` records of the first word, ``nrec`` records, buffer ``par``."""
-    return data.StructLayout({"const": 1, "skip": unsigned(max(1, bits(max(1, g.sv // 32)))),
-                              "nrec": unsigned(max(g.dense.record_index["per_expert"],
-                                                   g.g_down + 65).bit_length()),
-                              "par": 1})
+__all__ = ["HBReader", "RecordPath"]
 
 
 class _RawView:

@@ -13,7 +13,7 @@ from ...golden import moe_layer as gm
 from ..vocab import PEMode, TokenRole, bits, slice_vector, struct
 
 __all__ = ["Kind", "lane_tag", "desc", "array_beat", "array_result", "seg_params", "logit",
-           "topk_result", "gate_row", "act_chunk", "job_entry", "job_source", "pass_summary"]
+           "topk_result", "gate_row", "rec_cmd", "act_chunk", "job_entry", "job_source", "pass_summary"]
 
 
 class Kind(enum.Enum, shape=2):
@@ -93,10 +93,24 @@ def topk_result(g) -> type:
                                  "logit": data.ArrayLayout(signed(g.W), g.K)})
 
 
-def gate_row(g) -> data.StructLayout:
-    """A gate-table row: ``gate[k]`` (Q12) and ``sel[k]`` (expert) in rank order."""
-    return data.StructLayout({"gate": data.ArrayLayout(unsigned(gm.GATE_FRAC + 1), g.K),
+@lru_cache(maxsize=None)
+def gate_row(g) -> type:
+    """``GateRow``: a gate-table row: ``gate[k]`` (Q12) and ``sel[k]``
+    (expert) in rank order."""
+    return struct("GateRow", {"gate": data.ArrayLayout(unsigned(gm.GATE_FRAC + 1), g.K),
                               "sel": data.ArrayLayout(unsigned(bits(g.E)), g.K)})
+
+
+@lru_cache(maxsize=None)
+def rec_cmd(g) -> data.StructLayout:
+    """A record command of the HB reader's record path: ``const`` (pass
+    constants) or a job's records, ``skip`` records of the first word,
+    ``nrec`` records, buffer ``par``. A layout, not a ``data.Struct``: a
+    Struct's ``const`` (its constant constructor) would shadow the field."""
+    return data.StructLayout({
+        "const": 1, "skip": unsigned(max(1, bits(max(1, g.sv // 32)))),
+        "nrec": unsigned(max(g.dense.record_index["per_expert"], g.g_down + 65).bit_length()),
+        "par": 1})
 
 
 def act_chunk(g) -> data.ArrayLayout:
