@@ -68,8 +68,8 @@ import numpy as np
 
 from . import tile_model as tm
 
-__all__ = ["PAPER", "STRUCTURES", "SYSTEMS", "PRIORS", "BATCHES", "SIM_LAYERS", "SWEEP", "model_config",
-           "price", "run_point", "calibrate_acceptance", "claims"]
+__all__ = ["PAPER", "STRUCTURES", "SYSTEMS", "PRIORS", "BATCHES", "SIM_LAYERS", "SWEEP", "load_systems",
+           "jsonable", "model_config", "price", "run_point", "calibrate_acceptance", "claims"]
 
 #: the paper's headline (ELMoE-3D.md): mean / max speedup and mean energy
 #: efficiency vs the LPDDR-only xPU, mean speedup and energy vs the best prior
@@ -90,10 +90,32 @@ WARMUP, STEPS = 12, 12
 SWEEP = (0.33, 0.5, 0.7, 0.91)
 
 
+@functools.lru_cache(maxsize=1)
+def load_systems() -> dict:
+    """``data/systems.json``: the priors' parameters with their sources and
+    the acceptance model's configuration."""
+    import json
+    from .models import DATA
+    return json.loads((DATA / "systems.json").read_text())
+
+
 def _hw():
     from .hardware import get_hardware
-    from .systems import load_systems
     return get_hardware(hb_gb=8.0), load_systems()
+
+
+def jsonable(x):
+    """``x`` with NumPy scalars as Python numbers and non-finite floats as
+    ``None`` (for ``json.dumps``)."""
+    if isinstance(x, dict):
+        return {k: jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        return jsonable(x.item())
+    if isinstance(x, float) and not np.isfinite(x):
+        return None
+    return x
 
 
 def model_config(name: str, structure: dict, *, whole: bool = False):
