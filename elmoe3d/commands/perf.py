@@ -31,7 +31,7 @@ def register(p):
                         "batches)")
     p.add_argument("--validate", action="store_true",
                    help="first check the tile cycle model against every recorded RTL run (about "
-                        "30 s more)")
+                        "20 s more)")
     p.add_argument("--model", action="append", default=None, metavar="NAME",
                    help="model name (repeatable or comma-separated; default: the paper's four)")
     p.add_argument("--batch", action="append", default=None, metavar="N",
