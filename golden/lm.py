@@ -22,8 +22,8 @@ Precisions
     Only the top ``keep`` planes, plain truncation (bit-slice mode MSB).
 ``rtn4``
     An *independent* 4-bit copy (round to nearest, its own scale
-    ``max|w| / 7``): the separate draft model of the SD-Q4 baseline, which
-    needs its own storage (not a bit slice of the INT8 weights).
+    ``max|w| / 7``): a separate 4-bit draft model (speculative decoding with
+    a quantised copy), which needs its own storage (not a bit slice of the INT8 weights).
 
 Scales: ``scales="channel"`` (default) quantises symmetrically per output
 channel; ``scales="tensor"`` uses one scale per weight matrix (per expert

@@ -2,6 +2,7 @@
 :mod:`elmoe3d.sim.perf.validate`), and two planted model changes that must
 make the validation fail."""
 
+import dataclasses
 import json
 
 import pytest
@@ -103,7 +104,7 @@ def test_recorded_claims_are_complete_and_consistent():
     assert rec["validation"]["ok"] and rec["validation"]["rms"] < 0.02
     for s in rec["structures"].values():
         pts = s["points"]
-        assert len(pts) == len(rec["models"]) * len(rec["batches"]) == 12
+        assert len(pts) == len(rec["models"]) * len(rec["batches"]) == 20
         sp = [p["speedup_vs"]["xPU"] for p in pts]
         assert s["summary"]["speedup_vs_xpu_mean"] == pytest.approx(sum(sp) / len(sp))
         assert s["summary"]["speedup_vs_xpu_max"] == pytest.approx(max(sp))
@@ -127,6 +128,29 @@ def test_claims_structure_on_one_point():
     assert 1.2 < p["speedup_vs"]["xPU"] < 2.0
     assert p["systems"]["HB-xPU"]["cycles_per_token"] <= p["systems"]["xPU"]["cycles_per_token"]
     assert 0 < out["acceptance"]["GPT-OSS-20B"]["rate"] < 1
+
+
+def test_fill_writes_are_the_controllers_fills():
+    """The HB write energy counts the controller's own fills: MSB planes per
+    fill for ELMoE-3D, every plane for HB-xPU (whole experts), none with the
+    cache off (the xPU); :func:`claims.price` charges them at HB write pJ/bit."""
+    from elmoe3d.golden import esd
+    from elmoe3d.sim.perf import claims as cl
+    cfg = cl.model_config("GPT-OSS-20B", {})
+    log, run, first = cl._run(cfg, cl._rankings("GPT-OSS-20B", cfg), 4, esd.Mode.AR, 0.0)
+    fills = run.counters["fills"]
+    plane = cfg.expert_bytes / cfg.planes
+    recs = tm.records(log)
+    assert fills > 0 and sum(r.fill_bytes for r in recs) == fills * cfg.hb_planes_eff * plane
+    assert sum(r.fill_bytes for r in tm.records(log, whole=True)) == fills * cfg.expert_bytes
+    assert sum(r.fill_bytes for r in tm.records(log, cache=False)) == 0
+    c = cl._fit_rows_constants()
+    hw, _ = cl._hw()
+    e = cl.price(recs, cfg, c, first=first)
+    no_fill = [dataclasses.replace(r, fill_bytes=0.0) for r in recs]
+    assert e["hb_write_bytes"] == sum(r.fill_bytes for r in recs if r.round >= first) > 0
+    assert e["energy_j"] - cl.price(no_fill, cfg, c, first=first)["energy_j"] == \
+        pytest.approx(e["hb_write_bytes"] * 8 * hw.hb_write_pj_per_bit * 1e-12)
 
 
 def test_cli_perf_writes_the_claims(tmp_path, capsys):

@@ -868,7 +868,7 @@ def _run_model(weights, meta, s: Setup, log, trace_path) -> dict:
             measure(PRIMARY, frac, "all" if full_res else "hotness", "augmented", res,
                     model_for("augmented", PRIMARY, "augmented"), toks, experts, ("hotness",),
                     dense="augmented")
-    # the SD-Q4 baseline's draft: an independent 4-bit copy of every expert (all resident)
+    # a separate 4-bit draft model: an independent 4-bit copy of every expert (all resident)
     if s.rtn4:
         res = np.ones((s.n_prompts, len(starts), shape["n_layers"], E), bool)
         measure(PRIMARY, 1.0, "all", "rtn4", res, model_for("rtn4", PRIMARY), toks, experts,

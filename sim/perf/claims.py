@@ -34,8 +34,10 @@ Every system keeps the tile's dense region (router rows, requantisation
 records) in HB and on the same logic die, so the systems differ in where
 the expert weights come from, not in that.
 
-Energy: HB and LPDDR bytes at ``hardware.json``'s pJ per bit (PIM and NMP
-reads at their own), slice MACs at the 7 nm-scaled INT8 MAC energy over
+Energy: HB and LPDDR bytes read at ``hardware.json``'s pJ per bit (PIM and
+NMP reads at their own), the bytes HB fills write (the controller's fills
+times the planes a fill writes: MSB planes, whole experts for HB-xPU) at
+its HB write pJ per bit, slice MACs at the 7 nm-scaled INT8 MAC energy over
 two, and the static power over the run's time. The clock is the paper's
 LPDDR bandwidth over the preset's LPDDR bytes per cycle (3.2 GHz at
 ``paper``): the ratios are the paper's, so the time base only scales the
@@ -68,8 +70,8 @@ import numpy as np
 
 from . import tile_model as tm
 
-__all__ = ["PAPER", "STRUCTURES", "SYSTEMS", "PRIORS", "BATCHES", "SIM_LAYERS", "SWEEP", "model_config",
-           "price", "run_point", "calibrate_acceptance", "claims"]
+__all__ = ["PAPER", "STRUCTURES", "SYSTEMS", "PRIORS", "BATCHES", "SIM_LAYERS", "SWEEP", "load_systems",
+           "jsonable", "model_config", "price", "run_point", "calibrate_acceptance", "claims"]
 
 #: the paper's headline (ELMoE-3D.md): mean / max speedup and mean energy
 #: efficiency vs the LPDDR-only xPU, mean speedup and energy vs the best prior
@@ -81,7 +83,7 @@ STRUCTURES = {"token lanes (today)": {},
               "before token lanes": {"token_lanes": 1, "batch_tokens": 16}}
 SYSTEMS = ("xPU", "xPU-PIM", "xPU-NMP", "HB-xPU", "ELMoE-3D")
 PRIORS = ("xPU-PIM", "xPU-NMP", "HB-xPU")
-BATCHES = (1, 4, 16)
+BATCHES = (1, 2, 4, 8, 16)
 #: MoE layers simulated per model (module doc)
 SIM_LAYERS = 4
 #: decode steps: warm-up (not counted), then measured
@@ -90,10 +92,32 @@ WARMUP, STEPS = 12, 12
 SWEEP = (0.33, 0.5, 0.7, 0.91)
 
 
+@functools.lru_cache(maxsize=1)
+def load_systems() -> dict:
+    """``data/systems.json``: the priors' parameters with their sources and
+    the acceptance model's configuration."""
+    import json
+    from .models import DATA
+    return json.loads((DATA / "systems.json").read_text())
+
+
 def _hw():
     from .hardware import get_hardware
-    from .systems import load_systems
     return get_hardware(hb_gb=8.0), load_systems()
+
+
+def jsonable(x):
+    """``x`` with NumPy scalars as Python numbers and non-finite floats as
+    ``None`` (for ``json.dumps``)."""
+    if isinstance(x, dict):
+        return {k: jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        return jsonable(x.item())
+    if isinstance(x, float) and not np.isfinite(x):
+        return None
+    return x
 
 
 def model_config(name: str, structure: dict, *, whole: bool = False):
@@ -187,10 +211,11 @@ def price(recs, cfg, c: tm.Constants, kind: str = "tile", sysd=None, first: int 
     v = c.vector()
     word_bytes = cfg.slice_vector_bits / 8
     beat_bytes = cfg.axi_beat_bits / 8
-    cyc = hb = lp = near = macs = 0.0
+    cyc = hb = hbw = lp = near = macs = 0.0
     for r in recs:
         if r.round < first:
             continue
+        hbw += r.fill_bytes
         for plan, tr in zip(r.plans, r.traffic):
             f = tm.pass_features(tr)
             alt = _alt_pass(kind, cfg, plan, tr, sysd)
@@ -208,9 +233,11 @@ def price(recs, cfg, c: tm.Constants, kind: str = "tile", sysd=None, first: int 
     secs = cyc / _clock_hz(cfg)
     near_pj = sysd.get(f"{kind}_pj_per_bit", hw.lpddr_pj_per_bit) if sysd else hw.lpddr_pj_per_bit
     mac_pj = hw.mac8_pj_45nm * hw.tech_scale / 2
-    energy = (hb * 8 * hw.hb_pj_per_bit + lp * 8 * hw.lpddr_pj_per_bit + near * 8 * near_pj
-              + macs * mac_pj) * 1e-12 + hw.static_w * secs
-    return dict(cycles=cyc, seconds=secs, hb_bytes=hb, lpddr_bytes=lp + near, energy_j=energy)
+    energy = (hb * 8 * hw.hb_pj_per_bit + hbw * 8 * hw.hb_write_pj_per_bit
+              + lp * 8 * hw.lpddr_pj_per_bit + near * 8 * near_pj + macs * mac_pj) * 1e-12 \
+        + hw.static_w * secs
+    return dict(cycles=cyc, seconds=secs, hb_bytes=hb, hb_write_bytes=hbw, lpddr_bytes=lp + near,
+                energy_j=energy)
 
 
 def _measured_overlap(recs, first) -> float:

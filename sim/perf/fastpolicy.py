@@ -2,8 +2,9 @@
 
 :class:`FastTagUnit` implements the victim/hotness/decay policy of the golden
 tag unit (:class:`elmoe3d.golden.tag_unit.TagUnitModel`, the specification)
-with NumPy state arrays, so that the system model can replay every MoE layer
-of a model (thousands of slots) instead of a sample. It is *not* a second
+with NumPy state arrays, so that :mod:`.rtl_compare` can replay the tile's
+recorded routing through a fast cache driver (:class:`~.cache.TagCache`).
+It is *not* a second
 specification: ``tests/test_fastpolicy.py`` drives both implementations with
 the same commands (>= 100,000 random and Zipf-distributed LOOKUP, TOUCH,
 DECAY, ALLOCATE, INVALIDATE, PIN and UNPIN commands through the golden's
@@ -28,14 +29,14 @@ in the golden model (``docs/architecture.md`` §4).
 * INVALIDATE ``tag`` frees its slot (refused when pinned); PIN/UNPIN count
   users of a slot (a pinned slot is never a victim).
 
-The system model has no KV region, so there is no disabled mask here (every
+The cache driver has no KV region, so there is no disabled mask here (every
 slot is enabled), and its fills commit at once: :meth:`allocate` (no
 ``pending``) is the golden's pure-cache form, ALLOCATE + commit + UNPIN, and
 the batch :meth:`allocate_pinned` is ALLOCATE + commit of each victim (still
 pinned once). The batch operations require that no slot is PENDING.
 
-Batch operations (the system model's driver)
---------------------------------------------
+Batch operations (the cache driver's)
+-------------------------------------
 A layer's verification looks up a whole set of experts at once. The batch
 methods are exactly equivalent to the sequence of single operations named in
 their docstrings (the test checks this against the golden model too):
@@ -71,7 +72,7 @@ __all__ = ["FastTagUnit"]
 
 class FastTagUnit:
     """NumPy implementation of the golden tag-unit policy (same public API
-    for the operations the system model uses, plus batch operations).
+    for the operations the cache driver uses, plus batch operations).
 
     Parameters
     ----------
@@ -349,7 +350,7 @@ class FastTagUnit:
             r.update(slot=slot, value=int(self.pins[slot]))
         elif op in (TagOp.LOOKUP_PIN, TagOp.INVALIDATE_SLOT, TagOp.INVALIDATE_MASK, TagOp.ABORT):
             raise NotImplementedError(f"FastTagUnit does not implement {TagOp(op).name} "
-                                      "(the system model does not use it)")
+                                      "(the cache driver does not use it)")
         elif op == TagOp.RESET:
             self.reset()
         elif op == TagOp.STATS:
@@ -469,7 +470,7 @@ class FastTagUnit:
         return ok, slot, evicted
 
     def layer_access(self, tags, planes: int, hots, touch=None, fill: bool = True):
-        """The system model's per-layer driver in one call (see
+        """The cache driver's per-layer step in one call (see
         :meth:`_layer_access_numpy`); runs the compiled kernel
         (:func:`~elmoe3d.sim.perf._kernels.tag_layer_access`) unless this unit
         was made with ``impl="numpy"`` or numba is absent. Same results either way."""
@@ -491,42 +492,8 @@ class FastTagUnit:
         self.nfree, c["commits"] = int(cnt[4]), int(cnt[5])
         return hit, filled, pinned[:npin], int(nev)
 
-    def replay(self, offsets, tags_flat, hots_flat, touch_flat=None, fill: bool = True,
-               planes: int = 1, decay_after=None):
-        """A sequence of :meth:`layer_access` calls (set ``j`` = ``tags_flat[
-        offsets[j]:offsets[j+1]]``), each followed by UNPIN of what it pinned
-        and, where ``decay_after[j]``, a DECAY. Returns per set ``(hits, fills,
-        evictions)``."""
-        offsets = np.asarray(offsets, np.int64)
-        self._no_pending()
-        nsets = offsets.size - 1
-        hits, fills, ev = (np.zeros(nsets, np.int64) for _ in range(3))
-        decay_after = np.zeros(nsets, bool) if decay_after is None else np.asarray(decay_after, bool)
-        if self.impl == "numpy":
-            for j in range(nsets):
-                a, b = offsets[j], offsets[j + 1]
-                h, f, pinned, nev = self._layer_access_numpy(
-                    tags_flat[a:b], planes, hots_flat[a:b],
-                    None if touch_flat is None else touch_flat[a:b], fill)
-                hits[j], fills[j], ev[j] = int(h.sum()), int(f.sum()), nev
-                np.subtract.at(self.pins, pinned, 1)
-                if decay_after[j]:
-                    self.decay()
-            return hits, fills, ev
-        c = self.counters
-        cnt = np.array([c["lookups"], c["hits"], c["allocations"], c["evictions"], self.nfree,
-                        c["commits"]], np.int64)
-        _kernels.tag_replay(self.valid, self.tags, self.planes, self.hot, self.pins, self.where, cnt,
-                            offsets, np.asarray(tags_flat, np.int64), np.asarray(hots_flat, np.int64),
-                            np.asarray(hots_flat if touch_flat is None else touch_flat, np.int64),
-                            touch_flat is not None, bool(fill), int(planes), self.hot_max,
-                            self.stat_max, decay_after, self.decay_shift, hits, fills, ev)
-        c["lookups"], c["hits"], c["allocations"], c["evictions"] = (int(x) for x in cnt[:4])
-        self.nfree, c["commits"] = int(cnt[4]), int(cnt[5])
-        return hits, fills, ev
-
     def _layer_access_numpy(self, tags, planes: int, hots, touch=None, fill: bool = True):
-        """The system model's per-layer driver in one call, equal to: LOOKUP of
+        """The cache driver's per-layer step in one call, equal to: LOOKUP of
         each tag, PIN of each hit, TOUCH of each hit by ``touch``, then (when
         ``fill``) ALLOCATE (pins once) + commit of each miss in order with initial hotness
         ``hots`` (:meth:`allocate_pinned`). ``tags`` distinct; ``hots`` and

@@ -1,17 +1,13 @@
-"""Model shapes (``data/models.json``) and the byte/op counts derived from them.
+"""Model shapes (``data/models.json``) and the counts derived from them.
 
 Every weight is INT8 (``weight_bytes`` = 1, the paper's bit-slice datapath);
 an expert is a SwiGLU FFN (gate, up, down: ``3 * hidden * expert_ffn``
 weights). *Dense* weights are everything that is not a routed expert:
-attention, routers, shared experts, dense FFN layers, embeddings and the LM
-head. They are read for every token and live in HB on the HB systems.
-
-KV cache bytes per token follow the real attention type:
-
-* GQA: ``2 * kv_heads * head_dim`` values per layer (layers with a sliding
-  window keep at most ``sliding_window`` tokens);
-* MLA: ``kv_lora_rank + qk_rope_head_dim`` values per layer (the compressed
-  latent and the shared RoPE key).
+attention (GQA or MLA), routers, shared experts, dense FFN layers,
+embeddings and the LM head; :mod:`.claims` takes them out of the HB
+capacity before it counts expert slots, and runs the tile with a model's
+``hidden``, ``expert_ffn``, ``experts``, ``top_k`` and ``shared_experts``
+and generates its routing with the model's ``locality``.
 """
 
 from __future__ import annotations
@@ -105,57 +101,8 @@ class ModelShape:
         return self.dense_params * self.weight_bytes
 
     @property
-    def lm_head_params(self) -> int:
-        return self.vocab * self.hidden
-
-    @property
-    def streamed_dense_params(self) -> int:
-        """Dense weights read per decode step (the input embedding is a row lookup)."""
-        return self.dense_params - (0 if self.tie_embeddings else self.vocab * self.hidden)
-
-    @property
     def total_params(self) -> int:
         return self.dense_params + len(self.moe_layers) * self.experts * self.expert_params
-
-    @property
-    def active_params(self) -> int:
-        """Weights one token multiplies (dense minus embedding, plus k experts per MoE layer)."""
-        return self.streamed_dense_params + len(self.moe_layers) * self.top_k * self.expert_params
-
-    # -- KV cache ------------------------------------------------------------------
-    def kv_values_per_token_layer(self) -> int:
-        a = self.attention
-        if a["type"] == "gqa":
-            return 2 * a["kv_heads"] * a["head_dim"]
-        return a["kv_lora_rank"] + a["qk_rope_head_dim"]
-
-    def kv_bytes(self, context: int, kv_bytes: int = 2) -> int:
-        """KV-cache bytes of one request holding ``context`` tokens."""
-        a = self.attention
-        win = a.get("sliding_window")
-        per = self.kv_values_per_token_layer() * kv_bytes
-        total = 0
-        for l in range(self.layers):
-            sliding = win and (a.get("sliding_layers") == "all" or
-                               (a.get("sliding_layers") == "even" and l % 2 == 0) or
-                               (a.get("sliding_layers") == "odd" and l % 2 == 1))
-            total += per * (min(context, win) if sliding else context)
-        return total
-
-    def attention_ops(self, context: int) -> int:
-        """Score + value ops of one query token over ``context`` keys (all layers)."""
-        a = self.attention
-        if a["type"] == "gqa":
-            d = a["q_heads"] * a["head_dim"]
-        else:                                   # absorbed MLA: scores and values in latent space
-            d = a["q_heads"] * (a["kv_lora_rank"] + a["qk_rope_head_dim"])
-        return 2 * 2 * d * context * self.layers
-
-    def summary(self) -> dict:
-        return dict(name=self.name, total_params_b=self.total_params / 1e9,
-                    active_params_b=self.active_params / 1e9, dense_gb=self.dense_bytes / 1e9,
-                    expert_mb=self.expert_bytes / 1e6, moe_layers=len(self.moe_layers),
-                    kv_kb_per_token=self.kv_bytes(1) / 1e3)
 
 
 def _from_dict(name, d) -> ModelShape:

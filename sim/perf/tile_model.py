@@ -81,12 +81,16 @@ class Constants:
 class PassRecord:
     """One layer step as the tile ran it: its phase name, the controller's
     round (1-based) and per pass the traffic
-    (:class:`elmoe3d.golden.moe_batched.Traffic`) and the plan it prices."""
+    (:class:`elmoe3d.golden.moe_batched.Traffic`) and the plan it prices;
+    ``fill_bytes``: the weight bytes its HB fills wrote (the controller's
+    fills of the step times the planes a fill writes: the MSB planes, every
+    plane with ``whole``; none with the cache off)."""
     phase: str
     round: int
     tokens: int
     traffic: list
     plans: list = None
+    fill_bytes: float = 0.0
 
 
 class StepLog(list):
@@ -179,7 +183,10 @@ def records(log, *, whole: bool = False, cache: bool = True) -> list:
             t = gb.pass_traffic(cfg, p)
             t.serial = serial_cycles(cfg, p, t)
             tr.append(t)
-        out.append(PassRecord(phase.name, rnd, len(res.selections), tr, plans))
+        fills = sum(1 for pp in res.passes for x in pp.experts if x[5]) if cache else 0
+        planes = cfg.planes if whole else cfg.hb_planes_eff
+        out.append(PassRecord(phase.name, rnd, len(res.selections), tr, plans,
+                              fills * cfg.expert_bytes * planes / cfg.planes))
     return out
 
 

@@ -426,59 +426,6 @@ def generate(layers: int, num_experts: int, top_k: int, *, requests: int, steps:
     return Trace(experts, request, position, E, model, None, meta)
 
 
-# -- shape checks and the explicit remapping -----------------------------------------
-
-def map_to_model(streams: np.ndarray, trace: Trace, model, remap: bool = False):
-    """``(streams over the model's layers, notes)`` for a trace replayed on ``model``.
-
-    Without ``remap`` the trace must have the model's shape: the same number
-    of decoder layers, routed experts per layer and top-k; anything else is
-    refused with one ``ValueError`` line (a 16-expert top-2 trace replayed on
-    a 128-expert top-8 model says nothing about that model).
-
-    With ``remap`` (``elmoe3d perf --trace-remap``) a trace of another shape
-    is mapped explicitly:
-
-    * layers: MoE layer ``j`` of the model replays the trace layer
-      ``tl[j * len(tl) // n_moe]`` (``tl`` = the trace's layers that route);
-    * experts: needs ``g = E / E_t`` and ``m = k / k_t`` to be integers with
-      ``m <= g``; trace expert ``e`` becomes the model experts
-      ``e*g .. e*g + m - 1`` (so each of the token's ``k_t`` picks becomes
-      ``m`` picks: top-``k`` preserved, popularity and reuse preserved at the
-      granularity of expert groups; with ``m < g`` only ``m/g`` of the model's
-      experts are ever used, which the notes say).
-    """
-    L, E, k = model.layers, model.experts, model.top_k
-    Lt, Et, kt = trace.layers, trace.num_experts, trace.top_k
-    notes = []
-    same = (Lt == L and Et == E and kt == k)
-    if same:
-        out = streams.copy()
-        out[:, :, list(model.dense_layers), :] = -1
-        return out, notes
-    if not remap:
-        raise ValueError(f"Trace shape ({Lt} layers, {Et} experts, top-{kt}) does not match "
-                         f"{model.name} ({L} layers, {E} experts, top-{k}); pass --trace-remap for "
-                         "the documented remapping")
-    if E % Et or k % kt or k // kt > E // Et:
-        raise ValueError(f"Trace with {Et} experts top-{kt} cannot be remapped onto {model.name} "
-                         f"({E} experts top-{k}): needs E/E_t and k/k_t integers with k/k_t <= E/E_t")
-    g, m = E // Et, k // kt
-    tl = [l for l in range(Lt) if (streams[:, :, l, :] >= 0).any()] or list(range(Lt))
-    moe = model.moe_layers
-    B, S = streams.shape[:2]
-    out = np.full((B, S, L, k), -1, np.int32)
-    for j, l in enumerate(moe):
-        src = streams[:, :, tl[j * len(tl) // len(moe)], :]                     # (B, S, kt)
-        ex = src[..., :, None] * g + np.arange(m)[None, None, None, :]          # (B, S, kt, m)
-        ex = np.where(src[..., None] >= 0, ex, -1)
-        out[:, :, l, :] = ex.reshape(B, S, kt * m)
-    notes.append(f"trace remapped (--trace-remap): {Lt} trace layers onto {len(moe)} MoE layers "
-                 f"proportionally; expert e -> {m} experts e*{g}..e*{g}+{m - 1}"
-                 + (f" (only {m}/{g} of the experts are reachable)" if m < g else ""))
-    return out, notes
-
-
 # -- locality statistics ---------------------------------------------------------------
 
 def reuse_distances(streams: np.ndarray, num_experts: int) -> np.ndarray:
@@ -497,18 +444,17 @@ def lru_hit_rate(streams: np.ndarray, capacity: int) -> float:
     """Per-request, per-layer LRU hit rate with ``capacity`` experts of a
     layer cached (batch 1 decode: each request alone; a textbook LRU over the
     picks in order, token by token)."""
-    from .cache import BatchCache
+    from .cache import LRUCache
     B, S, L, k = streams.shape
-    E = int(streams.max()) + 1 if streams.size else 1
     hits = n = 0
     for b in range(B):
         for l in range(L):
             seq = streams[b, :, l].reshape(-1)
-            seq = seq[seq >= 0].astype(np.int64)
+            seq = seq[seq >= 0]
             if not seq.size:
                 continue
-            h, _ = BatchCache(E, capacity, "lru").replay(np.arange(seq.size + 1), seq)
-            hits += int(h.sum())
+            lru = LRUCache(capacity)
+            hits += sum(lru.access(int(e)) for e in seq)
             n += seq.size
     return hits / n if n else 0.0
 
