@@ -31,7 +31,7 @@ def test_every_validation_run_within_the_bound(result):
     sets = result["sets"]
     # every recorded set is there, and the fit sets are the named ones only
     assert set(sets) == {"report", "bench-fit", "bench", "steady", "decode"}
-    assert sets["steady"]["rows"] == 54                  # 36 runs: AR 1 phase, SD 2
+    assert sets["steady"]["rows"] == 72       # 54 runs: LPDDR-only and HB-cached AR 1 phase, SD 2
     assert sets["report"]["rows"] == 18 and sets["decode"]["rows"] == 2
     assert all(x["fit"] == (s in v.TRAIN) for s, x in sets.items())
     bad = [r for r in result["rows"] if not r["fit"] and abs(r["error"]) > v.BOUND]
@@ -177,3 +177,5 @@ def test_recorded_three_way_is_the_docs_table():
     for r in rows:      # the model's SD / AR agrees with the RTL's at the tile's scale
         assert r["sd_model"] / r["ar_model"] == pytest.approx(r["sd_rtl"] / r["ar_rtl"], rel=0.05)
         assert r["xpu_model"] >= r["ar_model"] * 0.99
+        # the LPDDR-only runs (the claims' xPU on the tile) are validated too
+        assert r["xpu_model"] == pytest.approx(r["xpu_rtl"], rel=v.BOUND)

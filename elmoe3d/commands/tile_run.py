@@ -6,7 +6,7 @@ output token measured after a warm-up (:mod:`elmoe3d.sim.tile_run`).
 One run: ``elmoe3d tile-run --trace zipf --batch 4 --mode sd --steps 64
 --warmup 32 --seed 1 --json F``. A set: comma lists (``--trace zipf,lm
 --batch 1,4,16 --mode ar,sd --seed 1,2,3``) run as independent Dask tasks,
-the cross product; ``--steady-state`` is the set the report shows (36 runs).
+the cross product; ``--steady-state`` is the set the report shows (54 runs).
 """
 
 from __future__ import annotations
