@@ -34,11 +34,17 @@ class Peer:
     evidence: str              # the test that measures these cycle counts
 
 
+#: the bit-slice PEs (this design's family); the others are the peers it is compared with
+BIT_SLICE = ("pe", "pe_lanes", "pe_plain")
+
+
 def peers(cfg) -> list[Peer]:
     n = cfg.planes
     return [
         Peer("augmented PE (s=4)", "pe", {"slice_bits": 4}, 2, 1,
              "tests/test_pe.py::test_pe_throughput (FULL/DRAFT = 0.5)"),
+        Peer("augmented PE, P token lanes (s=4)", "pe_lanes", {"slice_bits": 4}, 2, 1,
+             "tests/test_pe.py::test_pe_throughput (one beat per cycle for P tokens)"),
         Peer("plain bit-slice PE (s=4)", "pe_plain", {"slice_bits": 4}, 2, 1,
              "tests/test_pe.py::test_pe_throughput"),
         Peer("INT8 MAC", "mac_int8", {}, 1, 1, "tests/test_pe.py::test_pe_throughput (mac)"),
@@ -50,10 +56,12 @@ def peers(cfg) -> list[Peer]:
     ] if n == 2 else []
 
 
-def _macs_per_cycle(peer: Peer, lanes: int, w4: bool) -> float:
+def _macs_per_cycle(peer: Peer, lanes: int, w4: bool, tokens: int = 1) -> float:
+    """MACs per cycle: ``lanes`` weights per beat, each applied to ``tokens``
+    token lanes (the MoE array's PE; 1 elsewhere)."""
     if peer.block == "bitfusion":
         return 2.0 * lanes if w4 else float(lanes)
-    return lanes / (peer.w4_cycles_per_chunk if w4 else peer.int8_cycles_per_chunk)
+    return tokens * lanes / (peer.w4_cycles_per_chunk if w4 else peer.int8_cycles_per_chunk)
 
 
 def peer_table(cfg, workroot: Path, *, seeds=None, pnr: bool | str = True,
@@ -88,7 +96,7 @@ def peer_table(cfg, workroot: Path, *, seeds=None, pnr: bool | str = True,
                "target_mhz": e["target_mhz"], "evidence": peer.evidence,
                "verilog_sha256": r["verilog_sha256"]}
         for prec, w4 in (("int8", False), ("w4", True)):
-            mpc = _macs_per_cycle(peer, cfg.lanes, w4)
+            mpc = _macs_per_cycle(peer, cfg.lanes, w4, params.get("tokens", 1))
             row[f"{prec}_macs_per_cycle"] = mpc
             row[f"{prec}_macs_per_cycle_per_klut"] = 1000 * mpc / e["lut4"]
             row[f"{prec}_macs_per_cycle_per_kcell"] = 1000 * mpc / r["cells"]
@@ -103,7 +111,7 @@ def peer_table(cfg, workroot: Path, *, seeds=None, pnr: bool | str = True,
     if aug:
         key = "w4_gmacs_per_s_per_klut" if aug.get("w4_gmacs_per_s_per_klut") else \
             "w4_macs_per_cycle_per_klut"
-        others = [r for r in rows if r["block"] not in ("pe", "pe_plain") and r.get(key)]
+        others = [r for r in rows if r["block"] not in BIT_SLICE and r.get(key)]
         out["draft_winner_metric"] = key
         out["augmented_wins_draft_per_area"] = all(aug[key] > r[key] for r in others)
         out["draft_ratio_vs_best_other"] = aug[key] / max(r[key] for r in others) if others else None
