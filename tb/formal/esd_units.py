@@ -141,7 +141,9 @@ class UnitFormal(wiring.Component):
             mine, theirs = getattr(self, name), getattr(dut, name)
             pairs = list(zip(mine, theirs)) if member.dimensions else [(mine, theirs)]
             for a, b in pairs:
-                if member.flow == wiring.In:
+                if member.is_port:           # a plain level (the round's `hb_cache`): free
+                    m.d.comb += (b.eq(a) if member.flow == wiring.In else a.eq(b))
+                elif member.flow == wiring.In:
                     wiring.connect(m, wiring.flipped(a), b)
                 else:
                     wiring.connect(m, b, wiring.flipped(a))
