@@ -42,8 +42,10 @@ matrix per buffer two cycles after they pass (the snoop and its decode are
 registered); a pass
 is taken two cycles after the scheduler is idle and the pass is complete
 (both registered); after a pass's last token's selection: a cycle to
-see it (``sel_ok``, registered), four cycles of columns and popcounts, then one announcement per four cycles (plus the controller's
-``ready``) and two cycles per empty token-count level.
+see it (``sel_ok``, registered), four cycles of columns and counts (the
+counts themselves are kept as the routings arrive), then one announcement
+per four cycles (plus the controller's ``ready``) and two cycles per empty
+token-count level.
 """
 
 from __future__ import annotations
@@ -134,6 +136,10 @@ class ExpertScheduler(wiring.Component):
         s_sel = [Signal.like(self.sel[ln].payload, name=f"s_sel{ln}") for ln in range(P)]
         m.d.sync += s_valid.eq(Cat(*[self.sel[ln].valid for ln in range(P)]))
         row_d = [Signal(E, name=f"row_d{ln}") for ln in range(P)]
+        # (beside `row_d`: the routing's selection count and, per buffer, its
+        # valid; the counts below are kept as routings arrive)
+        cnt_d = [Signal(range(K + 1), name=f"cnt_d{ln}") for ln in range(P)]
+        v_d = [Signal(2, name=f"v_d{ln}") for ln in range(P)]
         for ln in range(P):
             with m.If(self.sel[ln].valid):
                 m.d.sync += s_sel[ln].eq(self.sel[ln].payload)
@@ -142,7 +148,8 @@ class ExpertScheduler(wiring.Component):
             for r in range(K):
                 expr = expr | Mux(r < s_sel[ln].count, Const(1, E) << s_sel[ln].sel[r], 0)
             m.d.comb += sel_bits.eq(expr)
-            m.d.sync += row_d[ln].eq(sel_bits)
+            m.d.sync += [row_d[ln].eq(sel_bits), cnt_d[ln].eq(s_sel[ln].count),
+                         v_d[ln].eq(Cat(s_valid[ln] & (s_sel[ln].par == p) for p in range(2)))]
         row_we = Signal(2 * T)
         tok_inc = [Signal(range(P + 1), name=f"tok_inc{p}") for p in range(2)]
         m.d.sync += row_we.eq(Cat(*[s_valid[t % P] & (s_sel[t % P].par == p)
@@ -150,11 +157,28 @@ class ExpertScheduler(wiring.Component):
                                     for p in range(2) for t in range(T)]))
         m.d.sync += [tok_inc[p].eq(sum(s_valid[ln] & (s_sel[ln].par == p) for ln in range(P)))
                      for p in range(2)]
+        # The counts the announcements need, per buffer, kept as the routings
+        # arrive rather than counted from the matrix once it is complete
+        # (popcounts of T-bit columns and E-bit rows had been about a third of the
+        # scheduler's LUTs): a token's selections (`tsel`: the routing's
+        # `count`, top-k's experts being distinct) and an expert's tokens
+        # (`ecnt`: the lanes that selected it in a cycle, `e_inc`, registered,
+        # then added). Both are final a cycle after the matrix (`ecnt`) or
+        # with it (`tsel`), three cycles before ORDER reads them; `ecnt` is
+        # cleared with `done_tok` (no routing of the buffer's next pass is in
+        # flight then).
+        tsel = [[Signal(range(K + 1), name=f"tsel{p}_{t}") for t in range(T)] for p in range(2)]
+        ecnt = [[Signal(range(T + 1), name=f"ecnt{p}_{e}") for e in range(E)] for p in range(2)]
+        e_inc = [[Signal(range(P + 1), name=f"e_inc{p}_{e}") for e in range(E)]
+                 for p in range(2)]
         for p in range(2):
             m.d.sync += done_tok[p].eq(done_tok[p] + tok_inc[p])
             for t in range(T):
                 with m.If(row_we[p * T + t]):
-                    m.d.sync += rows[p][t].eq(row_d[t % P])
+                    m.d.sync += [rows[p][t].eq(row_d[t % P]), tsel[p][t].eq(cnt_d[t % P])]
+            for e in range(E):
+                m.d.sync += [e_inc[p][e].eq(sum(v_d[ln][p] & row_d[ln][e] for ln in range(P))),
+                             ecnt[p][e].eq(ecnt[p][e] + e_inc[p][e])]
 
         # ---- the pass being scheduled ------------------------------------------------
         ps = Signal()
@@ -165,30 +189,13 @@ class ExpertScheduler(wiring.Component):
         is_v = Signal(T)
         pmask = Signal(T)
         cur_rows = [Signal(E, name=f"row{t}") for t in range(T)]
-        col = [Signal(T, name=f"col{e}") for e in range(E)]
+        # (the columns are `cur_rows` read the other way: they do not change
+        # after WAIT_SEL)
+        col = [Cat(*[cur_rows[t][e] for t in range(T)]) for e in range(E)]
         cnt = [Signal(range(T + 1), name=f"cnt{e}") for e in range(E)]
-        # popcounts in three steps: groups of four bits (one LUT per count
-        # bit), then pairs of groups, then the sum (an 8-bit popcount in one
-        # cycle, `col` -> `cnt_hi`, was 6 LUTs: timing round 17)
-        def quads(bits, cap):
-            return [(sum(bits[i + j] for j in range(min(4, len(bits) - i))), min(cap, 4))
-                    for i in range(0, len(bits), 4)]
-
-        def pairs(vals, cap):
-            return [(vals[i][0] + vals[i + 1][0] if i + 1 < len(vals) else vals[i][0],
-                     min(cap, vals[i][1] + (vals[i + 1][1] if i + 1 < len(vals) else 0)))
-                    for i in range(0, len(vals), 2)]
-
-        def regs(vals, name):
-            return [(Signal(range(n + 1), name=f"{name}_{i}"), n) for i, (_, n) in enumerate(vals)]
-        cnt_q = [regs(quads([0] * T, T), f"cnt_q{e}") for e in range(E)]
-        cnt_h = [regs(pairs(cnt_q[e], T), f"cnt_h{e}") for e in range(E)]
         anyv = Signal(E)
         anyf = Signal(E)
         rem = [Signal(range(K + 1), name=f"rem{t}") for t in range(T)]
-        # (a token's selection count in steps, as the columns' counts)
-        rem_q = [regs(quads([0] * E, K), f"rem_q{t}") for t in range(T)]
-        rem_h = [regs(pairs(rem_q[t], K), f"rem_h{t}") for t in range(T)]
         seen = Signal(T)
         done_e = Signal(E)
         routed = Signal(E)                  # experts any token of the pass selected
@@ -362,44 +369,29 @@ class ExpertScheduler(wiring.Component):
             with m.State("WAIT_SEL"):
                 with m.If(sel_ok):
                     for t in range(T):
-                        m.d.sync += cur_rows[t].eq(Mux(pmask[t], Mux(ps, rows[1][t], rows[0][t]), 0))
+                        m.d.sync += [
+                            cur_rows[t].eq(Mux(pmask[t], Mux(ps, rows[1][t], rows[0][t]), 0)),
+                            rem[t].eq(Mux(pmask[t], Mux(ps, tsel[1][t], tsel[0][t]), 0))]
                     m.next = "COLS"
             with m.State("COLS"):
                 for e in range(E):
-                    ce = Cat(*[cur_rows[t][e] for t in range(T)])
-                    m.d.sync += [col[e].eq(ce), anyv[e].eq((ce & is_v).any()),
-                                 anyf[e].eq((ce & ~is_d).any())]
-                for t in range(T):
-                    for (r, _), (v, _) in zip(rem_q[t], quads(cur_rows[t], K)):
-                        m.d.sync += r.eq(v)
+                    m.d.sync += [anyv[e].eq((col[e] & is_v).any()),
+                                 anyf[e].eq((col[e] & ~is_d).any())]
+                no_r = Cat(*[rem[t] == 0 for t in range(T)]) & pmask
                 m.d.sync += [seen.eq(Mux(S > 0, pmask, 0)),
-                             prog.no_routed[0].eq(Mux(ps, prog.no_routed[0],
-                                                      Cat(*[(cur_rows[t] == 0) & pmask[t]
-                                                            for t in range(T)]))),
-                             prog.no_routed[1].eq(Mux(ps, Cat(*[(cur_rows[t] == 0) & pmask[t]
-                                                                for t in range(T)]),
-                                                      prog.no_routed[1]))]
+                             prog.no_routed[0].eq(Mux(ps, prog.no_routed[0], no_r)),
+                             prog.no_routed[1].eq(Mux(ps, no_r, prog.no_routed[1]))]
                 m.next = "COUNT"
+            # COUNT .. COUNT3 keep the cycles of the popcounts these states
+            # once held (the announcements' timing is unchanged)
             with m.State("COUNT"):
-                # popcounts in three steps (`quads`, `pairs`, the sum; the
-                # tokens' counts a step ahead, from COLS)
                 m.d.sync += routed.eq(Cat(*[col[e].any() for e in range(E)]))
-                for t in range(T):
-                    for (r, _), (v, _) in zip(rem_h[t], pairs(rem_q[t], K)):
-                        m.d.sync += r.eq(v)
-                for e in range(E):
-                    for (r, _), (v, _) in zip(cnt_q[e], quads(col[e], T)):
-                        m.d.sync += r.eq(v)
                 m.next = "COUNT2"
             with m.State("COUNT2"):
-                m.d.sync += [rem[t].eq(sum(r for r, _ in rem_h[t])) for t in range(T)]
-                for e in range(E):
-                    for (r, _), (v, _) in zip(cnt_h[e], pairs(cnt_q[e], T)):
-                        m.d.sync += r.eq(v)
                 m.next = "COUNT3"
             with m.State("COUNT3"):
                 for e in range(E):
-                    m.d.sync += cnt[e].eq(sum(r for r, _ in cnt_h[e]))
+                    m.d.sync += cnt[e].eq(Mux(ps, ecnt[1][e], ecnt[0][e]))
                 m.d.sync += [level.eq(count), prog.sel_done.bit_select(ps, 1).eq(1)]
                 m.next = "ORDER"
             with m.State("ORDER"):
@@ -486,6 +478,7 @@ class ExpertScheduler(wiring.Component):
                     for p in range(2):
                         with m.If(ps == p):
                             m.d.sync += done_tok[p].eq(0)
+                            m.d.sync += [ecnt[p][e].eq(0) for e in range(E)]
                     m.d.sync += ps.eq(~ps)
                     m.next = "IDLE"
         return m
