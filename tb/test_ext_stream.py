@@ -256,6 +256,7 @@ class _Sink:
         self.rule_violations = []
         self.pending = None
         self.drive = None
+        self.last_valid = 0         # the last cycle ``valid`` was high (drain waits for quiet)
 
 
 def _pause(rand, prob):
@@ -355,6 +356,7 @@ class ExtTB:
         self.rsp = _Sink(d, "rsp", v.ExtResponse.as_shape(), OnOff(rr, self.bp), self.log["rsp_bp"])
         self.pe = _Sink(d, "pe", v.ExtBeat.as_shape(), OnOff(rr, self.bp), self.log["pe_bp"])
         self.fill = _Sink(d, "fill", v.FillBeat.as_shape(), OnOff(rr, self.bp), self.log["fill_bp"])
+        self.sinks = (self.pe, self.fill, self.rsp)
         self._task = cocotb.start_soon(self._loop(fast_ram=not stock))
         if os.environ.get("ELMOE_EXT_WATCH"):
             cocotb.start_soon(self._watch())
@@ -386,7 +388,7 @@ class ExtTB:
         d, cfg = self.dut, self.cfg
         ctr, N = self.counter, cfg.axi_outstanding
         edge, settle = RisingEdge(d.clk), ReadOnly()
-        cmd, sinks = self.cmd, (self.pe, self.fill, self.rsp)
+        cmd, sinks = self.cmd, self.sinks
         ram = self.ram if fast_ram else None
         ar_v, ar_r = d.m_axi_arvalid, d.m_axi_arready
         ar_pay = [_reader(h) for h in (d.m_axi_araddr, d.m_axi_arlen, d.m_axi_arsize,
@@ -488,6 +490,7 @@ class ExtTB:
                 r_log.append(cyc)
             for s in sinks:
                 if s.read_valid():
+                    s.last_valid = cyc
                     raw = s.read_payload()
                     if s.pending is not None and raw != s.pending:
                         s.rule_violations.append((cyc, "payload changed before ready"))
@@ -724,7 +727,14 @@ class ExtTB:
                                      "pe__valid", "pe__ready", "fill__valid", "fill__ready",
                                      "rsp__valid", "rsp__ready", "cmd__valid", "cmd__ready"))
                                  + f"; faults {[r for r in getattr(self.ram, 'records', [])[-4:]]}")
-        if quiet:
+        # then until no output has shown ``valid`` for ``quiet`` cycles: the
+        # response leaves beside its fill's COMMIT, but a back-pressured
+        # fill (or PE) FIFO may still hold beats of earlier commands
+        deadline = self.counter.cycle + timeout
+        while quiet and self.counter.cycle - max(s.last_valid for s in self.sinks) < quiet:
+            if self.counter.cycle >= deadline:
+                raise AssertionError(f"timeout (seed {cocotb.RANDOM_SEED}): outputs still "
+                                     f"valid {timeout} cycles after the last response")
             await ClockCycles(self.dut.clk, quiet)
 
     def golden(self):
@@ -940,6 +950,46 @@ async def random_commands(dut):
         f"(seed {cocotb.RANDOM_SEED})"
     if tb.err_prob >= 0.02 and len(tb.ar) >= 500:
         assert failed > 0, "no command failed: fault injection did not happen"
+
+
+class _Held:
+    """Back-pressure held on (``ready`` low) until ``hold`` is cleared."""
+
+    hold = True
+
+    def off(self) -> bool:
+        return self.hold
+
+
+@cocotb.test()
+async def fill_held_past_response(dut):
+    """The drain waits for every output, not only for the responses. A
+    one-row dense copy (its fill: a few DATA beats and COMMIT, room in the
+    fill FIFO, so the response leaves) with ``fill`` held not-ready until three
+    quiet windows after the response: the scoreboard must see both fill
+    beats. (Before the drain waited for quiet outputs it checked 40 cycles
+    after the last response; the default random run at seed 1379572705
+    failed so, two fill beats still in the FIFO behind back-pressure.)"""
+    tb = ExtTB(dut, idle=0.0, backpressure=0.0, axi_pause=0.0)
+    await tb.start()
+    held = tb.fill.backpressure = _Held()
+    quiet = 40
+
+    async def release():
+        while not tb.rsp.received:
+            await RisingEdge(dut.clk)
+        await ClockCycles(dut.clk, 3 * quiet)
+        assert not tb.fill.received, "a fill beat passed while fill was held"
+        held.hold = False
+
+    waiter = cocotb.start_soon(release())
+    lay = gl.lpddr_layout(tb.cfg)
+    tb.send(ge.command(kind=ExtKind.DENSE, addr=lay.dense_base, length=1, slot=1))
+    await tb.drain(quiet=quiet)
+    await waiter
+    exp_fill, _ = tb.check("fill_held")
+    assert len(exp_fill) >= 2 and len(tb.fill.received) == len(exp_fill), \
+        f"{len(tb.fill.received)} fill beats, {len(exp_fill)} expected"
 
 
 @cocotb.test()
