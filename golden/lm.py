@@ -63,7 +63,7 @@ import numpy as np
 from . import bitslice
 
 __all__ = ["single_thread_blas", "weights_digest", "DATA_DIR", "WEIGHTS", "PRECISIONS", "MODES",
-           "SCALES", "PROMPTS", "WINDOWS", "heldout_prompts", "heldout_windows", "load_weights",
+           "SCALES", "PROMPTS", "WINDOWS", "HELD_PROMPT", "heldout_prompts", "heldout_windows", "load_weights",
            "quantize", "effective_matrix", "MoEModel", "KVCache", "Routing", "cross_entropy",
            "model_paths"]
 
@@ -75,6 +75,9 @@ WEIGHTS = "moe_lm.npz"
 #: the held-out prompts and perplexity windows (:func:`elmoe3d.sim.lm.evidence.make_heldout`)
 PROMPTS = "heldout_prompts.npy"
 WINDOWS = "heldout_windows.npy"
+#: bytes of a held-out prompt a decode takes (``elmoe3d decode`` when fewer
+#: prompts than requests are given; the system model's decode replay)
+HELD_PROMPT = 48
 
 #: precision name -> bit-slice PE mode (``None``: float weights, no quantisation)
 MODES = {"float": None, "full": bitslice.Mode.FULL, "augmented": bitslice.Mode.DRAFT,

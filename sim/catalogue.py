@@ -203,7 +203,7 @@ def numbers(name: str, r: dict) -> str:
 
 def _all(blocks: dict) -> str:
     """Every block's tables, as `elmoe3d synth` prints them (docs/synthesis.md)."""
-    from ..commands.synth import markdown
+    from .synth_tables import markdown
     return markdown(blocks, ("generic", "ecp5", "ice40"))
 
 

@@ -7,7 +7,7 @@ A run (:func:`run_one`, a dict ``spec``) is a golden
 :func:`~elmoe3d.golden.esd.run_trace` decode of one of the report's traces
 (:data:`TRACES`: the synthetic Zipf + reuse trace on the ``default`` tile,
 the in-project LM's own routing on the ``lm`` tile;
-:func:`elmoe3d.commands.decode.report_traces`) at a batch, AR or Elastic-SD
+:func:`elmoe3d.sim.report_runs.report_traces`) at a batch, AR or Elastic-SD
 forced every round (or the controller's choice, ``auto``; ``lpddr``: AR
 with the HB expert cache off, every expert from LPDDR -- the LPDDR-only xPU
 analogue of the paper's baseline, on the same tile), the golden's
@@ -44,7 +44,7 @@ import time
 __all__ = ["TRACES", "MODES", "STEADY_STATE", "spec", "specs", "golden_run", "run_one", "run_set",
            "summary_rows", "SUMMARY_HEAD"]
 
-#: ``--trace`` name -> index in :func:`elmoe3d.commands.decode.report_traces`
+#: ``--trace`` name -> index in :func:`elmoe3d.sim.report_runs.report_traces`
 TRACES = {"zipf": 0, "lm": 1}
 MODES = ("lpddr", "ar", "sd", "auto")
 #: The steady-state set: 32 warm-up steps, then 128 measured steps at batch 1
@@ -58,7 +58,7 @@ STEADY_STATE = dict(traces=("zipf", "lm"), batches=(1, 4, 16), modes=("lpddr", "
 def _trace(name: str, preset: str | None = None):
     """``(label, cfg, rankings)`` of a trace; ``preset`` puts the Zipf trace on
     another tile (the same generator, that tile's layers and experts)."""
-    from ..commands.decode import report_traces
+    from .report_runs import report_traces
     if name not in TRACES:
         raise ValueError(f"Trace must be one of {', '.join(TRACES)}, not {name!r}")
     label, cfg, R = report_traces()[TRACES[name]]
@@ -383,7 +383,7 @@ def report_set(which: int, steps: int = REPORT_STEPS, exe=None):
     differs from the golden."""
     import numpy as np
 
-    from ..commands import decode as dec
+    from . import report_runs as dec
     from ..golden import layout as gl
     from ..golden import moe_batched as gb
     from . import native
@@ -423,7 +423,7 @@ def report_table(report: dict) -> str:
     """docs/blocks/tile.md's table of the recorded report runs: per trace and
     batch, AR's HB hit rate and cycles per output token, SD's hit rate, mean
     accepted length and cycles per output token (the tile's own counters)."""
-    from ..commands.decode import _figures, cycles_per_token
+    from .report_runs import cycles_per_token, figures
     rows = {}
     for r in report["runs"]:
         rows.setdefault((r["trace"], r["batch"]), {})[r["mode"]] = r
@@ -434,7 +434,7 @@ def report_table(report: dict) -> str:
         if "AR" not in v or "SD" not in v:
             continue
         a, s = v["AR"]["rtl"], v["SD"]["rtl"]
-        fa, fs = _figures(a, batch), _figures(s, batch)
+        fa, fs = figures(a, batch), figures(s, batch)
         ca, cs = cycles_per_token(a), cycles_per_token(s)
         out.append(f"| {trace} | {batch} | {fa[0]:.3f} | {ca:,.0f} | {fs[0]:.3f} | "
                    f"{fs[1]:.2f} | {cs:,.0f} | {cs / ca:.2f} |")

@@ -8,7 +8,8 @@ decorators under a name prefix equal to the block name (``"hb_bank.read.region"`
 (tests, simulators, parameter sets) adds its bin hits to the same JSON file
 under a file lock, so the file holds the union of everything the default
 ``make test`` reached. ``elmoe3d coverage`` (and the report) summarises the
-files: percentage of coverpoint bins hit and of cross bins hit, per block.
+files (:mod:`elmoe3d.sim.coverage_files`): percentage of coverpoint bins hit
+and of cross bins hit, per block.
 
 The sign-off bar (OpenTitan V2): 100 % of coverpoint bins, at least 75 % of
 cross bins.
@@ -29,15 +30,11 @@ import os
 import time
 from pathlib import Path
 
-__all__ = ["coverage_dir", "write_coverage", "mutant_run", "MUTANT_KNOBS", "load_coverage", "summarise", "COVERPOINT_BAR",
-           "CROSS_BAR"]
+from ..sim.coverage_files import (COVERPOINT_BAR, CROSS_BAR, coverage_dir, load_coverage,
+                                  summarise)
 
-COVERPOINT_BAR = 100.0
-CROSS_BAR = 75.0
-
-
-def coverage_dir() -> Path:
-    return Path(os.environ.get("ELMOE_COVERAGE_DIR", Path.cwd() / "build" / "coverage"))
+__all__ = ["coverage_dir", "write_coverage", "mutant_run", "MUTANT_KNOBS", "load_coverage",
+           "summarise", "COVERPOINT_BAR", "CROSS_BAR"]
 
 
 def _items(prefix: str):
@@ -109,34 +106,3 @@ def write_coverage(block: str, *, run: str = "", transactions: int | None = None
         tmp.replace(path)
         fcntl.flock(lock, fcntl.LOCK_UN)
     return path
-
-
-def summarise(cov: dict) -> dict:
-    """Percentages of bins hit: coverpoints and crosses, plus the misses."""
-    def pct(group):
-        total = sum(len(b) for b in group.values())
-        hit = sum(1 for b in group.values() for v in b.values() if v > 0)
-        return (100.0 * hit / total if total else 100.0), hit, total
-    cp, cp_hit, cp_total = pct(cov.get("coverpoints", {}))
-    cr, cr_hit, cr_total = pct(cov.get("crosses", {}))
-    missed = sorted(f"{name}[{b}]" for name, bins in cov.get("coverpoints", {}).items()
-                    for b, v in bins.items() if v == 0)
-    tx = sum(r.get("transactions") or 0 for r in cov.get("runs", []))
-    return {"coverpoint_pct": round(cp, 2), "coverpoint_bins": [cp_hit, cp_total],
-            "cross_pct": round(cr, 2), "cross_bins": [cr_hit, cr_total],
-            "coverpoints_missed": missed, "transactions": tx,
-            "meets_bar": cp >= COVERPOINT_BAR and cr >= CROSS_BAR}
-
-
-def load_coverage(directory: Path | None = None) -> dict:
-    """``{block: coverage dict}`` of every file in the coverage folder."""
-    d = Path(directory) if directory is not None else coverage_dir()
-    out = {}
-    for p in sorted(d.glob("*.json")):
-        try:
-            cov = json.loads(p.read_text())
-        except json.JSONDecodeError:
-            continue
-        cov["summary"] = summarise(cov)
-        out[cov.get("block", p.stem)] = cov
-    return out

@@ -7,6 +7,7 @@ import json
 import sys
 import time
 
+from ..golden.lm import HELD_PROMPT
 from ._common import writable_file
 
 NAME = "decode"
@@ -18,9 +19,6 @@ HELP = "decode text with the MoE LM, its MoE layers on the tile (AR or Elastic-S
 CONTEXT = 128
 #: Longest prompt in bytes (the rest of the context is for decoding)
 MAX_PROMPT = 96
-#: Bytes of a prompt taken from the held-out set when fewer prompts than
-#: requests are given
-HELD_PROMPT = 48
 
 
 def register(p):
@@ -405,88 +403,15 @@ def run(args) -> int:
 
 # -- report: Elastic-SD vs AR from the control sequence --------------------------------------
 
-BATCHES = (1, 4, 16)
+from ..sim.report_runs import (BATCHES, RTL_REPORT, TILE_REPORT, cycles_per_token,  # noqa: E402,F401
+                               figures, recorded_tile_report, report_runs, report_traces)
+
 REPORT_HEAD = ["trace", "batch", "mode", "HB hit rate", "mean accepted len", "HB MB", "LPDDR MB",
                "HB share", "LPDDR KB / token", "cycles / token (RTL)"]
 
 
-def report_traces(quick=False):
-    """``[(name, cfg, rankings)]``: the synthetic Zipf trace on the ``default``
-    tile and the LM's own routing trace (top-2, completed by popularity) on
-    the ``lm`` tile."""
-    import numpy as np
-
-    from ..config import preset
-    from ..golden import esd
-    from ..sim.perf.traces import load_trace
-    from ..golden.lm import DATA_DIR
-    cfg = preset("default")
-    n = 300 if quick else 1200
-    syn = esd.synthetic_trace(np.random.default_rng(2026), requests=16, tokens=n,
-                              layers=cfg.layers, experts=cfg.experts)
-    lm_cfg = preset("lm")
-    tr = load_trace(DATA_DIR / "routing_trace.npz")
-    S = tr.streams(16)                                       # (16, T, L, k)
-    lm_r = esd.complete_rankings(S, tr.num_experts)
-    return [("zipf-1.1 (default)", cfg, syn), ("moe_lm routing (lm)", lm_cfg, lm_r)]
-
-
-
-
-def report_runs(quick=False, steps=None, traces=None):
-    """Golden runs per trace, batch and mode: a list of dicts with the
-    counters (``traces``: names to keep; ``steps`` default 400, quick 60)."""
-    from ..golden import esd
-    steps = steps or (60 if quick else 400)
-    out = []
-    for name, cfg, R in report_traces(quick):
-        if traces and name not in traces:
-            continue
-        for B in BATCHES:
-            for mode in ("AR", "SD"):
-                run = esd.run_trace(cfg, R, batch=B, steps=steps, seed=B, check=False,
-                                    kv_mid_round=False, force=esd.Mode[mode])
-                out.append(dict(trace=name, batch=B, mode=mode, steps=steps,
-                                counters=run.counters, run=run, cfg=cfg))
-    return out
-
-
-#: Where the controller RTL's report runs are written (tests/test_esd_ctrl.py).
-RTL_REPORT = "esd_ctrl_report.json"
-#: Where the tile's report runs are written (the tile top replaying the same
-#: traces: ``elmoe3d tile-run --report``).
-TILE_REPORT = "tile_report.json"
-
-
-def recorded_tile_report():
-    """The recorded copy of the tile's report runs in the repository
-    (``sim/data/tile_report.json``, a few minutes on the native harness): the report
-    uses it when ``build/measured`` has none."""
-    from pathlib import Path
-
-    from .. import sim
-    return Path(sim.__file__).resolve().parent / "data" / TILE_REPORT
-
-
-def cycles_per_token(c) -> float:
-    """Simulated cycles spent in layer steps (AR + DRAFT + VERIFY, the tile's
-    own phase counters) per token the decode produced (``tokens_out``)."""
-    return (c["ar_cycles"] + c["draft_cycles"] + c["verify_cycles"]) / max(1, c["tokens_out"])
-
-
-def _figures(c, B):
-    look = c["hb_hits"] + c["hb_misses"] + c["hb_pending"]
-    acc = ((c["accepted_tokens"] + c["rounds_sd"] * B) / (c["rounds_sd"] * B)
-           if c["rounds_sd"] else 1.0)
-    tot = c["hb_bytes"] + c["lpddr_bytes"]
-    return [round(c["hb_hits"] / look, 4) if look else 0.0, round(acc, 3),
-            round(c["hb_bytes"] / 1e6, 3), round(c["lpddr_bytes"] / 1e6, 3),
-            round(c["hb_bytes"] / tot, 3) if tot else 0,
-            round(c["lpddr_bytes"] / 1e3 / max(1, c["tokens_out"]), 2)]
-
-
 def report_rows(runs):
-    return [[r["trace"], r["batch"], r["mode"], *_figures(r["counters"], r["batch"]),
+    return [[r["trace"], r["batch"], r["mode"], *figures(r["counters"], r["batch"]),
              "tile table"] for r in runs]
 
 
@@ -515,7 +440,7 @@ def rtl_rows(path, cycles=False):
         if key not in golden:
             golden[key] = report_runs(steps=r["steps"], traces=[r["trace"]])
         g = next(x for x in golden[key] if x["batch"] == r["batch"] and x["mode"] == r["mode"])
-        fr, fg = _figures(r["rtl"], r["batch"]), _figures(g["counters"], r["batch"])
+        fr, fg = figures(r["rtl"], r["batch"]), figures(g["counters"], r["batch"])
         same = all(r["rtl"][k] == g["counters"][k] for k in r["rtl"] if k in g["counters"])
         rows.append([r["trace"], r["batch"], r["mode"], r["steps"], fr[0], fg[0], fr[1], fg[1],
                      fr[2], fr[3], fr[4]]
@@ -547,7 +472,7 @@ def rtl_decode_rows(folder):
         try:
             r = _json.loads(f.read_text())
             c, B = r["counters_rtl"], int(r["batch"])
-            fig = _figures(c, B)
+            fig = figures(c, B)
             rows.append([f.stem[len("decode_rtl_"):], r.get("sim", "cocotb"), r["mode"].upper(),
                          B, c["tokens_out"], *fig,
                          round(r["cycles"] / max(1, c["tokens_out"])),

@@ -61,7 +61,7 @@ def _row(set_, name, phase, feats, rtl):
 
 @functools.lru_cache(maxsize=None)
 def _report_recs():
-    from ...commands import decode as dec
+    from .. import report_runs as dec
     from ...golden import esd as gesd
     out = {}
     for name, cfg, R in dec.report_traces():
@@ -138,9 +138,9 @@ def steady_rows(compute=True, restream=True) -> list:
 def _decode_recs():
     """The golden decode of ``decode --rtl --tokens 16`` at batch 1 per mode
     (the script the native tile replays), its layer steps recorded."""
-    from ...commands.decode import HELD_PROMPT
     from ...config import preset
     from ...golden import lm as glm
+    from ...golden.lm import HELD_PROMPT
     from ...golden import lm_int as li
     from ..lm.evidence import heldout_prompts
     d = json.loads(DECODE_FILE.read_text())
