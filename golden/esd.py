@@ -70,6 +70,34 @@ DRAFT eligibility
     ``E`` experts: eligible = resident (committed, enabled). ``ELIGIBLE``
     carries the mask; routing takes the highest-ranked eligible experts
     (fewer than ``k`` when fewer are eligible).
+Prefetch during drafts (``prefetch > 0``; off by default)
+    While the drafts run from HB, LPDDR is idle; the controller streams into
+    HB the MSB planes of experts the verification is likely to need. A DRAFT
+    token's *candidate* is the highest-ranked expert of its unrestricted
+    top-``k`` (``route(None)``) that is not eligible (none if all are).
+    After a DRAFT pass has ended (its ``UNPIN`` s), if any of its tokens has
+    a candidate: ``PREFETCH`` (value = distinct candidates), then per
+    candidate in announce order of its count (tokens naming it), while
+    fewer than ``prefetch`` prefetches are outstanding: ``LOOKUP`` (value =
+    count; PENDING: already being prefetched, nothing more), on a miss
+    ``ALLOCATE`` (pinned, PENDING, hotness ``min(count, hot_max)``; or
+    NO_VICTIM and nothing more), ``FILL_START`` and ``SOURCE`` PREFETCH (the
+    ``k`` HB planes read from LPDDR into the victim, value 0: nothing to the
+    PE array). The fills run in the background across the following draft
+    passes; a prefetched slot stays PENDING (not eligible, never a victim).
+    They end at a barrier: before the VERIFY layer step of their layer
+    (every layer's before a ``context`` that moves the KV boundary) the
+    controller waits for those prefetches and retires them in issue order,
+    so a prefetch is never the victim of an earlier layer's verification:
+    ``PREFETCH_END`` (value = how many), then per prefetch (with the fields
+    of the pass that issued it) ``EXT_ERROR`` if its read failed, ``FILL_END`` COMMIT then
+    ``UNPIN``, or ``FILL_END`` ABORT then ``INVALIDATE`` ABORT. A failed
+    prefetch spoils nothing: no slot holds wrong data, and the verification
+    reads that expert from LPDDR as any miss. A verification hit on a
+    prefetched slot is a *prefetch hit*. Prefetch reads take their fault
+    ordinals when issued; their bytes count in ``lpddr_bytes``, their fills
+    in ``fills`` / ``aborts`` / ``allocations`` / ``evictions`` /
+    ``no_victim``; their lookups, and the hits, in :attr:`EsdController.prefetch_counts`.
 DECAY
     After every ``decay_period`` decode steps (an AR step or a DRAFT step,
     counted when its last layer finishes): ``DECAY``.
@@ -100,10 +128,11 @@ Canonical order (how concurrent hardware events are compared)
 The hardware overlaps the per-expert work of one pass: a fill commits while
 the next expert's lookup runs, unpins follow commits as they come. The
 *canonical order* is therefore a sort key, not the execution order: every
-run of events that follows a ``PASS`` event and belongs to that pass
-(kinds in :data:`PASS_MEMBERS`) is stably sorted by ``(announce position of
-the expert, kind rank)`` with the rank of :data:`PASS_MEMBERS` (the
-announce position comes from the counts the LOOKUPs carry); the
+run of events that follows a ``PASS`` (or ``PREFETCH``) event and belongs
+to it (kinds in :data:`PASS_MEMBERS`) is stably sorted by ``(announce
+position of the expert, kind rank)`` with the rank of :data:`PASS_MEMBERS`
+(the announce position comes from the counts the LOOKUPs carry); the
+events after ``PREFETCH_END`` keep their (issue) order; the
 ``INVALIDATE`` s that follow a
 ``KV_MOVE`` are sorted by slot. Everything else (MODE, PASS, ELIGIBLE,
 LAYER_DONE, DECAY, ACCEPT, ROLLBACK, DRAFT_LEN, KV_MOVE) is a barrier that
@@ -130,7 +159,7 @@ from . import moe_batched as _gb
 from .tag_unit import SlotState, TagUnitModel, params_from_config
 from .vocab import ExtError
 
-__all__ = ["EventKind", "Phase", "Mode", "ModeReason", "ForceCode", "force_code", "LookupResult", "AllocResult",
+__all__ = ["PREFETCH_ONLY", "EventKind", "Phase", "Mode", "ModeReason", "ForceCode", "force_code", "LookupResult", "AllocResult",
            "Source", "FillEnd", "InvalidateReason", "HostError", "EsdHostError", "Event",
            "EVENT_FIELDS", "PASS_MEMBERS", "announce_order", "canonical", "compare", "EsdController",
            "TagPolicy", "RankingRouter", "synthetic_trace", "run_trace", "TraceRun",
@@ -160,6 +189,8 @@ class EventKind(enum.IntEnum):
     ROLLBACK = 15     # value = rejected drafted tokens
     DRAFT_LEN = 16    # value = new K
     KV_MOVE = 17      # value = new KV words per bank; tag = usable slots
+    PREFETCH = 18     # phase DRAFT, step, layer, pass_no; value = candidates (prefetch only)
+    PREFETCH_END = 19  # value = prefetches retired here (prefetch only)
 
 
 class Phase(enum.IntEnum):
@@ -216,6 +247,7 @@ class Source(enum.IntEnum):
     HB = 0            # DRAFT: the k HB planes from HB only
     SPLIT = 1         # FULL from a hit: k planes from HB, n - k from LPDDR, added
     LPDDR = 2         # FULL from LPDDR (all n planes), with or without a fill
+    PREFETCH = 3      # a prefetch: the k HB planes from LPDDR into the slot only, no PE stream
 
 
 class FillEnd(enum.IntEnum):
@@ -286,6 +318,10 @@ class Event:
         return " ".join(parts)
 
 
+#: What only prefetch emits (event kinds, and its SOURCE code): the controller
+#: RTL does not build prefetch yet, so its bench does not cover these.
+PREFETCH_ONLY = (EventKind.PREFETCH, EventKind.PREFETCH_END, Source.PREFETCH)
+
 #: Events that belong to the pass they follow, in their canonical per-expert rank.
 PASS_MEMBERS = (EventKind.LOOKUP, EventKind.ALLOCATE, EventKind.FILL_START, EventKind.SOURCE,
                 EventKind.TOUCH, EventKind.EXT_ERROR, EventKind.FILL_END, EventKind.UNPIN,
@@ -317,7 +353,7 @@ def canonical(events) -> list:
         e = evs[i]
         out.append(e)
         i += 1
-        if e.kind == EventKind.PASS:
+        if e.kind in (EventKind.PASS, EventKind.PREFETCH):
             j = i
             while j < n and evs[j].kind in _RANK:
                 j += 1
@@ -442,11 +478,17 @@ class EsdController:
     faults : dict, optional
         ``{ordinal of an LPDDR expert read: ExtError}`` — reads that end in
         error (test (c) of the fault testbench).
+    prefetch : int, optional
+        Most prefetches outstanding during a round's drafts (0, the
+        default: no prefetch; see "Prefetch during drafts" in the module
+        doc). Specified here first; the controller RTL does not build it yet.
     mutant : str, optional
         Self-check of the tests only: ``"touch_verify"`` touches in VERIFY
         too, ``"order"`` allocates in descending expert order,
         ``"no_decay"`` never decays, ``"adapt"`` never lengthens K,
-        ``"tie"`` / ``"decay"`` mutate the tag policy.
+        ``"tie"`` / ``"decay"`` mutate the tag policy, ``"prefetch_last"``
+        takes a token's lowest-ranked non-eligible expert of its top-k as
+        its prefetch candidate.
 
     Members
     -------
@@ -456,9 +498,14 @@ class EsdController:
         Current draft length.
     """
 
-    def __init__(self, cfg, *, faults=None, mutant=None):
+    def __init__(self, cfg, *, faults=None, mutant=None, prefetch: int = 0):
         self.cfg = cfg
         self.mutant = mutant
+        check_int("Prefetch depth", prefetch, 0, cfg.tag_slots)
+        self.prefetch = prefetch
+        self.prefetching = []       # outstanding: (pass fields, expert, slot, tag, fault)
+        self.prefetched = set()     # tags committed by prefetch since the last verification
+        self.prefetch_counts = dict.fromkeys(("prefetch_lookups", "prefetches", "prefetch_hits"), 0)
         tag_mut = mutant if mutant in ("tie", "decay") else None
         self.tags = TagPolicy(cfg, mutant=tag_mut)
         self.n = cfg.planes
@@ -601,6 +648,14 @@ class EsdController:
             if mask is not None and any(not (mask >> e) & 1 for e in s):
                 raise EsdHostError(HostError.BAD_ROUTE,
                                    f"DRAFT selection {s!r} outside the eligible mask {mask:#x}")
+        full = None
+        if mask is not None and self.prefetch and callable(route):
+            full = [list(map(int, s)) for s in route(None)]
+            if len(full) != ntok or any(len(s) > k or any(not 0 <= e < E for e in s)
+                                        for s in full):
+                raise EsdHostError(HostError.BAD_ROUTE, f"Bad unrestricted routing {full!r}")
+        if phase == Phase.VERIFY:
+            self._retire_prefetches(layer)
         if mask is not None:
             self.counters["draft_lookups"] += E
             self._emit(EventKind.ELIGIBLE, phase=phase, step=step, layer=layer, value=mask)
@@ -609,6 +664,8 @@ class EsdController:
             plan, err = self._pass(phase, step, layer, p, range(p0, p0 + n), counts)
             passes.append(plan)
             error |= err
+            if full is not None:
+                self._prefetch(step, layer, p, full[p0:p0 + n], mask)
         self._emit(EventKind.LAYER_DONE, phase=phase, step=step, layer=layer, code=int(error))
         if not error:
             self._advance(phase, step, layer)
@@ -666,6 +723,9 @@ class EsdController:
                 continue
             if res == LookupResult.HIT:
                 c["hb_hits"] += 1
+                if phase == Phase.VERIFY and tag in self.prefetched:
+                    self.prefetch_counts["prefetch_hits"] += 1
+                    self.prefetched.discard(tag)
                 pinned.append((e, slot))
                 lmask = self.all_mask & ~self.hb_mask
                 self._emit(EventKind.SOURCE, **ev, slot=slot, code=Source.SPLIT,
@@ -732,6 +792,84 @@ class EsdController:
         self.events[first:] = _sort_pass(self.events[first:])
         return PassPlan(toks, ents), error
 
+    # -- prefetch during drafts --------------------------------------------------------
+    def candidates(self, full, mask) -> dict:
+        """``{expert: tokens}`` of one DRAFT pass's prefetch candidates:
+        per token the highest-ranked expert of its unrestricted top-k that
+        is not in the eligible ``mask``."""
+        out = {}
+        for s in full:
+            non = [e for e in s if not (mask >> e) & 1]
+            if non:
+                e = non[-1] if self.mutant == "prefetch_last" else non[0]
+                out[e] = out.get(e, 0) + 1
+        return out
+
+    def _prefetch(self, step, layer, p, full, mask):
+        """The prefetches of a DRAFT pass that has ended (see the module doc)."""
+        cand = self.candidates(full, mask)
+        if not cand:
+            return
+        c, pc = self.counters, self.prefetch_counts
+        base = dict(phase=Phase.DRAFT, step=step, layer=layer, pass_no=p)
+        self._emit(EventKind.PREFETCH, **base, value=len(cand))
+        first = len(self.events)
+        for e in announce_order(cand):
+            if len(self.prefetching) >= self.prefetch:
+                break
+            cnt, tag = cand[e], self.tag_of(layer, e)
+            ev = dict(base, expert=e)
+            res, slot = self.tags.lookup_pin(tag)
+            pc["prefetch_lookups"] += 1
+            self._emit(EventKind.LOOKUP, **ev, code=res, slot=slot, value=cnt)
+            if res == LookupResult.HIT:              # eligibility was probed this step
+                raise AssertionError(f"prefetch candidate {e} of layer {layer} is resident")
+            if res == LookupResult.PENDING:          # already being prefetched
+                continue
+            hot = min(cnt, self.tags.hot_max)
+            ok, v, evicted = self.tags.allocate_pin(tag, self.k_hb, hot)
+            if not ok:
+                c["no_victim"] += 1
+                self._emit(EventKind.ALLOCATE, **ev, code=AllocResult.NO_VICTIM)
+                continue
+            c["allocations"] += 1
+            if evicted is not None:
+                c["evictions"] += 1
+            self._emit(EventKind.ALLOCATE, **ev, code=AllocResult.FREE if evicted is None
+                       else AllocResult.EVICT, slot=v, tag=evicted or 0, value=hot)
+            self._emit(EventKind.FILL_START, **ev, slot=v, value=self.hb_mask)
+            self._emit(EventKind.SOURCE, **ev, slot=v, code=Source.PREFETCH, value=0)
+            c["lpddr_bytes"] += self.k_hb * self.plane_bytes
+            pc["prefetches"] += 1
+            self.prefetching.append((ev, v, tag, self._ext_read()))
+        self.events[first:] = _sort_pass(self.events[first:])
+
+    def _retire_prefetches(self, layer=None):
+        """The barrier: wait for the outstanding prefetches of ``layer``
+        (every layer's when ``None``), retire them in issue order (see the
+        module doc)."""
+        c = self.counters
+        now = [x for x in self.prefetching if layer is None or x[0]["layer"] == layer]
+        if not now:
+            return
+        self._emit(EventKind.PREFETCH_END, value=len(now))
+        self.prefetching = [x for x in self.prefetching if x not in now]
+        for ev, slot, tag, fault in now:
+            if fault:
+                c["ext_errors"] += 1
+                c["aborts"] += 1
+                self._emit(EventKind.EXT_ERROR, **ev, slot=slot, value=fault)
+                self._emit(EventKind.FILL_END, **ev, slot=slot, code=FillEnd.ABORT)
+                self.tags.abort(slot)
+                self._emit(EventKind.INVALIDATE, **ev, slot=slot, code=InvalidateReason.ABORT)
+            else:
+                c["fills"] += 1
+                self.tags.commit(slot)
+                self._emit(EventKind.FILL_END, **ev, slot=slot, code=FillEnd.COMMIT)
+                self.tags.unpin(slot)
+                self._emit(EventKind.UNPIN, **ev, slot=slot)
+                self.prefetched.add(tag)
+
     def _touch(self, ev, tag, slot, cnt):
         amount = min(cnt, self.tags.hot_max)
         self.tags.touch(tag, amount)
@@ -751,6 +889,7 @@ class EsdController:
         c["accepted_tokens"] += n
         c["drafted_tokens"] += drafted
         c["tokens_out"] += n + self.batch
+        self.prefetched.clear()
         self._emit(EventKind.ACCEPT, value=n)
         if n < drafted:
             self._emit(EventKind.ROLLBACK, value=drafted - n)
@@ -778,6 +917,8 @@ class EsdController:
                                f"the KV region holds at most {gl.kv_limit(cfg)}")
         if words == self.kv_words:
             return
+        if self.prefetching:
+            self._retire_prefetches()
         mask = gl.slot_covered_mask(cfg, words)
         dropped = self.tags.set_disabled(mask)
         self.kv_words, self.covered = words, mask
@@ -790,10 +931,12 @@ class EsdController:
     # -- checks --------------------------------------------------------------------------
     def check_invariants(self):
         """The tag policy's invariants plus the integration contract: no slot
-        pinned between layer steps, no pending slot, nothing in a covered slot."""
+        pinned between layer steps, no pending slot (but an outstanding
+        prefetch's), nothing in a covered slot."""
         self.tags.check_invariants()
+        outstanding = {slot for _, slot, _, _ in self.prefetching}
         for s in range(self.cfg.tag_slots):
-            if self.tags.pins[s] or self.tags.pending[s]:
+            if (self.tags.pins[s] or self.tags.pending[s]) and s not in outstanding:
                 raise AssertionError(f"slot {s} pinned/pending between layer steps")
             if (self.covered >> s) & 1 and self.tags.valid[s]:
                 raise AssertionError(f"covered slot {s} holds a tag")
@@ -875,7 +1018,7 @@ class TraceRun:
 def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p: float = 0.7,
               prompt: tuple = (8, 40), length: tuple = (20, 120), faults=None, mutant=None,
               kv_mid_round: bool = True, check: bool = True, force=None,
-              hb_cache: bool = True, bad: float = 0.0) -> TraceRun:
+              hb_cache: bool = True, bad: float = 0.0, prefetch: int = 0) -> TraceRun:
     """The host of a synthetic decode: ``batch`` requests decoded in lock step
     until at least ``steps`` decode steps ran, routing from ``rankings``
     (:func:`synthetic_trace`, one stream per request slot, reused cyclically).
@@ -890,6 +1033,7 @@ def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p:
     asks every round for AR or SD, and ``hb_cache=False`` (with ``force =
     Mode.AR``) for AR with the HB expert cache off
     (:meth:`EsdController.begin_round`).
+    ``prefetch``: :class:`EsdController`'s prefetch depth.
     With ``bad > 0`` a command that the controller must refuse (every
     :class:`HostError` a host can cause) is sent before a legal one with that
     probability; the script records it with ``refused`` = the error code.
@@ -901,7 +1045,7 @@ def run_trace(cfg, rankings, *, batch: int, steps: int, seed: int = 0, accept_p:
     if R.shape[2] != cfg.layers or R.shape[3] != cfg.experts:
         raise ValueError(f"Rankings shape {R.shape} does not match {cfg.layers} layers x "
                          f"{cfg.experts} experts")
-    ctl = EsdController(cfg, faults=faults, mutant=mutant)
+    ctl = EsdController(cfg, faults=faults, mutant=mutant, prefetch=prefetch)
     ntok = R.shape[1]
     pos = [int(rng.integers(0, ntok)) for _ in range(batch)]      # trace position per request
     ctx = [int(rng.integers(*prompt)) for _ in range(batch)]       # context tokens per request

@@ -121,15 +121,17 @@ def _config(s):
     return cfg
 
 
-def golden_run(s, steps: int):
-    """The golden ``run_trace`` decode of spec ``s`` for ``steps`` decode steps."""
+def golden_run(s, steps: int, prefetch: int = 0):
+    """The golden ``run_trace`` decode of spec ``s`` for ``steps`` decode steps
+    (``prefetch``: the golden controller's prefetch depth, which the RTL does
+    not build yet: for the system model's projection only)."""
     from ..golden import esd as gesd
     _, cfg, R = _trace(s["trace"], s.get("preset"))
     force = {"ar": gesd.Mode.AR, "lpddr": gesd.Mode.AR, "sd": gesd.Mode.SD,
              "auto": None}[s["mode"]]
     return gesd.run_trace(cfg, R, batch=s["batch"], steps=steps, seed=s["seed"],
                           accept_p=s["accept_p"], check=False, kv_mid_round=False, force=force,
-                          hb_cache=s["mode"] != "lpddr")
+                          hb_cache=s["mode"] != "lpddr", prefetch=prefetch)
 
 
 def _window(a: dict, b: dict) -> dict:

@@ -76,7 +76,12 @@ EK, PH = gesd.EventKind, gesd.Phase
 _PHASES = [int(PH.AR), int(PH.DRAFT), int(PH.VERIFY)]
 
 
-@CoverPoint("esd_ctrl.event.kind", xf=lambda e: e["kind"], bins=[int(k) for k in EK])
+#: event kinds and SOURCE codes the RTL emits (not yet prefetch's)
+_KINDS = [int(k) for k in EK if k not in gesd.PREFETCH_ONLY[:2]]
+_SOURCES = [int(x) for x in gesd.Source if x != gesd.Source.PREFETCH]
+
+
+@CoverPoint("esd_ctrl.event.kind", xf=lambda e: e["kind"], bins=_KINDS)
 @CoverPoint("esd_ctrl.lookup.code", xf=lambda e: e["code"] if e["kind"] == EK.LOOKUP else None,
             bins=[int(gesd.LookupResult.MISS), int(gesd.LookupResult.HIT)])
 @CoverPoint("esd_ctrl.lookup.phase", xf=lambda e: e["phase"] if e["kind"] == EK.LOOKUP else None,
@@ -87,7 +92,7 @@ _PHASES = [int(PH.AR), int(PH.DRAFT), int(PH.VERIFY)]
             xf=lambda e: e["code"] if e["kind"] == EK.ALLOCATE else None,
             bins=[int(x) for x in gesd.AllocResult])
 @CoverPoint("esd_ctrl.source.code", xf=lambda e: e["code"] if e["kind"] == EK.SOURCE else None,
-            bins=[int(x) for x in gesd.Source])
+            bins=_SOURCES)
 @CoverPoint("esd_ctrl.source.phase", xf=lambda e: e["phase"] if e["kind"] == EK.SOURCE else None,
             bins=_PHASES)
 @CoverCross("esd_ctrl.source.phaseXcode", items=["esd_ctrl.source.phase", "esd_ctrl.source.code"],

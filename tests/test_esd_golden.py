@@ -692,3 +692,178 @@ def test_refused_commands_leave_the_sequence_alone():
         else:
             c.context(e["value"])
     assert esd.compare(run.events, c.events) is None and c.counters == run.counters
+
+
+# -- prefetch during drafts (golden only: the RTL does not build it yet) -------------------
+
+def ranked(full):
+    """A route callable from per-token rankings (best first): ``route(None)``
+    their top-k, ``route(mask)`` the top-k of the eligible ones."""
+    return RankingRouter([r for r in full], TINY.top_k)
+
+
+def _warm_then_sd(c, experts=(0, 1)):
+    """An AR round that makes ``experts`` resident in every layer, then an SD round."""
+    c.begin_round(1, Mode.AR)
+    for l in range(TINY.layers):
+        c.layer_step(Phase.AR, 0, l, fixed([list(experts)]))
+    return c.begin_round(1, Mode.SD)
+
+
+def test_prefetch_exact_sequence():
+    """Batch 1, experts 0 and 1 resident. The draft token ranks 2, 0, 1, ...
+    (2 not eligible): it drafts with 0 and 1, and after its pass 2 is
+    prefetched (PREFETCH, LOOKUP miss, ALLOCATE, FILL_START, SOURCE
+    PREFETCH). The second draft step's token ranks 2 first again: its lookup
+    finds the prefetch PENDING (no second fill). Before the VERIFY step of
+    layer 0 the prefetch retires (PREFETCH_END, FILL_END COMMIT, UNPIN) and
+    the verification hits it: SPLIT, a prefetch hit, no fill."""
+    cfg = TINY
+    c = EsdController(cfg, prefetch=2)
+    mode, kd = _warm_then_sd(c)
+    assert mode == Mode.SD and kd == 2
+    rank = [2, 0, 1, 3, 4, 5, 6, 7]
+    other = [0, 1, 2, 3, 4, 5, 6, 7]
+    m = (1 << cfg.hb_planes_eff) - 1
+    start = len(c.events)
+    c.layer_step(Phase.DRAFT, 0, 0, ranked([rank]))
+    P = dict(phase=Phase.DRAFT, step=0, layer=0, pass_no=0)
+    free = 4                                         # slots 0-3: experts 0, 1 of both layers
+    exp = [Event(K.ELIGIBLE, phase=Phase.DRAFT, value=0b11), Event(K.PASS, **P, value=1)]
+    for e, slot in ((0, 0), (1, 1)):
+        exp += [Event(K.LOOKUP, **P, expert=e, code=LookupResult.HIT, slot=slot, value=1),
+                Event(K.SOURCE, **P, expert=e, slot=slot, code=Source.HB, value=m),
+                Event(K.TOUCH, **P, expert=e, slot=slot, value=1),
+                Event(K.UNPIN, **P, expert=e, slot=slot)]
+    exp += [Event(K.PREFETCH, **P, value=1),
+            Event(K.LOOKUP, **P, expert=2, code=LookupResult.MISS, value=1),
+            Event(K.ALLOCATE, **P, expert=2, slot=free, code=AllocResult.FREE, value=1),
+            Event(K.FILL_START, **P, expert=2, slot=free, value=m),
+            Event(K.SOURCE, **P, expert=2, slot=free, code=Source.PREFETCH),
+            Event(K.LAYER_DONE, phase=Phase.DRAFT)]
+    assert esd.compare(exp, c.events[start:]) is None, esd.compare(exp, c.events[start:])
+    assert c.counters["lpddr_bytes"] - 4 * cfg.expert_bytes == m.bit_count() * cfg.expert_bytes // cfg.planes
+    c.layer_step(Phase.DRAFT, 0, 1, ranked([other]))        # layer 1: nothing to prefetch
+    start = len(c.events)
+    c.layer_step(Phase.DRAFT, 1, 0, ranked([rank]))
+    pf = [e for e in c.events[start:] if e.kind in (K.PREFETCH, K.LOOKUP) and e.expert == 2
+          or e.kind == K.PREFETCH]
+    assert [(K(e.kind), e.code) for e in pf] == [(K.PREFETCH, 0), (K.LOOKUP, LookupResult.PENDING)]
+    assert not any(e.kind == K.ALLOCATE for e in c.events[start:])
+    c.check_invariants()                             # the outstanding prefetch is allowed
+    c.layer_step(Phase.DRAFT, 1, 1, ranked([other]))
+    start = len(c.events)
+    c.layer_step(Phase.VERIFY, 0, 0, ranked([rank] * (kd + 1)))
+    V = dict(phase=Phase.VERIFY, step=0, layer=0, pass_no=0)
+    got = c.events[start:]
+    head = [Event(K.PREFETCH_END, value=1),
+            Event(K.FILL_END, **P, expert=2, slot=free, code=FillEnd.COMMIT),
+            Event(K.UNPIN, **P, expert=2, slot=free), Event(K.PASS, **V, value=3)]
+    assert esd.compare(head, got[:4]) is None, esd.compare(head, got[:4])
+    hit2 = [e for e in got if e.kind == K.LOOKUP and e.expert == 2]
+    assert hit2 and hit2[0].code == LookupResult.HIT and hit2[0].slot == free
+    assert not any(e.kind == K.FILL_START for e in got)
+    assert c.prefetch_counts == {"prefetch_lookups": 2, "prefetches": 1, "prefetch_hits": 1}
+    c.layer_step(Phase.VERIFY, 0, 1, ranked([other] * (kd + 1)))
+    c.accept(0)
+    c.check_invariants()
+
+
+def test_prefetch_candidate_rule_and_mutant():
+    """A token's candidate is the best-ranked non-eligible expert of its
+    unrestricted top-k; none when its whole top-k is eligible. The
+    ``prefetch_last`` mutant (the lowest-ranked one) changes the events of a
+    decode, so the comparison catches a wrong rule."""
+    c = EsdController(TINY, prefetch=4)
+    assert c.candidates([[5, 3], [3, 0], [0, 1], [6, 0]], mask=0b11) == {5: 1, 3: 1, 6: 1}
+    assert c.candidates([[0, 1]], mask=0b11) == {}
+    mut = EsdController(TINY, prefetch=4, mutant="prefetch_last")
+    assert mut.candidates([[5, 3]], mask=0b11) == {3: 1}
+    R = esd.synthetic_trace(np.random.default_rng(8), requests=4, tokens=300,
+                            layers=TINY.layers, experts=TINY.experts)
+    good = esd.run_trace(TINY, R, batch=4, steps=40, seed=8, force=Mode.SD, prefetch=4)
+    bad = esd.run_trace(TINY, R, batch=4, steps=40, seed=8, force=Mode.SD, prefetch=4,
+                        mutant="prefetch_last")
+    assert esd.compare(good.events, bad.events) is not None
+
+
+@pytest.mark.parametrize("depth", [1, 3, 8])
+def test_prefetch_properties_on_long_decodes(depth):
+    """Long decodes at batch 1, 4 and 16 with KV moves mid-round: the
+    invariants hold after every step, never more than ``depth`` prefetches
+    outstanding, every prefetch retired exactly once (COMMIT or ABORT), the
+    events canonical, and the verification hits prefetched experts; with
+    ``prefetch=0`` no prefetch event at all (the RTL's sequence)."""
+    cfg = preset("default")
+    R = esd.synthetic_trace(np.random.default_rng(11), requests=16, tokens=400,
+                            layers=cfg.layers, experts=cfg.experts)
+    for B in (1, 4, 16):
+        run = esd.run_trace(cfg, R, batch=B, steps=40, seed=B, force=Mode.SD, prefetch=depth)
+        ev = run.events
+        assert esd.canonical(ev) == ev
+        out, issued, retired = 0, 0, 0
+        for e in ev:
+            if e.kind == K.SOURCE and e.code == Source.PREFETCH:
+                out += 1
+                issued += 1
+                assert out <= depth
+            elif e.kind == K.PREFETCH_END:
+                out -= e.value
+                retired += e.value
+                assert out >= 0
+        assert issued == retired + out == run.controller.prefetch_counts["prefetches"] > 0
+        assert run.controller.prefetch_counts["prefetch_hits"] > 0
+        plain = esd.run_trace(cfg, R, batch=B, steps=40, seed=B, force=Mode.SD)
+        assert not {K.PREFETCH, K.PREFETCH_END} & {K(e.kind) for e in plain.events}
+
+
+def test_prefetch_fault_spoils_nothing():
+    """An LPDDR error on a prefetch read: at the barrier EXT_ERROR, FILL_END
+    ABORT and INVALIDATE ABORT; the expert is not resident, the layer step is
+    not an error, and the verification misses it and reads it from LPDDR."""
+    cfg = TINY
+    c = EsdController(cfg, prefetch=2, faults={0: ExtError.SLVERR})   # the first LPDDR read
+    c.begin_round(1, Mode.AR)
+    c.ext_reads = 0
+    for l in range(cfg.layers):
+        c.faults = {}
+        c.layer_step(Phase.AR, 0, l, fixed([[0, 1]]))
+    c.faults = {c.ext_reads: ExtError.SLVERR}                       # the prefetch's read
+    c.begin_round(1, Mode.SD)
+    rank = [2, 0, 1, 3, 4, 5, 6, 7]
+    res = c.layer_step(Phase.DRAFT, 0, 0, ranked([rank]))
+    assert not res.error
+    for j, l in ((0, 1), (1, 0), (1, 1)):
+        c.layer_step(Phase.DRAFT, j, l, ranked([[0, 1, 2, 3, 4, 5, 6, 7]]))
+    start = len(c.events)
+    res = c.layer_step(Phase.VERIFY, 0, 0, ranked([rank] * 3))
+    got = c.events[start:]
+    kinds = [(K(e.kind), e.code) for e in got[:4]]
+    assert kinds == [(K.PREFETCH_END, 0), (K.EXT_ERROR, 0), (K.FILL_END, FillEnd.ABORT),
+                     (K.INVALIDATE, InvalidateReason.ABORT)]
+    assert got[1].value == ExtError.SLVERR and not res.error
+    look2 = [e for e in got if e.kind == K.LOOKUP and e.expert == 2]
+    assert look2[0].code == LookupResult.MISS
+    src2 = [e for e in got if e.kind == K.SOURCE and e.expert == 2]
+    assert src2[0].code == Source.LPDDR
+    assert c.counters["ext_errors"] == 1 and c.prefetch_counts["prefetch_hits"] == 0
+    c.check_invariants()
+
+
+def test_prefetch_retires_before_a_kv_move_and_checks_its_depth():
+    """A KV move mid-round first retires every outstanding prefetch; the
+    depth must be 0 .. tag_slots."""
+    cfg = TINY
+    c = EsdController(cfg, prefetch=2)
+    _warm_then_sd(c)
+    c.layer_step(Phase.DRAFT, 0, 0, ranked([[2, 0, 1, 3, 4, 5, 6, 7]]))
+    assert len(c.prefetching) == 1
+    c.context(1)
+    i = next(i for i, e in enumerate(c.events) if e.kind == K.PREFETCH_END)
+    assert [K(e.kind) for e in c.events[i:i + 4]] == [K.PREFETCH_END, K.FILL_END, K.UNPIN,
+                                                       K.KV_MOVE]
+    assert not c.prefetching
+    c.check_invariants()
+    for bad in (-1, cfg.tag_slots + 1):
+        with pytest.raises(ValueError, match="Prefetch depth"):
+            EsdController(cfg, prefetch=bad)

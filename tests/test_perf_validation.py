@@ -179,3 +179,38 @@ def test_recorded_three_way_is_the_docs_table():
         assert r["xpu_model"] >= r["ar_model"] * 0.99
         # the LPDDR-only runs (the claims' xPU on the tile) are validated too
         assert r["xpu_model"] == pytest.approx(r["xpu_rtl"], rel=v.BOUND)
+
+
+def test_prefetch_projection_on_one_run():
+    """The prefetch projection (:mod:`elmoe3d.sim.perf.prefetch`) on one
+    steady-state run (Zipf, batch 1, SD, its first seed): the prefetches the
+    events show are the controller's, the wait is never negative, and the
+    projected cycles per token fall below the same run's without prefetch
+    (most of its prefetches are hit)."""
+    from elmoe3d.golden import esd as gesd
+    from elmoe3d.sim import tile_run as trun
+    from elmoe3d.sim.perf import prefetch as pf
+    rec = json.loads((v.DATA / "steady_state.json").read_text())
+    r = next(x for x in rec["runs"] if (x["trace_key"], x["batch"], x["mode"]) == ("zipf", 1, "sd"))
+    s = trun.spec(r["trace_key"], r["batch"], r["mode"], r["steps_asked"], r["warmup"],
+                  r["seed"], latency=r["latency"], accept_p=r["accept_p"])
+    c = v.fit(v.report_rows() + [x for x in v.bench_rows() if x["set"] in v.TRAIN]).vector()
+    base, w0, n0 = pf._priced(r, s, 0, c)
+    cyc, wait, counts = pf._priced(r, s, 8, c)
+    print(f"zipf B1 SD seed {r['seed']}: {base:.0f} -> {cyc:.0f} cycles/token, wait {wait:.0f}, "
+          f"{counts}")
+    assert w0 == 0 and n0["prefetches"] == 0 and wait >= 0
+    assert counts["prefetches"] > 0 and counts["prefetch_hits"] > counts["prefetches"] / 2
+    assert cyc < base
+    g = trun.golden_run(s, v._steps_of(s, r), prefetch=8)
+    assert sum(pf._round_prefetches(g.events).values()) == g.controller.prefetch_counts["prefetches"]
+    assert any(e.kind == gesd.EventKind.PREFETCH_END for e in g.events)
+
+
+def test_cli_perf_prefetch_refuses_bad_depth(capsys):
+    from elmoe3d.cli import main
+    for argv in (["perf", "--prefetch", "0"], ["perf", "--prefetch", "17"],
+                 ["perf", "--prefetch", "4", "--record"]):
+        assert main(argv) != 0
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--prefetch" in err and "Traceback" not in err

@@ -9,7 +9,9 @@ for the tile's structure today and before the token-lane datapath, beside
 the paper's 6.6x / 12.0x / 4.4x / 2.2x / 1.4x, and the acceptance sweep.
 ``--json F`` writes it; ``--record`` validates and writes
 ``sim/data/perf_claims.json`` and the tables of README.md and
-docs/blocks/perf.md. See ``docs/blocks/perf.md``.
+docs/blocks/perf.md. ``--prefetch N`` instead projects the golden
+controller's prefetch during drafts on the steady-state runs
+(:mod:`elmoe3d.sim.perf.prefetch`). See ``docs/blocks/perf.md``.
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ def register(p):
     p.add_argument("--jobs", type=int, default=None, metavar="N",
                    help="worker processes (default 2); results do not depend on it")
     p.add_argument("--json", metavar="FILE", help="write the claims as JSON")
+    p.add_argument("--prefetch", type=int, default=None, metavar="N",
+                   help="instead of the claims: project prefetch during drafts (the golden "
+                        "controller's, N outstanding; not built in the RTL yet) on the "
+                        "steady-state runs with the tile cycle model (about a minute)")
 
 
 def _split(values, conv, what):
@@ -81,7 +87,31 @@ def _inputs(args):
 
 
 def run(args) -> int:
+    if args.prefetch is not None:
+        return _prefetch(args)
     return _claims(args)
+
+
+def _prefetch(args) -> int:
+    """``--prefetch N``: the projection table (:mod:`elmoe3d.sim.perf.prefetch`)."""
+    from ..config import preset
+    from ..sim.perf import prefetch as pf
+    slots = min(preset("default").tag_slots, preset("lm").tag_slots)
+    if not 1 <= args.prefetch <= slots:
+        raise ValueError(f"--prefetch must be in 1..{slots} (the tiles' tag slots), "
+                         f"not {args.prefetch!r}")
+    if args.record or args.validate or args.model or args.batch:
+        raise ValueError("--prefetch projects the steady-state runs only: drop --record, "
+                         "--validate, --model and --batch")
+    out = writable_file(args.json, "--json") if args.json else None
+    t0 = time.monotonic()
+    rows = pf.project(args.prefetch)
+    print(pf.table(rows, args.prefetch))
+    print(f"({time.monotonic() - t0:.1f} s)")
+    if out:
+        out.write_text(json.dumps({"prefetch": args.prefetch, "rows": rows}, indent=1))
+        print(f"wrote {out}")
+    return 0
 
 
 VAL_HEAD = ["set", "role", "runs", "rms error", "max error"]
