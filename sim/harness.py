@@ -237,7 +237,7 @@ def simulate(factory, *, block: str, params: dict, test_module: str, top: str | 
         JSON-serialisable elaboration parameters; also handed to the test as
         ``$ELMOE_PARAMS`` (JSON).
     test_module : str
-        Importable cocotb module, e.g. ``"elmoe3d.tb.test_pe"``.
+        Importable cocotb module, e.g. ``"elmoe3d.tb.pe_bench"``.
     top : str
         Verilog top name (default ``elmoe3d_<block>``).
     simulator : {"verilator", "icarus"}

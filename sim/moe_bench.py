@@ -1,6 +1,6 @@
 """The MoE layer's pass benchmark: cycles per pass against the pass's bound.
 
-Runs the cocotb test ``throughput`` of ``tb/test_moe_layer.py`` on the
+Runs the cocotb test ``throughput`` of ``tb/moe_layer_bench.py`` on the
 ``moe_layer`` block (Verilator, ``OPT_FAST=-O1``; the same build as the
 default-size tests): passes of 1, 4, 16 and ``T`` tokens (``T`` = a whole
 verification, 16 requests x (K_max + 1)) per role and residency --
@@ -75,7 +75,7 @@ def run(preset_name: str, out, points=None, seed: int | None = None,
     if points:
         env["ELMOE_MOE_POINTS"] = ",".join(points)
     simulate(block.factory, block=block.name, params=block.params(cfg), top=block.top,
-             simulator="verilator", test_module="elmoe3d.tb.test_moe_layer",
+             simulator="verilator", test_module="elmoe3d.tb.moe_layer_bench",
              testcase="throughput", env=env, seed=seed, **BUILD_FAST)
     return json.loads(out.read_text())
 

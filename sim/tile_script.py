@@ -1,8 +1,8 @@
 """The tile's host script and its check: what the host sends the tile top
 (``hw/tile.Tile``) and what it must get back, from the golden models alone.
 
-Shared by the cocotb tile benches (``tb/test_tile_top.py``,
-``tb/tile_decode.py``, ``tb/test_esd_ctrl.py``) and the native harness
+Shared by the cocotb tile benches (``tb/tile_top_bench.py``,
+``tb/tile_decode.py``, ``tb/esd_ctrl_bench.py``) and the native harness
 (:mod:`elmoe3d.sim.native`), so both paths send the same commands and apply
 the same checks:
 

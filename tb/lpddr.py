@@ -17,7 +17,7 @@ Per clock cycle ``n`` (cycle 1 is the first edge after reset):
   takes the beat (the burst ends at its last one); ``arvalid & arready``
   queues a burst, due at ``n + latency``.
 
-Faults follow the golden's rule (as :class:`elmoe3d.tb.test_tile_mem.FaultyRam`):
+Faults follow the golden's rule (as :class:`elmoe3d.tb.tile_mem_bench.FaultyRam`):
 the bursts inside the expert region form commands -- a burst starts a new
 command when its expert differs from the last burst's or its address is not
 above it -- and the first beat of command ``N``'s first burst is corrupted by

@@ -38,8 +38,8 @@ from ..hw.vocab import vocab
 from ..hw.tile import TileError, TileOp, TileRspKind, tile_command, tile_response
 from ..sim.tile_script import lpddr_image
 from .common import params, rng, start_clock_and_reset
-from .test_esd_ctrl import Snk, Src
-from .test_tile_mem import FaultyRam
+from .esd_ctrl_bench import Snk, Src
+from .tile_mem_bench import FaultyRam
 
 
 class TileHost:

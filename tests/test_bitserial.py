@@ -107,7 +107,7 @@ def _params(over):
 def test_bitserial_random(over, simulator):
     """600 random dot products on Verilator, 300 on Icarus, and the buffer-fill test."""
     simulate(_factory, block="bitserial", params=_params(over), top="elmoe3d_bitserial",
-             simulator=simulator, test_module="elmoe3d.tb.test_bitserial",
+             simulator=simulator, test_module="elmoe3d.tb.bitserial_bench",
              testcase="random_vectors,one_beat_dots_fill_the_buffer",
              env={"ELMOE_BITSERIAL_DOTS": "600" if simulator == "verilator" else "300"})
 
@@ -116,7 +116,7 @@ def test_bitserial_random(over, simulator):
 def test_bitserial_throughput(over, measured_dir):
     out = measured_dir / f"throughput-bitserial-b{over['digit_bits']}-L{over['lanes']}.json"
     simulate(_factory, block="bitserial", params=_params(over), top="elmoe3d_bitserial",
-             test_module="elmoe3d.tb.test_bitserial", testcase="throughput",
+             test_module="elmoe3d.tb.bitserial_bench", testcase="throughput",
              env={"ELMOE_MEASURE_OUT": str(out)})
     fig = json.loads(out.read_text())["figures"]
     b = over["digit_bits"]
@@ -130,7 +130,7 @@ def test_bitserial_testbench_can_fail():
     over = CASES[2].values[0]                     # the b1-L4 build, shared with the random run
     with pytest.raises(SimulationFailed):
         simulate(_factory, block="bitserial", params=_params(over), top="elmoe3d_bitserial",
-                 test_module="elmoe3d.tb.test_bitserial", testcase="random_vectors",
+                 test_module="elmoe3d.tb.bitserial_bench", testcase="random_vectors",
                  env={"ELMOE_GOLDEN_MUTATION": "1", "ELMOE_BITSERIAL_DOTS": "40"})
 
 

@@ -1,6 +1,6 @@
 """pytest entry points: the Elastic-SD controller RTL in cocotb, its trace
 event for event against the golden control sequence (blocks modelled by
-their golden models; see ``tb/test_esd_ctrl.py``)."""
+their golden models; see ``tb/esd_ctrl_bench.py``)."""
 
 import json
 import os
@@ -20,7 +20,7 @@ from conftest import sim_params
 
 pytestmark = pytest.mark.esd
 
-TB = "elmoe3d.tb.test_esd_ctrl"
+TB = "elmoe3d.tb.esd_ctrl_bench"
 
 
 def _factory(**fields):

@@ -2,7 +2,7 @@
 feed + real batched MoE datapath (``tb/esd_dp_join.EsdDpJoin``) decoding
 Elastic-SD and AR rounds at ``tiny``: the trace equals the golden control
 sequence event for event and every layer output the golden batched layer bit
-for bit (``tb/test_esd_dp_join.py``).
+for bit (``tb/esd_dp_join_bench.py``).
 
 One Verilator build serves every test (about 6 minutes cold on the shared
 2-core machine, ``-O0`` like the datapath's own tests; cached in
@@ -18,7 +18,7 @@ from elmoe3d.sim.harness import SimulationFailed, simulate
 
 pytestmark = pytest.mark.tile
 
-TB = "elmoe3d.tb.test_esd_dp_join"
+TB = "elmoe3d.tb.esd_dp_join_bench"
 #: the datapath's C++ takes minutes at Verilator's -Os (as tests/test_moe_layer.py)
 BUILD = {"extra_build_args": ["-CFLAGS", "-O0"], "icarus_always_comb": True}
 

@@ -1,5 +1,5 @@
 """pytest entry points: the AXI4 stream engine in cocotb against its
-contract (``tb/test_ext_stream.py``: cocotbext-axi's stock ``AxiRamRead`` and
+contract (``tb/ext_stream_bench.py``: cocotbext-axi's stock ``AxiRamRead`` and
 a misbehaving LPDDR model) and its formal checks (``tb/formal/ext_stream.py``).
 
 One simulator run per (simulator, geometry)
@@ -120,7 +120,7 @@ def _run(name, simulator, testcase, env=None, cfg=None, seed=None):
     cfg = cfg or CFGS[name]
     env = dict(env or {}, ELMOE_EXT_GEOMETRY=name)
     return simulate(b.factory, block="ext_stream", params=b.params(cfg), top=b.top,
-                    simulator=simulator, test_module="elmoe3d.tb.test_ext_stream",
+                    simulator=simulator, test_module="elmoe3d.tb.ext_stream_bench",
                     testcase=testcase, env=env, seed=seed)
 
 

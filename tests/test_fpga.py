@@ -148,7 +148,7 @@ def _corrupt(sc, where):
     layer 0's first output requantisation multiplier in the LPDDR image (the
     tile bench's ``plant_dense``); ``trace``: the trace signature's sum."""
     from elmoe3d.hw.tile import tile_response
-    from elmoe3d.tb.test_tile_top import plant_dense
+    from elmoe3d.tb.tile_top_bench import plant_dense
     from amaranth.lib import data
     if where == "expected":
         words, masks = sc.responses["OUTPUT"]

@@ -23,7 +23,7 @@ def _pe(kind, **kw):
 def _run(**kw):
     env = {"ELMOE_PE_DOTS": "60", **kw.pop("env", {})}
     return simulate(_pe, block="pe", params=TINY, top="elmoe3d_pe",
-                    test_module="elmoe3d.tb.test_pe", testcase="random_vectors", env=env, **kw)
+                    test_module="elmoe3d.tb.pe_bench", testcase="random_vectors", env=env, **kw)
 
 
 def test_correct_golden_passes_and_build_is_cached():

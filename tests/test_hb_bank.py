@@ -23,7 +23,7 @@ def _run(cfg, simulator, testcase, env=None):
     b = get_block("hb_bank")
     env = {"ELMOE_HB_CONFIG": json.dumps(cfg.to_dict()), **(env or {})}
     return simulate(b.factory, block="hb_bank", params=hb_params(cfg), top=b.top,
-                    simulator=simulator, test_module="elmoe3d.tb.test_hb_bank",
+                    simulator=simulator, test_module="elmoe3d.tb.hb_bank_bench",
                     testcase=testcase, env=env)
 
 

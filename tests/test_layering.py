@@ -74,10 +74,22 @@ def test_layer_check_can_fail(tmp_path, monkeypatch):
     sim = tmp_path / "sim"
     (sim / "perf").mkdir(parents=True)
     (sim / "perf" / "bad.py").write_text("def f():\n    from ...tb.coverage import x\n")
-    (sim / "ok.py").write_text("from .perf import bad\nT = 'elmoe3d.tb.test_pe'\n")
+    (sim / "ok.py").write_text("from .perf import bad\nT = 'elmoe3d.tb.pe_bench'\n")
     (sim / "abs.py").write_text("import elmoe3d.tb.common\n")
     monkeypatch.setitem(PACKAGES, "sim", sim)
     bad = violations("sim", sorted(sim.rglob("*.py")))
     assert bad == ["sim/abs.py imports elmoe3d.tb.common",
                    "sim/perf/bad.py imports elmoe3d.tb.coverage",
                    "sim/perf/bad.py imports elmoe3d.tb.coverage.x"], bad
+
+
+def test_one_name_one_file():
+    """A bench and its pytest entry have different names (``tb/pe_bench.py``
+    beside ``tests/test_pe.py``): no module name is used twice."""
+    names = {}
+    for d in ("tb", "tests", "sim", "golden", "hw"):
+        for f in (ROOT / d).glob("*.py"):
+            if f.name != "__init__.py":
+                names.setdefault(f.name, []).append(d)
+    twice = {n: ds for n, ds in names.items() if len(ds) > 1 and "tests" in ds}
+    assert not twice, f"same file name in tests/ and elsewhere: {twice}"

@@ -12,7 +12,7 @@ The default run (``pytest -m moe``) builds two sets on Verilator:
 VERIFY == FULL, the golden mutation) and ``default`` (a short random run; its
 build is the one the ``slow`` default-size tests and the throughput benchmark
 use). Each checks at least 10,000 transactions -- handshakes on the block's
-ports, see ``tb/test_moe_layer.py::volume``. ``pytest -m "moe and slow"``
+ports, see ``tb/moe_layer_bench.py::volume``. ``pytest -m "moe and slow"``
 adds plain ``tiny`` and ``shared-s2``, the throughput benchmark at
 ``default`` and the full count: at least 500 tokens per role per set
 (random + stress, 250 each).
@@ -59,7 +59,7 @@ BUILD = {"extra_build_args": ["-CFLAGS", "-O0"], "icarus_always_comb": True}
 def _run(name, testcase, env=None, simulator="verilator", **kw):
     build = BUILD_FAST if name in ("default", "paper-ratio") else BUILD
     return simulate(BLOCK.factory, block=BLOCK.name, params=BLOCK.params(SETS[name]),
-                    top=BLOCK.top, simulator=simulator, test_module="elmoe3d.tb.test_moe_layer",
+                    top=BLOCK.top, simulator=simulator, test_module="elmoe3d.tb.moe_layer_bench",
                     testcase=testcase, env=env or {}, **build, **kw)
 
 

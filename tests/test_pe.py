@@ -1,6 +1,6 @@
 """pytest entry points: the bit-slice PE and its baselines.
 
-* cocotb (Verilator and Icarus, ``elmoe3d.tb.test_pe``): random volume with
+* cocotb (Verilator and Icarus, ``elmoe3d.tb.pe_bench``): random volume with
   coverage at the default and the tiny geometry, the limits, every rule
   violation with recovery, stall recovery, throughput and latency;
 * regression tests of issue 10's reproducers on the Amaranth simulator
@@ -37,7 +37,7 @@ def _factory(block):
 def _run(block, geometry, over, simulator, testcase, env=None, factory=None):
     b, p = _params(block, geometry, over)
     return simulate(factory or _factory(block), block=block, params=p, top=b.top,
-                    simulator=simulator, test_module="elmoe3d.tb.test_pe", testcase=testcase,
+                    simulator=simulator, test_module="elmoe3d.tb.pe_bench", testcase=testcase,
                     env=env)
 
 
@@ -291,7 +291,7 @@ def test_planted_bug_fails(bug, tmp_path):
     b, p = _params("pe", "tiny", {"slice_bits": 2, "max_len": 32} if bug != "limit" else None)
     with pytest.raises(SimulationFailed, match="cocotb tests failed"):
         simulate(lambda kind, **kw: mutant("pe", bug, **kw), block=f"pe-bug-{bug}", params=p,
-                 top=b.top, simulator=sim, test_module="elmoe3d.tb.test_pe",
+                 top=b.top, simulator=sim, test_module="elmoe3d.tb.pe_bench",
                  testcase="limits,errors_recover" if bug != "round" else "random_vectors",
                  env={"ELMOE_PE_DOTS": "300", "ELMOE_COVERAGE_DIR": str(tmp_path)})
 

@@ -19,7 +19,7 @@ from conftest import sim_params
 
 pytestmark = pytest.mark.tag
 
-TB = "elmoe3d.tb.test_tag_unit"
+TB = "elmoe3d.tb.tag_unit_bench"
 DIRECTED = ("allocate_pins_its_victim,kv_disabled_slots,commit_same_edge,free_and_cover_same_cycle,"
             "invalidate_slot_and_mask,"
             "all_pinned,thrash,decay_and_saturation,latency_and_throughput,one_lookup_per_cycle")

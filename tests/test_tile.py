@@ -1,11 +1,11 @@
 """pytest entry points: the memory side of the tile (``hw/tile.TileMem``:
 controller + tag unit + HB bank controller + stream engine, cocotbext-axi as
 LPDDR), its trace event for event against the golden control sequence and
-every HB / LPDDR word against the golden images (``tb/test_tile_mem.py``);
+every HB / LPDDR word against the golden images (``tb/tile_mem_bench.py``);
 and the tile top (``hw/tile.Tile``: TileMem + token feed + batched datapath,
 one host command / response stream): a short decode at ``tiny`` with the
 dense region loaded from LPDDR, trace event for event, outputs bit for bit
-(``tb/test_tile_top.py``)."""
+(``tb/tile_top_bench.py``)."""
 
 import json
 import pickle
@@ -21,7 +21,7 @@ from test_esd_ctrl import KV_PRESSURE, TINY_KV, _case, _cpu, _faults
 
 pytestmark = pytest.mark.tile
 
-TB = "elmoe3d.tb.test_tile_mem"
+TB = "elmoe3d.tb.tile_mem_bench"
 
 
 def _factory(**fields):
@@ -179,7 +179,7 @@ def test_tile_mem_bad_config():
 
 # -- the tile top (hw/tile.Tile, top elmoe3d_tile) -------------------------------------------
 
-TOP_TB = "elmoe3d.tb.test_tile_top"
+TOP_TB = "elmoe3d.tb.tile_top_bench"
 #: the datapath's C++ takes minutes at Verilator's -Os (as tests/test_esd_dp_join.py)
 TOP_BUILD = {"extra_build_args": ["-CFLAGS", "-O0"]}
 TINY = preset("tiny")

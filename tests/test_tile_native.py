@@ -55,13 +55,13 @@ def _trace(cfg, case, seed=1):
 
 
 def _cocotb(tmp_path, cfg, plan, image, build=None):
-    """The same plan on the cocotb tile bench (``tb/test_tile_top.py``'s
+    """The same plan on the cocotb tile bench (``tb/tile_top_bench.py``'s
     ``replay``) with the native harness's LPDDR model, no idle, no pauses:
     its result record with the cycle of every response and event."""
     f, out = tmp_path / "plan.pkl", tmp_path / "cocotb.json"
     f.write_bytes(pickle.dumps(dict(plan=plan, image=bytes(image))))
     simulate(_top_factory, block="tile", params={"config": cfg.to_dict()}, top="elmoe3d_tile",
-             test_module="elmoe3d.tb.test_tile_top", testcase="replay", seed=1,
+             test_module="elmoe3d.tb.tile_top_bench", testcase="replay", seed=1,
              env={"ELMOE_TILE_PLAN": str(f), "ELMOE_TILE_OUT": str(out),
                   "ELMOE_TILE_LPDDR": "model", "ELMOE_TILE_LPDDR_LATENCY": "1"},
              **(build or TOP_BUILD))
@@ -198,7 +198,7 @@ def test_lpddr_model_rule():
     import random
 
     from elmoe3d.tb.lpddr import LpddrModel
-    from elmoe3d.tb.test_tile_mem import _r_pauses
+    from elmoe3d.tb.tile_mem_bench import _r_pauses
     lay = gl.lpddr_layout(TINY)
     mem = bytes(range(256)) * (lay.base + lay.total_bytes // 256 + 1)
 

@@ -58,7 +58,7 @@ def pe_throughput_section(ctx) -> Section:
     out = (ctx.outdir / "measured" / "throughput-pe-build.json").resolve()
     ctx.progress("cocotb: PE throughput (Verilator)")
     simulate(lambda kind, **kw: b.factory(**kw), block="pe", params=params, top=b.top,
-             test_module="elmoe3d.tb.test_pe", testcase="throughput",
+             test_module="elmoe3d.tb.pe_bench", testcase="throughput",
              env={"ELMOE_MEASURE_OUT": str(out)})
     fig = json.loads(out.read_text())["figures"]
     rows = [[name, f["beats"], f["input_cycles"], f["cycles_per_dot"], round(f["ratio_to_full"], 4),

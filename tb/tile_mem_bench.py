@@ -6,13 +6,13 @@ real HB bank controller and the real stream engine, cocotbext-axi's
 :func:`~elmoe3d.golden.layout.lpddr_expert_base`).
 
 The host script and the golden events come from
-:func:`elmoe3d.golden.esd.run_trace` (as for ``tb/test_esd_ctrl.py``, whose
+:func:`elmoe3d.golden.esd.run_trace` (as for ``tb/esd_ctrl_bench.py``, whose
 stream drivers, host script and end-of-case checks this bench imports). The
 bench models only the datapath:
 
 * ``dp_step`` / ``dp_announce`` / ``dp_source`` / ``dp_done``: the golden
   routing of the step's rankings with the controller's mask, announced per
-  pass in announce order (as in ``tb/test_esd_ctrl.py``);
+  pass in announce order (as in ``tb/esd_ctrl_bench.py``);
 * per HB-sourced expert (``ExpertSource.hb``): the whole slot read through HB's
   read port of every bank; every word must equal
   :func:`~elmoe3d.golden.layout.hb_slot_image` of the expert the answer names
@@ -73,7 +73,7 @@ from elmoe3d.golden.vocab import ExtError, ExtKind, HBRegion
 from elmoe3d.hw import vocab as hv
 from elmoe3d.hw.esd_ctrl import HostOp, esd_ports
 from elmoe3d.tb.common import params, rng, start_clock_and_reset
-from elmoe3d.tb.test_esd_ctrl import _ROLE_OF, Snk, Src, _case, check_results, host_script
+from elmoe3d.tb.esd_ctrl_bench import _ROLE_OF, Snk, Src, _case, check_results, host_script
 
 EK = gesd.EventKind
 

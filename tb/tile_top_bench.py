@@ -3,9 +3,9 @@ Elastic-SD controller, the tag unit, the HB bank controller, the stream
 engine and the token-batched MoE datapath, driven only through the host
 command stream, the response stream, ``trace`` and the AXI4 master.
 
-LPDDR is cocotbext-axi's ``AxiRamRead`` (:class:`elmoe3d.tb.test_tile_mem.FaultyRam`,
+LPDDR is cocotbext-axi's ``AxiRamRead`` (:class:`elmoe3d.tb.tile_mem_bench.FaultyRam`,
 pause generators on AR and R) holding the golden LPDDR image of the bench's
-golden MoE layers (:class:`elmoe3d.tb.test_moe_layer.MoETB` makes them):
+golden MoE layers (:class:`elmoe3d.tb.moe_layer_bench.MoETB` makes them):
 every expert's :func:`~elmoe3d.golden.layout.expert_image` at
 :func:`~elmoe3d.golden.layout.lpddr_expert_base` and the dense image
 (:func:`~elmoe3d.golden.layout.dense_image`, row by row, bank fastest) at
@@ -24,7 +24,7 @@ streams (``$ELMOE_TILE_IDLE``, default 0.2).
 
 Checks: every controller response and counter equals the golden's and the
 trace the golden control sequence event for event
-(:func:`elmoe3d.tb.test_esd_ctrl.check_results`); every layer output bit for
+(:func:`elmoe3d.tb.esd_ctrl_bench.check_results`); every layer output bit for
 bit the golden batched layer (:func:`elmoe3d.golden.moe_batched.batched_forward`),
 ``last`` on each step's final token, no ``error``; the tile's own answers
 (LOAD_DENSE OK, BUSY, BAD_OP); at the end the tag unit's ``resident`` equals
@@ -35,7 +35,7 @@ requantisation multiplier (the outputs differ), ``router`` bit 14 of layer
 0's first router word (the routing, hence the trace, differs): the bench
 must fail. ``$ELMOE_TILE_FAULTS`` (e.g. ``2:SLVERR``): LPDDR faults by the
 golden's rule (ordinal of an expert read -> error; the LPDDR model of
-:class:`~elmoe3d.tb.test_tile_mem.FaultyRam` corrupts that read's first
+:class:`~elmoe3d.tb.tile_mem_bench.FaultyRam` corrupts that read's first
 beat): the spoilt step answers ``value`` 1 and the host repeats it; outputs
 of a spoilt pass must carry ``error``, every other output is exact.
 ``$ELMOE_TILE_OUT``: a JSON summary. ``$ELMOE_TILE_LPDDR`` = ``model``
@@ -86,9 +86,9 @@ from ..sim import tile_script as ts
 from ..sim.tile_script import Plan, lpddr_image, plant_dense, trace_plan  # noqa: F401
 from .common import params, rng, start_clock_and_reset
 from .lpddr import LpddrPort
-from .test_esd_ctrl import Snk, Src, check_results
-from .test_moe_layer import MoETB
-from .test_tile_mem import FaultyRam
+from .esd_ctrl_bench import Snk, Src, check_results
+from .moe_layer_bench import MoETB
+from .tile_mem_bench import FaultyRam
 
 
 def random_plan(cfg, env, rounds, batch, np_rng, faults) -> Plan:
@@ -100,7 +100,7 @@ def random_plan(cfg, env, rounds, batch, np_rng, faults) -> Plan:
 
 
 def lpddr_model(dut, cfg, mem, r, pause):
-    """LPDDR for the bench: cocotbext-axi (:class:`~elmoe3d.tb.test_tile_mem.FaultyRam`,
+    """LPDDR for the bench: cocotbext-axi (:class:`~elmoe3d.tb.tile_mem_bench.FaultyRam`,
     pauses ``pause`` on AR and R) by default; with ``$ELMOE_TILE_LPDDR`` =
     ``model`` the cycle-level :class:`~elmoe3d.tb.lpddr.LpddrPort` (the
     native harness's rule; latency ``$ELMOE_TILE_LPDDR_LATENCY``, default
@@ -222,7 +222,7 @@ async def decode(dut):
 @cocotb.test()
 async def trace(dut):
     """Golden routing-trace decodes (``$ELMOE_ESD_CASE``, a pickle of one case
-    or a list under ``cases``, as ``tb/test_esd_ctrl.py`` reads them) on the
+    or a list under ``cases``, as ``tb/esd_ctrl_bench.py`` reads them) on the
     tile, reset and LOAD_DENSE before each: the bench's layers with a trace
     router (:func:`elmoe3d.golden.moe_batched.trace_layer`), each STEP's
     rankings sent as token vectors (:func:`trace_plan`). Same checks as

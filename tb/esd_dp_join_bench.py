@@ -12,7 +12,7 @@ and :func:`elmoe3d.golden.moe_batched.batched_forward` for the outputs.
 Served by testbench models (imported, not copied):
 
 * HB banks and the stream engine's LPDDR beats:
-  :class:`elmoe3d.tb.test_moe_layer.MoETB` (``_hb_serve``: the dense region
+  :class:`elmoe3d.tb.moe_layer_bench.MoETB` (``_hb_serve``: the dense region
   and the slots HB holds, a read of a slot that is not valid refused with an
   error beat; ``_queue_ext``: exactly the command's planes in
   ``weight_beats`` order), built with no expert resident;
@@ -21,7 +21,7 @@ Served by testbench models (imported, not copied):
   (``layout.hb_slot_image``), HB strobes ``commit`` into the tag unit (one
   per cycle) and reports ``fill_done`` 1-4 cycles later;
 * ``ExtResponse`` per command after its beats; no KV moves (``disabled`` 0);
-* the controller's other streams: :class:`elmoe3d.tb.test_esd_ctrl.Src` /
+* the controller's other streams: :class:`elmoe3d.tb.esd_ctrl_bench.Src` /
   ``Snk`` (random idle and back-pressure, stream rules).
 
 Checks: the trace equals the golden control sequence event for event
@@ -52,8 +52,8 @@ from ..hw.esd_ctrl import HostOp, esd_ports
 from ..hw.vocab import host_token
 from ..sim import tile_script
 from .common import golden_mutation, params, start_clock_and_reset
-from .test_esd_ctrl import Snk, Src
-from .test_moe_layer import MoETB
+from .esd_ctrl_bench import Snk, Src
+from .moe_layer_bench import MoETB
 
 class _QueueSrc(Src):
     """An input stream fed from a deque of ``(due cycle, packed payload)``
