@@ -30,7 +30,7 @@ from dataclasses import dataclass
 # the derived widths and sizes (PARAM_BITS re-exported: it is part of this module's interface)
 from .geometry import PARAM_BITS, acc_width, bits, dense_layout, lpddr_layout
 
-__all__ = ["Config", "PRESETS", "preset", "check_int", "SLICE_WIDTHS", "WEIGHT_BITS",
+__all__ = ["Config", "PRESETS", "preset", "check_int", "require_config", "SLICE_WIDTHS", "WEIGHT_BITS",
            "ACT_BITS", "PARAM_BITS"]
 
 #: Weight and activation precision of the target models (INT8 x INT8).
@@ -63,6 +63,14 @@ def check_int(name: str, value, lo: int, hi: int | None = None) -> int:
 def _check_pow2(name, value):
     if value & (value - 1):
         raise ValueError(f"{name} must be a power of two, not {value!r}")
+
+
+def require_config(owner: str, cfg) -> "Config":
+    """``cfg``, or ``TypeError`` naming ``owner`` and the value unless it is a
+    :class:`Config` (every block built from a Config checks so first)."""
+    if not isinstance(cfg, Config):
+        raise TypeError(f"{owner} needs a Config, not {cfg!r}")
+    return cfg
 
 
 @dataclass(frozen=True)

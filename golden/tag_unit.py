@@ -124,7 +124,7 @@ import math
 
 from ..config import check_int
 
-__all__ = ["TagOp", "TagError", "SlotState", "TagUnitModel", "STAT_NAMES",
+__all__ = ["TagOp", "TagError", "SlotState", "TagCodec", "TagUnitModel", "STAT_NAMES",
            "RESPONSE_FIELDS", "COMMAND_FIELDS", "OP_BITS", "ERROR_BITS", "slot_bits",
            "value_bits", "check_params", "params_from_config"]
 
@@ -205,7 +205,34 @@ def value_bits(hot_bits: int, stat_bits: int, pin_bits: int) -> int:
     return max(hot_bits, stat_bits, pin_bits)
 
 
-class TagUnitModel:
+class TagCodec:
+    """The tag encoding (``layer << expert_bits | expert``) and the range
+    checks of tags and slots, shared by the golden tag unit and the fast
+    NumPy policy (:class:`elmoe3d.sim.perf.fastpolicy.FastTagUnit`). A
+    subclass sets ``slots``, ``layer_bits``, ``expert_bits`` and
+    ``tag_bits``."""
+
+    def make_tag(self, layer: int, expert: int) -> int:
+        if not 0 <= layer < (1 << self.layer_bits):
+            raise ValueError(f"Layer {layer!r} does not fit in {self.layer_bits} bits")
+        if not 0 <= expert < (1 << self.expert_bits):
+            raise ValueError(f"Expert {expert!r} does not fit in {self.expert_bits} bits")
+        return (layer << self.expert_bits) | expert
+
+    def split_tag(self, tag: int) -> tuple[int, int]:
+        self._check_tag(tag)
+        return tag >> self.expert_bits, tag & ((1 << self.expert_bits) - 1)
+
+    def _check_tag(self, tag):
+        if not 0 <= tag < (1 << self.tag_bits):
+            raise ValueError(f"Tag {tag!r} does not fit in {self.tag_bits} bits")
+
+    def _check_slot(self, slot):
+        if not 0 <= slot < self.slots:
+            raise ValueError(f"Slot {slot!r} is outside 0..{self.slots - 1}")
+
+
+class TagUnitModel(TagCodec):
     """Golden model of the tag unit.
 
     Parameters
@@ -282,26 +309,6 @@ class TagUnitModel:
         return dict(slots=self.slots, layer_bits=self.layer_bits, expert_bits=self.expert_bits,
                     hot_bits=self.hot_bits, decay_shift=self.decay_shift,
                     plane_bits=self.plane_bits, stat_bits=self.stat_bits, pin_bits=self.pin_bits)
-
-    # -- tags --------------------------------------------------------------------
-    def make_tag(self, layer: int, expert: int) -> int:
-        if not 0 <= layer < (1 << self.layer_bits):
-            raise ValueError(f"Layer {layer!r} does not fit in {self.layer_bits} bits")
-        if not 0 <= expert < (1 << self.expert_bits):
-            raise ValueError(f"Expert {expert!r} does not fit in {self.expert_bits} bits")
-        return (layer << self.expert_bits) | expert
-
-    def split_tag(self, tag: int) -> tuple[int, int]:
-        self._check_tag(tag)
-        return tag >> self.expert_bits, tag & ((1 << self.expert_bits) - 1)
-
-    def _check_tag(self, tag):
-        if not 0 <= tag < (1 << self.tag_bits):
-            raise ValueError(f"Tag {tag!r} does not fit in {self.tag_bits} bits")
-
-    def _check_slot(self, slot):
-        if not 0 <= slot < self.slots:
-            raise ValueError(f"Slot {slot!r} is outside 0..{self.slots - 1}")
 
     # -- state views ---------------------------------------------------------------
     def slot_state(self, s: int) -> SlotState:

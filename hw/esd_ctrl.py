@@ -64,7 +64,7 @@ from amaranth.hdl import Module
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..config import Config
+from ..config import Config, require_config
 from . import vocab as hv
 from .esd_ctrl_units.counters import COUNTERS, Counters
 from .esd_ctrl_units.common import saturating_add
@@ -112,8 +112,7 @@ class EsdCtrl(wiring.Component):
     SLICED = ("host_cmd", "tag_rsp", "kv_move", "dp_announce", "dp_done")
 
     def __init__(self, cfg: Config):
-        if not isinstance(cfg, Config):
-            raise TypeError(f"EsdCtrl needs a Config, not {cfg!r}")
+        require_config("EsdCtrl", cfg)
         self.cfg = cfg
         self.entries = pass_entries(cfg)
         if self.entries > (1 << hv.CMD_ID_BITS):

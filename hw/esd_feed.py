@@ -34,7 +34,7 @@ from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..config import Config
+from ..config import Config, require_config
 from ..golden import esd as gesd
 from ..golden import moe_batched as gb
 from . import vocab as hv
@@ -58,8 +58,7 @@ class TokenFeed(wiring.Component):
     """
 
     def __init__(self, cfg: Config):
-        if not isinstance(cfg, Config):
-            raise TypeError(f"TokenFeed needs a Config, not {cfg!r}")
+        require_config("TokenFeed", cfg)
         self.cfg = cfg
         v = hv.vocab(cfg)
         self.step_t = v.StepInfo

@@ -51,7 +51,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..config import Config
+from ..config import Config, require_config
 from ..golden import layout as gl
 from ..golden.ext_stream import AXI_ID, row_bytes
 from ..golden.vocab import AXI_4K, AxiResp
@@ -86,8 +86,7 @@ class ExtGeometry:
     (sizes, constants and the internal payload layouts)."""
 
     def __init__(self, cfg: Config):
-        if not isinstance(cfg, Config):
-            raise TypeError(f"The stream engine needs a Config, not {cfg!r}")
+        require_config("ExtStream", cfg)
         self.cfg = cfg
         v = hv.vocab(cfg)
         self.vocab = v

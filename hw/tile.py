@@ -71,7 +71,7 @@ from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..config import Config
+from ..config import Config, require_config
 from ..golden import tag_unit as gtu
 from ..golden import layout as gl
 from .esd_ctrl import EsdCtrl
@@ -154,8 +154,7 @@ class TileMem(wiring.Component):
     """
 
     def __init__(self, cfg: Config, *, load: bool = False):
-        if not isinstance(cfg, Config):
-            raise TypeError(f"TileMem needs a Config, not {cfg!r}")
+        require_config("TileMem", cfg)
         self.cfg, self.load = cfg, bool(load)
         self.ctrl = EsdCtrl(cfg)
         self.tags = TagUnit(**gtu.params_from_config(cfg))
@@ -328,8 +327,7 @@ class Tile(wiring.Component):
     """
 
     def __init__(self, cfg: Config):
-        if not isinstance(cfg, Config):
-            raise TypeError(f"Tile needs a Config, not {cfg!r}")
+        require_config("Tile", cfg)
         self.cfg = cfg
         self.mem = TileMem(cfg, load=True)
         self.feed = TokenFeed(cfg)

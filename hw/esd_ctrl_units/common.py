@@ -43,6 +43,8 @@ from __future__ import annotations
 from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import data
 
+from ...config import require_config
+
 __all__ = ["Emit", "check_config", "clear_counts", "saturating_add", "clamp"]
 
 
@@ -116,12 +118,8 @@ class Emit:
         self.send(m)
 
 
-def check_config(owner: str, cfg) -> None:
-    """``TypeError`` naming ``owner`` unless ``cfg`` is a
-    :class:`~elmoe3d.config.Config`."""
-    from ...config import Config
-    if not isinstance(cfg, Config):
-        raise TypeError(f"{owner} needs a Config, not {cfg!r}")
+#: ``TypeError`` naming the unit unless ``cfg`` is a Config
+check_config = require_config
 
 
 def clear_counts(m: Module, inc, names) -> None:

@@ -24,7 +24,7 @@ from amaranth.hdl import Module
 from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ...config import Config
+from ...config import Config, require_config
 from ..vocab import vocab
 from .buffers import ReplayBuffer
 from .common import CycleCounter, geom
@@ -81,8 +81,7 @@ class MoEDatapath(wiring.Component):
 
     def __init__(self, cfg: Config, *, hb_depth: int | None = None,
                  ext_depth: int | None = None):
-        if not isinstance(cfg, Config):
-            raise TypeError(f"cfg must be a Config, not {cfg!r}")
+        require_config("MoEDatapath", cfg)
         self.cfg = cfg
         self.g = g = geom(cfg, hb_depth=hb_depth, ext_depth=ext_depth)
         v = vocab(cfg)

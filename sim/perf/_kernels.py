@@ -49,41 +49,33 @@ def smallest_k(key, k):
         return idx[np.argsort(key[idx])]
     hk = key[:k].copy()
     hi = np.arange(k)
-    # heapify (max-heap on hk)
+    # heapify (max-heap on hk), then keep the k smallest
     for start in range(k // 2 - 1, -1, -1):
-        i = start
-        while True:
-            l = 2 * i + 1
-            if l >= k:
-                break
-            c = l
-            if l + 1 < k and hk[l + 1] > hk[l]:
-                c = l + 1
-            if hk[c] > hk[i]:
-                hk[c], hk[i] = hk[i], hk[c]
-                hi[c], hi[i] = hi[i], hi[c]
-                i = c
-            else:
-                break
+        _sift_down(hk, hi, start, k)
     for j in range(k, n):
         if key[j] < hk[0]:
             hk[0] = key[j]
             hi[0] = j
-            i = 0
-            while True:
-                l = 2 * i + 1
-                if l >= k:
-                    break
-                c = l
-                if l + 1 < k and hk[l + 1] > hk[l]:
-                    c = l + 1
-                if hk[c] > hk[i]:
-                    hk[c], hk[i] = hk[i], hk[c]
-                    hi[c], hi[i] = hi[i], hi[c]
-                    i = c
-                else:
-                    break
+            _sift_down(hk, hi, 0, k)
     return hi[np.argsort(hk)]
+
+
+@njit(cache=True)
+def _sift_down(hk, hi, i, k):
+    """Move entry ``i`` of the max-heap ``hk[:k]`` (indices ``hi``) down to its place."""
+    while True:
+        l = 2 * i + 1
+        if l >= k:
+            break
+        c = l
+        if l + 1 < k and hk[l + 1] > hk[l]:
+            c = l + 1
+        if hk[c] > hk[i]:
+            hk[c], hk[i] = hk[i], hk[c]
+            hi[c], hi[i] = hi[i], hi[c]
+            i = c
+        else:
+            break
 
 
 @njit(cache=True)

@@ -63,14 +63,14 @@ import math
 
 import numpy as np
 
-from ...golden.tag_unit import (RESPONSE_FIELDS, STAT_NAMES, TagError, TagOp, check_params,
-                                slot_bits)
+from ...golden.tag_unit import (RESPONSE_FIELDS, STAT_NAMES, TagCodec, TagError, TagOp,
+                                check_params, slot_bits)
 from . import _kernels
 
 __all__ = ["FastTagUnit"]
 
 
-class FastTagUnit:
+class FastTagUnit(TagCodec):
     """NumPy implementation of the golden tag-unit policy (same public API
     for the operations the cache driver uses, plus batch operations).
 
@@ -115,21 +115,6 @@ class FastTagUnit:
         self.reset()
 
     # -- tags -----------------------------------------------------------------------
-    def make_tag(self, layer: int, expert: int) -> int:
-        if not 0 <= layer < (1 << self.layer_bits):
-            raise ValueError(f"Layer {layer!r} does not fit in {self.layer_bits} bits")
-        if not 0 <= expert < (1 << self.expert_bits):
-            raise ValueError(f"Expert {expert!r} does not fit in {self.expert_bits} bits")
-        return (layer << self.expert_bits) | expert
-
-    def split_tag(self, tag: int) -> tuple[int, int]:
-        self._check_tag(tag)
-        return tag >> self.expert_bits, tag & ((1 << self.expert_bits) - 1)
-
-    def _check_tag(self, tag):
-        if not 0 <= tag < (1 << self.tag_bits):
-            raise ValueError(f"Tag {tag!r} does not fit in {self.tag_bits} bits")
-
     def _check_tags(self, tags):
         tags = np.asarray(tags, dtype=np.int64).reshape(-1)
         if tags.size and (tags.min() < 0 or tags.max() >= (1 << self.tag_bits)):
@@ -265,10 +250,6 @@ class FastTagUnit:
             self.npending -= 1
         self.valid[s] = False
         self.tags[s] = self.planes[s] = self.hot[s] = self.pins[s] = 0
-
-    def _check_slot(self, slot):
-        if not 0 <= slot < self.slots:
-            raise ValueError(f"Slot {slot!r} is outside 0..{self.slots - 1}")
 
     def pin(self, slot: int) -> int:
         self._check_slot(slot)
