@@ -52,6 +52,7 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import Config, require_config
+from ..geometry import lpddr_layout
 from ..golden import layout as gl
 from ..golden.ext_stream import AXI_ID, row_bytes
 from ..golden.vocab import AXI_4K, AxiResp
@@ -118,7 +119,7 @@ class ExtGeometry:
         self.blk = 1 << _log2(lim)                              # burst block (power of two)
         self.outstanding = cfg.axi_outstanding
         self.seq_bits = (self.outstanding + 4).bit_length() + 1
-        lay = gl.lpddr_layout(cfg)
+        lay = lpddr_layout(cfg)
         self.lpddr_base, self.lpddr_bytes = lay.base, lay.total_bytes
         self.dense_base = lay.dense_base
         self.row_bytes = row_bytes(cfg)

@@ -36,6 +36,7 @@ from amaranth.hdl import Cat, Const, Elaboratable, Module, Mux, Shape, Signal, s
 from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ..geometry import acc_width, max_chunks
 from .common import check_int
 from .vocab import PEMode
 
@@ -413,7 +414,6 @@ class PipelinedMAC(wiring.Component):
 
     def __init__(self, beat_type, *, lanes: int, max_len: int, levels_per_stage: int,
                  tokens: int = 1):
-        from ..golden import bitslice as gbs
         from .vocab import pe_result
         check_int("Lane count", lanes, 1, 1024)
         check_int("Maximum dot-product length", max_len, 1)
@@ -421,8 +421,8 @@ class PipelinedMAC(wiring.Component):
         check_int("Token lanes", tokens, 1, 64)
         self.lanes, self.max_len, self.levels_per_stage = lanes, max_len, levels_per_stage
         self.tokens = tokens
-        self.max_chunks = gbs.max_chunks(max_len, lanes)
-        self.acc_width = gbs.acc_width(max_len, lanes)
+        self.max_chunks = max_chunks(max_len, lanes)
+        self.acc_width = acc_width(max_len, lanes)
         self.latency = max(self.data_stage, CHECK_STAGES) + 5
         self.depth = self.latency + 1
         super().__init__({"i": In(stream.Signature(beat_type)),

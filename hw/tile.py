@@ -73,7 +73,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..config import Config, require_config
 from ..golden import tag_unit as gtu
-from ..golden import layout as gl
+from ..geometry import lpddr_layout
 from .esd_ctrl import EsdCtrl
 from .esd_feed import TokenFeed
 from .ext_stream import ExtStream
@@ -373,7 +373,7 @@ class Tile(wiring.Component):
         got_rsp, got_done = Signal(), Signal()
         ext_err = Signal(hv.ExtErrorCode)
         fill_ok = Signal()
-        lay = gl.lpddr_layout(cfg)
+        lay = lpddr_layout(cfg)
         ld = mem.load_cmd
         m.d.comb += [hc.payload.op.eq(c.op), hc.payload.phase.eq(c.phase),
                      hc.payload.step.eq(c.step), hc.payload.layer.eq(c.layer),

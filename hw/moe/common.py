@@ -29,7 +29,7 @@ from amaranth.lib.wiring import Out
 
 from ...config import Config
 from ...geometry import acc_width
-from ...golden import layout as gl
+from ...geometry import dense_layout
 from ...golden import moe_layer as gm
 
 __all__ = ["Geom", "geom", "pow2ceil", "mul_pipe", "requant_pipe", "delay", "lowest_set",
@@ -76,7 +76,7 @@ class Geom:
 
     @property
     def dense(self):
-        return gl.dense_layout(self.cfg)
+        return dense_layout(self.cfg)
 
     def lane(self) -> "Geom":
         """The geometry one token lane sees: ``T`` = :attr:`Tl` tokens (the
