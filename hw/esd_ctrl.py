@@ -78,7 +78,7 @@ from .esd_ctrl_units.step import LayerStep
 from .esd_ctrl_units.tag_client import TagClient
 from .esd_ctrl_units.trace import TraceEmitter
 from .streams import RegisterSlice
-from .vocab import HostOp, host_command, host_response   # re-exported: the host side imports them from here
+from .vocab import (HostOp, host_command, host_response)  # re-exported: the host side imports them from here
 
 __all__ = ["HostOp", "TagOp", "EsdCtrl", "host_command", "host_response", "esd_ports",
            "saturating_add", "COUNTERS", "BLOCK_SPECS"]

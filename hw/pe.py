@@ -45,8 +45,8 @@ from __future__ import annotations
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 
 from ..golden import bitslice as gbs
-from .pe_pipeline import (PipelinedMAC, LengthCheck, SequenceCheck, Term, mux_tree,
-                          pipelined_sum, tree_stages)
+from .pe_pipeline import (PipelinedMAC, LengthCheck, SequenceCheck, Term, mux_tree, pipelined_sum,
+                          tree_stages)
 from .vocab import PEMode, int8_beat, pe_beat
 
 __all__ = ["PEMode", "BitSlicePE", "Int8MacVector", "LEVELS_PER_STAGE"]

@@ -14,7 +14,7 @@ both directions: ``o.valid``/``o.payload`` come from registers, and
 
 :class:`BlockFIFO` is the same promise for a deep queue in block RAM: the
 block RAM's read data passes a plain register (which the ECP5 flow packs
-into the EBR's own output register, :func:`elmoe3d.sim.synth.pack_ebr_outreg`)
+into the EBR's own output register, :func:`elmoe3d.sim.flow.synth.pack_ebr_outreg`)
 before any logic, and every flag is a flip-flop.
 
 :class:`CreditFIFO` and :class:`QueueFIFO` are ``SyncFIFOBuffered`` with the

@@ -1,5 +1,18 @@
-"""Simulation drivers (cocotb harness, synthesis flow, studies), installed as
-``elmoe3d.sim``."""
+"""Simulation drivers, installed as ``elmoe3d.sim``, by concern:
+
+``run``
+    the cocotb harness and formal runner, the native (Verilator C++) tile
+    harness and its scripts, the MoE pass benchmark, the report runs;
+``flow``
+    synthesis, place and route, FPGA boards and IP (records, catalogue,
+    timing, interface sheets, FuseSoC cores, lint, sweeps, peers);
+``perf``
+    the system model (tile cycle model, claims, validation);
+``lm``
+    the in-project MoE LM and its studies (evidence, quantisation).
+
+Recorded data (``data/``) and the native harness's C++ (``native/``) stay
+here."""
 
 import os as _os
 import sys as _sys

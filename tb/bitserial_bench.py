@@ -18,8 +18,8 @@ from cocotb.triggers import RisingEdge
 
 from ..golden import bitserial as gbsr
 from ..hw.vocab import bitserial_beat, bitserial_result
-from .common import (CycleCounter, StreamSink, StreamSource, golden_mutation, knob, params,
-                     rng, start_clock_and_reset)
+from .common import (CycleCounter, StreamSink, StreamSource, golden_mutation, knob, params, rng,
+                     start_clock_and_reset)
 
 CORNERS = (-128, 127, 0, -1, 1)
 

@@ -5,7 +5,7 @@ clock/reset helper, and the knobs every testbench reads from the environment.
 Ports: Amaranth flattens a ``wiring`` stream member ``i`` into ``i__valid``,
 ``i__ready`` and one ``i__payload`` vector whose bits follow the payload's
 ``data`` layout (first field in the low bits, array element 0 lowest).
-:func:`pack` / :func:`unpack` (:mod:`elmoe3d.sim.payload`, re-exported here)
+:func:`pack` / :func:`unpack` (:mod:`elmoe3d.sim.run.payload`, re-exported here)
 walk that same layout object, so the testbench can never disagree with the
 RTL about a bit position.
 """
@@ -21,7 +21,7 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge
 
-from ..sim.payload import pack, unpack
+from ..sim.run.payload import pack, unpack
 
 __all__ = ["pack", "unpack", "params", "knob", "rng", "golden_mutation", "StreamSource",
            "StreamSink", "start_clock_and_reset", "CycleCounter"]

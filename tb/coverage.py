@@ -8,7 +8,7 @@ decorators under a name prefix equal to the block name (``"hb_bank.read.region"`
 (tests, simulators, parameter sets) adds its bin hits to the same JSON file
 under a file lock, so the file holds the union of everything the default
 ``make test`` reached. ``elmoe3d coverage`` (and the report) summarises the
-files (:mod:`elmoe3d.sim.coverage_files`): percentage of coverpoint bins hit
+files (:mod:`elmoe3d.sim.run.coverage_files`): percentage of coverpoint bins hit
 and of cross bins hit, per block.
 
 The sign-off bar (OpenTitan V2): 100 % of coverpoint bins, at least 75 % of
@@ -30,8 +30,8 @@ import os
 import time
 from pathlib import Path
 
-from ..sim.coverage_files import (COVERPOINT_BAR, CROSS_BAR, coverage_dir, load_coverage,
-                                  summarise)
+from ..sim.run.coverage_files import (COVERPOINT_BAR, CROSS_BAR, coverage_dir, load_coverage,
+                                      summarise)
 
 __all__ = ["coverage_dir", "write_coverage", "mutant_run", "MUTANT_KNOBS", "load_coverage",
            "summarise", "COVERPOINT_BAR", "CROSS_BAR"]

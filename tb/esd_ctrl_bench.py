@@ -64,8 +64,8 @@ from elmoe3d.golden import layout as gl
 from elmoe3d.golden import moe_batched as gb
 from elmoe3d.hw.esd_ctrl import COUNTERS, TagOp, esd_ports
 from elmoe3d.hw.esd_feed import ROLE_OF_PHASE as _ROLE_OF
-from elmoe3d.sim.tile_script import (counter_mismatch, counters_of, host_script,  # noqa: F401
-                                     response_mismatch)
+from elmoe3d.sim.run.tile_script import (counter_mismatch, counters_of, host_script,
+                                         response_mismatch)
 from elmoe3d.tb.common import pack, params, rng, start_clock_and_reset, unpack
 
 

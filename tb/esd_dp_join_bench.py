@@ -50,7 +50,7 @@ from ..golden import esd as gesd
 from ..golden import layout as gl
 from ..hw.esd_ctrl import HostOp, esd_ports
 from ..hw.vocab import host_token
-from ..sim import tile_script
+from ..sim.run import tile_script
 from .common import golden_mutation, params, start_clock_and_reset
 from .esd_ctrl_bench import Snk, Src
 from .moe_layer_bench import MoETB
@@ -81,7 +81,7 @@ def _plain(d):
 
 
 def golden_script(cfg, env, rounds, batch, np_rng, faults=None):
-    """:func:`elmoe3d.sim.tile_script.golden_script` on the bench's layers
+    """:func:`elmoe3d.sim.run.tile_script.golden_script` on the bench's layers
     (``env.layers``), the golden controller's mutant from
     ``$ELMOE_JOIN_MUTANT``."""
     return tile_script.golden_script(cfg, env.layers, rounds, batch, np_rng, faults=faults,

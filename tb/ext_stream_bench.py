@@ -78,7 +78,7 @@ from ..golden import layout as gl
 from ..golden.vocab import ExtError, ExtKind
 from ..hw import vocab as hv
 from .common import golden_mutation, knob, pack, params, rng, start_clock_and_reset
-from ..sim.payload import Decoder
+from ..sim.run.payload import Decoder
 from .coverage import write_coverage
 
 #: Bounded wait with outputs always ready (docs/blocks/ext_stream.md): a

@@ -44,7 +44,7 @@ from ..golden import layout as gl
 from ..golden import moe_batched as gb
 from ..golden import moe_layer as gm
 from ..hw.vocab import vocab
-from ..sim.tile_script import random_layers
+from ..sim.run.tile_script import random_layers
 from .common import golden_mutation, knob, pack, params, rng, start_clock_and_reset, unpack
 from .coverage import write_coverage
 

@@ -36,7 +36,7 @@ from ..golden import lm_int as li
 from ..hw.esd_ctrl import COUNTERS, HostOp
 from ..hw.vocab import vocab
 from ..hw.tile import TileError, TileOp, TileRspKind, tile_command, tile_response
-from ..sim.tile_script import lpddr_image
+from ..sim.run.tile_script import lpddr_image
 from .common import params, rng, start_clock_and_reset
 from .esd_ctrl_bench import Snk, Src
 from .tile_mem_bench import FaultyRam

@@ -11,10 +11,10 @@ every expert's :func:`~elmoe3d.golden.layout.expert_image` at
 (:func:`~elmoe3d.golden.layout.dense_image`, row by row, bank fastest) at
 ``lpddr_layout(cfg).dense_base``.
 
-The host script and the checks are :mod:`elmoe3d.sim.tile_script`'s (the
-native harness, :mod:`elmoe3d.sim.native`, sends and checks the same).
+The host script and the checks are :mod:`elmoe3d.sim.run.tile_script`'s (the
+native harness, :mod:`elmoe3d.sim.run.native`, sends and checks the same).
 The host: LOAD_DENSE (answer OK), then the decode of
-:func:`elmoe3d.sim.tile_script.golden_script` (``$ELMOE_TILE_ROUNDS``,
+:func:`elmoe3d.sim.run.tile_script.golden_script` (``$ELMOE_TILE_ROUNDS``,
 default ``SD,AR``, batch ``$ELMOE_TILE_BATCH``, default 2): every STEP
 followed by its token vectors (TOKEN); after the first STEP and before its
 vectors a LOAD_DENSE the tile must refuse (BUSY: the step is running) and an
@@ -82,8 +82,8 @@ from ..golden.vocab import ExtError
 from ..hw.esd_ctrl import HostOp
 from ..hw.tile import TileRspKind, tile_command, tile_response
 from ..hw.vocab import vocab
-from ..sim import tile_script as ts
-from ..sim.tile_script import Plan, lpddr_image, plant_dense, trace_plan  # noqa: F401
+from ..sim.run import tile_script as ts
+from ..sim.run.tile_script import Plan, lpddr_image, plant_dense, trace_plan  # noqa: F401
 from .common import params, rng, start_clock_and_reset
 from .lpddr import LpddrPort
 from .esd_ctrl_bench import Snk, Src, check_results
@@ -93,7 +93,7 @@ from .tile_mem_bench import FaultyRam
 
 def random_plan(cfg, env, rounds, batch, np_rng, faults) -> Plan:
     """Random token vectors through the bench's golden layers
-    (:func:`elmoe3d.sim.tile_script.random_plan`; the golden controller's
+    (:func:`elmoe3d.sim.run.tile_script.random_plan`; the golden controller's
     mutant from ``$ELMOE_JOIN_MUTANT``)."""
     return ts.random_plan(cfg, env.layers, rounds, batch, np_rng, faults,
                           mutant=os.environ.get("ELMOE_JOIN_MUTANT") or None)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from elmoe3d.sim.harness import simulator_available
+from elmoe3d.sim.run.harness import simulator_available
 
 ROOT = Path(__file__).resolve().parent.parent
 os.environ.setdefault("ELMOE_SIM_BUILD", str(ROOT / "sim_build"))

@@ -8,7 +8,7 @@ import pytest
 
 from elmoe3d.golden import bitserial as gbsr
 from elmoe3d.hw.bitserial import BitSerialMAC
-from elmoe3d.sim.harness import simulate
+from elmoe3d.sim.run.harness import simulate
 
 from conftest import sim_params
 
@@ -126,7 +126,7 @@ def test_bitserial_throughput(over, measured_dir):
 
 def test_bitserial_testbench_can_fail():
     """A golden model with one bit flipped makes the scoreboard fail."""
-    from elmoe3d.sim.harness import SimulationFailed
+    from elmoe3d.sim.run.harness import SimulationFailed
     over = CASES[2].values[0]                     # the b1-L4 build, shared with the random run
     with pytest.raises(SimulationFailed):
         simulate(_factory, block="bitserial", params=_params(over), top="elmoe3d_bitserial",
@@ -136,7 +136,7 @@ def test_bitserial_testbench_can_fail():
 
 # ---- formal: the stream rules on both ports (the generic wrapper of tb/formal/moe.py) ----
 
-from elmoe3d.sim.formal import formal_available, run_sby  # noqa: E402
+from elmoe3d.sim.run.formal import formal_available, run_sby  # noqa: E402
 
 _fok, _fwhy = formal_available()
 

@@ -11,7 +11,7 @@ import pytest
 
 from elmoe3d.blocks import blocks
 from elmoe3d.cli import main
-from elmoe3d.sim.harness import verilator_bin_dir
+from elmoe3d.sim.run.harness import verilator_bin_dir
 
 pytestmark = [pytest.mark.lint, pytest.mark.cli]
 
@@ -42,7 +42,7 @@ def test_cores_listed_and_lint_target_runs(tmp_path):
 
 def test_lint_target_fails_on_a_warning(tmp_path):
     """The core's lint target is a real gate: a block with an undriven output fails it."""
-    from elmoe3d.sim.cores import write_core, write_waiver_core
+    from elmoe3d.sim.flow.cores import write_core, write_waiver_core
     out = tmp_path / "ip"
     out.mkdir()
     write_waiver_core(out)

@@ -14,7 +14,7 @@ from elmoe3d.config import Config, preset
 from elmoe3d.golden import esd as gesd
 from elmoe3d.golden.vocab import ExtError
 from elmoe3d.hw.esd_ctrl import EsdCtrl
-from elmoe3d.sim.harness import simulate
+from elmoe3d.sim.run.harness import simulate
 
 from conftest import sim_params
 
@@ -123,7 +123,7 @@ def test_esd_ctrl_hb_cache_off(tmp_path):
 def test_esd_ctrl_catches_wrong_golden(tmp_path):
     """A golden sequence from a mutated policy (VERIFY touches too) makes the
     same testbench fail: the comparison can fail."""
-    from elmoe3d.sim.harness import SimulationFailed
+    from elmoe3d.sim.run.harness import SimulationFailed
     with pytest.raises(SimulationFailed):
         _run(tmp_path, TINY_KV, 4, 12, mutant="touch_verify")
 
@@ -248,7 +248,7 @@ def test_esd_tag_join_catches_wrong_policy(tmp_path):
     """The golden sequence of a mutated tag-unit policy (victim ties to the
     highest index) differs from the real one, and the joined testbench fails
     on it: the real tag unit's decisions are compared."""
-    from elmoe3d.sim.harness import SimulationFailed
+    from elmoe3d.sim.run.harness import SimulationFailed
     good, _ = _case(TINY_KV, 4, 30, 3, faults=FAULTS, **KV_PRESSURE)
     bad, case = _case(TINY_KV, 4, 30, 3, faults=FAULTS, mutant="tie", **KV_PRESSURE)
     assert gesd.compare(good.events, bad.events) is not None

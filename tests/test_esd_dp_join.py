@@ -14,7 +14,7 @@ import json
 import pytest
 
 from elmoe3d.config import Config, preset
-from elmoe3d.sim.harness import SimulationFailed, simulate
+from elmoe3d.sim.run.harness import SimulationFailed, simulate
 
 pytestmark = pytest.mark.tile
 

@@ -204,7 +204,7 @@ def test_decode_rtl_build_progress(monkeypatch, capsys):
     """`decode --rtl` reports the native build's phases on stderr while it
     builds (before: one line through a multi-minute build)."""
     from elmoe3d.cli import main
-    from elmoe3d.sim import native_decode
+    from elmoe3d.sim.run import native_decode
 
     def fake(prompts, tokens, mode, build_progress=None, progress=None):
         build_progress("elaborating the tile (preset lm) to Verilog")

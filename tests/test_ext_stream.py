@@ -23,7 +23,7 @@ import pytest
 from elmoe3d.blocks import get_block
 from elmoe3d.config import preset
 from elmoe3d.hw.ext_stream import ExtStream, ext_params
-from elmoe3d.sim.harness import SimulationFailed, build_root, simulate
+from elmoe3d.sim.run.harness import SimulationFailed, build_root, simulate
 
 from conftest import ROOT, sim_params
 
@@ -324,7 +324,7 @@ def test_ext_bad_params():
 
 # -- formal (SymbiYosys BMC on tb/formal/ext_stream.FORMAL_CONFIG) ------------------------
 
-from elmoe3d.sim.formal import formal_available, run_sby  # noqa: E402
+from elmoe3d.sim.run.formal import formal_available, run_sby  # noqa: E402
 from elmoe3d.tb.formal.ext_stream import ExtStreamFormal  # noqa: E402
 
 _fok, _fwhy = formal_available()

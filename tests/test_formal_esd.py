@@ -5,7 +5,7 @@ proved by k-induction, their reachability, and planted bugs that must fail."""
 import pytest
 
 from elmoe3d.config import preset
-from elmoe3d.sim.formal import formal_available, run_sby
+from elmoe3d.sim.run.formal import formal_available, run_sby
 from elmoe3d.tb.formal.esd_ctrl import BUGS, FORMAL_CONFIG, EsdCtrlFormal
 
 _ok, _why = formal_available()

@@ -6,7 +6,7 @@ unit's planted bug, which must fail."""
 import pytest
 
 from elmoe3d.hw.esd_ctrl_units import UNITS
-from elmoe3d.sim.formal import formal_available, run_sby
+from elmoe3d.sim.run.formal import formal_available, run_sby
 from elmoe3d.tb.formal.esd_units import BUGS, UnitFormal
 
 _ok, _why = formal_available()

@@ -6,7 +6,7 @@ reachability covers; a planted bug per wrapper that must fail."""
 
 import pytest
 
-from elmoe3d.sim.formal import formal_available, run_sby
+from elmoe3d.sim.run.formal import formal_available, run_sby
 from elmoe3d.tb.formal.moe import BUGS, FORMAL_CONFIG, WRAPPERS
 
 _ok, _why = formal_available()

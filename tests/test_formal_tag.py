@@ -4,7 +4,7 @@ on small instances, reachability covers, and planted bugs that must fail."""
 
 import pytest
 
-from elmoe3d.sim.formal import formal_available, run_sby
+from elmoe3d.sim.run.formal import formal_available, run_sby
 from elmoe3d.tb.formal.tag_unit import BUGS, TagUnitFormal
 
 _ok, _why = formal_available()

@@ -17,7 +17,7 @@ from amaranth.sim import Simulator
 
 from elmoe3d.blocks import get_block
 from elmoe3d.config import preset
-from elmoe3d.sim.selftest import StreamSelfTest, decode_uart, vectors_for
+from elmoe3d.sim.flow.selftest import StreamSelfTest, decode_uart, vectors_for
 
 pytestmark = pytest.mark.fpga
 
@@ -80,7 +80,7 @@ TINY = preset("tiny")
 @pytest.fixture(scope="module")
 def scenario():
     """The board's scenario (an Elastic-SD round and an AR round, batch 2)."""
-    from elmoe3d.sim.tile_selftest import tile_scenario
+    from elmoe3d.sim.flow.tile_selftest import tile_scenario
     return tile_scenario(TINY)
 
 
@@ -88,14 +88,14 @@ def scenario():
 def short():
     """A shorter scenario for the planted faults: the dense load and one AR
     round at batch 1 (about a fifth of the board's cycles)."""
-    from elmoe3d.sim.tile_selftest import tile_scenario
+    from elmoe3d.sim.flow.tile_selftest import tile_scenario
     return tile_scenario(TINY, rounds=("AR",), batch=1)
 
 
 def _run_tile(sc, *, timeout=40_000):
     """Simulate ``TileSelfTest`` on ``sc`` until its UART line is out (or
     ``timeout`` + a line's worth of cycles); the verdict, the line, cycles."""
-    from elmoe3d.sim.tile_selftest import TileSelfTest
+    from elmoe3d.sim.flow.tile_selftest import TileSelfTest
     top = TileSelfTest(TINY, sc, uart_divisor=DIV, timeout=timeout)
     sim = Simulator(top)
     sim.add_clock(1e-6)
@@ -188,7 +188,7 @@ def test_axi_read_memory():
     back-pressure return the image's words in order with RLAST on the last
     and the burst's id; a burst past the end answers DECERR, a narrow
     ``arsize`` SLVERR."""
-    from elmoe3d.sim.tile_selftest import AxiReadMemory
+    from elmoe3d.sim.flow.tile_selftest import AxiReadMemory
     r = random.Random(5)
     image = bytes(r.randrange(256) for _ in range(4 * 64))
     dut = AxiReadMemory(image, data_bits=32, addr_bits=16, id_bits=4, base=0x100)
@@ -254,7 +254,7 @@ Info:       TRELLIS_COMB:   21427/  83640    25%
 def test_timing_summary_reads_the_routed_figures(tmp_path):
     """The summary takes the last (routed) Fmax line, the critical path's
     start and end, its logic / routing split, and the utilisation."""
-    from elmoe3d.sim.boards import timing_summary
+    from elmoe3d.sim.flow.boards import timing_summary
     (tmp_path / "top.tim").write_text(_TIM)
     t = timing_summary(tmp_path)
     c = t["clocks"]["$glbnet$clk"]
@@ -272,7 +272,7 @@ def test_board_bitstream(board, ext, design, tmp_path):
     """Both boards build a bitstream whose routed timing meets the board
     clock: the PE's self-test on the iCEBreaker, the tile's on the ULX3S
     (about 6 minutes wall on the shared machine)."""
-    from elmoe3d.sim.boards import build_board
+    from elmoe3d.sim.flow.boards import build_board
     r = build_board(board, tmp_path / board)
     assert r["block"] == design
     assert r["bitstream"].endswith(f".{ext}") and r["bytes"] > 10000

@@ -8,8 +8,8 @@ import pytest
 
 from elmoe3d.blocks import get_block
 from elmoe3d.config import preset
-from elmoe3d.sim import harness
-from elmoe3d.sim.harness import SimulationFailed, simulate
+from elmoe3d.sim.run import harness
+from elmoe3d.sim.run.harness import SimulationFailed, simulate
 
 pytestmark = pytest.mark.harness
 

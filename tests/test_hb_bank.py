@@ -9,7 +9,7 @@ from elmoe3d.blocks import get_block
 from elmoe3d.config import preset
 from elmoe3d.golden.hb_map import FillKind, FillResult, HBModel, HBRegion
 from elmoe3d.hw.hb_bank import HBBank, hb_params
-from elmoe3d.sim.harness import SimulationFailed, simulate
+from elmoe3d.sim.run.harness import SimulationFailed, simulate
 
 from conftest import cross_sims, sim_params
 
@@ -340,7 +340,7 @@ def test_hb_golden_mutation_fails():
 # ---------------------------------------------------------------------------------------------
 # formal (SymbiYosys): tb/formal/hb_bank.py
 
-from elmoe3d.sim.formal import formal_available, run_sby  # noqa: E402
+from elmoe3d.sim.run.formal import formal_available, run_sby  # noqa: E402
 
 _fok, _fwhy = formal_available()
 #: BMC depth (cycles) of the HB proof, steps 0..15 (step 16 had not finished

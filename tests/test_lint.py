@@ -6,8 +6,8 @@ import pytest
 
 from elmoe3d.blocks import blocks
 from elmoe3d.config import preset
-from elmoe3d.sim.harness import write_verilog
-from elmoe3d.sim.lint import lint, waiver_file
+from elmoe3d.sim.run.harness import write_verilog
+from elmoe3d.sim.flow.lint import lint, waiver_file
 
 pytestmark = pytest.mark.lint
 

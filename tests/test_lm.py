@@ -406,7 +406,7 @@ def test_report_section_and_verdicts(tmp_path):
 def test_quant_study_lm_rows(tmp_path):
     """`elmoe3d quant` covers s = 2 (keep 1, 2, 3) and s = 4, per channel and
     per tensor, on the LM: perplexity, agreement and the evidence's acceptance."""
-    from elmoe3d.sim.quant_study import lm_bit_axis
+    from elmoe3d.sim.lm.quant_study import lm_bit_axis
     from elmoe3d.cli import main
     ev_cache = json.loads((ev.DATA_DIR / ev.RESULT).read_text())
     lm = lm_bit_axis(2, evidence=ev_cache)

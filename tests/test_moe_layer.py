@@ -23,9 +23,9 @@ import pytest
 
 from elmoe3d.blocks import get_block
 from elmoe3d.config import preset
-from elmoe3d.sim.harness import SimulationFailed, simulate, simulator_available
-from elmoe3d.sim.moe_bench import BUILD_FAST
-from elmoe3d.sim import moe_bench
+from elmoe3d.sim.run.harness import SimulationFailed, simulate, simulator_available
+from elmoe3d.sim.run.moe_bench import BUILD_FAST
+from elmoe3d.sim.run import moe_bench
 
 from conftest import sim_params
 
@@ -51,7 +51,7 @@ SLOW_TOKENS = 250
 #: The C++ of this design takes minutes to compile at Verilator's -Os; at
 #: the tiny sets the testbench (Python, every port every cycle) dominates the
 #: run time, so their builds are -O0; at ``default`` and ``paper-ratio`` the
-#: model dominates: :data:`elmoe3d.sim.moe_bench.BUILD_FAST` (``OPT_FAST=-O1``),
+#: model dominates: :data:`elmoe3d.sim.run.moe_bench.BUILD_FAST` (``OPT_FAST=-O1``),
 #: the build ``elmoe3d moe-bench`` uses too. Icarus gets ``always_comb``.
 BUILD = {"extra_build_args": ["-CFLAGS", "-O0"], "icarus_always_comb": True}
 

@@ -12,7 +12,7 @@ import pytest
 
 from elmoe3d.blocks import get_block
 from elmoe3d.config import preset
-from elmoe3d.sim.harness import SimulationFailed, simulate
+from elmoe3d.sim.run.harness import SimulationFailed, simulate
 
 from conftest import cross_sims, sim_params
 
@@ -285,7 +285,7 @@ def test_planted_bug_fails(bug, tmp_path):
     """A PE with one planted bug (tb/pe_mutants.py) fails the cocotb
     testbench (tiny geometry; Icarus where installed: it builds in seconds).
     Its coverage goes to a scratch folder, not into build/coverage."""
-    from elmoe3d.sim.harness import simulator_available
+    from elmoe3d.sim.run.harness import simulator_available
     from elmoe3d.tb.pe_mutants import mutant
     sim = "icarus" if simulator_available("icarus")[0] else "verilator"
     b, p = _params("pe", "tiny", {"slice_bits": 2, "max_len": 32} if bug != "limit" else None)
@@ -299,7 +299,7 @@ def test_planted_bug_fails(bug, tmp_path):
 # -- formal (SymbiYosys BMC) ---------------------------------------------------------------------
 
 def _formal_available():
-    from elmoe3d.sim.formal import formal_available
+    from elmoe3d.sim.run.formal import formal_available
     return formal_available()
 
 
@@ -316,7 +316,7 @@ def _formal_dut(block, bug=None):
 
 
 def _formal(block, *, values=False, bug=None, depth=FORMAL_DEPTH):
-    from elmoe3d.sim.formal import run_sby
+    from elmoe3d.sim.run.formal import run_sby
     from elmoe3d.tb.formal.pe import PEFamilyFormal
     kind = {"mac_int8": "int8", "bitfusion": "bitfusion"}.get(block, "bitslice")
     w = PEFamilyFormal.build(_formal_dut(block, bug), kind=kind, values=values)
@@ -364,7 +364,7 @@ def test_formal_catches_planted_bug(block, bug, values):
 
 def _equiv(bug=None, *, lanes=1, slice_bits=4, max_len=1):
     from elmoe3d.hw.pe import BitSlicePE, Int8MacVector
-    from elmoe3d.sim.formal import run_sby
+    from elmoe3d.sim.run.formal import run_sby
     from elmoe3d.tb.formal.pe_equiv import PEEquivalence
     from elmoe3d.tb.pe_mutants import mutant
     p = dict(lanes=lanes, slice_bits=slice_bits, max_len=max_len)

@@ -1,8 +1,8 @@
-"""The peer list of the PE comparison (``sim/peers.py``): which designs are
+"""The peer list of the PE comparison (``sim/flow/peers.py``): which designs are
 compared and how many MACs per cycle each is credited with."""
 
 from elmoe3d.config import preset
-from elmoe3d.sim import peers as pr
+from elmoe3d.sim.flow import peers as pr
 
 
 def test_token_lane_pe_is_credited_with_its_tokens():

@@ -85,7 +85,7 @@ def _recorded():
 def test_recorded_claims_are_the_docs_tables():
     from pathlib import Path
 
-    from elmoe3d.sim.generated import between
+    from elmoe3d.sim.flow.generated import between
     from elmoe3d.sim.perf import claims as cl
     rec = _recorded()
     root = Path(__file__).resolve().parent.parent
@@ -168,7 +168,7 @@ def test_cli_perf_writes_the_claims(tmp_path, capsys):
 def test_recorded_three_way_is_the_docs_table():
     from pathlib import Path
 
-    from elmoe3d.sim.generated import between
+    from elmoe3d.sim.flow.generated import between
     rec = _recorded()
     doc = (Path(__file__).resolve().parent.parent / "docs" / "blocks" / "perf.md").read_text()
     rows = rec["validation"]["three_way"]
@@ -188,7 +188,7 @@ def test_prefetch_projection_on_one_run():
     projected cycles per token fall below the same run's without prefetch
     (most of its prefetches are hit)."""
     from elmoe3d.golden import esd as gesd
-    from elmoe3d.sim import tile_run as trun
+    from elmoe3d.sim.run import tile_run as trun
     from elmoe3d.sim.perf import prefetch as pf
     rec = json.loads((v.DATA / "steady_state.json").read_text())
     r = next(x for x in rec["runs"] if (x["trace_key"], x["batch"], x["mode"]) == ("zipf", 1, "sd"))

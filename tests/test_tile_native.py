@@ -1,4 +1,4 @@
-"""pytest entry points: the native harness of the tile top (``sim/native.py``:
+"""pytest entry points: the native harness of the tile top (``sim/run/native.py``:
 ``elmoe3d_tile`` as a plain Verilated C++ model, ``sim/native/tile_main.cpp``
 clocking it, no Python in the cycle loop) replaying golden host scripts, every
 response, counter, trace event and layer output checked against the golden;
@@ -19,9 +19,9 @@ from elmoe3d.golden import esd as gesd
 from elmoe3d.golden import layout as gl
 from elmoe3d.golden import moe_batched as gb
 from elmoe3d.golden.vocab import ExtError
-from elmoe3d.sim import native
-from elmoe3d.sim import tile_script as ts
-from elmoe3d.sim.harness import simulate
+from elmoe3d.sim.run import native
+from elmoe3d.sim.run import tile_script as ts
+from elmoe3d.sim.run.harness import simulate
 
 from test_esd_ctrl import _case, _faults
 from test_tile import TINY_TOP_KV, TOP_BUILD, _cases, _top_factory
@@ -162,7 +162,7 @@ def test_native_stuck_tile_ends(exe):
     from amaranth.lib import data
 
     from elmoe3d.hw.tile import tile_command
-    from elmoe3d.sim.payload import pack
+    from elmoe3d.sim.run.payload import pack
     plan, mem = _random(rounds=("AR",))
     hs = ts.host_commands(TINY, plan)
     cmds = [pack(data.Layout.cast(tile_command(TINY)), c) for c in hs.commands]
@@ -302,7 +302,7 @@ def test_tile_run_set_on_dask(tmp_path, exe):
     are the rounds' after the warm-up), the JSON written; the LPDDR-only runs
     read nothing from HB and look nothing up."""
     from elmoe3d.cli import main
-    from elmoe3d.sim import tile_run as tr
+    from elmoe3d.sim.run import tile_run as tr
     out = tmp_path / "runs.json"
     assert main(["tile-run", "--trace", "zipf", "--preset", "tiny", "--batch", "1,4",
                  "--mode", "lpddr,ar,sd", "--steps", "8", "--warmup", "6", "--seed", "3",
@@ -361,7 +361,7 @@ def test_report_reads_steady_state(tmp_path):
     import types
 
     from elmoe3d.commands import tile_run as cmd
-    from elmoe3d.sim import tile_run as tr
+    from elmoe3d.sim.run import tile_run as tr
 
     def rec(mode, seed, cpt, match=True):
         return dict(trace="zipf-1.1 (default)", batch=4, mode=mode, seed=seed, match=match,
@@ -387,7 +387,7 @@ def test_steady_state_part_replaces_its_runs():
     """`tile-run --steady-state --mode M --record` merges: a run of the part
     replaces the set's run with the same trace, batch, mode and seed; the
     others stay; the order is the set's."""
-    from elmoe3d.sim import tile_run as tr
+    from elmoe3d.sim.run import tile_run as tr
 
     def r(mode, seed, cpt):
         return dict(trace_key="zipf", batch=4, mode=mode, seed=seed, cpt=cpt)

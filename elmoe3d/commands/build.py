@@ -6,7 +6,7 @@ models that other command modules contribute (``build_section``), a table
 on stdout, and ``build/report.md`` + ``build/report.json``.
 
 Synthesis reads the results recorded for the committed Verilog
-(``sim/data/synth/``, :mod:`elmoe3d.sim.records`): a block, peer or sweep
+(``sim/data/synth/``, :mod:`elmoe3d.sim.flow.records`): a block, peer or sweep
 point whose Verilog logic has a record is not synthesised again, one whose
 Verilog changed is (and the report says which, and where every figure came
 from). ``--resynth`` ignores records and caches and redoes everything.
@@ -52,7 +52,7 @@ def register(p):
 def pe_throughput_section(ctx) -> Section:
     """PE cycles per dot product in FULL and DRAFT, counted in cocotb."""
     from ..blocks import get_block
-    from ..sim.harness import simulate
+    from ..sim.run.harness import simulate
     b = get_block("pe")
     params = dict(b.params(ctx.cfg), kind="bitslice")
     out = (ctx.outdir / "measured" / "throughput-pe-build.json").resolve()
@@ -98,8 +98,8 @@ def synthesis_sections(ctx, bl, *, fmax: bool, sweep: bool, resynth: bool = Fals
     """The report's synthesis sections: blocks on every target (the recorded
     seeds, else one), where each figure came from, pipelining cost vs the
     committed baseline, peers, scaling with plots."""
-    from ..sim.peers import peer_markdown, peer_table, peer_text
-    from ..sim.scaling import growth_sentence, plot_sweeps
+    from ..sim.flow.peers import peer_markdown, peer_table, peer_text
+    from ..sim.flow.scaling import growth_sentence, plot_sweeps
     from .synth import markdown as synth_md, run_synth, text_report
     work = ctx.outdir / "synth"
     targets = ("generic",) if ctx.quick else DEMO_TARGETS
@@ -156,7 +156,7 @@ def run(args) -> int:
     t0 = time.monotonic()
 
     write_all(cfg, bl, outdir / "verilog", progress, preset=args.preset)
-    from ..sim import records
+    from ..sim.flow import records
     records.settings["resynth"] = args.resynth
     try:
         sections = synthesis_sections(ctx, bl, fmax=not (args.no_fmax or args.quick),

@@ -1,6 +1,6 @@
 """``elmoe3d coverage``: functional-coverage summary per block, from the
 ``build/coverage/<block>.json`` files that ``make test`` writes
-(:mod:`elmoe3d.tb.coverage`), read by :mod:`elmoe3d.sim.coverage_files`."""
+(:mod:`elmoe3d.tb.coverage`), read by :mod:`elmoe3d.sim.run.coverage_files`."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def rows(covs: dict) -> list[list]:
 
 
 def run(args) -> int:
-    from ..sim.coverage_files import load_coverage
+    from ..sim.run.coverage_files import load_coverage
     d = Path(args.dir)
     if not d.is_dir():
         raise ValueError(f"no coverage folder {args.dir!r}; run `make test` first")
@@ -47,7 +47,7 @@ def run(args) -> int:
 
 def build_section(ctx):
     from ..report import Section
-    from ..sim.coverage_files import load_coverage
+    from ..sim.run.coverage_files import load_coverage
     ctx.progress("functional coverage (from make test's files)")
     d = ctx.outdir / "coverage"
     covs = load_coverage(d) if d.is_dir() else {}

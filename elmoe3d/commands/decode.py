@@ -260,10 +260,10 @@ def _rtl(args, prompts, out, picture) -> int:
 
 
 def _rtl_native(args, prompts):
-    """The native harness (:mod:`elmoe3d.sim.native_decode`)."""
+    """The native harness (:mod:`elmoe3d.sim.run.native_decode`)."""
     import types
 
-    from ..sim import native_decode
+    from ..sim.run import native_decode
     quiet = args.quiet
     t0 = time.monotonic()
 
@@ -298,7 +298,7 @@ def _rtl_cocotb(args, prompts):
     from pathlib import Path
 
     from ..config import Config, preset
-    from ..sim.harness import SimulationFailed, simulate
+    from ..sim.run.harness import SimulationFailed, simulate
 
     def factory(config):
         from ..hw.tile import Tile
@@ -403,8 +403,8 @@ def run(args) -> int:
 
 # -- report: Elastic-SD vs AR from the control sequence --------------------------------------
 
-from ..sim.report_runs import (BATCHES, RTL_REPORT, TILE_REPORT, cycles_per_token,  # noqa: E402,F401
-                               figures, recorded_tile_report, report_runs, report_traces)
+from ..sim.run.report_runs import (BATCHES, RTL_REPORT, TILE_REPORT, cycles_per_token, figures,
+                                   recorded_tile_report, report_runs, report_traces)
 
 REPORT_HEAD = ["trace", "batch", "mode", "HB hit rate", "mean accepted len", "HB MB", "LPDDR MB",
                "HB share", "LPDDR KB / token", "cycles / token (RTL)"]

@@ -4,9 +4,9 @@ The design runs ROM-held golden vectors through the design under test on the
 fabric and shows the verdict on two LEDs and one UART line; pins and the
 design of each board from ``constraints/boards.json``: on the ULX3S-85F the
 whole tile at ``tiny`` with its LPDDR image and host script on chip
-(:mod:`elmoe3d.sim.tile_selftest`), on the iCEBreaker one PE
-(:mod:`elmoe3d.sim.selftest`). Built with amaranth-boards and the YoWASP tools
-(:mod:`elmoe3d.sim.boards`). Prints the routed timing summary.
+(:mod:`elmoe3d.sim.flow.tile_selftest`), on the iCEBreaker one PE
+(:mod:`elmoe3d.sim.flow.selftest`). Built with amaranth-boards and the YoWASP tools
+(:mod:`elmoe3d.sim.flow.boards`). Prints the routed timing summary.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ HELP = "build a self-testing bitstream for a board (iCEBreaker .bin, ULX3S-85F .
 
 
 def register(p):
-    from ..sim.boards import BOARDS
+    from ..sim.flow.boards import BOARDS
     p.add_argument("--board", required=True, choices=BOARDS, help="target board")
     p.add_argument("--block", default=None,
                    help="design under test: 'tile' (the whole tile) or a block with golden "
@@ -38,7 +38,7 @@ def register(p):
 
 
 def run(args) -> int:
-    from ..sim.boards import build_board, load_boards
+    from ..sim.flow.boards import build_board, load_boards
     if args.dots < 1:
         raise ValueError(f"--dots must be >= 1, not {args.dots}")
     board = load_boards()[args.board]

@@ -1,6 +1,6 @@
 """``elmoe3d moe-bench``: the MoE layer's cycles per pass against each pass's
 bound (HB, LPDDR or PE), per role and residency, for passes of 1, 4, 16 tokens
-and a whole verification step (:mod:`elmoe3d.sim.moe_bench`).
+and a whole verification step (:mod:`elmoe3d.sim.run.moe_bench`).
 
 ``elmoe3d moe-bench`` runs ``default`` (about ten minutes, plus the
 Verilator build the first time); ``--record`` writes the recorded copy and
@@ -37,7 +37,7 @@ def register(p):
 def run(args) -> int:
     from ..config import preset
     from ..report import text_table
-    from ..sim import moe_bench as mb
+    from ..sim.run import moe_bench as mb
     from ._common import writable_file
     names = [x.strip() for x in args.preset.split(",") if x.strip()]
     if not names:

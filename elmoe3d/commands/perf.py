@@ -200,7 +200,7 @@ def _claims(args) -> int:
         for f in (root / "README.md", root / "docs" / "blocks" / "perf.md"):
             if f.is_file() and cl.write_tables(f, rec):
                 print(f"updated {f}")
-        from ..sim.generated import replace_between
+        from ..sim.flow.generated import replace_between
         doc = root / "docs" / "blocks" / "perf.md"
         if replace_between(doc, val.THREE_WAY_MARKERS, val.three_way_table(res["three_way"])):
             print(f"updated {doc} (three ways)")

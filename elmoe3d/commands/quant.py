@@ -61,7 +61,7 @@ def _evidence():
 
 
 def run(args) -> int:
-    from ..sim.quant_study import lm_bit_axis, run_study
+    from ..sim.lm.quant_study import lm_bit_axis, run_study
     if not 1 <= args.lm_windows <= 64:
         raise ValueError(f"--lm-windows must be in 1..64, not {args.lm_windows!r}")
     out = writable_file(args.json, "--json") if args.json else None
@@ -86,7 +86,7 @@ def run(args) -> int:
 
 def build_section(ctx):
     from ..report import Section
-    from ..sim.quant_study import lm_bit_axis, run_study
+    from ..sim.lm.quant_study import lm_bit_axis, run_study
     ctx.progress("quantisation study")
     study = run_study(real=True)
     first_real = [d for d in study["results"] if d.startswith("minilm")][:1]

@@ -53,7 +53,7 @@ def register(p):
 
 
 def repo_readme() -> Path:
-    from ..sim.records import RECORD_DIR
+    from ..sim.flow.records import RECORD_DIR
     return RECORD_DIR.parent.parent.parent / "README.md"
 
 
@@ -63,7 +63,7 @@ def current_hashes(names) -> dict:
 
     from ..blocks import get_block
     from ..config import preset
-    from ..sim.harness import verilog_text
+    from ..sim.run.harness import verilog_text
     cfg = preset(PRESET)
     out = {}
     for n in names:
@@ -87,15 +87,15 @@ def doc_pages() -> list[Path]:
 
 def stale_pages(cat: dict, pages: list[Path] | None = None) -> list[Path]:
     """Pages whose generated Numbers tables differ from the catalogue."""
-    from ..sim.catalogue import doc_numbers, expected
+    from ..sim.flow.catalogue import doc_numbers, expected
     blocks = cat.get("blocks", {})
     return [p for p in (pages if pages is not None else doc_pages()) if p.is_file() and any(
         text != expected(n, blocks) for n, text in doc_numbers(p.read_text()).items())]
 
 
 def check(args) -> int:
-    from ..sim.catalogue import readme_table, table
-    from ..sim.records import load_catalogue
+    from ..sim.flow.catalogue import readme_table, table
+    from ..sim.flow.records import load_catalogue
     names = parse_blocks(args.blocks)
     cat = load_catalogue()
     bad = stale(names, cat)
@@ -122,9 +122,9 @@ def run(args) -> int:
     from ..blocks import get_block
     from ..config import preset
     from ..report import Progress
-    from ..sim import records
-    from ..sim import synth as flow
-    from ..sim.catalogue import entry, write_docs, write_readme
+    from ..sim.flow import records
+    from ..sim.flow import synth as flow
+    from ..sim.flow.catalogue import entry, write_docs, write_readme
     from .synth import parse_seeds, parse_timeout, run_synth
     names = parse_blocks(args.blocks)
     seeds = parse_seeds(args.seeds)
@@ -178,8 +178,8 @@ def run(args) -> int:
 def _demo_points(cfg, names, work: Path, seeds, pnr: bool, progress) -> set:
     """Synthesise (and so record) the peers and area sweeps `make demo` shows;
     the hashes of their Verilog."""
-    from ..sim.peers import peer_table
-    from ..sim.scaling import run_sweeps
+    from ..sim.flow.peers import peer_table
+    from ..sim.flow.scaling import run_sweeps
     from .build import FMAX_MAX_CELLS
     used = set()
     if {"pe", "pe_plain", "mac_int8", "bitfusion", "bitserial"} & set(names):

@@ -1,5 +1,5 @@
 """``elmoe3d sweep --set lanes=8,16,32 --set slice_bits=2,4 --blocks pe,tag_unit``:
-a design-space sweep, every point a Dask task (:mod:`elmoe3d.sim.sweep`)."""
+a design-space sweep, every point a Dask task (:mod:`elmoe3d.sim.flow.sweep`)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def run(args) -> int:
     from ..config import preset
     from ..extras import EXTRAS, require
     from ..report import Progress
-    from ..sim.sweep import check_points, parse_sets, points, run_sweep, write_outputs
+    from ..sim.flow.sweep import check_points, parse_sets, points, run_sweep, write_outputs
     from ._common import parse_blocks, writable_dir, writable_file
     from .synth import parse_seeds
     preset(args.preset)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from ..extras import require
 from ..report import Progress
-from ..sim.synth_tables import (fpga_table, generic_table, markdown, pipelining_table,  # noqa: F401
-                                 ratio_lines, text_report)
+from ..sim.flow.synth_tables import (fpga_table, generic_table, markdown, pipelining_table,
+                                     ratio_lines, text_report)
 from ._common import (add_blocks_arg, add_config_args, blocks_from_args, config_from_args,
                       writable_dir, writable_file)
 
@@ -41,7 +41,7 @@ def register(p):
                    help="stop any one Yosys or nextpnr call after SECONDS (default: 3600; "
                         "0: no limit, e.g. to place and route the whole tile)")
     p.add_argument("--sweep", action="store_true",
-                   help="also run the scaling sweeps (PE lanes, tag-unit slots, ...; sim/scaling.py)")
+                   help="also run the scaling sweeps (PE lanes, tag-unit slots, ...; sim/flow/scaling.py)")
     p.add_argument("--sweep-only", action="append", default=[], metavar="KEY=V,V",
                    help="with --sweep: only the points with these values of KEY, e.g. "
                         "--sweep-only tag_slots=16,32 (repeatable)")
@@ -52,7 +52,7 @@ def register(p):
 
 
 def parse_targets(text: str | None, fmax: bool) -> tuple[str, ...]:
-    from ..sim.synth import TARGETS
+    from ..sim.flow.synth import TARGETS
     names = [t.strip() for t in (text or "generic").split(",") if t.strip()]
     for t in names:
         if t not in TARGETS:
@@ -99,7 +99,7 @@ def run_synth(cfg, blocks, workroot: Path, *, targets=("generic",), fmax: bool =
     ``pnr``: place and route (``True``), area only (``False``), or place and
     route only where recorded (``"recorded"``); ``seeds="recorded"`` uses
     the recorded seeds of each block (``sim.synth.fpga_target``)."""
-    from ..sim.synth import synth_block
+    from ..sim.flow.synth import synth_block
     progress = progress or Progress(quiet=True)
     if hasattr(progress, "expect"):
         progress.expect(len(blocks))              # one step per block
@@ -113,7 +113,7 @@ def run_synth(cfg, blocks, workroot: Path, *, targets=("generic",), fmax: bool =
                         fmax_max_cells=fmax_max_cells, generic=generic, progress=progress,
                         pnr=pnr if pnr else True)
         if not pnr:
-            from ..sim.synth import fpga_target
+            from ..sim.flow.synth import fpga_target
             for t in fpga:
                 r[t] = fpga_target(b.shared(b.params(cfg)), b.name, b.top, workroot / b.name, t,
                                    pnr=False,
@@ -126,7 +126,7 @@ def run_synth(cfg, blocks, workroot: Path, *, targets=("generic",), fmax: bool =
                      "result for its Verilog", step=False)
         results[b.name] = r
     if sweep:
-        from ..sim.scaling import run_sweeps
+        from ..sim.flow.scaling import run_sweeps
         st = tuple(t for t in targets if t != "ice40")
         for name, pts in run_sweeps(cfg, [b.name for b in blocks], workroot, targets=st,
                                     pnr=pnr if sweep_pnr is None else sweep_pnr, seeds=seeds,
@@ -172,7 +172,7 @@ def run(args) -> int:
     timeout = parse_timeout(args.tool_timeout)
     if args.sweep_only and not args.sweep:
         raise ValueError("--sweep-only needs --sweep")
-    from ..sim.sweep import parse_sets
+    from ..sim.flow.sweep import parse_sets
     only = parse_sets(args.sweep_only, "--sweep-only")
     if args.fmax and args.no_pnr:
         raise ValueError("--fmax places and routes, --no-pnr skips place and route: give one "
@@ -190,7 +190,7 @@ def run(args) -> int:
     if args.no_generic and targets == ("generic",):
         raise ValueError("--no-generic needs an FPGA target (--fmax or --target ecp5/ice40)")
     if timeout is not None:
-        from ..sim import synth as flow
+        from ..sim.flow import synth as flow
         flow.TOOL_TIMEOUT_S = timeout
     results = run_synth(cfg, blocks, Path(args.workdir), targets=targets, pnr=not args.no_pnr,
                         seeds=seeds, sweep=args.sweep, progress=Progress(),
@@ -198,10 +198,10 @@ def run(args) -> int:
     print(text_report(results, targets))
     doc = {"config": cfg.to_dict(), "targets": list(targets), "blocks": results}
     if args.peers:
-        from ..sim.peers import peer_table
+        from ..sim.flow.peers import peer_table
         doc["peers"] = peer_table(cfg, Path(args.workdir), seeds=seeds, pnr=not args.no_pnr,
                                   progress=Progress(quiet=True))
-        from ..sim.peers import peer_text
+        from ..sim.flow.peers import peer_text
         print("\n" + peer_text(doc["peers"]))
     if out:
         out.write_text(json.dumps(doc, indent=2))

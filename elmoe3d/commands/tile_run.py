@@ -1,7 +1,7 @@
 """``elmoe3d tile-run``: long runs of the tile top on the native harness --
 the report's routing traces for hundreds of decode steps, every response,
 counter, trace event and layer output checked against the golden, cycles per
-output token measured after a warm-up (:mod:`elmoe3d.sim.tile_run`).
+output token measured after a warm-up (:mod:`elmoe3d.sim.run.tile_run`).
 
 One run: ``elmoe3d tile-run --trace zipf --batch 4 --mode sd --steps 64
 --warmup 32 --seed 1 --json F``. A set: comma lists (``--trace zipf,lm
@@ -117,7 +117,7 @@ def _command(args) -> str:
 
 
 def _specs(args):
-    from ..sim import tile_run as tr
+    from ..sim.run import tile_run as tr
     kw = dict(latency=args.latency, lpddr_bytes_per_cycle=args.lpddr_bytes_per_cycle,
               preset=args.preset)
     if args.preset is not None:
@@ -146,7 +146,7 @@ def _specs(args):
 
 def run(args) -> int:
     from ..report import text_table
-    from ..sim import tile_run as tr
+    from ..sim.run import tile_run as tr
     from ._common import writable_file
     if args.workers < 1:
         raise ValueError(f"--workers must be >= 1, not {args.workers}")
@@ -168,7 +168,7 @@ def run(args) -> int:
     def say(text):
         if not quiet:
             print(f"[{time.monotonic() - t0:6.1f} s] {text}", file=sys.stderr, flush=True)
-    from ..sim.sweep import text_bar
+    from ..sim.flow.sweep import text_bar
     say(f"{len(specs)} run(s); native tile models built or found first")
     res = tr.run_set(specs, scheduler=args.scheduler, workers=args.workers,
                      progress=None if quiet else text_bar("tile runs"), build_progress=say)
@@ -233,7 +233,7 @@ def recorded_steady_state() -> Path:
 
 def build_section(ctx):
     from ..report import Section, md_table, text_table
-    from ..sim import tile_run as tr
+    from ..sim.run import tile_run as tr
     f = ctx.outdir / "measured" / STEADY_FILE
     recorded = not f.is_file()
     if recorded:
@@ -258,7 +258,7 @@ def build_section(ctx):
 
 def _report(args) -> int:
     """``--report``: the report runs of both traces on the native tile."""
-    from ..sim import tile_run as tr
+    from ..sim.run import tile_run as tr
     from ..sim.perf import rtl_compare as rc
     from ._common import writable_file
     if args.record:
@@ -286,7 +286,7 @@ def _report(args) -> int:
     print(f"wrote {rep_path} and {cnt_path} ({time.monotonic() - t0:.0f} s); every run equal "
           "to the golden: yes")
     if args.record:
-        from ..sim.generated import replace_between
+        from ..sim.flow.generated import replace_between
         from .record import repo_readme
         docs = repo_readme().parent / "docs" / "blocks"
         replace_between(docs / "tile.md", tr.REPORT_MARKERS, tr.report_table(report))

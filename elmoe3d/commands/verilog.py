@@ -1,9 +1,9 @@
 """``elmoe3d verilog --out DIR``: one Verilog file per block with its
 interface sheet (a header comment naming the configuration, the clock and
 reset convention and every port's payload bit map; the same as JSON in
-``<top>.json``; :mod:`elmoe3d.sim.sheet`), and a FuseSoC CAPI2 core
+``<top>.json``; :mod:`elmoe3d.sim.flow.sheet`), and a FuseSoC CAPI2 core
 (``<top>.core``: the Verilog, a default and a Verilator ``lint`` target, the
-bit map in its description; :mod:`elmoe3d.sim.cores`).
+bit map in its description; :mod:`elmoe3d.sim.flow.cores`).
 
 ``--suffix config`` (or any identifier text) is appended to every module
 name, file name and core name, so that the same block at two configurations
@@ -41,7 +41,7 @@ _SUFFIX = re.compile(r"^[A-Za-z0-9_]*$")
 def resolve_suffix(text: str, cfg) -> str:
     """``--suffix``: ``config`` -> the configuration's suffix, else ``text``
     itself once it is a valid piece of a Verilog identifier."""
-    from ..sim.sheet import suffix_for
+    from ..sim.flow.sheet import suffix_for
     if text == "config":
         return suffix_for(cfg)
     if not _SUFFIX.match(text or ""):
@@ -53,9 +53,9 @@ def write_all(cfg, blocks, out: Path, progress=None, cores: bool = True, suffix:
               preset: str | None = None) -> dict:
     """Verilog (with its interface sheet), ``<top>.json`` and, with
     ``cores``, a FuseSoC core per block into ``out``; ``{block: path}``."""
-    from ..sim.cores import write_core, write_waiver_core
-    from ..sim.harness import write_verilog
-    from ..sim.sheet import header, sheet
+    from ..sim.flow.cores import write_core, write_waiver_core
+    from ..sim.run.harness import write_verilog
+    from ..sim.flow.sheet import header, sheet
     out.mkdir(parents=True, exist_ok=True)
     written = {}
     if cores:

@@ -476,7 +476,7 @@ def points_table(rec: dict) -> str:
 def write_tables(path, rec: dict) -> bool:
     """Rewrite both generated tables in ``path`` (where present); ``True`` if
     it changed."""
-    from ..generated import replace_between
+    from ..flow.generated import replace_between
     text = path.read_text()
     a = replace_between(path, MARKERS, readme_table(rec)) if MARKERS[0] in text else False
     b = (replace_between(path, POINT_MARKERS, points_table(rec))

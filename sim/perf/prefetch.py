@@ -44,7 +44,7 @@ def _round_prefetches(events) -> dict:
 def _priced(r, s, prefetch, v):
     """Model cycles per output token of one steady-state run's window, the
     prefetch's wait included, and the run's prefetch counts."""
-    from .. import tile_run as trun
+    from ..run import tile_run as trun
     with tm.record_steps() as log:
         g = trun.golden_run(s, va._steps_of(s, r), prefetch=prefetch)
     recs = va._window(r, tm.records(log))
@@ -73,7 +73,7 @@ def project(prefetch: int = 8, constants: tm.Constants | None = None) -> list:
     Elastic-SD with ``prefetch`` outstanding prefetches; SD/AR of both; the
     RTL's measured AR and SD beside them; the prefetches' hit rate (share
     the verification hit)."""
-    from .. import tile_run as trun
+    from ..run import tile_run as trun
     c = constants or va.fit(va.report_rows() + [r for r in va.bench_rows() if r["set"] in va.TRAIN])
     v = c.vector()
     rec = json.loads((va.DATA / "steady_state.json").read_text())

@@ -61,7 +61,7 @@ def _row(set_, name, phase, feats, rtl):
 
 @functools.lru_cache(maxsize=None)
 def _report_recs():
-    from .. import report_runs as dec
+    from ..run import report_runs as dec
     from ...golden import esd as gesd
     out = {}
     for name, cfg, R in dec.report_traces():
@@ -94,7 +94,7 @@ def report_rows(compute=True, restream=True) -> list:
 def _steady_logs():
     """Per steady-state run: the record and the golden controller's log of
     its decode (warm-up included)."""
-    from .. import tile_run as trun
+    from ..run import tile_run as trun
     rec = json.loads((DATA / "steady_state.json").read_text())
     out = []
     for r in rec["runs"]:
@@ -118,7 +118,7 @@ def _steady_recs():
 def _steps_of(s, r) -> int:
     """Decode steps of the run's golden decode (``tile_run.run_one``: the
     warm-up's rounds, then ``steps`` more)."""
-    from .. import tile_run as trun
+    from ..run import tile_run as trun
     warm = trun.golden_run(s, s["warmup"]).counters["decode_steps"] if s["warmup"] else 0
     return warm + s["steps"]
 

@@ -1,6 +1,6 @@
 """Formal wrapper of :class:`elmoe3d.hw.tag_unit.TagUnit`: its safety
 properties as Amaranth ``Assert`` / ``Assume`` statements for SymbiYosys
-(:func:`elmoe3d.sim.formal.run_sby`). Test scaffolding, not a block.
+(:func:`elmoe3d.sim.run.formal.run_sby`). Test scaffolding, not a block.
 
 Environment (``Assume``)
 ------------------------

@@ -45,7 +45,7 @@ __all__ = ["SIMULATORS", "simulate", "simulator_available", "verilator_bin_dir",
 
 SIMULATORS = ("verilator", "icarus")
 TIMESCALE = ("1ns", "1ps")
-_PKG_ROOT = Path(__file__).resolve().parent.parent     # repo root (editable) or site-packages/elmoe3d
+_PKG_ROOT = Path(__file__).resolve().parents[2]   # repo root (editable) or site-packages/elmoe3d
 VERILATOR_ARGS = ["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC", "-Wno-UNUSEDSIGNAL",
                    "-Wno-UNOPTFLAT", "-Wno-CASEINCOMPLETE", "-O2"]
 
@@ -135,7 +135,7 @@ def verilog_text(component, top: str) -> str:
 def write_verilog(component, top: str, path: Path, header: str = "") -> Path:
     """Convert an Amaranth component to Verilog with top module ``top``; the
     file is rewritten only when its text changes (keeps build caches valid).
-    ``header`` (comment lines: the interface sheet, :mod:`elmoe3d.sim.sheet`)
+    ``header`` (comment lines: the interface sheet, :mod:`elmoe3d.sim.flow.sheet`)
     goes first; caches key on the text without it."""
     text = header + verilog_text(component, top)
     path.parent.mkdir(parents=True, exist_ok=True)

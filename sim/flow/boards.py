@@ -54,12 +54,12 @@ def _platform(board: dict):
 def board_top(board_name: str, *, block: str | None = None, cfg=None, dots: int = 8):
     """The self-test design for a board: ``(top, selftest, block name)``.
 
-    ``block`` ``"tile"`` builds :class:`~elmoe3d.sim.tile_selftest.TileSelfTest`
+    ``block`` ``"tile"`` builds :class:`~elmoe3d.sim.flow.tile_selftest.TileSelfTest`
     (the whole tile, its LPDDR image and host script on chip); any block with
-    golden vectors (:data:`~elmoe3d.sim.selftest.VECTORS`) builds
-    :class:`~elmoe3d.sim.selftest.StreamSelfTest` of that block."""
-    from ..blocks import get_block
-    from ..config import preset
+    golden vectors (:data:`~elmoe3d.sim.flow.selftest.VECTORS`) builds
+    :class:`~elmoe3d.sim.flow.selftest.StreamSelfTest` of that block."""
+    from ...blocks import get_block
+    from ...config import preset
     from .selftest import StreamSelfTest, vectors_for
     boards = load_boards()
     if board_name not in boards:
@@ -91,7 +91,7 @@ def _rom_summary(st) -> dict:
             "expected": {k: len(v) for k, v in st.expected.items()}}
 
 
-#: Yosys for ECP5 the way ``sim/synth.py`` runs it: ``synth_ecp5`` up to
+#: Yosys for ECP5 the way ``sim/flow/synth.py`` runs it: ``synth_ecp5`` up to
 #: ``map_luts``, classic ``abc -lut 4``, then the rest (YoWASP Yosys 0.70's
 #: ABC9 crashes on designs of the tile's size)
 ECP5_SYNTH = {"synth_opts": "-run begin:map_luts",

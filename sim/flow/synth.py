@@ -51,13 +51,13 @@ figure last; the flow reads the routed figure (the report JSON, checked
 against the last ``Max frequency for clock`` line of the log). It also has
 nextpnr write the routed delays as SDF and lists *every* endpoint that
 misses the target, grouped by the components it runs between
-(:mod:`elmoe3d.sim.sta`; each seed's result has them under ``misses``):
+(:mod:`elmoe3d.sim.flow.sta`; each seed's result has them under ``misses``):
 nextpnr itself names only the worst path.
 
 Every stage caches its result in its work folder, keyed by the SHA-256 of the
 Verilog logic it read and its options, so a repeated run only redoes stages
 whose RTL or constraints changed. A stage not in the work folder is looked up
-in the recorded results shipped in ``sim/data/synth/`` (:mod:`elmoe3d.sim.records`)
+in the recorded results shipped in ``sim/data/synth/`` (:mod:`elmoe3d.sim.flow.records`)
 before it runs; each result says where its figures came from (``provenance``).
 """
 
@@ -105,13 +105,13 @@ def tool(name: str) -> str:
         cand = Path(sys.executable).parent / name
         if cand.exists():
             return str(cand)
-        from ..extras import missing_extra_error
+        from ...extras import missing_extra_error
         raise missing_extra_error("synthesis", "flow", f"the {name} tool")
     return path
 
 
 def constraints_dir() -> Path:
-    return Path(__file__).resolve().parent.parent / "constraints"
+    return Path(__file__).resolve().parents[2] / "constraints"
 
 
 def load_target(target: str) -> dict:
@@ -208,7 +208,7 @@ def _local(vfile: Path, workdir: Path) -> str:
 
 def _sha(path: Path) -> str:
     """SHA-256 of a Verilog file's logic: an interface sheet at its top
-    (comments, :func:`elmoe3d.sim.sheet.logic_text`) does not count, so the
+    (comments, :func:`elmoe3d.sim.flow.sheet.logic_text`) does not count, so the
     same logic has the same key with or without one."""
     from .sheet import SHEET_BEGIN, logic_text
     raw = path.read_bytes()
@@ -616,7 +616,7 @@ def place_and_route(vfile: Path, top: str, workdir: Path, target: str, *, mhz: f
 
 
 def _write(component, top: str, path: Path) -> Path:
-    from .harness import write_verilog
+    from ..run.harness import write_verilog
     return write_verilog(component, top, path)
 
 

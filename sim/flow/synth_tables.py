@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..report import md_table, text_table
+from ...report import md_table, text_table
 
 __all__ = ["generic_table", "fpga_table", "pipelining_table", "ratio_lines", "text_report",
            "markdown", "baseline_path", "load_baseline"]

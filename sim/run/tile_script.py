@@ -3,7 +3,7 @@
 
 Shared by the cocotb tile benches (``tb/tile_top_bench.py``,
 ``tb/tile_decode.py``, ``tb/esd_ctrl_bench.py``) and the native harness
-(:mod:`elmoe3d.sim.native`), so both paths send the same commands and apply
+(:mod:`elmoe3d.sim.run.native`), so both paths send the same commands and apply
 the same checks:
 
 * plans (:class:`Plan`): :func:`random_plan` (random token vectors through
@@ -27,14 +27,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..golden import esd as gesd
-from ..golden import layout as gl
-from ..golden import moe_batched as gb
-from ..golden import moe_layer as gm
-from ..golden.vocab import ExtError
-from ..hw.esd_ctrl import COUNTERS, HostOp
-from ..hw.esd_feed import ROLE_OF_PHASE
-from ..hw.tile import TileError, TileOp
+from ...golden import esd as gesd
+from ...golden import layout as gl
+from ...golden import moe_batched as gb
+from ...golden import moe_layer as gm
+from ...golden.vocab import ExtError
+from ...hw.esd_ctrl import COUNTERS, HostOp
+from ...hw.esd_feed import ROLE_OF_PHASE
+from ...hw.tile import TileError, TileOp
 
 __all__ = ["random_layers", "lpddr_image", "plant_dense", "host_script", "golden_script",
            "Plan", "random_plan", "trace_plan", "HostScript", "host_commands",

@@ -52,7 +52,7 @@ MARKERS = ("<!-- moe-bench: generated from sim/data/moe_cycles.json -->",
 
 
 def recorded_path() -> Path:
-    return Path(__file__).resolve().parent / "data" / "moe_cycles.json"
+    return Path(__file__).resolve().parent.parent / "data" / "moe_cycles.json"
 
 
 def run(preset_name: str, out, points=None, seed: int | None = None,
@@ -60,10 +60,10 @@ def run(preset_name: str, out, points=None, seed: int | None = None,
     """Run the benchmark at a preset; the figures also go to ``out`` (JSON,
     ``{"config", "figures"}``). ``points`` selects some, e.g.
     ``["DRAFT_T16"]`` (default: :data:`POINTS` of the preset); ``passes``
-    per point (default :data:`PASSES`, else 4). Raises :class:`~elmoe3d.sim.harness.SimulationFailed`
+    per point (default :data:`PASSES`, else 4). Raises :class:`~elmoe3d.sim.run.harness.SimulationFailed`
     when the layer's outputs differ from the golden's."""
-    from ..blocks import get_block
-    from ..config import preset
+    from ...blocks import get_block
+    from ...config import preset
     from .harness import simulate
     cfg = preset(preset_name)
     block = get_block("moe_layer")
@@ -110,5 +110,5 @@ def readme_table(recorded: dict) -> str:
 
 def write_readme_table(path, recorded: dict) -> bool:
     """Rewrite the table between :data:`MARKERS` in ``path``; ``True`` if it changed."""
-    from .generated import replace_between
+    from ..flow.generated import replace_between
     return replace_between(path, MARKERS, readme_table(recorded))

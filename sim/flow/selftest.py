@@ -280,8 +280,8 @@ def _layout(dut, port):
 def pe_vectors(dut, *, dots: int = 12, seed: int = 1) -> dict:
     """Golden vectors for the bit-slice PE family: FULL and DRAFT dot
     products of random INT8 activations and weights (one to three chunks)."""
-    from ..golden import bitslice as gbs
-    from .payload import pack
+    from ...golden import bitslice as gbs
+    from ..run.payload import pack
     rng = np.random.default_rng(seed)
     L, s = dut.lanes, dut.slice_bits
     n = gbs.n_planes(s)

@@ -8,12 +8,12 @@ give it held on chip:
   :func:`~elmoe3d.golden.layout.expert_image` and the dense image,
   :func:`~elmoe3d.golden.layout.lpddr_image`), joined to the tile's
   ``m_axi_*`` master;
-* the host is a ROM of ``TileCommand`` words (:class:`~elmoe3d.sim.selftest.RomSource`):
+* the host is a ROM of ``TileCommand`` words (:class:`~elmoe3d.sim.flow.selftest.RomSource`):
   LOAD_DENSE, then a short decode (each STEP followed by its TOKEN vectors),
   then a COUNTER command for every counter the golden model keeps;
 * the answers are checked as they arrive, by the contract of ``host_rsp``:
   each response kind (OUTPUT, CTRL, TILE) in its own order against its own
-  ROM (:class:`~elmoe3d.sim.selftest.RomChecker`; the order *between* kinds
+  ROM (:class:`~elmoe3d.sim.flow.selftest.RomChecker`; the order *between* kinds
   is the RTL's choice, not the golden's), on the fields the golden model
   defines (a mask per word); and the ``trace`` stream by
   :class:`TraceSignature`: the count and the sum of the event words, which
@@ -25,8 +25,8 @@ elaboration (:func:`tile_scenario`): the golden Elastic-SD controller
 (:class:`~elmoe3d.golden.esd.EsdController`) and the golden batched MoE layer
 (:func:`~elmoe3d.golden.moe_batched.batched_forward`), through the same
 host script the tile's cocotb bench uses
-(:func:`elmoe3d.sim.tile_script.golden_script`). The verdict is the PE
-self-test's (:class:`~elmoe3d.sim.selftest.Verdict`): PASS / FAIL LEDs and
+(:func:`elmoe3d.sim.run.tile_script.golden_script`). The verdict is the PE
+self-test's (:class:`~elmoe3d.sim.flow.selftest.Verdict`): PASS / FAIL LEDs and
 one UART line, ``ELMOE3D tile PASS n=<beats checked>`` or ``... FAIL
 bad=<mismatched beats>``; a timeout is a FAIL.
 """
@@ -40,7 +40,7 @@ from amaranth.hdl import Const, Module, Mux, Signal
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..config import Config
+from ...config import Config
 from .selftest import RomChecker, RomSource, Verdict
 
 __all__ = ["AxiReadMemory", "TraceSignature", "TileScenario", "tile_scenario", "TileSelfTest",
@@ -214,20 +214,20 @@ def tile_scenario(cfg: Config, *, rounds=SCENARIO_ROUNDS, batch: int = 2,
                   seed: int = 1) -> TileScenario:
     """The golden self-test of ``cfg``: random golden layers (seeded), the
     LPDDR image, and the host script of
-    :func:`elmoe3d.sim.tile_script.golden_script` (``rounds``, Elastic-SD
+    :func:`elmoe3d.sim.run.tile_script.golden_script` (``rounds``, Elastic-SD
     or AR forced, at ``batch``), framed as the tile's commands: LOAD_DENSE
     first, each STEP followed by its TOKEN vectors, then a COUNTER for each
     counter the golden controller keeps. Expected: LOAD_DENSE answered OK
     (TILE), every CTRL response's golden fields (the counters' values), every
     layer output bit for bit with its ``last``, no ``error`` (OUTPUT), and the
     golden control events (count and word sum)."""
-    from ..golden import esd as gesd
-    from ..golden import layout as gl
-    from ..hw.esd_ctrl import COUNTERS, HostOp
-    from ..hw.tile import TileError, TileOp, TileRspKind, tile_command, tile_response
-    from ..hw.vocab import vocab
-    from .payload import pack
-    from .tile_script import golden_script, lpddr_image, random_layers
+    from ...golden import esd as gesd
+    from ...golden import layout as gl
+    from ...hw.esd_ctrl import COUNTERS, HostOp
+    from ...hw.tile import TileError, TileOp, TileRspKind, tile_command, tile_response
+    from ...hw.vocab import vocab
+    from ..run.payload import pack
+    from ..run.tile_script import golden_script, lpddr_image, random_layers
 
     np_rng = np.random.default_rng(seed)
     layers = random_layers(cfg, np_rng)
@@ -301,7 +301,7 @@ class TileSelfTest(wiring.Component):
     Members
     -------
     passed, failed, done : Out(1)
-        The verdict (LEDs), :class:`~elmoe3d.sim.selftest.Verdict`'s.
+        The verdict (LEDs), :class:`~elmoe3d.sim.flow.selftest.Verdict`'s.
     uart_tx : Out(1)
         The result line.
     mismatches : Out(16)
@@ -329,7 +329,7 @@ class TileSelfTest(wiring.Component):
                           "uart_tx": Out(1, init=1), "mismatches": Out(16)})
 
     def elaborate(self, platform):
-        from ..hw.tile import Tile, TileRspKind
+        from ...hw.tile import Tile, TileRspKind
         m = Module()
         cfg, sc = self.cfg, self.scenario
         m.submodules.tile = tile = Tile(cfg)

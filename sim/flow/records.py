@@ -1,6 +1,6 @@
 """Recorded synthesis results: the flow's stage results, shipped in ``sim/data/synth/``.
 
-Every stage of the synthesis flow (:mod:`elmoe3d.sim.synth`: the generic
+Every stage of the synthesis flow (:mod:`elmoe3d.sim.flow.synth`: the generic
 Yosys run, the ECP5/iCE40 area runs, one nextpnr run per seed) is keyed by
 the SHA-256 of the Verilog logic it read and the constraints that matter to
 it. Its local cache lives in the work folder; this module is the second
@@ -21,7 +21,7 @@ Files
     as ``elmoe3d synth`` reports it (generic, ECP5, iCE40), with the hash of
     its Verilog logic, its ports' payload types and where each figure came
     from. README's block table is generated from it
-    (:mod:`elmoe3d.sim.catalogue`).
+    (:mod:`elmoe3d.sim.flow.catalogue`).
 
 ``elmoe3d record`` refreshes both for the blocks whose Verilog changed.
 
@@ -44,7 +44,7 @@ from pathlib import Path
 __all__ = ["RECORD_DIR", "CATALOGUE", "norm_key", "lookup", "block_stage", "stages_of", "record",
            "provenance", "settings", "record_files", "load_catalogue", "git_commit"]
 
-RECORD_DIR = Path(__file__).resolve().parent / "data" / "synth"
+RECORD_DIR = Path(__file__).resolve().parent.parent / "data" / "synth"
 CATALOGUE = RECORD_DIR / "blocks.json"
 
 #: Flow-wide switches, set by the commands (``--resynth``, ``elmoe3d record``):
@@ -151,7 +151,7 @@ def git_commit(root: Path | None = None) -> str | None:
         if c.returncode:
             return None
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "hw", "elmoe3d", "golden",
-                                "constraints", "sim/synth.py"], cwd=root, capture_output=True,
+                                "constraints", "sim/flow/synth.py"], cwd=root, capture_output=True,
                                text=True, timeout=20).stdout.strip()
         return c.stdout.strip() + ("+" if dirty else "")
     except (OSError, subprocess.SubprocessError):

@@ -1,10 +1,10 @@
 """Out-of-context ECP5 place and route of single components of the batched
 MoE datapath (``hw/moe/``) at a preset's geometry, through the flow of
-:func:`elmoe3d.sim.synth.fpga_target` (I/O-registered wrapper, the
+:func:`elmoe3d.sim.flow.synth.fpga_target` (I/O-registered wrapper, the
 constraints file's 125 MHz target). Faster than the whole layer (minutes
 instead of hours) and names the component that limits it.
 
-    python -m elmoe3d.sim.moe_parts issue vector_unit --seeds 1 [--preset default]
+    python -m elmoe3d.sim.flow.moe_parts issue vector_unit --seeds 1 [--preset default]
 
 Prints one line per component: name, Fmax (MHz), critical path, seconds.
 Results are cached under ``build/moe_parts/<name>`` like every flow stage.
@@ -17,16 +17,16 @@ import json
 import time
 from pathlib import Path
 
-from ..config import preset
-from ..hw.moe.common import geom
-from ..hw.moe.ext_port import ExtWriter
-from ..hw.moe.hb_reader import HBReader
-from ..hw.moe.issue import Issue
-from ..hw.moe.scheduler import ExpertScheduler
-from ..hw.moe.softmax import Softmax
-from ..hw.moe.tokens import TokenStore
-from ..hw.moe.topk import TopK
-from ..hw.moe.vector_unit import VectorUnit
+from ...config import preset
+from ...hw.moe.common import geom
+from ...hw.moe.ext_port import ExtWriter
+from ...hw.moe.hb_reader import HBReader
+from ...hw.moe.issue import Issue
+from ...hw.moe.scheduler import ExpertScheduler
+from ...hw.moe.softmax import Softmax
+from ...hw.moe.tokens import TokenStore
+from ...hw.moe.topk import TopK
+from ...hw.moe.vector_unit import VectorUnit
 from . import synth as fl
 
 
@@ -39,7 +39,7 @@ def parts(g):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m elmoe3d.sim.moe_parts")
+    p = argparse.ArgumentParser(prog="python -m elmoe3d.sim.flow.moe_parts")
     p.add_argument("names", nargs="+")
     p.add_argument("--preset", default="default")
     p.add_argument("--seeds", default="1")

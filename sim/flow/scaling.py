@@ -66,7 +66,7 @@ def run_sweeps(cfg, names, workroot: Path, *, targets=("generic",), pnr=True, se
     A block in :data:`ON_REQUEST` is swept only when ``max_cells`` is None;
     otherwise its points come back with an ``error`` saying why.
     """
-    from ..blocks import get_block
+    from ...blocks import get_block
     from .synth import fpga_target, synth_block
     out = {}
     for name in names:
@@ -148,7 +148,7 @@ def plot_sweeps(sweeps: dict, outdir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..report import save_png
+    from ...report import save_png
     outdir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, pts in sweeps.items():

@@ -1,7 +1,7 @@
 """The block catalogue: README's block table, generated from the recorded results.
 
 ``sim/data/synth/blocks.json`` (written by ``elmoe3d record``,
-:mod:`elmoe3d.sim.records`) holds every registered block at the ``default``
+:mod:`elmoe3d.sim.flow.records`) holds every registered block at the ``default``
 configuration: what ``elmoe3d synth`` reports for it (generic cells, ECP5 and
 iCE40 area, median Fmax over the recorded seeds), the hash of its Verilog
 logic, its ports' payload types and its latency and throughput (the

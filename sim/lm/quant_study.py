@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..golden import bitslice as gbs
+from ...golden import bitslice as gbs
 
 __all__ = ["run_study", "quantize_rows", "scheme_weights", "error_stats", "real_ffn_weights",
            "SCHEMES", "lm_bit_axis"]
@@ -175,8 +175,8 @@ def lm_bit_axis(windows: int = 16, variants=None, evidence: dict | None = None) 
     acceptance the evidence run measured for those rows (mean over its
     trained models, hotness residents) when ``evidence`` (its cached result)
     is given. Returns ``{"rows": [...], "notes": [...]}``."""
-    from ..golden import lm as glm
-    from .lm import evidence as ev
+    from ...golden import lm as glm
+    from . import evidence as ev
     variants = variants or ev.VARIANTS
     cached = windows == 0 and evidence and evidence.get("bit_axis")
     if cached:                     # the evidence run's own rows (64 windows), no recomputation

@@ -1,7 +1,7 @@
 """Peers per area: MACs per cycle (and per second) per LUT4 and per generic
 cell, at INT8 weights and at 4-bit (draft) weights.
 
-Every peer is synthesised by the same flow (:mod:`elmoe3d.sim.synth`) at the
+Every peer is synthesised by the same flow (:mod:`elmoe3d.sim.flow.synth`) at the
 same lanes and ``max_len``; Fmax is the ECP5 median over the constraints
 file's seeds. MACs per cycle are the *cycles per chunk* of each design, which
 its cocotb throughput test measures (the cycle counts are asserted there:
@@ -67,8 +67,8 @@ def _macs_per_cycle(peer: Peer, lanes: int, w4: bool, tokens: int = 1) -> float:
 def peer_table(cfg, workroot: Path, *, seeds=None, pnr: bool | str = True,
                progress=None) -> dict:
     """Synthesise every peer (generic + ECP5) and compute the ratios (``pnr``
-    and ``seeds`` as for :func:`elmoe3d.sim.synth.fpga_target`)."""
-    from ..blocks import get_block
+    and ``seeds`` as for :func:`elmoe3d.sim.flow.synth.fpga_target`)."""
+    from ...blocks import get_block
     from .synth import synth_block
     if cfg.slice_bits != 4:
         cfg = cfg.replace(slice_bits=4)
@@ -147,11 +147,11 @@ def _summary(t) -> list[str]:
 
 
 def peer_text(t) -> str:
-    from ..report import text_table
+    from ...report import text_table
     return "\n".join([f"peers (L={t['lanes']}, ECP5 LUT4, median Fmax):",
                       text_table(_HEAD, _rows(t))] + _summary(t))
 
 
 def peer_markdown(t) -> str:
-    from ..report import md_table
+    from ...report import md_table
     return "\n".join([md_table(_HEAD, _rows(t)), ""] + [f"- {x}" for x in _summary(t)])

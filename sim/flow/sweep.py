@@ -25,7 +25,7 @@ def parse_sets(items: list[str], flag: str = "--set") -> dict[str, list[int]]:
     name ``flag``, the option the items came from."""
     import dataclasses
 
-    from ..config import Config
+    from ...config import Config
     fields = {f.name for f in dataclasses.fields(Config)}
     out = {}
     for item in items:
@@ -56,8 +56,8 @@ def check_points(pts: list[dict], preset_name: str) -> list[dict]:
     """The points the configuration refuses (each with ``error``), found by
     building each point's ``Config`` and component here, before any worker
     starts: a sweep of refused points fails at once, not after a cluster."""
-    from ..blocks import get_block
-    from ..config import preset
+    from ...blocks import get_block
+    from ...config import preset
     refused = []
     for p in pts:
         try:
@@ -71,8 +71,8 @@ def run_point(point: dict, preset_name: str, workroot: str, fmax: bool, seeds) -
     """One task (runs in a Dask worker): synthesise one block at one point.
     A configuration the Config refuses is a result with ``error``, not a
     failed sweep."""
-    from ..blocks import get_block
-    from ..config import preset
+    from ...blocks import get_block
+    from ...config import preset
     from .synth import synth_block
     over = point["overrides"]
     b = get_block(point["block"])
@@ -114,7 +114,7 @@ def run_sweep(pts: list[dict], *, preset_name: str, workroot: Path, fmax: bool =
     """Run every point as a Dask task; results in point order. ``progress``:
     ``True`` for progress lines on stderr, ``False`` for none, or an
     :class:`elmoe3d.report.Progress` (one step per finished point)."""
-    from ..report import Progress
+    from ...report import Progress
     if progress is True:
         progress = Progress()
     root = str(Path(workroot).resolve())
@@ -214,7 +214,7 @@ def write_outputs(results: list[dict], *, json_path: Path | None, csv_path: Path
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        from ..report import save_png
+        from ...report import save_png
         have_f = any(r.get("fmax_mhz") for r in results)
         xk = "lut4" if have_f else "cells"
         yk = "draft_gmacs_per_s" if have_f else "draft_macs_per_cycle"

@@ -7,7 +7,7 @@ A run (:func:`run_one`, a dict ``spec``) is a golden
 :func:`~elmoe3d.golden.esd.run_trace` decode of one of the report's traces
 (:data:`TRACES`: the synthetic Zipf + reuse trace on the ``default`` tile,
 the in-project LM's own routing on the ``lm`` tile;
-:func:`elmoe3d.sim.report_runs.report_traces`) at a batch, AR or Elastic-SD
+:func:`elmoe3d.sim.run.report_runs.report_traces`) at a batch, AR or Elastic-SD
 forced every round (or the controller's choice, ``auto``; ``lpddr``: AR
 with the HB expert cache off, every expert from LPDDR -- the LPDDR-only xPU
 analogue of the paper's baseline, on the same tile), the golden's
@@ -15,8 +15,8 @@ random acceptance (each draft accepted with ``accept_p`` = 0.7, as the
 report runs), for ``warmup + steps`` decode steps. The tile runs it on trace
 layers (:func:`~elmoe3d.golden.moe_batched.trace_layer`: each step's
 rankings become token vectors its router ranks as the trace;
-:func:`elmoe3d.sim.tile_script.trace_plan`), natively
-(:func:`elmoe3d.sim.native.replay`).
+:func:`elmoe3d.sim.run.tile_script.trace_plan`), natively
+(:func:`elmoe3d.sim.run.native.replay`).
 
 Measured over the rounds after the warm-up (the warm-up ends with the round
 in which the decode steps reach ``warmup``; the window starts at the cycle
@@ -30,7 +30,7 @@ is a prefix of the longer one). The tile's own counters over the whole run
 are read over its host port and compared with the golden's, as everything
 else.
 
-Independent runs go to Dask (:func:`run_set`, :func:`elmoe3d.sim.sweep.run_tasks`:
+Independent runs go to Dask (:func:`run_set`, :func:`elmoe3d.sim.flow.sweep.run_tasks`:
 an embedded LocalCluster, or a scheduler address to scale out).
 """
 
@@ -44,7 +44,7 @@ import time
 __all__ = ["TRACES", "MODES", "STEADY_STATE", "spec", "specs", "golden_run", "run_one", "run_set",
            "summary_rows", "SUMMARY_HEAD"]
 
-#: ``--trace`` name -> index in :func:`elmoe3d.sim.report_runs.report_traces`
+#: ``--trace`` name -> index in :func:`elmoe3d.sim.run.report_runs.report_traces`
 TRACES = {"zipf": 0, "lm": 1}
 MODES = ("lpddr", "ar", "sd", "auto")
 #: The steady-state set: 32 warm-up steps, then 128 measured steps at batch 1
@@ -68,8 +68,8 @@ def _trace(name: str, preset: str | None = None):
         raise ValueError(f"The {name} trace runs on its own tile only, not on preset {preset!r}")
     import numpy as np
 
-    from ..config import preset as get
-    from ..golden import esd
+    from ...config import preset as get
+    from ...golden import esd
     cfg = get(preset)
     R = esd.synthetic_trace(np.random.default_rng(2026), requests=16, tokens=1200,
                             layers=cfg.layers, experts=cfg.experts)
@@ -84,8 +84,8 @@ def spec(trace: str, batch: int, mode: str, steps: int, warmup: int, seed: int, 
     ``lpddr_bytes_per_cycle`` the LPDDR bandwidth (``None``: one AXI beat
     per cycle), ``preset`` another tile for the Zipf trace (default: the
     trace's own, ``default``)."""
-    from ..config import check_int
-    from ..golden.esd import MAX_BATCH
+    from ...config import check_int
+    from ...golden.esd import MAX_BATCH
     if trace not in TRACES:
         raise ValueError(f"--trace must be one of {', '.join(TRACES)}, not {trace!r}")
     if mode not in MODES:
@@ -125,7 +125,7 @@ def golden_run(s, steps: int, prefetch: int = 0):
     """The golden ``run_trace`` decode of spec ``s`` for ``steps`` decode steps
     (``prefetch``: the golden controller's prefetch depth, which the RTL does
     not build yet: for the system model's projection only)."""
-    from ..golden import esd as gesd
+    from ...golden import esd as gesd
     _, cfg, R = _trace(s["trace"], s.get("preset"))
     force = {"ar": gesd.Mode.AR, "lpddr": gesd.Mode.AR, "sd": gesd.Mode.SD,
              "auto": None}[s["mode"]]
@@ -142,10 +142,10 @@ def run_one(s: dict, exe=None) -> dict:
     """One run of ``s`` (:func:`spec`): the result record (module doc)."""
     import numpy as np
 
-    from ..golden import esd as gesd
-    from ..golden import layout as gl
-    from ..golden import moe_batched as gb
-    from ..hw.esd_ctrl import HostOp
+    from ...golden import esd as gesd
+    from ...golden import layout as gl
+    from ...golden import moe_batched as gb
+    from ...hw.esd_ctrl import HostOp
     from . import native
     from . import tile_script as ts
     t0 = time.monotonic()
@@ -246,18 +246,18 @@ def energy_pj(counters: dict) -> float:
 
 
 def _preset_name(cfg) -> str:
-    from ..config import PRESETS
+    from ...config import PRESETS
     base = cfg.replace(lpddr_bytes_per_cycle=None)
     return next((n for n, c in PRESETS.items() if c == base), "custom")
 
 
 def run_set(run_specs: list[dict], *, scheduler: str | None = None, workers: int = 2,
             progress=None, build_progress=None) -> list[dict]:
-    """Every run of ``run_specs`` as a Dask task (:func:`elmoe3d.sim.sweep.run_tasks`);
+    """Every run of ``run_specs`` as a Dask task (:func:`elmoe3d.sim.flow.sweep.run_tasks`);
     the native models are built (or found) here first, once per
     configuration. Results in the order of ``run_specs``."""
     from . import native
-    from .sweep import run_tasks
+    from ..flow.sweep import run_tasks
     seen = set()
     for s in run_specs:
         cfg = _config(s).replace(lpddr_bytes_per_cycle=None)
@@ -364,7 +364,7 @@ README_MARKERS = ("<!-- steady-state: generated from sim/data/steady_state.json 
 def write_readme_table(readme, recorded: dict) -> bool:
     """Rewrite the table between :data:`README_MARKERS` (in README.md and
     docs/blocks/tile.md); ``True`` if it changed."""
-    from .generated import replace_between
+    from ..flow.generated import replace_between
     return replace_between(readme, README_MARKERS, readme_table(recorded))
 
 
@@ -386,11 +386,11 @@ def report_set(which: int, steps: int = REPORT_STEPS, exe=None):
     import numpy as np
 
     from . import report_runs as dec
-    from ..golden import layout as gl
-    from ..golden import moe_batched as gb
+    from ...golden import layout as gl
+    from ...golden import moe_batched as gb
     from . import native
     from . import tile_script as ts
-    from .perf import rtl_compare as rc
+    from ..perf import rtl_compare as rc
     name, cfg, _ = dec.report_traces()[which]
     runs = dec.report_runs(steps=steps, traces=[name])
     exe = exe or native.build(cfg)

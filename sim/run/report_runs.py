@@ -19,10 +19,10 @@ def report_traces(quick=False):
     the ``lm`` tile."""
     import numpy as np
 
-    from ..config import preset
-    from ..golden import esd
-    from ..golden.lm import DATA_DIR
-    from .perf.traces import load_trace
+    from ...config import preset
+    from ...golden import esd
+    from ...golden.lm import DATA_DIR
+    from ..perf.traces import load_trace
     cfg = preset("default")
     n = 300 if quick else 1200
     syn = esd.synthetic_trace(np.random.default_rng(2026), requests=16, tokens=n,
@@ -37,7 +37,7 @@ def report_traces(quick=False):
 def report_runs(quick=False, steps=None, traces=None):
     """Golden runs per trace, batch and mode: a list of dicts with the
     counters (``traces``: names to keep; ``steps`` default 400, quick 60)."""
-    from ..golden import esd
+    from ...golden import esd
     steps = steps or (60 if quick else 400)
     out = []
     for name, cfg, R in report_traces(quick):
@@ -65,7 +65,7 @@ def recorded_tile_report():
     uses it when ``build/measured`` has none."""
     from pathlib import Path
 
-    return Path(__file__).resolve().parent / "data" / TILE_REPORT
+    return Path(__file__).resolve().parent.parent / "data" / TILE_REPORT
 
 
 def cycles_per_token(c) -> float:

@@ -9,7 +9,7 @@ route on ECP5, every level costs some 1.3 ns on every one of those paths
 (the MoE layer had hundreds of 7-level paths in six components; removing
 the few inherently 7-level cones moved the whole distribution to 6).
 
-    python -m elmoe3d.sim.logic_depth NETLIST.json [--top N] [--match TEXT]
+    python -m elmoe3d.sim.flow.logic_depth NETLIST.json [--top N] [--match TEXT]
 
 Prints the histogram of depths over all endpoints (flip-flop inputs, and
 the inputs of block RAMs and of distributed-RAM write ports, which are
@@ -29,7 +29,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from . import run_cli
+from .. import run_cli
 from .sta import component
 
 __all__ = ["Netlist", "main"]
@@ -133,7 +133,7 @@ class Netlist:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m elmoe3d.sim.logic_depth",
+    p = argparse.ArgumentParser(prog="python -m elmoe3d.sim.flow.logic_depth",
                                 description="LUT levels per flip-flop input of a mapped "
                                             "ECP5 netlist (Yosys JSON)")
     p.add_argument("netlist", type=Path)

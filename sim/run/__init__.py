@@ -1,0 +1,1 @@
+"""Simulation runners: the cocotb harness and formal runner, the native (Verilator C++) tile harness and its scripts, the MoE pass benchmark, payload packing, the report runs and the coverage files."""
