@@ -970,7 +970,7 @@ async def fill_held_past_response(dut):
     beats. (Before the drain waited for quiet outputs it checked 40 cycles
     after the last response; the default random run at seed 1379572705
     failed so, two fill beats still in the FIFO behind back-pressure.)"""
-    tb = ExtTB(dut, idle=0.0, backpressure=0.0, axi_pause=0.0)
+    tb = ExtTB(dut, idle=0.0, backpressure=0.0, axi_pause=0.0, err_prob=0.0)
     await tb.start()
     held = tb.fill.backpressure = _Held()
     quiet = 40

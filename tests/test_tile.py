@@ -303,12 +303,13 @@ def test_tile_top_fault(tmp_path, measured_dir):
     (measured_dir / "tile_top_fault.json").write_text(json.dumps(res, indent=1))
 
 
-@pytest.mark.parametrize("word,says", [("out", "outputs differ"), ("router", "differs")])
+@pytest.mark.parametrize("word,says", [("out", "outputs differ"), ("router", "differ")])
 def test_tile_top_catches_wrong_dense(tmp_path, word, says):
-    """One corrupted word of the dense image in the LPDDR model (bit 14 of
-    layer 0's first output requantisation multiplier, or of its first router
-    word; an AR round): the bench fails on the outputs, or on the trace (the
-    routing changed)."""
+    """A corrupted dense image in the LPDDR model (bit 14 of layer 0's first
+    output requantisation multiplier; or every weight of layer 0's first
+    router row moved by 64, :func:`elmoe3d.sim.run.tile_script.plant_dense`;
+    an AR round): the bench fails on the outputs (the gates changed), or on
+    the trace (the routing changed), whatever the bench's random layers."""
     from elmoe3d.sim.run.harness import SimulationFailed
     with pytest.raises(SimulationFailed) as exc:
         _top(tmp_path, {"ELMOE_TILE_PLANT_DENSE": word, "ELMOE_TILE_ROUNDS": "AR"})

@@ -62,14 +62,18 @@ def lpddr_image(cfg, layers, dense) -> bytearray:
 
 
 def plant_dense(cfg, mem, which):
-    """Corrupt one word of the dense image in ``mem`` (bank 0's word, bit 14):
-    ``out`` = layer 0's first output requantisation multiplier, ``router`` =
-    layer 0's first router word."""
+    """Corrupt the dense image in ``mem``: ``out`` flips bit 14 of layer 0's
+    first output requantisation multiplier (bank 0's word); ``router`` flips
+    bit 6 of every byte of layer 0's first router row (every weight it holds
+    moves by 64, so that expert's logits move for any token, whatever the
+    bench's random layers and tokens are)."""
     d = gl.dense_layout(cfg)
     row = (d.params_base(0) + d.record_index["out"] * 32 // cfg.slice_vector_bits
            if which == "out" else d.router_base(0))
-    a = gl.lpddr_layout(cfg).dense_base + row * cfg.pes * cfg.slice_vector_bits // 8
-    mem[a + 1] ^= 0x40
+    row_bytes = cfg.pes * cfg.slice_vector_bits // 8
+    a = gl.lpddr_layout(cfg).dense_base + row * row_bytes
+    for i in ([1] if which == "out" else range(row_bytes)):
+        mem[a + i] ^= 0x40
 
 
 def host_script(case):
