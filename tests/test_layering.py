@@ -93,3 +93,93 @@ def test_one_name_one_file():
                 names.setdefault(f.name, []).append(d)
     twice = {n: ds for n, ds in names.items() if len(ds) > 1 and "tests" in ds}
     assert not twice, f"same file name in tests/ and elsewhere: {twice}"
+
+
+def _dotted(prefix: list, folder: Path, path: Path) -> list:
+    parts = prefix + list(path.relative_to(folder).with_suffix("").parts)
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def module_imports(parts: list, path: Path, modules) -> set:
+    """The elmoe3d modules (of ``modules``) a module (dotted ``parts``, file
+    ``path``) needs when it is imported: statements at module level only (a
+    function's own imports run later and make no import-time loop).
+    ``from X import name`` needs ``X.name`` when that is a module (``X``
+    may still be initialising: a package's ``__init__`` importing its own
+    modules is how it exports them), else ``X``."""
+    package = parts if path.name == "__init__.py" else parts[:-1]
+    out = set()
+    for n in ast.parse(path.read_text(), str(path)).body:
+        if isinstance(n, ast.Import):
+            out.update(a.name for a in n.names if a.name.startswith("elmoe3d"))
+        elif isinstance(n, ast.ImportFrom):
+            if n.level:
+                base = package[:len(package) - (n.level - 1)]
+                mod = ".".join(base + ([n.module] if n.module else []))
+            else:
+                mod = n.module or ""
+            if mod.startswith("elmoe3d"):
+                for a in n.names:
+                    out.add(f"{mod}.{a.name}" if f"{mod}.{a.name}" in modules else mod)
+    return out
+
+
+def import_cycles(folders: dict) -> list:
+    """Import-time loops among the modules of ``folders`` (``{dotted
+    package: folder}``): Tarjan's strongly connected components of more than
+    one module."""
+    files = {}
+    for pkg, d in folders.items():
+        for f in d.rglob("*.py"):
+            files[".".join(_dotted(pkg.split("."), d, f))] = f
+    graph = {m: sorted(x for x in module_imports(m.split("."), f, files)
+                       if x in files and x != m)
+             for m, f in files.items()}
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_loop():
+    """No module of the package is part of an import-time loop."""
+    folders = {"elmoe3d": ROOT / "elmoe3d", "elmoe3d.hw": ROOT / "hw",
+               "elmoe3d.golden": ROOT / "golden", "elmoe3d.sim": ROOT / "sim",
+               "elmoe3d.tb": ROOT / "tb"}
+    loops = import_cycles(folders)
+    assert not loops, f"import loops: {loops}"
+
+
+def test_import_loop_check_can_fail(tmp_path):
+    """Two modules that import each other at module level are a loop; a
+    lazy import inside a function is not."""
+    sim = tmp_path / "sim"
+    sim.mkdir()
+    (sim / "__init__.py").write_text("")
+    (sim / "a.py").write_text("from . import b\n")
+    (sim / "b.py").write_text("from .a import x\n")
+    (sim / "c.py").write_text("def f():\n    from . import a\n")
+    assert import_cycles({"elmoe3d.sim": sim}) == [["elmoe3d.sim.a", "elmoe3d.sim.b"]]
