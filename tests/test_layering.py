@@ -31,6 +31,14 @@ def _module_name(pkg: str, path: Path) -> list[str]:
     return parts[:-1] if parts[-1] == "__init__" else parts
 
 
+def _from(n: ast.ImportFrom, package: list) -> str:
+    """The absolute module of ``from ... import``, relative to ``package``."""
+    if n.level:
+        base = package[:len(package) - (n.level - 1)]
+        return ".".join(base + ([n.module] if n.module else []))
+    return n.module or ""
+
+
 def imported(pkg: str, path: Path) -> set[str]:
     """Dotted names ``path`` imports, relative imports resolved."""
     name = _module_name(pkg, path)
@@ -40,11 +48,7 @@ def imported(pkg: str, path: Path) -> set[str]:
         if isinstance(n, ast.Import):
             out.update(a.name for a in n.names)
         elif isinstance(n, ast.ImportFrom):
-            if n.level:
-                base = package[:len(package) - (n.level - 1)]
-                mod = ".".join(base + ([n.module] if n.module else []))
-            else:
-                mod = n.module or ""
+            mod = _from(n, package)
             out.add(mod)
             out.update(f"{mod}.{a.name}" for a in n.names)
     return out
@@ -113,11 +117,7 @@ def module_imports(parts: list, path: Path, modules) -> set:
         if isinstance(n, ast.Import):
             out.update(a.name for a in n.names if a.name.startswith("elmoe3d"))
         elif isinstance(n, ast.ImportFrom):
-            if n.level:
-                base = package[:len(package) - (n.level - 1)]
-                mod = ".".join(base + ([n.module] if n.module else []))
-            else:
-                mod = n.module or ""
+            mod = _from(n, package)
             if mod.startswith("elmoe3d"):
                 for a in n.names:
                     out.add(f"{mod}.{a.name}" if f"{mod}.{a.name}" in modules else mod)
