@@ -771,23 +771,10 @@ class EsdController:
         # end of the pass: fills end, then every pin is released
         aborted = set()
         for e, slot, fault in fills:
-            ev = dict(base, expert=e, slot=slot)
-            if fault:
-                c["aborts"] += 1
-                self._emit(EventKind.FILL_END, **ev, code=FillEnd.ABORT)
+            if not self._fill_end(dict(base, expert=e), slot, fault):
                 aborted.add(slot)
-            else:
-                c["fills"] += 1
-                self.tags.commit(slot)
-                self._emit(EventKind.FILL_END, **ev, code=FillEnd.COMMIT)
         for e, slot in pinned:
-            if slot in aborted:
-                self.tags.abort(slot)
-                self._emit(EventKind.INVALIDATE, **base, expert=e, slot=slot,
-                           code=InvalidateReason.ABORT)
-            else:
-                self.tags.unpin(slot)
-                self._emit(EventKind.UNPIN, **base, expert=e, slot=slot)
+            self._release(dict(base, expert=e), slot, slot in aborted)
         # the list keeps the canonical order (executed above in hardware order)
         self.events[first:] = _sort_pass(self.events[first:])
         return PassPlan(toks, ents), error
@@ -857,18 +844,33 @@ class EsdController:
         for ev, slot, tag, fault in now:
             if fault:
                 c["ext_errors"] += 1
-                c["aborts"] += 1
                 self._emit(EventKind.EXT_ERROR, **ev, slot=slot, value=fault)
-                self._emit(EventKind.FILL_END, **ev, slot=slot, code=FillEnd.ABORT)
-                self.tags.abort(slot)
-                self._emit(EventKind.INVALIDATE, **ev, slot=slot, code=InvalidateReason.ABORT)
-            else:
-                c["fills"] += 1
-                self.tags.commit(slot)
-                self._emit(EventKind.FILL_END, **ev, slot=slot, code=FillEnd.COMMIT)
-                self.tags.unpin(slot)
-                self._emit(EventKind.UNPIN, **ev, slot=slot)
+            committed = self._fill_end(ev, slot, fault)
+            self._release(ev, slot, not committed)
+            if committed:
                 self.prefetched.add(tag)
+
+    def _fill_end(self, ev, slot, fault) -> bool:
+        """End a fill: FILL_END COMMIT (the slot committed), or ABORT after
+        an LPDDR error; True when committed."""
+        if fault:
+            self.counters["aborts"] += 1
+            self._emit(EventKind.FILL_END, **ev, slot=slot, code=FillEnd.ABORT)
+            return False
+        self.counters["fills"] += 1
+        self.tags.commit(slot)
+        self._emit(EventKind.FILL_END, **ev, slot=slot, code=FillEnd.COMMIT)
+        return True
+
+    def _release(self, ev, slot, aborted: bool):
+        """Release a pinned slot: UNPIN, or INVALIDATE ABORT (freed) when its
+        fill aborted."""
+        if aborted:
+            self.tags.abort(slot)
+            self._emit(EventKind.INVALIDATE, **ev, slot=slot, code=InvalidateReason.ABORT)
+        else:
+            self.tags.unpin(slot)
+            self._emit(EventKind.UNPIN, **ev, slot=slot)
 
     def _touch(self, ev, tag, slot, cnt):
         amount = min(cnt, self.tags.hot_max)

@@ -25,10 +25,13 @@ FORBIDDEN = {"golden": {"hw", "sim", "tb", "commands"},
              "commands": {"tb"}}
 
 
-def _module_name(pkg: str, path: Path) -> list[str]:
-    rel = path.relative_to(PACKAGES[pkg]).with_suffix("")
-    parts = ["elmoe3d", pkg, *rel.parts]
+def _dotted(prefix: list, folder: Path, path: Path) -> list:
+    parts = prefix + list(path.relative_to(folder).with_suffix("").parts)
     return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def _module_name(pkg: str, path: Path) -> list[str]:
+    return _dotted(["elmoe3d", pkg], PACKAGES[pkg], path)
 
 
 def _from(n: ast.ImportFrom, package: list) -> str:
@@ -97,11 +100,6 @@ def test_one_name_one_file():
                 names.setdefault(f.name, []).append(d)
     twice = {n: ds for n, ds in names.items() if len(ds) > 1 and "tests" in ds}
     assert not twice, f"same file name in tests/ and elsewhere: {twice}"
-
-
-def _dotted(prefix: list, folder: Path, path: Path) -> list:
-    parts = prefix + list(path.relative_to(folder).with_suffix("").parts)
-    return parts[:-1] if parts[-1] == "__init__" else parts
 
 
 def module_imports(parts: list, path: Path, modules) -> set:

@@ -188,20 +188,19 @@ def test_prefetch_projection_on_one_run():
     projected cycles per token fall below the same run's without prefetch
     (most of its prefetches are hit)."""
     from elmoe3d.golden import esd as gesd
-    from elmoe3d.sim.run import tile_run as trun
     from elmoe3d.sim.perf import prefetch as pf
-    rec = json.loads((v.DATA / "steady_state.json").read_text())
-    r = next(x for x in rec["runs"] if (x["trace_key"], x["batch"], x["mode"]) == ("zipf", 1, "sd"))
-    s = trun.spec(r["trace_key"], r["batch"], r["mode"], r["steps_asked"], r["warmup"],
-                  r["seed"], latency=r["latency"], accept_p=r["accept_p"])
+    from elmoe3d.sim.run import tile_run as trun
+    r, recs = next((x, recs) for x, recs in v._steady_recs()
+                   if (x["trace_key"], x["batch"], x["mode"]) == ("zipf", 1, "sd"))
     c = v.fit(v.report_rows() + [x for x in v.bench_rows() if x["set"] in v.TRAIN]).vector()
-    base, w0, n0 = pf._priced(r, s, 0, c)
-    cyc, wait, counts = pf._priced(r, s, 8, c)
+    base = pf._cycles(recs, c)[0] / r["measured"]["tokens"]
+    cyc, wait, counts = pf._priced(r, 8, c)
     print(f"zipf B1 SD seed {r['seed']}: {base:.0f} -> {cyc:.0f} cycles/token, wait {wait:.0f}, "
           f"{counts}")
-    assert w0 == 0 and n0["prefetches"] == 0 and wait >= 0
+    assert wait >= 0 and pf._priced(r, 0, c)[:2] == (base, 0)
     assert counts["prefetches"] > 0 and counts["prefetch_hits"] > counts["prefetches"] / 2
     assert cyc < base
+    s = v.steady_spec(r)
     g = trun.golden_run(s, v._steps_of(s, r), prefetch=8)
     assert sum(pf._round_prefetches(g.events).values()) == g.controller.prefetch_counts["prefetches"]
     assert any(e.kind == gesd.EventKind.PREFETCH_END for e in g.events)

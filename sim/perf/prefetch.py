@@ -20,7 +20,6 @@ issue, not the docs, until the RTL measures them.
 
 from __future__ import annotations
 
-import json
 import statistics
 
 from ...golden import esd as gesd
@@ -41,54 +40,57 @@ def _round_prefetches(events) -> dict:
     return out
 
 
-def _priced(r, s, prefetch, v):
-    """Model cycles per output token of one steady-state run's window, the
-    prefetch's wait included, and the run's prefetch counts."""
-    from ..run import tile_run as trun
-    with tm.record_steps() as log:
-        g = trun.golden_run(s, va._steps_of(s, r), prefetch=prefetch)
-    recs = va._window(r, tm.records(log))
+def _cycles(recs, v) -> tuple[float, dict]:
+    """Model cycles of layer-step records, and the DRAFT cycles per round."""
     cyc, draft = 0.0, {}
     for x in recs:
         c = sum(f @ v for f in tm.features([x]).values())
         cyc += c
         if x.phase == "DRAFT":
             draft[x.round] = draft.get(x.round, 0.0) + c
-    wait = 0.0
-    if prefetch:
-        cfg = g.controller.cfg
-        tr = next(t for x in recs for t in x.traffic)
-        per_fill = (cfg.hb_planes_eff * cfg.expert_bytes / cfg.planes
-                    / (cfg.axi_beat_bits // 8) * tr.ext_cycles_per_beat)
-        for rnd, n in _round_prefetches(g.events).items():
-            if rnd - 1 >= r["warmup_rounds"]:
-                wait += max(0.0, n * per_fill - draft.get(rnd, 0.0))
+    return cyc, draft
+
+
+def _priced(r, prefetch, v):
+    """Model cycles per output token of one steady-state run's window with
+    ``prefetch`` outstanding prefetches, the prefetches' wait included, the
+    wait per token, and the run's prefetch counts."""
+    from ..run import tile_run as trun
+    s = va.steady_spec(r)
+    with tm.record_steps() as log:
+        g = trun.golden_run(s, va._steps_of(s, r), prefetch=prefetch)
+    recs = va._window(r, tm.records(log))
+    cyc, draft = _cycles(recs, v)
+    cfg = g.controller.cfg
+    tr = next(t for x in recs for t in x.traffic)
+    per_fill = (cfg.hb_planes_eff * cfg.expert_bytes / cfg.planes
+                / (cfg.axi_beat_bits // 8) * tr.ext_cycles_per_beat)
+    wait = sum(max(0.0, n * per_fill - draft.get(rnd, 0.0))
+               for rnd, n in _round_prefetches(g.events).items()
+               if rnd - 1 >= r["warmup_rounds"])
     tok = r["measured"]["tokens"]
     return (cyc + wait) / tok, wait / tok, dict(g.controller.prefetch_counts)
 
 
 def project(prefetch: int = 8, constants: tm.Constants | None = None) -> list:
     """Per trace and batch of the steady-state set (means over its seeds):
-    model cycles per output token of HB-cached AR, Elastic-SD, and
+    model cycles per output token of HB-cached AR, Elastic-SD (both from the
+    validation's own golden runs, :func:`.validate._steady_recs`), and
     Elastic-SD with ``prefetch`` outstanding prefetches; SD/AR of both; the
     RTL's measured AR and SD beside them; the prefetches' hit rate (share
     the verification hit)."""
-    from ..run import tile_run as trun
     c = constants or va.fit(va.report_rows() + [r for r in va.bench_rows() if r["set"] in va.TRAIN])
     v = c.vector()
-    rec = json.loads((va.DATA / "steady_state.json").read_text())
     groups = {}
-    for r in rec["runs"]:
+    for r, recs in va._steady_recs():
         if r["mode"] not in ("ar", "sd"):
             continue
-        s = trun.spec(r["trace_key"], r["batch"], r["mode"], r["steps_asked"], r["warmup"],
-                      r["seed"], latency=r["latency"], accept_p=r["accept_p"])
         g = groups.setdefault((r["trace_key"], r["batch"]), {})
-        rtl = r["measured"]["cycles"] / r["measured"]["tokens"]
-        g.setdefault(f"{r['mode']}_rtl", []).append(rtl)
-        g.setdefault(r["mode"], []).append(_priced(r, s, 0, v)[0])
+        tok = r["measured"]["tokens"]
+        g.setdefault(f"{r['mode']}_rtl", []).append(r["measured"]["cycles"] / tok)
+        g.setdefault(r["mode"], []).append(_cycles(recs, v)[0] / tok)
         if r["mode"] == "sd" and prefetch:
-            cyc, wait, counts = _priced(r, s, prefetch, v)
+            cyc, wait, counts = _priced(r, prefetch, v)
             g.setdefault("sd_pf", []).append(cyc)
             g.setdefault("wait", []).append(wait)
             g.setdefault("pf", []).append(counts["prefetches"])

@@ -95,15 +95,25 @@ def _steady_logs():
     """Per steady-state run: the record and the golden controller's log of
     its decode (warm-up included)."""
     from ..run import tile_run as trun
-    rec = json.loads((DATA / "steady_state.json").read_text())
     out = []
-    for r in rec["runs"]:
-        s = trun.spec(r["trace_key"], r["batch"], r["mode"], r["steps_asked"], r["warmup"],
-                      r["seed"], latency=r["latency"], accept_p=r["accept_p"])
+    for r in steady_runs():
+        s = steady_spec(r)
         with tm.record_steps() as log:
             trun.golden_run(s, _steps_of(s, r))
         out.append((r, log))
     return out
+
+
+def steady_runs() -> list:
+    """The recorded steady-state runs (``sim/data/steady_state.json``)."""
+    return json.loads((DATA / "steady_state.json").read_text())["runs"]
+
+
+def steady_spec(r) -> dict:
+    """The :func:`elmoe3d.sim.run.tile_run.spec` of a recorded steady-state run."""
+    from ..run import tile_run as trun
+    return trun.spec(r["trace_key"], r["batch"], r["mode"], r["steps_asked"], r["warmup"],
+                     r["seed"], latency=r["latency"], accept_p=r["accept_p"])
 
 
 def _window(r, recs) -> list:
