@@ -84,7 +84,10 @@ Prefetch during drafts (``prefetch > 0``; off by default)
     NO_VICTIM and nothing more), ``FILL_START`` and ``SOURCE`` PREFETCH (the
     ``k`` HB planes read from LPDDR into the victim, value 0: nothing to the
     PE array). The fills run in the background across the following draft
-    passes; a prefetched slot stays PENDING (not eligible, never a victim).
+    passes; a prefetched slot stays PENDING (not eligible, never a victim)
+    until it retires, whenever its fill ends (the hardware's tag unit holds
+    it RESIDENT once HB commits, pinned; the controller still treats it as
+    PENDING).
     They end at a barrier: before the VERIFY layer step of their layer
     (every layer's before a ``context`` that moves the KV boundary) the
     controller waits for those prefetches and retires them in issue order,
@@ -159,7 +162,7 @@ from . import moe_batched as _gb
 from .tag_unit import SlotState, TagUnitModel, params_from_config
 from .vocab import ExtError
 
-__all__ = ["PREFETCH_ONLY", "EventKind", "Phase", "Mode", "ModeReason", "ForceCode", "force_code", "LookupResult", "AllocResult",
+__all__ = ["PREFETCH_ONLY", "prefetch_candidates", "EventKind", "Phase", "Mode", "ModeReason", "ForceCode", "force_code", "LookupResult", "AllocResult",
            "Source", "FillEnd", "InvalidateReason", "HostError", "EsdHostError", "Event",
            "EVENT_FIELDS", "PASS_MEMBERS", "announce_order", "canonical", "compare", "EsdController",
            "TagPolicy", "RankingRouter", "synthetic_trace", "run_trace", "TraceRun",
@@ -781,16 +784,9 @@ class EsdController:
 
     # -- prefetch during drafts --------------------------------------------------------
     def candidates(self, full, mask) -> dict:
-        """``{expert: tokens}`` of one DRAFT pass's prefetch candidates:
-        per token the highest-ranked expert of its unrestricted top-k that
-        is not in the eligible ``mask``."""
-        out = {}
-        for s in full:
-            non = [e for e in s if not (mask >> e) & 1]
-            if non:
-                e = non[-1] if self.mutant == "prefetch_last" else non[0]
-                out[e] = out.get(e, 0) + 1
-        return out
+        """``{expert: tokens}`` of one DRAFT pass's prefetch candidates
+        (:func:`prefetch_candidates`)."""
+        return prefetch_candidates(full, mask, last=self.mutant == "prefetch_last")
 
     def _prefetch(self, step, layer, p, full, mask):
         """The prefetches of a DRAFT pass that has ended (see the module doc)."""
@@ -942,6 +938,21 @@ class EsdController:
                 raise AssertionError(f"slot {s} pinned/pending between layer steps")
             if (self.covered >> s) & 1 and self.tags.valid[s]:
                 raise AssertionError(f"covered slot {s} holds a tag")
+
+
+def prefetch_candidates(full, mask: int, *, last: bool = False) -> dict:
+    """``{expert: tokens}`` of one DRAFT pass's prefetch candidates: per
+    token (``full``: each token's unrestricted top-k, best first) the
+    highest-ranked expert that is not in the eligible ``mask``; the
+    datapath's contract with the controller's prefetcher. ``last`` (a
+    mutant) takes the lowest-ranked one instead."""
+    out = {}
+    for s in full:
+        non = [e for e in s if not (mask >> e) & 1]
+        if non:
+            e = non[-1] if last else non[0]
+            out[e] = out.get(e, 0) + 1
+    return out
 
 
 # ---------------------------------------------------------------------------------------

@@ -598,6 +598,21 @@ def expert_need(layer_bits: int, expert_bits: int, tokens: int) -> type:
 
 
 @lru_cache(maxsize=None)
+def prefetch_candidate(expert_bits: int, tokens: int, experts: int) -> type:
+    """``PrefetchCandidate``: one prefetch candidate of a DRAFT pass (the
+    datapath's contract with the controller's prefetcher,
+    :func:`elmoe3d.golden.esd.prefetch_candidates`), in announce order:
+    ``expert``, ``tokens`` (1 .. T: the pass's tokens whose best-ranked
+    non-eligible expert of the unrestricted top-k it is), ``count`` (the
+    pass's distinct candidates, the same on every beat), ``last``, or the
+    one ``none`` beat of a pass without candidates (``last`` = 1)."""
+    return struct("PrefetchCandidate", {
+        "expert": unsigned(expert_bits), "tokens": unsigned(tokens.bit_length()),
+        "count": unsigned(min(experts, tokens).bit_length()), "last": unsigned(1),
+        "none": unsigned(1)})
+
+
+@lru_cache(maxsize=None)
 def expert_source(slots: int) -> type:
     """``ExpertSource``: ``hb`` = 1: planes ``0..k-1`` from HB ``slot``, the
     others (if needed) from HB ``lsb_slot`` when ``lsb_hb`` = 1 (the slot
@@ -726,6 +741,7 @@ class Vocab:
         T, E = cfg.batch_tokens, cfg.experts
         self.MoEToken = moe_token(cfg.hidden, E, cfg.layer_bits)
         self.ExpertNeed = expert_need(cfg.layer_bits, cfg.expert_bits, T)
+        self.PrefetchCandidate = prefetch_candidate(cfg.expert_bits, T, E)
         self.ExpertSource = expert_source(S)
         self.MoEOutput = moe_output(cfg.hidden)
         self.PassStats = pass_stats(cfg.stat_bits, T, E + cfg.shared_experts)

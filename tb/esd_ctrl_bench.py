@@ -25,7 +25,11 @@ model or contract:
   (:func:`elmoe3d.golden.moe_batched.announce_order`) with ``layer``,
   ``tokens``, the job's ``precision``, ``last`` on the final one, or one
   ``none`` beat for a pass without routed experts; the pass's ``PassStats``
-  after all its decisions and a random delay.
+  after all its decisions and a random delay. With a prefetcher (a
+  ``dp_cand`` port): each DRAFT pass's ``PrefetchCandidate`` s
+  (:func:`~elmoe3d.golden.esd.prefetch_candidates` of the step's
+  unrestricted routing, announce order, ``count`` on each, or one ``none``
+  beat); a prefetch's fill-only read answers like any other.
 
 Joined with the real tag unit (``tb/esd_join.EsdTagJoin``, detected by its
 ``commit`` port) the tag-unit model is gone: the HB model keeps its own
@@ -250,7 +254,9 @@ async def replay(dut):
     controller reset between cases; ``$ELMOE_ESD_OUT`` gets one result each."""
     loaded = _case()
     cases = loaded["cases"] if "cases" in loaded else [loaded]
-    cfg = Config(**params())
+    p = dict(params())
+    p.pop("prefetch", None)                        # the DUT's, not the Config's
+    cfg = Config(**p)
     t = {k: data.Layout.cast(v) for k, v in esd_ports(cfg).items()}
     fast = os.environ.get("ELMOE_ESD_FAST", "") not in ("", "0")
     r = _Fastest() if fast else rng()
@@ -310,6 +316,8 @@ async def run_case(dut, case, cfg, t, r, idle):
     kv_move = Src(dut, "kv_move", t["KVMove"], r, idle)
     announce = Src(dut, "dp_announce", t["ExpertNeed"], r, idle)
     dp_done = Src(dut, "dp_done", t["PassStats"], r, idle)
+    cand = (Src(dut, "dp_cand", t["PrefetchCandidate"], r, idle)
+            if hasattr(dut, "dp_cand__valid") else None)
 
     def blank(layout):
         return {name: 0 for name, _ in t[layout]}
@@ -406,7 +414,17 @@ async def run_case(dut, case, cfg, t, r, idle):
         if c["tokens"] != len(sel):
             problems.append(f"step tokens {c['tokens']} != {len(sel)}")
         prec = int(_ROLE_OF[ph])            # every token of the step has the phase's role
-        for _, ntok, counts in gb.pass_counts(sel, cfg.batch_tokens):
+        full = (gesd.RankingRouter(e["rankings"], cfg.top_k)(None)
+                if cand is not None and ph == gesd.Phase.DRAFT else None)
+        for p0, ntok, counts in gb.pass_counts(sel, cfg.batch_tokens):
+            if full is not None:
+                cands = gesd.prefetch_candidates(full[p0:p0 + ntok], c["mask"])
+                corder = gb.announce_order(cands)
+                if not corder:
+                    cand.put(dict(expert=0, tokens=0, count=0, last=1, none=1))
+                for i, x in enumerate(corder):
+                    cand.put(dict(expert=x, tokens=cands[x], count=len(cands),
+                                  last=int(i == len(corder) - 1), none=0))
             order = gb.announce_order(counts)
             passes.append([len(order), ntok, len(order), sum(counts.values())])
             if not order:
@@ -448,6 +466,8 @@ async def run_case(dut, case, cfg, t, r, idle):
              Snk(dut, "dp_step", t["StepInfo"], r, idle, on_step),
              Snk(dut, "dp_source", t["ExpertSource"], r, idle, on_source)]
     sources = [host, ext_rsp, fill_done, kv_move, announce, dp_done]
+    if cand is not None:
+        sources.append(cand)
     if not joined:
         sources.append(tag_rsp)
 

@@ -36,7 +36,8 @@ _JOINED = ("tag_cmd", "tag_rsp")
 
 
 class EsdTagJoin(wiring.Component):
-    """Controller + tag unit for ``cfg`` (see the module doc for the ports).
+    """Controller (with ``prefetch`` depth) + tag unit for ``cfg`` (see the
+    module doc for the ports).
 
     Raises
     ------
@@ -44,11 +45,11 @@ class EsdTagJoin(wiring.Component):
         For a ``cfg`` that is not a Config.
     """
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, *, prefetch: int = 0):
         if not isinstance(cfg, Config):
             raise TypeError(f"EsdTagJoin needs a Config, not {cfg!r}")
         self.cfg = cfg
-        self.ctrl = EsdCtrl(cfg)
+        self.ctrl = EsdCtrl(cfg, prefetch=prefetch)
         self.tags = TagUnit(**gtu.params_from_config(cfg))
         S = cfg.tag_slots
         members = {name: member for name, member in self.ctrl.signature.members.items()

@@ -23,13 +23,13 @@ pytestmark = pytest.mark.esd
 TB = "elmoe3d.tb.esd_ctrl_bench"
 
 
-def _factory(**fields):
-    return EsdCtrl(Config(**fields))
+def _factory(prefetch=0, **fields):
+    return EsdCtrl(Config(**fields), prefetch=prefetch)
 
 
-def _join_factory(**fields):
+def _join_factory(prefetch=0, **fields):
     from elmoe3d.tb.esd_join import EsdTagJoin
-    return EsdTagJoin(Config(**fields))
+    return EsdTagJoin(Config(**fields), prefetch=prefetch)
 
 
 #: (factory, block, top) of the controller alone and joined with the real tag unit
@@ -47,24 +47,28 @@ def _case(cfg, batch, steps, seed, faults=None, tokens=400, mutant=None, **kw):
                      ext_reads=run.controller.ext_reads)
 
 
-def _simulate(tmp_path, cfg, cases, *, dut=ALONE, simulator="verilator", seed=1, env=None):
+def _simulate(tmp_path, cfg, cases, *, dut=ALONE, simulator="verilator", seed=1, env=None,
+              prefetch=0):
     """One simulation of ``cases`` (a dict, or a list run one after the other
-    with a reset between): the testbench's result(s)."""
+    with a reset between) on the controller with ``prefetch`` depth: the
+    testbench's result(s)."""
     f = tmp_path / "case.pkl"
     f.write_bytes(pickle.dumps(cases if isinstance(cases, dict) else dict(cases=cases)))
     out = tmp_path / "out.json"
     e = {"ELMOE_ESD_CASE": str(f), "ELMOE_ESD_OUT": str(out)}
     e.update(env or {})
     factory, block, top = dut
-    simulate(factory, block=block, params=cfg.to_dict(), top=top, simulator=simulator,
+    params = dict(cfg.to_dict(), **({"prefetch": prefetch} if prefetch else {}))
+    simulate(factory, block=block, params=params, top=top, simulator=simulator,
              test_module=TB, env=e, seed=seed)
     return json.loads(out.read_text())
 
 
 def _run(tmp_path, cfg, batch, steps, seed=1, faults=None, simulator="verilator", env=None,
-         dut=ALONE, **kw):
-    run, case = _case(cfg, batch, steps, seed, faults, **kw)
-    return run, _simulate(tmp_path, cfg, case, dut=dut, simulator=simulator, seed=seed, env=env)
+         dut=ALONE, prefetch=0, **kw):
+    run, case = _case(cfg, batch, steps, seed, faults, prefetch=prefetch, **kw)
+    return run, _simulate(tmp_path, cfg, case, dut=dut, simulator=simulator, seed=seed, env=env,
+                          prefetch=prefetch)
 
 
 def _tiny_kv():
@@ -167,6 +171,46 @@ def test_esd_ctrl_faults(tmp_path):
     # batch 1 (AR below the threshold, reason BATCH) with faults too
     run, out = _run(tmp_path, TINY_KV, 1, 30, seed=6, faults=faults)
     assert run.counters["ext_errors"] > 0
+
+
+@pytest.mark.parametrize("dut", [ALONE, JOINED], ids=["alone", "joined"])
+def test_esd_ctrl_prefetch(tmp_path, dut):
+    """Prefetch during drafts (depth 3) at tiny, batch 4, KV moves in the
+    middle of drafting and verification, LPDDR faults (some of them on
+    prefetch reads): the trace equals the golden event for event (PREFETCH,
+    the prefetches' lookups, allocations and fills, PREFETCH_END and their
+    retirement), every response and counter too; joined with the real tag
+    unit, its resident and pending slots equal HB's at every KV move."""
+    # LPDDR reads 29 and 85 are prefetches (the first fault shifts the later ones)
+    faults = {29: ExtError.SLVERR, 85: ExtError.DECERR, 140: ExtError.PROTOCOL,
+              300: ExtError.SLVERR, 450: ExtError.DECERR, 601: ExtError.PROTOCOL}
+    run, out = _run(tmp_path, TINY_KV, 4, 40, seed=21, faults=faults, prefetch=3, dut=dut,
+                    **KV_PRESSURE)
+    kinds = [gesd.EventKind(e.kind) for e in run.events]
+    pc = run.controller.prefetch_counts
+    assert kinds.count(gesd.EventKind.PREFETCH) and kinds.count(gesd.EventKind.PREFETCH_END)
+    assert pc["prefetches"] and pc["prefetch_hits"], pc
+    srcs = [e for e in run.events if e.kind == gesd.EventKind.SOURCE
+            and e.code == gesd.Source.PREFETCH]
+    EK, retiring, faulted = gesd.EventKind, False, 0
+    for e in run.events:                  # an EXT_ERROR among a PREFETCH_END's retirements
+        if e.kind == EK.PREFETCH_END:
+            retiring = True
+        elif e.kind not in (EK.EXT_ERROR, EK.FILL_END, EK.UNPIN, EK.INVALIDATE):
+            retiring = False
+        faulted += retiring and e.kind == EK.EXT_ERROR
+    assert srcs and faulted, "no fault hit a prefetch read"
+    assert out["events"] == len(run.events)
+
+
+def test_esd_ctrl_prefetch_catches_wrong_golden(tmp_path):
+    """A golden that prefetches each token's lowest-ranked non-eligible
+    expert (mutant ``prefetch_last``) instead of its best makes the prefetch
+    bench fail: the comparison of prefetch events can fail."""
+    from elmoe3d.sim.run.harness import SimulationFailed
+    with pytest.raises(SimulationFailed):
+        _run(tmp_path, TINY_KV, 4, 12, seed=21, prefetch=3, mutant="prefetch_last",
+             **KV_PRESSURE)
 
 
 @pytest.mark.slow

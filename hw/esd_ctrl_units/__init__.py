@@ -10,6 +10,8 @@ module            component
 ``pass_engine``   :class:`~.pass_engine.PassEngine` (per-expert lookups, fills, sources)
 ``pass_end``      :class:`~.pass_end.PassEnd` (a pass's ledger and retirement)
 ``kv``            :class:`~.kv.KvBoundary` (CONTEXT: KV boundary moves)
+``prefetch``      :class:`~.prefetch.Prefetcher` (prefetch during drafts; only with a
+                  prefetch depth)
 ``counters``      :class:`~.counters.Counters` (statistics counters, COUNTER readout)
 ``trace``         :class:`~.trace.TraceEmitter` (every unit's events into ``trace``)
 ``tag_client``    :class:`~.tag_client.TagClient` (the units' tag-unit round trips)
@@ -32,6 +34,7 @@ def _units():
     from .kv import KvBoundary
     from .pass_end import PassEnd
     from .pass_engine import PassEngine
+    from .prefetch import Prefetcher
     from .round import Round
     from .step import LayerStep
     from .tag_client import TagClient
@@ -44,6 +47,9 @@ def _units():
                                     "sources"),
         "pass_end": (PassEnd, "pass end: the pass's ledger, fill ends, unpins, aborts"),
         "kv": (KvBoundary, "KV boundary: CONTEXT, KV moves, invalidations"),
+        "prefetch": (lambda cfg: Prefetcher(cfg, 2), "prefetcher: prefetch candidates' "
+                                                      "lookups, allocations, fill-only reads, "
+                                                      "their retirement (depth 2)"),
         "counters": (Counters, "statistics counters and the COUNTER readout"),
         "trace": (lambda cfg: TraceEmitter(cfg, 5), "trace emitter: five producers into "
                                                       "the trace stream"),

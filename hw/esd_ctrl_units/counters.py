@@ -18,6 +18,7 @@ from amaranth.lib.wiring import In, Out
 
 from ...config import Config
 from ...golden import esd as gesd
+from ..common import adder_tree
 from .common import Emit, check_config, saturating_add
 from .payloads import command_port, counter_port, counter_watch
 
@@ -57,7 +58,11 @@ class Counters(wiring.Component):
     sources : dict, optional
         ``{port name: counter names}``: one input port per producer, named
         ``<port name>``, owning those counters (default: one port ``counts``
-        owning all of :data:`COUNTERS`). Every counter has exactly one owner.
+        owning all of :data:`COUNTERS`). Every counter has exactly one owner,
+        but those named in ``shared``.
+    shared : tuple, optional
+        Counters that several producers bump (the prefetcher's fills beside
+        the pass end's): their amounts in one cycle add up.
 
     Members
     -------
@@ -73,18 +78,18 @@ class Counters(wiring.Component):
     Raises
     ------
     ValueError
-        For a counter with no owner or two, or an unknown one.
+        For a counter with no owner or two (not ``shared``), or an unknown one.
 
     Latency and throughput: an increment in cycle ``t`` shows in the
     counter (and on ``watch``) from ``t + 1``; a readout answers two cycles
     after its index is taken, one per two cycles.
     """
 
-    def __init__(self, cfg: Config, sources: dict | None = None):
+    def __init__(self, cfg: Config, sources: dict | None = None, shared: tuple = ()):
         check_config("Counters", cfg)
         sources = dict(sources) if sources is not None else {"counts": COUNTERS}
         owned = [n for names in sources.values() for n in names]
-        twice = sorted({n for n in owned if owned.count(n) > 1})
+        twice = sorted({n for n in owned if owned.count(n) > 1 and n not in shared})
         missing = [n for n in COUNTERS if n not in owned]
         if twice or missing:
             raise ValueError(f"Every counter needs one owner: counted twice {twice}, "
@@ -99,10 +104,13 @@ class Counters(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         ctr = {name: Signal(self.cfg.stat_bits, name=f"ctr_{name}") for name in COUNTERS}
+        amounts = {}
         for port, fields in self.sources.items():
-            inc = getattr(self, port).inc
             for name, _ in fields:
-                m.d.sync += ctr[name].eq(saturating_add(ctr[name], getattr(inc, name)))
+                amounts.setdefault(name, []).append(getattr(getattr(self, port).inc, name))
+        for name, a in amounts.items():                # a shared counter adds every amount
+            m.d.sync += ctr[name].eq(saturating_add(ctr[name],
+                                                    a[0] if len(a) == 1 else adder_tree(a)))
         m.d.comb += self.watch.decode_steps.eq(ctr["decode_steps"])
 
         # readout: the index registered as a one-hot select (all zero past

@@ -12,7 +12,9 @@ round's SD back-off.
 
 The round only sends CONTEXT between layer steps (the host front end takes
 one command at a time), so no pass has a slot pinned when the boundary
-moves (the tag unit's rule).
+moves (the tag unit's rule). With a prefetcher (``prefetch`` > 0) a move
+first has every outstanding prefetch retired (``prefetch``: retire all),
+so none is pinned either.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ..common import adder_tree
 from ..moe.common import lowest_set
 from .common import Emit, check_config
 from .counters import counter_fields
-from .payloads import command_port, counter_port, esd_ports, kv_status
+from .payloads import command_port, counter_port, esd_ports, kv_status, prefetch_port
 
 __all__ = ["KvBoundary"]
 
@@ -40,6 +42,8 @@ class KvBoundary(wiring.Component):
     Parameters
     ----------
     cfg : Config
+    prefetch : int, optional
+        The controller's prefetch depth; > 0 adds the ``prefetch`` port.
 
     Members
     -------
@@ -50,6 +54,7 @@ class KvBoundary(wiring.Component):
     events : ``Out(stream.Signature(TraceEvent))`` (registered)
     counts : ``Out(counter_port(...))`` (:attr:`COUNTS`)
     status : ``Out(kv_status(S))``
+    prefetch : ``Out(prefetch_port(...))`` (with a prefetcher)
 
     Latency: 3 cycles for a refused or unchanged size; a move takes 3
     cycles after HB's report plus one per invalidated slot, and its result
@@ -58,11 +63,13 @@ class KvBoundary(wiring.Component):
 
     COUNTS = ("kv_moves", "kv_invalidations")
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, prefetch: int = 0):
         check_config("KvBoundary", cfg)
-        self.cfg = cfg
+        self.cfg, self.prefetch_depth = cfg, prefetch
         t = esd_ports(cfg)
-        super().__init__({
+        extra = ({"prefetch": Out(prefetch_port(cfg.layer_bits, cfg.draft_len_max))}
+                 if prefetch else {})
+        super().__init__({**extra,
             "cmd": In(command_port(cfg.layer_bits, cfg.draft_len_max, cfg.stat_bits)),
             "kv_req": Out(stream.Signature(t["KVRequest"])),
             "kv_move": In(stream.Signature(t["KVMove"])),
@@ -78,6 +85,7 @@ class KvBoundary(wiring.Component):
         ev = Emit(m, self.events, "ev")
         req = Emit(m, self.kv_req, "req")
         result = Emit(m, self.cmd.result, "result")
+        pf = Emit(m, self.prefetch.order, "pf") if self.prefetch_depth else None
         inc = self.counts.inc
         m.d.sync += [inc.kv_moves.eq(0), inc.kv_invalidations.eq(0)]
 
@@ -112,9 +120,20 @@ class KvBoundary(wiring.Component):
                     with m.If(result.empty):
                         result.put(m, error=Mux(over, gesd.HostError.KV_RANGE, 0))
                         m.next = "IDLE"
-                with m.Elif(req.empty):
-                    req.put(m, kv_words=words)
-                    m.next = "WAIT"
+                if pf:                              # every prefetch retires first
+                    with m.Elif(pf.empty):
+                        pf.put(m, retire=1, all=1)
+                        m.next = "RETIRE"
+                else:
+                    with m.Elif(req.empty):
+                        req.put(m, kv_words=words)
+                        m.next = "WAIT"
+            if pf:
+                with m.State("RETIRE"):
+                    m.d.comb += self.prefetch.done.ready.eq(req.empty)
+                    with m.If(self.prefetch.done.valid & self.prefetch.done.ready):
+                        req.put(m, kv_words=words)
+                        m.next = "WAIT"
             with m.State("WAIT"):
                 m.d.comb += self.kv_move.ready.eq(1)
                 with m.If(self.kv_move.valid):

@@ -23,6 +23,10 @@ Between the units
                    ``read``: an LPDDR read was issued), ``last`` on the pass's
                    final entry, or the one ``none`` entry of a pass without
                    experts; the pass end retires them.
+``PrefetchOrder``  ``{ctx, retire, all}``: to the prefetcher: issue the
+                   prefetches of the DRAFT pass ``ctx`` (``retire`` 0), or
+                   retire the outstanding ones of ``ctx.layer`` (every
+                   layer's with ``all``).
 ``Done``           ``{error}``: a layer step or a pass has ended (``error``:
                    an LPDDR error spoilt it).
 ``CounterBump``    one field per statistics counter of a producer: the amount
@@ -31,6 +35,8 @@ Between the units
 Interfaces (from the side that starts the exchange)
 ---------------------------------------------------
 :func:`tag_port`       ``cmd`` (out) / ``rsp`` (in): one tag-unit round trip.
+:func:`prefetch_port`  ``order`` (out, ``PrefetchOrder``) / ``done`` (in,
+                       ``Done``): one job of the prefetcher.
 :func:`counter_port`   ``inc`` (out, ``CounterBump``): a producer's increments.
 :func:`command_port`   ``order`` (out, ``HostCommand``) / ``result`` (in,
                        ``CommandResult``): a host command handed to the unit
@@ -52,7 +58,7 @@ from ...config import Config
 from .. import vocab as hv
 
 __all__ = ["esd_ports", "command_result", "step_order", "pass_context", "pass_order", "pass_entry",
-           "done", "tag_port", "counter_bump", "counter_port", "command_port", "round_status",
+           "prefetch_order", "prefetch_port", "done", "tag_port", "counter_bump", "counter_port", "command_port", "round_status",
            "kv_status", "counter_watch"]
 
 
@@ -67,6 +73,7 @@ def esd_ports(cfg: Config) -> dict:
         FillDone=v.FillReport, KVRequest=v.KVRequest, KVMove=v.KVMove, StepInfo=v.StepInfo,
         # the batched datapath's own types: the ports join it directly
         ExpertNeed=v.ExpertNeed, ExpertSource=v.ExpertSource, PassStats=v.PassStats,
+        PrefetchCandidate=v.PrefetchCandidate,
     )
 
 
@@ -117,6 +124,15 @@ def pass_entry(layer_bits: int, draft_len_max: int, expert_bits: int, slots: int
 
 
 @lru_cache(maxsize=None)
+def prefetch_order(layer_bits: int, draft_len_max: int) -> type:
+    """``PrefetchOrder``: issue the prefetches of the DRAFT pass ``ctx``
+    (``retire`` = 0), or retire the outstanding prefetches of ``ctx.layer``
+    (``retire`` = 1; every layer's with ``all``)."""
+    return hv.struct("PrefetchOrder", {"ctx": pass_context(layer_bits, draft_len_max),
+                                       "retire": unsigned(1), "all": unsigned(1)})
+
+
+@lru_cache(maxsize=None)
 def done() -> type:
     """``Done``: a layer step or a pass ended; ``error``: an LPDDR error
     spoilt it (the host repeats the step)."""
@@ -132,6 +148,15 @@ def tag_port(cfg: Config) -> wiring.Signature:
     v = hv.vocab(cfg)
     return wiring.Signature({"cmd": Out(stream.Signature(v.TagCommand)),
                              "rsp": In(stream.Signature(v.TagResponse))})
+
+
+@lru_cache(maxsize=None)
+def prefetch_port(layer_bits: int, draft_len_max: int) -> wiring.Signature:
+    """One job of the prefetcher: ``order`` (``PrefetchOrder``) out, ``done``
+    (``Done``) in when its events have left."""
+    return wiring.Signature({
+        "order": Out(stream.Signature(prefetch_order(layer_bits, draft_len_max))),
+        "done": In(stream.Signature(done()))})
 
 
 @lru_cache(maxsize=None)

@@ -10,6 +10,13 @@ consecutive tokens, each handed to the pass engine (``pass_order``) and
 waited for (``pass_done``: the pass end retired it). ``LAYER_DONE`` carries
 whether an LPDDR error spoilt any pass; ``done`` follows it.
 
+With a prefetcher (``prefetch`` > 0) the step also orders its jobs
+(``prefetch``): after each DRAFT pass has ended, the prefetches of that
+pass (before the next pass or ``LAYER_DONE``); before a VERIFY step's
+first pass, the retirement of its layer's outstanding prefetches. The
+probe leaves the outstanding prefetches' slots (``pf_slots``) out of the
+eligible mask: they are PENDING until retired, even once HB committed them.
+
 The step counts the cycles of each phase (``ar_cycles``, ``draft_cycles``,
 ``verify_cycles``: from the order to ``LAYER_DONE``) and the probe's
 lookups (``draft_lookups``).
@@ -26,7 +33,8 @@ from ...golden import esd as gesd
 from .. import vocab as hv
 from .common import Emit, check_config
 from .counters import counter_fields
-from .payloads import counter_port, done, esd_ports, pass_order, step_order, tag_port
+from .payloads import (counter_port, done, esd_ports, pass_order, prefetch_port, step_order,
+                       tag_port)
 
 __all__ = ["LayerStep"]
 
@@ -39,6 +47,8 @@ class LayerStep(wiring.Component):
     Parameters
     ----------
     cfg : Config
+    prefetch : int, optional
+        The controller's prefetch depth; > 0 adds the ``prefetch`` port.
 
     Members
     -------
@@ -49,6 +59,7 @@ class LayerStep(wiring.Component):
     pass_done : ``In(stream.Signature(Done))``
     events : ``Out(stream.Signature(TraceEvent))``
     counts : ``Out(counter_port(...))`` (:attr:`COUNTS`)
+    prefetch : ``Out(prefetch_port(...))``; pf_slots : ``In(tag_slots)`` (with a prefetcher)
 
     Latency: ``StepInfo`` and the first pass with the order (AR, VERIFY); a DRAFT probe adds one tag-unit round trip per expert (the next
     LOOKUP leaves in the cycle after a response) and a cycle; the next pass
@@ -58,11 +69,13 @@ class LayerStep(wiring.Component):
 
     COUNTS = ("ar_cycles", "draft_cycles", "verify_cycles", "draft_lookups")
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, prefetch: int = 0):
         check_config("LayerStep", cfg)
-        self.cfg = cfg
+        self.cfg, self.prefetch_depth = cfg, prefetch
         t = esd_ports(cfg)
-        super().__init__({
+        extra = ({"prefetch": Out(prefetch_port(cfg.layer_bits, cfg.draft_len_max)),
+                  "pf_slots": In(cfg.tag_slots)} if prefetch else {})
+        super().__init__({**extra,
             "order": In(stream.Signature(step_order(cfg.layer_bits, cfg.draft_len_max,
                                                     hv.verify_tokens_max(cfg)))),
             "done": Out(stream.Signature(done())),
@@ -101,12 +114,36 @@ class LayerStep(wiring.Component):
             po.put(m, ctx=Cat(step.phase, step.step, step.layer, number[:hv.TRACE_PASS_BITS]),
                    tokens=Mux(left > T, T, left))
 
+        def first_pass(o):
+            """AR, VERIFY: every expert, the first pass."""
+            m.d.sync += mask.eq((1 << E) - 1)
+            info.put(m, phase=o.phase, layer=o.layer, mask=(1 << E) - 1, tokens=o.tokens)
+            po.put(m, ctx=Cat(o.phase, o.step, o.layer, Const(0, hv.TRACE_PASS_BITS)),
+                   tokens=Mux(o.tokens > T, T, o.tokens))
+            m.next = "PASS_WAIT"
+
+        def after_pass(spoilt, back=False):
+            """The next pass (``back`` to PASS_WAIT), or LAYER_DONE after the last."""
+            with m.If(tok_left > T):
+                m.d.sync += [tok_left.eq(tok_left - T), pass_no.eq(pass_no + 1)]
+                next_pass(tok_left - T, pass_no + 1)
+                if back:
+                    m.next = "PASS_WAIT"
+            with m.Else():
+                ev.put(m, kind=EK.LAYER_DONE, phase=step.phase, step=step.step,
+                       layer=step.layer, code=spoilt)
+                m.d.sync += busy.eq(0)
+                m.next = "DONE"
+
+        pf = Emit(m, self.prefetch.order, "pf") if self.prefetch_depth else None
+
         with m.FSM(init="START"):
             with m.State("START"):          # a cycle out of reset (Icarus: see common.py)
                 m.next = "IDLE"
             with m.State("IDLE"):
                 o = self.order.payload
-                m.d.comb += self.order.ready.eq(tag.empty & info.empty & po.empty)
+                free = tag.empty & info.empty & po.empty
+                m.d.comb += self.order.ready.eq(free & pf.empty if pf else free)
                 with m.If(self.order.valid & self.order.ready):
                     m.d.sync += [step.eq(o), tok_left.eq(o.tokens), pass_no.eq(0), err.eq(0),
                                  busy.eq(1), probe.eq(0), mask.eq(0)]
@@ -114,13 +151,14 @@ class LayerStep(wiring.Component):
                         tag.put(m, op=hv.TagOpcode.LOOKUP,
                                 tag=Cat(Const(0, cfg.expert_bits), o.layer))
                         m.next = "PROBE"
-                    with m.Else():               # AR, VERIFY: every expert, the first pass
-                        m.d.sync += mask.eq((1 << E) - 1)
-                        info.put(m, phase=o.phase, layer=o.layer, mask=(1 << E) - 1,
-                                 tokens=o.tokens)
-                        po.put(m, ctx=Cat(o.phase, o.step, o.layer, Const(0, hv.TRACE_PASS_BITS)),
-                               tokens=Mux(o.tokens > T, T, o.tokens))
-                        m.next = "PASS_WAIT"
+                    if pf:
+                        with m.Elif(o.phase == Ph.VERIFY):
+                            # the layer's prefetches retire before its verification
+                            pf.put(m, ctx=Cat(o.phase, o.step, o.layer,
+                                              Const(0, hv.TRACE_PASS_BITS)), retire=1)
+                            m.next = "RETIRE"
+                    with m.Else():
+                        first_pass(o)
 
             # DRAFT eligibility: LOOKUP every expert of the layer, one at a time
             with m.State("PROBE"):
@@ -128,6 +166,8 @@ class LayerStep(wiring.Component):
                 m.d.comb += rsp.ready.eq(tag.empty)
                 with m.If(rsp.valid & rsp.ready):
                     hit = rsp.payload.hit & (rsp.payload.error == hv.TagErrorCode.OK)
+                    if pf:                  # an outstanding prefetch is not eligible yet
+                        hit = hit & ~self.pf_slots.bit_select(rsp.payload.slot, 1)
                     m.d.sync += [mask.eq(mask | (hit << probe)), probe.eq(probe + 1),
                                  inc.draft_lookups.eq(1)]
                     with m.If(probe == E - 1):
@@ -154,14 +194,24 @@ class LayerStep(wiring.Component):
                 with m.If(self.pass_done.valid & self.pass_done.ready):
                     spoilt = err | self.pass_done.payload.error
                     m.d.sync += err.eq(spoilt)
-                    with m.If(tok_left > T):
-                        m.d.sync += [tok_left.eq(tok_left - T), pass_no.eq(pass_no + 1)]
-                        next_pass(tok_left - T, pass_no + 1)
-                    with m.Else():
-                        ev.put(m, kind=EK.LAYER_DONE, phase=step.phase, step=step.step,
-                               layer=step.layer, code=spoilt)
-                        m.d.sync += busy.eq(0)
-                        m.next = "DONE"
+                    if pf:
+                        with m.If(step.phase == Ph.DRAFT):   # the pass's prefetches first
+                            pf.put(m, ctx=Cat(step.phase, step.step, step.layer,
+                                              pass_no[:hv.TRACE_PASS_BITS]))
+                            m.next = "PREFETCH"
+                        with m.Else():
+                            after_pass(spoilt)
+                    else:
+                        after_pass(spoilt)
+            if pf:
+                with m.State("RETIRE"):
+                    m.d.comb += self.prefetch.done.ready.eq(info.empty & po.empty)
+                    with m.If(self.prefetch.done.valid & self.prefetch.done.ready):
+                        first_pass(step)
+                with m.State("PREFETCH"):
+                    m.d.comb += self.prefetch.done.ready.eq(po.empty & ev.empty)
+                    with m.If(self.prefetch.done.valid & self.prefetch.done.ready):
+                        after_pass(err, back=True)
             with m.State("DONE"):
                 with m.If(ev.free & fin.empty):
                     fin.put(m, error=err)
