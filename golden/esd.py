@@ -321,8 +321,8 @@ class Event:
         return " ".join(parts)
 
 
-#: What only prefetch emits (event kinds, and its SOURCE code): the controller
-#: RTL does not build prefetch yet, so its bench does not cover these.
+#: What only prefetch emits (event kinds, and its SOURCE code): a controller
+#: built without a prefetcher (``prefetch`` 0) never shows these.
 PREFETCH_ONLY = (EventKind.PREFETCH, EventKind.PREFETCH_END, Source.PREFETCH)
 
 #: Events that belong to the pass they follow, in their canonical per-expert rank.

@@ -80,9 +80,9 @@ EK, PH = gesd.EventKind, gesd.Phase
 _PHASES = [int(PH.AR), int(PH.DRAFT), int(PH.VERIFY)]
 
 
-#: event kinds and SOURCE codes the RTL emits (not yet prefetch's)
-_KINDS = [int(k) for k in EK if k not in gesd.PREFETCH_ONLY[:2]]
-_SOURCES = [int(x) for x in gesd.Source if x != gesd.Source.PREFETCH]
+#: event kinds and SOURCE codes the RTL emits (prefetch's: the prefetch tests)
+_KINDS = [int(k) for k in EK]
+_SOURCES = [int(x) for x in gesd.Source]
 
 
 @CoverPoint("esd_ctrl.event.kind", xf=lambda e: e["kind"], bins=_KINDS)
@@ -102,7 +102,9 @@ _SOURCES = [int(x) for x in gesd.Source if x != gesd.Source.PREFETCH]
 @CoverCross("esd_ctrl.source.phaseXcode", items=["esd_ctrl.source.phase", "esd_ctrl.source.code"],
             ign_bins=[(int(PH.DRAFT), int(gesd.Source.SPLIT)),
                       (int(PH.DRAFT), int(gesd.Source.LPDDR)),
-                      (int(PH.AR), int(gesd.Source.HB)), (int(PH.VERIFY), int(gesd.Source.HB))])
+                      (int(PH.AR), int(gesd.Source.HB)), (int(PH.VERIFY), int(gesd.Source.HB)),
+                      (int(PH.AR), int(gesd.Source.PREFETCH)),
+                      (int(PH.VERIFY), int(gesd.Source.PREFETCH))])
 @CoverPoint("esd_ctrl.fill_end.code",
             xf=lambda e: e["code"] if e["kind"] == EK.FILL_END else None,
             bins=[int(x) for x in gesd.FillEnd])
