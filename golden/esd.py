@@ -162,7 +162,7 @@ from . import moe_batched as _gb
 from .tag_unit import SlotState, TagUnitModel, params_from_config
 from .vocab import ExtError
 
-__all__ = ["PREFETCH_ONLY", "prefetch_candidates", "EventKind", "Phase", "Mode", "ModeReason", "ForceCode", "force_code", "LookupResult", "AllocResult",
+__all__ = ["PREFETCH_ONLY", "prefetch_candidates", "in_prefetch_retirement", "EventKind", "Phase", "Mode", "ModeReason", "ForceCode", "force_code", "LookupResult", "AllocResult",
            "Source", "FillEnd", "InvalidateReason", "HostError", "EsdHostError", "Event",
            "EVENT_FIELDS", "PASS_MEMBERS", "announce_order", "canonical", "compare", "EsdController",
            "TagPolicy", "RankingRouter", "synthetic_trace", "run_trace", "TraceRun",
@@ -952,6 +952,22 @@ def prefetch_candidates(full, mask: int, *, last: bool = False) -> dict:
         if non:
             e = non[-1] if last else non[0]
             out[e] = out.get(e, 0) + 1
+    return out
+
+
+def in_prefetch_retirement(events) -> list[bool]:
+    """Per event of a canonical sequence: whether it is one of the
+    retirements that follow a ``PREFETCH_END`` (its ``EXT_ERROR``,
+    ``FILL_END``, ``UNPIN``, ``INVALIDATE``), not a pass's: a prefetch's
+    LPDDR error spoils no pass."""
+    out, on = [], False
+    for e in events:
+        if e.kind == EventKind.PREFETCH_END:
+            on = True
+        elif e.kind not in (EventKind.EXT_ERROR, EventKind.FILL_END, EventKind.UNPIN,
+                            EventKind.INVALIDATE):
+            on = False
+        out.append(on and e.kind != EventKind.PREFETCH_END)
     return out
 
 

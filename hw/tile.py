@@ -93,17 +93,17 @@ __all__ = ["TileMem", "Tile", "connect_compute", "TileOp", "TileRspKind", "TileE
 LOAD_ID = (1 << hv.CMD_ID_BITS) - 1
 
 #: TileMem ports the tile joins inside (the rest are the tile's)
-_TILE_INNER = ("host_cmd", "host_rsp", "dp_step", "dp_announce", "dp_source", "dp_done",
+_TILE_INNER = ("host_cmd", "host_rsp", "dp_step", "dp_announce", "dp_source", "dp_done", "dp_cand",
                "hb_rd_cmd", "hb_rd", "ext_pe", "load_cmd", "load_rsp", "load_done")
 
 #: controller ports wired inside the tile
 _INNER = ("tag_cmd", "tag_rsp", "ext_cmd", "ext_rsp", "fill_done", "kv_req", "kv_move")
 
 
-def fill_done_depth(cfg: Config) -> int:
-    """Depth of the FillDone FIFO: the most fills one pass can start (see the
-    module doc)."""
-    return max(2, min(cfg.experts, cfg.batch_tokens * cfg.top_k, cfg.tag_slots))
+def fill_done_depth(cfg: Config, prefetch: int = 0) -> int:
+    """Depth of the FillDone FIFO: the most fills one pass can start, plus
+    the prefetches outstanding (see the module doc)."""
+    return max(2, min(cfg.experts, cfg.batch_tokens * cfg.top_k, cfg.tag_slots)) + prefetch
 
 
 def connect_compute(m, ctrl, feed, dp) -> None:
@@ -118,6 +118,8 @@ def connect_compute(m, ctrl, feed, dp) -> None:
     wiring.connect(m, dp.need, ctrl.dp_announce)
     wiring.connect(m, ctrl.dp_source, dp.source)
     wiring.connect(m, dp.stats, ctrl.dp_done)
+    if "dp_cand" in ctrl.signature.members:      # a controller that prefetches
+        wiring.connect(m, dp.cand, ctrl.dp_cand)
 
 
 def priority_arbiter(m, name: str, sources, sink) -> None:
@@ -153,10 +155,10 @@ class TileMem(wiring.Component):
         For a ``cfg`` that is not a Config.
     """
 
-    def __init__(self, cfg: Config, *, load: bool = False):
+    def __init__(self, cfg: Config, *, load: bool = False, prefetch: int = 0):
         require_config("TileMem", cfg)
-        self.cfg, self.load = cfg, bool(load)
-        self.ctrl = EsdCtrl(cfg)
+        self.cfg, self.load, self.prefetch = cfg, bool(load), prefetch
+        self.ctrl = EsdCtrl(cfg, prefetch=prefetch)
         self.tags = TagUnit(**gtu.params_from_config(cfg))
         self.hb = HBBank(**hb_params(cfg))
         self.ext = ExtStream(cfg)
@@ -210,7 +212,7 @@ class TileMem(wiring.Component):
         # FillDone strobe -> FIFO -> controller
         done_t = ctrl.fill_done.payload.shape()
         m.submodules.fill_done_fifo = fd = fifo.SyncFIFOBuffered(
-            width=data.Layout.cast(done_t).size, depth=fill_done_depth(cfg))
+            width=data.Layout.cast(done_t).size, depth=fill_done_depth(cfg, self.prefetch))
         entry = Signal(done_t)
         m.d.comb += [entry.slot.eq(hb.fill_done.slot),
                      entry.ok.eq(hb.fill_done.result == FillResultCode.COMMITTED),
@@ -281,6 +283,9 @@ class Tile(wiring.Component):
     Parameters
     ----------
     cfg : Config
+    prefetch : int, optional
+        The controller's prefetch depth during drafts (0: none; the
+        datapath then computes no candidates either).
 
     Members
     -------
@@ -326,12 +331,12 @@ class Tile(wiring.Component):
         For a ``cfg`` that is not a Config.
     """
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, *, prefetch: int = 0):
         require_config("Tile", cfg)
-        self.cfg = cfg
-        self.mem = TileMem(cfg, load=True)
+        self.cfg, self.prefetch = cfg, prefetch
+        self.mem = TileMem(cfg, load=True, prefetch=prefetch)
         self.feed = TokenFeed(cfg)
-        self.dp = MoEDatapath(cfg)
+        self.dp = MoEDatapath(cfg, prefetch=True) if prefetch else MoEDatapath(cfg)
         self.cmd_t, self.rsp_t = tile_command(cfg), tile_response(cfg)
         S = stream.Signature
         members = {"host_cmd": In(S(self.cmd_t)), "host_rsp": Out(S(self.rsp_t))}
@@ -447,8 +452,8 @@ class Tile(wiring.Component):
         return m
 
 
-def _factory(config):
-    return Tile(Config(**config))
+def _factory(config, prefetch=0):
+    return Tile(Config(**config), prefetch=prefetch)
 
 
 def _params(cfg):

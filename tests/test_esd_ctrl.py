@@ -192,13 +192,8 @@ def test_esd_ctrl_prefetch(tmp_path, dut):
     assert pc["prefetches"] and pc["prefetch_hits"], pc
     srcs = [e for e in run.events if e.kind == gesd.EventKind.SOURCE
             and e.code == gesd.Source.PREFETCH]
-    EK, retiring, faulted = gesd.EventKind, False, 0
-    for e in run.events:                  # an EXT_ERROR among a PREFETCH_END's retirements
-        if e.kind == EK.PREFETCH_END:
-            retiring = True
-        elif e.kind not in (EK.EXT_ERROR, EK.FILL_END, EK.UNPIN, EK.INVALIDATE):
-            retiring = False
-        faulted += retiring and e.kind == EK.EXT_ERROR
+    faulted = sum(r and e.kind == gesd.EventKind.EXT_ERROR       # a prefetch's LPDDR error
+                  for e, r in zip(run.events, gesd.in_prefetch_retirement(run.events)))
     assert srcs and faulted, "no fault hit a prefetch read"
     assert out["events"] == len(run.events)
 

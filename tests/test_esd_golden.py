@@ -867,3 +867,13 @@ def test_prefetch_retires_before_a_kv_move_and_checks_its_depth():
     for bad in (-1, cfg.tag_slots + 1):
         with pytest.raises(ValueError, match="Prefetch depth"):
             EsdController(cfg, prefetch=bad)
+
+
+def test_in_prefetch_retirement_marks_only_the_retirements():
+    """A prefetch's retirement events (after PREFETCH_END) are told from a
+    pass's: an EXT_ERROR after PREFETCH_END is one, the same kinds after a
+    PASS are not."""
+    ev = [Event(k) for k in (K.PASS, K.EXT_ERROR, K.FILL_END, K.PREFETCH_END, K.EXT_ERROR,
+                             K.FILL_END, K.INVALIDATE, K.PASS, K.EXT_ERROR)]
+    assert esd.in_prefetch_retirement(ev) == [False, False, False, False, True, True, True,
+                                               False, False]

@@ -132,6 +132,56 @@ def test_native_catches_wrong_golden(exe):
     assert f"in cycle {rep.first['cycle']})" in rep.first["message"]
 
 
+@pytest.fixture(scope="module")
+def exe_prefetch():
+    return native.build(TINY, prefetch=3)
+
+
+#: LPDDR faults of the prefetch scenario: read 0 is a prefetch (the first DRAFT
+#: pass's), 10 and 17 verification reads, 27 another prefetch's
+PREFETCH_FAULTS = {0: ExtError.SLVERR, 10: ExtError.DECERR, 17: ExtError.PROTOCOL,
+                   27: ExtError.SLVERR}
+
+
+def _retired_errors(events):
+    """EXT_ERRORs among the retirements that follow a PREFETCH_END."""
+    return sum(r and e.kind == gesd.EventKind.EXT_ERROR
+               for e, r in zip(events, gesd.in_prefetch_retirement(events)))
+
+
+def test_native_prefetch(exe_prefetch):
+    """Prefetch during drafts on the whole tile (`tiny`, depth 3: the
+    datapath's candidates, the controller's prefetcher, fill-only LPDDR
+    reads into HB): the Zipf trace at batch 4 with KV pressure (moves in the
+    middle of drafting retire every prefetch first), LPDDR faults on a
+    prefetch read and on verification reads, random AR / R pauses,
+    back-pressure on the responses and the trace, idle command cycles:
+    every response, counter, event (PREFETCH, the prefetches' lookups and
+    fills, PREFETCH_END and their retirement) and layer output equals the
+    golden's."""
+    runs, cases = _cases(TINY, 6, (4,), seeds={4: 187}, faults=PREFETCH_FAULTS, prefetch=3,
+                         **TINY_TOP_KV)
+    run = runs[0]
+    pc = run.controller.prefetch_counts
+    assert pc["prefetches"] and pc["prefetch_hits"], pc
+    assert _retired_errors(run.events) and run.counters["kv_moves"], run.counters
+    plan, mem = _trace(TINY, cases[0])
+    opts = native.NativeOptions(latency=12, ar_pause=0.2, r_pause=0.2, rsp_bp=0.2,
+                                trace_bp=0.2, cmd_idle=0.2, seed=5)
+    rep = native.replay(TINY, plan, mem, exe=exe_prefetch, options=opts)
+    assert rep.match, rep.first
+
+
+def test_native_prefetch_catches_wrong_candidates(exe_prefetch):
+    """A golden whose candidates are each token's lowest-ranked outside
+    expert (mutant ``prefetch_last``) differs from the tile's: the native
+    comparison fails on the trace."""
+    _, cases = _cases(TINY, 3, (4,), seeds={4: 187}, faults={}, prefetch=3,
+                      mutant="prefetch_last", **TINY_TOP_KV)
+    rep = native.replay(TINY, *_trace(TINY, cases[0]), exe=exe_prefetch)
+    assert not rep.match and rep.first["kind"] == "trace", rep.differences
+
+
 @pytest.mark.parametrize("word", ["expert", "dense"])
 def test_native_catches_wrong_lpddr_word(exe, word):
     """One corrupted word of the LPDDR image makes the native comparison fail

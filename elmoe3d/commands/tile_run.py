@@ -50,6 +50,9 @@ def register(p):
                    help="LPDDR read latency in cycles (default 12: about 100 ns at 125 MHz)")
     p.add_argument("--lpddr-bytes-per-cycle", type=int, default=None, metavar="N",
                    help="LPDDR bandwidth (default: one AXI beat per cycle)")
+    p.add_argument("--prefetch", type=int, default=0, metavar="N",
+                   help="the tile prefetches during drafts, at most N outstanding (0: none, the "
+                        "default; at most the tile's expert slots)")
     p.add_argument("--steady-state", action="store_true",
                    help="the steady-state set: traces zipf,lm x batch 1,4,16 x lpddr,ar,sd x seeds "
                         "1,2,3, 32 warm-up steps, 128 measured at batch 1 and 64 at 4 and 16 "
@@ -113,13 +116,15 @@ def _command(args) -> str:
         parts.append(f"--preset {args.preset}")
     if args.lpddr_bytes_per_cycle is not None:
         parts.append(f"--lpddr-bytes-per-cycle {args.lpddr_bytes_per_cycle}")
+    if args.prefetch:
+        parts.append(f"--prefetch {args.prefetch}")
     return "elmoe3d tile-run " + " ".join(parts)
 
 
 def _specs(args):
     from ..sim.run import tile_run as tr
     kw = dict(latency=args.latency, lpddr_bytes_per_cycle=args.lpddr_bytes_per_cycle,
-              preset=args.preset)
+              preset=args.preset, prefetch=args.prefetch)
     if args.preset is not None:
         from ..config import preset
         preset(args.preset)

@@ -34,6 +34,7 @@ from .issue import Issue
 from .output import OutputStage
 from .pe_array import PEArray
 from .payloads import array_beat, pass_summary, seg_params
+from .prefetch_cands import CandidateTracker
 from ..streams import RegisterSlice
 from .scheduler import ExpertScheduler
 from .softmax import Softmax
@@ -58,6 +59,9 @@ class MoEDatapath(wiring.Component):
     hb_depth, ext_depth : int, optional
         Weight-buffer words per bank (powers of two; defaults in
         :func:`elmoe3d.hw.moe.common.geom`).
+    prefetch : bool, optional
+        Also compute each DRAFT pass's prefetch candidates (the ``cand``
+        port; :mod:`.prefetch_cands`) for a controller that prefetches.
 
     Members
     -------
@@ -69,6 +73,7 @@ class MoEDatapath(wiring.Component):
     ext : ``In(stream.Signature(ExtBeat))``
     o : ``Out(stream.Signature(MoEOutput))``
     stats : ``Out(stream.Signature(PassStats))``
+    cand : ``Out(stream.Signature(PrefetchCandidate))`` (with ``prefetch``)
 
     Every input ``ready`` and output ``valid`` comes from registers.
 
@@ -80,9 +85,9 @@ class MoEDatapath(wiring.Component):
     """
 
     def __init__(self, cfg: Config, *, hb_depth: int | None = None,
-                 ext_depth: int | None = None):
+                 ext_depth: int | None = None, prefetch: bool = False):
         require_config("MoEDatapath", cfg)
-        self.cfg = cfg
+        self.cfg, self.prefetch = cfg, bool(prefetch)
         self.g = g = geom(cfg, hb_depth=hb_depth, ext_depth=ext_depth)
         v = vocab(cfg)
         super().__init__({
@@ -94,6 +99,7 @@ class MoEDatapath(wiring.Component):
             "ext": In(stream.Signature(v.ExtBeat)),
             "o": Out(stream.Signature(v.MoEOutput)),
             "stats": Out(stream.Signature(v.PassStats)),
+            **({"cand": Out(stream.Signature(v.PrefetchCandidate))} if prefetch else {}),
         })
 
     def elaborate(self, platform):
@@ -104,12 +110,13 @@ class MoEDatapath(wiring.Component):
         ts = m.submodules.tokens = TokenStore(g)
         # one top-k and one softmax unit per token lane (its tokens by
         # lane-local index)
-        topks = [TopK(gl_) for _ in range(P)]
+        topks = [TopK(gl_, snoop=True) if self.prefetch else TopK(gl_) for _ in range(P)]
         sms = [Softmax(gl_) for _ in range(P)]
         for p in range(P):
             m.submodules["topk" if P == 1 else f"topk{p}"] = topks[p]
             m.submodules["softmax" if P == 1 else f"softmax{p}"] = sms[p]
-        sch = m.submodules.scheduler = ExpertScheduler(g)
+        sch = m.submodules.scheduler = (ExpertScheduler(g, prefetch=True) if self.prefetch
+                                        else ExpertScheduler(g))
         hbr = m.submodules.hb_reader = HBReader(g)
         extw = m.submodules.ext_writer = ExtWriter(g)
         hbb = m.submodules.hb_buffer = ReplayBuffer(banks=B, width=g.sv, depth=g.hb_depth)
@@ -210,4 +217,13 @@ class MoEDatapath(wiring.Component):
         wiring.connect(m, iss.summary, sum_slice.i)
         wiring.connect(m, sum_slice.o, out.summary)
         wiring.connect(m, out.y, vu.y)
+
+        if self.prefetch:                   # each lane's candidates -> the scheduler -> `cand`
+            for p in range(P):
+                ct = m.submodules[f"cands{p}"] = CandidateTracker(gl_)
+                wiring.connect(m, topks[p].seen, ct.seen)
+                m.d.comb += [ct.sel.valid.eq(topks[p].sel.valid),
+                             ct.sel.payload.eq(topks[p].sel.payload)]
+                wiring.connect(m, ct.cand, sch.cands[p])
+            wiring.connect(m, sch.pf, wiring.flipped(self.cand))
         return m

@@ -35,6 +35,10 @@ signature           owner (``Out``)      other ends (``In``)          what
 ``GateRead``        vector unit (x P)    softmax of each lane         gate table, ``ready``
 ``LogitFlow``       vector unit (x P)    top-k of each lane           logits, top-k's room
 ``RoutingFlow``     top-k (x P)          scheduler (``sel[p]``)       each routing as taken
+``OutsideFlow``     top-k (x P)          candidate tracker (x P)      logits, outside the mask
+``CandFlow``        candidate tracker    scheduler (``cands[p]``)     a routing's candidate
+                    (x P)                                             (``OutsideFlow`` and
+                                                                      ``CandFlow``: prefetch only)
 ``SoftmaxRecord``   HB reader            softmax (x P)                the softmax record
 ``PassConstants``   HB reader            vector unit                  output records, SiLU table
 ``PassDone``        vector unit          HB reader, output stage,     a pass's last write done
@@ -47,7 +51,7 @@ signature           owner (``Out``)      other ends (``In``)          what
 
 from __future__ import annotations
 
-from amaranth.hdl import unsigned
+from amaranth.hdl import signed, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -58,7 +62,7 @@ from .payloads import act_chunk, gate_row, job_entry, job_source, logit, topk_re
 
 __all__ = ["PassView", "LaneTokens", "PassRelease", "ReadPort", "WritePort", "x_read",
            "JobRead", "PassProgress", "BufferWrite", "BufferRead", "HiddenRead", "YRead",
-           "GateRead", "LogitFlow", "RoutingFlow", "SoftmaxRecord", "out_record_write",
+           "GateRead", "LogitFlow", "RoutingFlow", "OutsideFlow", "CandFlow", "SoftmaxRecord", "out_record_write",
            "silu_table_write", "PassConstants", "PassDone", "PassCounters", "CycleCount"]
 
 
@@ -328,6 +332,27 @@ class RoutingFlow(_Signature):
 
     def __init__(self, g):
         super().__init__({"valid": Out(1), "payload": Out(topk_result(g))}, g)
+
+
+class OutsideFlow(_Signature):
+    """Each logit of one lane's top-k as its insertion stage takes it (``g``
+    the lane's geometry; a flow, no ``ready``): ``value``, ``expert``,
+    ``last`` (its token's last), ``outside`` (a DRAFT token's logit of an
+    expert its mask does not allow). Built only for prefetch."""
+
+    def __init__(self, g):
+        super().__init__({"valid": Out(1), "value": Out(signed(g.W)),
+                          "expert": Out(bits(g.E)), "last": Out(1), "outside": Out(1)}, g)
+
+
+class CandFlow(_Signature):
+    """One lane's prefetch candidate per routing (a flow, no ``ready``):
+    ``valid`` a cycle after the routing's handshake, ``par`` its pass
+    buffer, ``ok`` whether the token has a candidate, ``expert`` it."""
+
+    def __init__(self, g):
+        super().__init__({"valid": Out(1), "par": Out(1), "expert": Out(bits(g.E)),
+                          "ok": Out(1)}, g)
 
 
 class SoftmaxRecord(_Signature):

@@ -37,6 +37,18 @@ valid once every routed expert is announced. Three read ports
 writer and the issue stage; the counters reach them as
 :class:`~elmoe3d.hw.moe.ports.PassProgress`.
 
+Prefetch candidates (``ExpertScheduler(g, prefetch=True)`` only)
+-----------------------------------------------------------------
+Each lane's :class:`~.prefetch_cands.CandidateTracker` reports per routing
+whether the token has a prefetch candidate and which (``cands``); the
+scheduler counts the candidates' tokens per expert and buffer as they come
+(like the routed experts'). After a DRAFT pass's last decision (every
+token of the pass DRAFT) it sends the pass's candidates on ``pf``
+(``PrefetchCandidate``): in announce order (decreasing tokens, ties to the
+lower expert), ``count`` = the distinct candidates on each, ``last`` on
+the final one, or one ``none`` beat; the next pass waits for them (the
+controller takes them once the pass has ended).
+
 Timing: routing results (``sel``) are collected into a ``T x E`` selection
 matrix per buffer two cycles after they pass (the snoop and its decode are
 registered); a pass
@@ -54,10 +66,10 @@ from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..vocab import TokenRole, bits, expert_need, expert_source
+from ..vocab import TokenRole, bits, expert_need, expert_source, prefetch_candidate
 from .common import lowest_set, pow2ceil, zext
 from .payloads import job_entry, job_source
-from .ports import JobRead, PassProgress, PassView, RoutingFlow
+from .ports import CandFlow, JobRead, PassProgress, PassView, RoutingFlow
 
 __all__ = ["ExpertScheduler", "READERS"]
 
@@ -87,13 +99,18 @@ class ExpertScheduler(wiring.Component):
         toggles when the scheduler starts a pass in a buffer (its counters
         are then fresh): a job-table reader takes a buffer's jobs only once
         its epoch has moved on from the pass it last finished there.
+    cands : ``In(CandFlow).array(P)``; pf : ``Out(stream.Signature(PrefetchCandidate))``
+        With ``prefetch``: each lane's candidates in, a DRAFT pass's out.
     """
 
-    def __init__(self, g):
-        self.g = g
+    def __init__(self, g, *, prefetch: bool = False):
+        self.g, self.prefetch = g, prefetch
         cfg = g.cfg
         self.jb = bits(pow2ceil(g.jobs))
-        super().__init__({
+        extra = ({"cands": In(CandFlow(g.lane())).array(g.P),
+                  "pf": Out(stream.Signature(prefetch_candidate(cfg.expert_bits, g.T, g.E)))}
+                 if prefetch else {})
+        super().__init__({**extra,
             "passes": In(PassView(g)),
             "sel": In(RoutingFlow(g.lane())).array(g.P),
             "need": Out(stream.Signature(expert_need(cfg.layer_bits, cfg.expert_bits, g.T))),
@@ -319,6 +336,33 @@ class ExpertScheduler(wiring.Component):
         m.d.sync += newp.eq(pv.valid.bit_select(ps, 1)
                             & (pv.seq.bit_select(ps, 1) != my_seq.bit_select(ps, 1)))
 
+        # prefetch: the candidates' tokens per expert and buffer, kept as they come
+        ccnt = None
+        if self.prefetch:
+            ccnt = [[Signal(range(T + 1), name=f"ccnt{p}_{e}") for e in range(E)]
+                    for p in range(2)]
+            cv = [Signal(2, name=f"cv{ln}") for ln in range(P)]
+            ce = [Signal(E, name=f"ce{ln}") for ln in range(P)]
+            for ln in range(P):
+                c_ = self.cands[ln]
+                m.d.sync += [cv[ln].eq(Cat(c_.valid & c_.ok & (c_.par == p) for p in range(2))),
+                             ce[ln].eq(Const(1, E) << c_.expert)]
+            for p in range(2):
+                for e in range(E):
+                    m.d.sync += ccnt[p][e].eq(ccnt[p][e] + sum(cv[ln][p] & ce[ln][e]
+                                                               for ln in range(P)))
+
+        def end_pass():
+            """The pass is over: its buffer's counts cleared, the other buffer next."""
+            for p in range(2):
+                with m.If(ps == p):
+                    m.d.sync += done_tok[p].eq(0)
+                    m.d.sync += [ecnt[p][e].eq(0) for e in range(E)]
+                    if ccnt is not None:
+                        m.d.sync += [ccnt[p][e].eq(0) for e in range(E)]
+            m.d.sync += ps.eq(~ps)
+            m.next = "IDLE"
+
         with m.FSM(name="scheduler"):
             with m.State("IDLE"):
                 m.d.sync += idle_seen.eq(1)
@@ -475,10 +519,63 @@ class ExpertScheduler(wiring.Component):
                 # select (`ps` -> `total[ps]` -> the compare -> `done_tok`'s
                 # reset and `ps`'s enable, 6 LUTs, timing round 17)
                 with m.If(~rdy):
-                    for p in range(2):
-                        with m.If(ps == p):
-                            m.d.sync += done_tok[p].eq(0)
-                            m.d.sync += [ecnt[p][e].eq(0) for e in range(E)]
-                    m.d.sync += ps.eq(~ps)
-                    m.next = "IDLE"
+                    if self.prefetch:
+                        m.next = "C_LOAD"
+                    else:
+                        end_pass()
+            if self.prefetch:
+                self._candidates(m, ps, count, is_d, pmask, ccnt, end_pass)
         return m
+
+    def _candidates(self, m, ps, count, is_d, pmask, ccnt, end_pass):
+        """The states that send a DRAFT pass's prefetch candidates (module doc)."""
+        g = self.g
+        T, E = g.T, g.E
+        pcnt = [Signal(range(T + 1), name=f"pcnt{e}") for e in range(E)]
+        nz = Signal(E)                        # experts with a candidate
+        pdone = Signal(E)
+        plevel = Signal(range(T + 1))
+        ptotal = Signal.like(self.pf.payload.count)
+        pc = Signal(E)
+        pc_any, pc_idx = lowest_set(m, pc, "pcand")
+        o = self.pf.payload
+        with m.State("C_LOAD"):
+            for e in range(E):
+                m.d.sync += [pcnt[e].eq(Mux(ps, ccnt[1][e], ccnt[0][e])),
+                             nz[e].eq(Mux(ps, ccnt[1][e], ccnt[0][e]) != 0)]
+            m.d.sync += [pdone.eq(0), plevel.eq(count)]
+            with m.If((is_d == pmask) & pmask.any()):        # a DRAFT pass
+                m.next = "C_TOTAL"
+            with m.Else():
+                m.next = "C_END"
+        with m.State("C_TOTAL"):
+            m.d.sync += ptotal.eq(sum(nz[e] for e in range(E)))
+            with m.If(~nz.any()):
+                m.d.sync += [self.pf.valid.eq(1), o.expert.eq(0), o.tokens.eq(0), o.count.eq(0),
+                             o.last.eq(1), o.none.eq(1)]
+                m.next = "C_SEND"
+            with m.Else():
+                m.next = "C_ORDER"
+        with m.State("C_ORDER"):
+            m.d.sync += pc.eq(Cat(*[(pcnt[e] == plevel) & nz[e] & ~pdone[e] for e in range(E)]))
+            m.next = "C_PICK"
+        with m.State("C_PICK"):
+            with m.If(pc_any):
+                oh = Signal(E, name="pcand_oh")
+                m.d.comb += oh.eq(pc & (~pc + 1))
+                m.d.sync += [pdone.eq(pdone | oh), self.pf.valid.eq(1), o.expert.eq(pc_idx),
+                             o.tokens.eq(plevel), o.count.eq(ptotal), o.none.eq(0),
+                             o.last.eq(~(nz & ~(pdone | oh)).any())]
+                m.next = "C_SEND"
+            with m.Else():
+                m.d.sync += plevel.eq(plevel - 1)
+                m.next = "C_ORDER"
+        with m.State("C_SEND"):
+            with m.If(self.pf.ready):
+                m.d.sync += self.pf.valid.eq(0)
+                with m.If(o.last):
+                    m.next = "C_END"
+                with m.Else():
+                    m.next = "C_ORDER"
+        with m.State("C_END"):
+            end_pass()

@@ -31,7 +31,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..vocab import TokenRole
 from .payloads import topk_result
-from .ports import LaneTokens, LogitFlow, RoutingFlow
+from .ports import LaneTokens, LogitFlow, OutsideFlow, RoutingFlow
 
 __all__ = ["TopK"]
 
@@ -58,15 +58,20 @@ class TopK(wiring.Component):
     sel : ``Out(RoutingFlow)``
         A copy of each handshake of ``o`` (the scheduler's view of the
         routings: ``valid`` is ``o.valid & o.ready``).
+    seen : ``Out(OutsideFlow)`` (with ``snoop``)
+        Each logit as the insertion stage takes it, and whether it is a
+        DRAFT token's logit of an expert outside its mask (for the prefetch
+        candidates, :class:`~.prefetch_cands.CandidateTracker`).
     """
 
-    def __init__(self, g):
-        self.g = g
+    def __init__(self, g, *, snoop: bool = False):
+        self.g, self.snoop = g, snoop
         super().__init__({
             "i": In(LogitFlow(g)),
             "tokens": In(LaneTokens(g)),
             "o": Out(stream.Signature(topk_result(g))),
             "sel": Out(RoutingFlow(g)),
+            **({"seen": Out(OutsideFlow(g))} if snoop else {}),
         })
 
     def elaborate(self, platform):
@@ -173,6 +178,13 @@ class TopK(wiring.Component):
             m.d.sync += [free[i].eq(free_next), gt[i].eq(s_first | free_next | meets)]
         m.d.sync += [u_valid.eq(s_valid), u_in.eq(s_in), u_ok.eq(s_ok), u_first.eq(s_first),
                      u_ins.eq(s_valid & s_ok), u_new.eq(s_valid & s_first)]
+
+        if self.snoop:                       # the logit of stage 3, for the prefetch candidates
+            u_out = Signal()
+            m.d.sync += u_out.eq(s_draft & ~s_row[0])
+            m.d.comb += [self.seen.valid.eq(u_valid), self.seen.value.eq(u_in.value),
+                         self.seen.expert.eq(u_in.expert), self.seen.last.eq(u_in.last),
+                         self.seen.outside.eq(u_out)]
 
         # stage 3: insert
         new_v = [Signal.like(vals[i], name=f"nv{i}") for i in range(K)]

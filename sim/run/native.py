@@ -98,8 +98,9 @@ def _rtl_config(cfg):
     return cfg.replace(lpddr_bytes_per_cycle=None)
 
 
-def build(cfg, *, jobs: int = 2, progress=None, log=None) -> Path:
-    """The native harness's executable for ``cfg`` (built once, then cached).
+def build(cfg, *, jobs: int = 2, progress=None, log=None, prefetch: int = 0) -> Path:
+    """The native harness's executable for ``cfg`` (built once, then cached);
+    ``prefetch``: the tile's prefetch depth during drafts (0: none).
 
     ``progress(text)`` is called with a line per build phase (elaboration,
     Verilator, each C++ compile unit with the time so far, the end);
@@ -112,7 +113,7 @@ def build(cfg, *, jobs: int = 2, progress=None, log=None) -> Path:
     say = progress or (lambda text: None)
     prepare_env("verilator")
     index = build_root() / "tile_native-index"
-    fp = source_fingerprint(cfg)
+    fp = source_fingerprint(cfg) + (f"-pf{prefetch}" if prefetch else "")
     vflags, mvars = _verilator_flags(jobs), _make_vars()
     flags = vflags + mvars
     drv = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(SOURCES.glob("*")))).hexdigest()
@@ -123,7 +124,7 @@ def build(cfg, *, jobs: int = 2, progress=None, log=None) -> Path:
         if exe.is_file() and (exe.parent / "elmoe3d.stamp").is_file():
             return exe
     say(f"elaborating the tile ({_describe(cfg)}) to Verilog")
-    text = verilog_text(Tile(cfg), _TOP)
+    text = verilog_text(Tile(cfg, prefetch=prefetch), _TOP)
     key = json.dumps({"verilog": hashlib.sha256(text.encode()).hexdigest(), "driver": drv,
                       "flags": flags}, sort_keys=True)
     build_dir = build_root() / f"tile_native-{hashlib.sha256(key.encode()).hexdigest()[:12]}"

@@ -78,12 +78,13 @@ def _trace(name: str, preset: str | None = None):
 
 def spec(trace: str, batch: int, mode: str, steps: int, warmup: int, seed: int, *,
          latency: int = 12, lpddr_bytes_per_cycle: int | None = None,
-         accept_p: float = 0.7, preset: str | None = None) -> dict:
+         accept_p: float = 0.7, preset: str | None = None, prefetch: int = 0) -> dict:
     """One run, validated (``ValueError`` naming the value): ``latency`` LPDDR
     read latency in cycles (12: about 100 ns at the 125 MHz target clock),
     ``lpddr_bytes_per_cycle`` the LPDDR bandwidth (``None``: one AXI beat
     per cycle), ``preset`` another tile for the Zipf trace (default: the
-    trace's own, ``default``)."""
+    trace's own, ``default``), ``prefetch`` the tile's prefetch depth during
+    drafts (0: none; at most the tile's expert slots)."""
     from ...config import check_int
     from ...golden.esd import MAX_BATCH
     if trace not in TRACES:
@@ -99,8 +100,9 @@ def spec(trace: str, batch: int, mode: str, steps: int, warmup: int, seed: int, 
         raise ValueError(f"accept_p must be in 0..1, not {accept_p!r}")
     s = dict(trace=trace, batch=batch, mode=mode, steps=steps, warmup=warmup, seed=seed,
              latency=latency, lpddr_bytes_per_cycle=lpddr_bytes_per_cycle, accept_p=accept_p,
-             preset=preset)
-    _config(s)                                           # the bandwidth checked by Config
+             preset=preset, prefetch=prefetch)
+    cfg = _config(s)                                     # the bandwidth checked by Config
+    check_int("--prefetch", prefetch, 0, cfg.tag_slots)
     return s
 
 
@@ -121,10 +123,12 @@ def _config(s):
     return cfg
 
 
-def golden_run(s, steps: int, prefetch: int = 0):
+def golden_run(s, steps: int, prefetch: int | None = None):
     """The golden ``run_trace`` decode of spec ``s`` for ``steps`` decode steps
-    (``prefetch``: the golden controller's prefetch depth, which the RTL does
-    not build yet: for the system model's projection only)."""
+    (``prefetch``: the golden controller's prefetch depth; default the
+    spec's, 0 if it names none)."""
+    if prefetch is None:
+        prefetch = s.get("prefetch", 0)
     from ...golden import esd as gesd
     _, cfg, R = _trace(s["trace"], s.get("preset"))
     force = {"ar": gesd.Mode.AR, "lpddr": gesd.Mode.AR, "sd": gesd.Mode.SD,
@@ -165,7 +169,8 @@ def run_one(s: dict, exe=None) -> dict:
     image = ts.lpddr_image(cfg, layers, gl.dense_image(cfg, layers))
     golden_s = time.monotonic() - t0
     opts = native.NativeOptions(latency=s["latency"], seed=s["seed"])
-    rep = native.replay(cfg, plan, image, exe=exe or native.build(cfg), options=opts)
+    rep = native.replay(cfg, plan, image,
+                        exe=exe or native.build(cfg, prefetch=s.get("prefetch", 0)), options=opts)
 
     # per layer step the tile ran: its round, phase, taken cycle, end cycle
     rounds = ts.round_tokens(run.script, B)
@@ -216,6 +221,7 @@ def run_one(s: dict, exe=None) -> dict:
     r = rep.run
     return dict(
         trace=name, trace_key=s["trace"], config=_preset_name(cfg), batch=B, mode=s["mode"],
+        prefetch=s.get("prefetch", 0),
         seed=s["seed"], warmup=s["warmup"], steps_asked=s["steps"], latency=s["latency"],
         lpddr_bytes_per_cycle=cfg.lpddr_rate, accept_p=s["accept_p"],
         match=rep.match, first_difference=rep.first,
@@ -261,9 +267,10 @@ def run_set(run_specs: list[dict], *, scheduler: str | None = None, workers: int
     seen = set()
     for s in run_specs:
         cfg = _config(s).replace(lpddr_bytes_per_cycle=None)
-        if cfg not in seen:
-            seen.add(cfg)
-            native.build(cfg, progress=build_progress)
+        key = (cfg, s.get("prefetch", 0))
+        if key not in seen:
+            seen.add(key)
+            native.build(cfg, progress=build_progress, prefetch=key[1])
     if len(run_specs) == 1 and not scheduler:
         out = [run_one(run_specs[0])]
         if progress:

@@ -206,13 +206,16 @@ def trace_plan(cfg, layers, case, np_rng) -> Plan:
     (:func:`elmoe3d.golden.moe_batched.trace_tokens`; their router ranks the
     experts as the trace), whose outputs are the golden batched layer's with
     the mask the golden controller used; a pass with an ``EXT_ERROR`` event
-    has spoilt outputs."""
+    has spoilt outputs (a prefetch's, retired after ``PREFETCH_END``, spoils
+    none)."""
     T = cfg.batch_tokens
+    EK = gesd.EventKind
     bad_passes, cur = [], set()
-    for ev in case["events"]:
-        if ev.kind == gesd.EventKind.EXT_ERROR:
+    prefetch = gesd.in_prefetch_retirement(case["events"])
+    for ev, retiring in zip(case["events"], prefetch):
+        if ev.kind == EK.EXT_ERROR and not retiring:       # a prefetch's spoils no pass
             cur.add(ev.pass_no)
-        elif ev.kind == gesd.EventKind.LAYER_DONE:
+        elif ev.kind == EK.LAYER_DONE:
             bad_passes.append(cur)
             cur = set()
     pairs = [p for p in host_script(case) if p[1] is not None]      # counters come later
