@@ -1,6 +1,8 @@
-"""Shared testbench pieces: payload packing from Amaranth layouts, stream
-drivers with idle / back-pressure generators and a stream-rule checker, the
-clock/reset helper, and the knobs every testbench reads from the environment.
+"""Shared testbench pieces: payload packing from Amaranth layouts, the
+testbench kit (:mod:`elmoe3d.tb.kit`: stream source and sink with idle /
+back-pressure and the stream-rule check, the per-cycle loop, the
+scoreboard), self-running stream drivers on it, the clock/reset helper, and
+the knobs every testbench reads from the environment.
 
 Ports: Amaranth flattens a ``wiring`` stream member ``i`` into ``i__valid``,
 ``i__ready`` and one ``i__payload`` vector whose bits follow the payload's
@@ -12,7 +14,6 @@ RTL about a bit position.
 
 from __future__ import annotations
 
-import collections
 import json
 import os
 import random
@@ -22,9 +23,11 @@ from cocotb.clock import Clock
 from cocotb.triggers import ReadOnly, RisingEdge
 
 from ..sim.run.payload import pack, unpack
+from .kit import CycleLoop, Scoreboard, Sink, Source, Streams, chance, reset
 
 __all__ = ["pack", "unpack", "params", "knob", "rng", "golden_mutation", "StreamSource",
-           "StreamSink", "start_clock_and_reset", "CycleCounter"]
+           "StreamSink", "run_port", "start_clock_and_reset", "CycleCounter", "Source", "Sink",
+           "Streams", "CycleLoop", "Scoreboard", "chance", "reset"]
 
 
 def params() -> dict:
@@ -54,11 +57,10 @@ def golden_mutation() -> bool:
 
 
 async def start_clock_and_reset(dut, period_ns: int = 10, cycles: int = 3):
+    """Start ``dut.clk`` (``period_ns``) and hold ``dut.rst`` for ``cycles``
+    rising edges (:func:`~elmoe3d.tb.kit.reset`)."""
     cocotb.start_soon(Clock(dut.clk, period_ns, unit="ns").start())
-    dut.rst.value = 1
-    for _ in range(cycles):
-        await RisingEdge(dut.clk)
-    dut.rst.value = 0
+    await reset(dut, cycles)
 
 
 class CycleCounter:
@@ -75,99 +77,35 @@ class CycleCounter:
             self.cycle += 1
 
 
-class StreamSource:
-    """Drives ``<prefix>__valid/payload`` from a queue of Python payloads.
+def StreamSource(dut, prefix: str, layout, clk, counter: CycleCounter, *, idle=0.0,
+                 rand: random.Random | None = None) -> Source:
+    """A :class:`~elmoe3d.tb.kit.Source` that runs itself (:func:`run_port`):
+    items from its ``send``; ``rand`` defaults to ``random.Random(0)``."""
+    return run_port(Source(dut, prefix, layout, rand or random.Random(0), idle), clk, counter)
 
-    ``idle`` is the probability of inserting an idle cycle before an item (a
-    float, or a callable returning bool per cycle). ``valid`` is held, with
-    the payload unchanged, until ``ready`` — the stream rules. ``sent``
-    records ``(cycle, item)`` of each transfer.
-    """
 
-    def __init__(self, dut, prefix: str, layout, clk, counter: CycleCounter, *,
-                 idle=0.0, rand: random.Random | None = None):
-        self.valid = getattr(dut, f"{prefix}__valid")
-        self.ready = getattr(dut, f"{prefix}__ready")
-        self.payload = getattr(dut, f"{prefix}__payload")
-        self.layout, self.clk, self.counter = layout, clk, counter
-        self.idle = idle
-        self.rand = rand or random.Random(0)
-        self.queue = collections.deque()
-        self.sent = []
-        self.stalls = 0                     # cycles with valid & ~ready
-        self.valid.value = 0
-        cocotb.start_soon(self._run())
+def StreamSink(dut, prefix: str, layout, clk, counter: CycleCounter, *, backpressure=0.0,
+               rand: random.Random | None = None) -> Sink:
+    """A :class:`~elmoe3d.tb.kit.Sink` that runs itself (:func:`run_port`):
+    ``received`` holds ``(cycle, payload_dict)``; ``rand`` defaults to
+    ``random.Random(1)``."""
+    return run_port(Sink(dut, prefix, layout, rand or random.Random(1), backpressure),
+                    clk, counter)
 
-    def send(self, items):
-        self.queue.extend(items)
 
-    def _idle_now(self) -> bool:
-        if callable(self.idle):
-            return self.idle()
-        return self.idle > 0 and self.rand.random() < self.idle
-
-    def empty(self) -> bool:
-        return not self.queue and self._item is None
-
-    _item = None
-
-    async def _run(self):
-        fired = False
+def run_port(port, clk, counter: CycleCounter):
+    """Start a coroutine of ``port``'s own (a :class:`~elmoe3d.tb.kit.Source`
+    or :class:`~elmoe3d.tb.kit.Sink`, instead of a
+    :class:`~elmoe3d.tb.kit.CycleLoop`). Per cycle: after the rising edge of
+    ``clk`` it drives ``port``; in ReadOnly it samples it, at the cycle
+    ``counter`` counts (the cycle of ``sent`` / ``received``). Returns
+    ``port``."""
+    async def run():
         while True:
-            await RisingEdge(self.clk)
-            if fired:
-                self._item = None
-            if self._item is None and self.queue and not self._idle_now():
-                self._item = self.queue.popleft()
-                self.payload.value = pack(self.layout, self._item)
-            self.valid.value = self._item is not None
+            await RisingEdge(clk)
+            port.drive(counter.cycle)
             await ReadOnly()
-            fired = self._item is not None and bool(self.ready.value)
-            if fired:
-                self.sent.append((self.counter.cycle, self._item))
-            elif self._item is not None:
-                self.stalls += 1
-
-
-class StreamSink:
-    """Accepts ``<prefix>`` stream transfers with random back-pressure and
-    checks the stream rules (valid held, payload stable until ready).
-
-    ``received`` holds ``(cycle, payload_dict)``.
-    """
-
-    def __init__(self, dut, prefix: str, layout, clk, counter: CycleCounter, *,
-                 backpressure=0.0, rand: random.Random | None = None):
-        self.valid = getattr(dut, f"{prefix}__valid")
-        self.ready = getattr(dut, f"{prefix}__ready")
-        self.payload = getattr(dut, f"{prefix}__payload")
-        self.layout, self.clk, self.counter = layout, clk, counter
-        self.backpressure = backpressure
-        self.rand = rand or random.Random(1)
-        self.received = []
-        self.rule_violations = []
-        self.ready.value = 0
-        cocotb.start_soon(self._run())
-
-    def _stall_now(self) -> bool:
-        if callable(self.backpressure):
-            return self.backpressure()
-        return self.backpressure > 0 and self.rand.random() < self.backpressure
-
-    async def _run(self):
-        pending = None                       # payload offered but not taken
-        while True:
-            await RisingEdge(self.clk)
-            ready = not self._stall_now()
-            self.ready.value = ready
-            await ReadOnly()
-            valid = bool(self.valid.value)
-            raw = self.payload.value.to_unsigned() if valid else None
-            if pending is not None and (not valid or raw != pending):
-                self.rule_violations.append(
-                    (self.counter.cycle, "valid dropped or payload changed before ready"))
-            if valid and ready:
-                self.received.append((self.counter.cycle, unpack(self.layout, raw)))
-                pending = None
-            else:
-                pending = raw if valid else None
+            port.cycle = counter.cycle
+            port.sample()
+    cocotb.start_soon(run())
+    return port

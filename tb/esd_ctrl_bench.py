@@ -60,7 +60,7 @@ import pickle
 
 import cocotb
 from amaranth.lib import data
-from cocotb.triggers import ReadOnly, RisingEdge
+from cocotb.triggers import RisingEdge
 
 from elmoe3d.config import Config
 from elmoe3d.golden import esd as gesd
@@ -70,7 +70,7 @@ from elmoe3d.hw.esd_ctrl import COUNTERS, TagOp, esd_ports
 from elmoe3d.hw.esd_feed import ROLE_OF_PHASE as _ROLE_OF
 from elmoe3d.sim.run.tile_script import (counter_mismatch, counters_of, host_script,
                                          response_mismatch)
-from elmoe3d.tb.common import pack, params, rng, start_clock_and_reset, unpack
+from elmoe3d.tb.common import CycleLoop, Streams, params, reset, rng, start_clock_and_reset
 
 
 # -- functional coverage (cocotb-coverage, written by tb/coverage.py) ----------------------
@@ -143,84 +143,80 @@ _TAG_OPS = {getattr(TagOp, n).value for n in ("LOOKUP", "LOOKUP_PIN", "TOUCH", "
 _STALL_NAMES = {"host_cmd", "trace", "tag_cmd", "ext_cmd", "dp_source", "dp_announce"}
 
 
-class Src:
-    """Drives one DUT input stream from a queue (random idle cycles)."""
-
-    def __init__(self, dut, prefix, layout, r, idle):
-        self.valid = getattr(dut, f"{prefix}__valid")
-        self.ready = getattr(dut, f"{prefix}__ready")
-        self.payload = getattr(dut, f"{prefix}__payload")
-        self.layout, self.r, self.idle = layout, r, idle
-        self.name = prefix
-        self.queue = collections.deque()
-        self.later = collections.deque()            # (due cycle, item or callable)
-        self.item = None
-        self.fired = False
-        self.valid.value = 0
-
-    def put(self, item, due=0):
-        if self.later and self.later[-1][0] > due:
-            due = self.later[-1][0]                 # keep the order of one source
-        self.later.append((due, item))
-
-    def drive(self, cycle):
-        while self.later and self.later[0][0] <= cycle:
-            it = self.later.popleft()[1]
-            self.queue.append(it() if callable(it) else it)
-        if self.fired:
-            self.item = None
-        if self.item is None and self.queue and not (self.idle and self.r.random() < self.idle):
-            self.item = self.queue.popleft()
-            self.payload.value = pack(self.layout, self.item)
-        self.valid.value = self.item is not None
-
-    def sample(self):
-        self.fired = self.item is not None and bool(self.ready.value)
-        if self.item is not None and not self.fired and self.name in _STALL_NAMES:
-            _cover_stall(self.name)
-
-    def busy(self):
-        return self.item is not None or self.queue or self.later
+def _stall(name):
+    if name in _STALL_NAMES:
+        _cover_stall(name)
 
 
-class Snk:
-    """Takes one DUT output stream with random back-pressure; calls
-    ``fn(payload)`` per transfer and checks the stream rules."""
+def streams(dut, r, idle):
+    """The stream maker of the controller's benches
+    (:class:`~elmoe3d.tb.kit.Streams`): idle cycles and back-pressure
+    ``idle`` drawn from ``r``, a stall of a covered stream a coverage
+    sample."""
+    return Streams(dut, r, idle, on_stall=_stall)
 
-    def __init__(self, dut, prefix, layout, r, bp, fn):
-        self.valid = getattr(dut, f"{prefix}__valid")
-        self.ready = getattr(dut, f"{prefix}__ready")
-        self.payload = getattr(dut, f"{prefix}__payload")
-        self.layout, self.r, self.bp, self.fn = layout, r, bp, fn
-        self.name = prefix
-        self.rdy = False
-        self.held = None
-        self.violations = 0
-        self.ready.value = 0
 
-    def drive(self, cycle):
-        self.rdy = not (self.bp and self.r.random() < self.bp)
-        self.ready.value = self.rdy
+class StepRouter:
+    """The datapath model's routing of the controller's ``dp_step`` beats.
 
-    def sample(self):
-        if not self.valid.value:
-            if self.held is not None:
-                self.violations += 1
-            self.held = None
+    Per beat (:meth:`passes`): the next STEP of the host script, its
+    rankings routed by the golden router
+    (:class:`~elmoe3d.golden.esd.RankingRouter`, with the mask the beat
+    carries in DRAFT), cut into passes
+    (:func:`~elmoe3d.golden.moe_batched.pass_counts`); each pass's
+    ``ExpertNeed`` beats go onto the ``announce`` source in announce order
+    with ``layer``, ``tokens``, the phase's ``precision`` and ``last``, or one
+    ``none`` beat for a pass without experts. With a ``cand`` source (a
+    prefetcher's ``dp_cand``), each DRAFT pass's ``PrefetchCandidate`` s go
+    onto it first (:func:`~elmoe3d.golden.esd.prefetch_candidates` of the
+    step's unrestricted routing, announce order, ``count`` on each, or one
+    ``none`` beat). A beat beyond the script or with the wrong token count
+    is a problem (appended to ``problems``).
+    """
+
+    def __init__(self, case, cfg, announce, problems, cand=None):
+        self.steps = [e for e in case["script"] if e["op"] == "STEP" and "refused" not in e]
+        self.cfg, self.announce, self.problems, self.cand = cfg, announce, problems, cand
+        self.i = 0
+        self.phase, self.layer = 0, 0            # of the last step routed
+
+    def passes(self, c):
+        """Yield ``(tokens, counts, order)`` per pass of step beat ``c``
+        (``counts``: expert -> tokens; ``order``: the announce order), its
+        announcements queued."""
+        if self.i >= len(self.steps):
+            self.problems.append("dp_step beyond the script")
             return
-        v = self.payload.value
-        if not v.is_resolvable:
-            raise AssertionError(f"{self.name}: payload {v} has X/Z bits while valid")
-        raw = v.to_unsigned()
-        if self.held is not None and raw != self.held:
-            self.violations += 1
-        if not self.rdy and self.name in _STALL_NAMES:
-            _cover_stall(self.name)
-        if self.rdy:
-            self.held = None
-            self.fn(unpack(self.layout, raw))
-        else:
-            self.held = raw
+        e = self.steps[self.i]
+        self.i += 1
+        ph = gesd.Phase(c["phase"])
+        self.phase, self.layer = ph, c["layer"]
+        sel = gesd.RankingRouter(e["rankings"], self.cfg.top_k)(
+            c["mask"] if ph == gesd.Phase.DRAFT else None)
+        if c["tokens"] != len(sel):
+            self.problems.append(f"step tokens {c['tokens']} != {len(sel)}")
+        prec = int(_ROLE_OF[ph])            # every token of the step has the phase's role
+        full = (gesd.RankingRouter(e["rankings"], self.cfg.top_k)(None)
+                if self.cand is not None and ph == gesd.Phase.DRAFT else None)
+        put = self.announce.put
+        for p0, ntok, counts in gb.pass_counts(sel, self.cfg.batch_tokens):
+            if full is not None:
+                self._candidates(gesd.prefetch_candidates(full[p0:p0 + ntok], c["mask"]))
+            order = gb.announce_order(counts)
+            if not order:
+                put(dict(layer=c["layer"], expert=0, tokens=0, precision=0, none=1, last=1))
+            for i, x in enumerate(order):
+                put(dict(layer=c["layer"], expert=x, tokens=counts[x], precision=prec, none=0,
+                         last=int(i == len(order) - 1)))
+            yield ntok, counts, order
+
+    def _candidates(self, cands):
+        corder = gb.announce_order(cands)
+        if not corder:
+            self.cand.put(dict(expert=0, tokens=0, count=0, last=1, none=1))
+        for i, x in enumerate(corder):
+            self.cand.put(dict(expert=x, tokens=cands[x], count=len(cands),
+                               last=int(i == len(corder) - 1), none=0))
 
 
 def check_results(case, expected, responses, events, sinks, cycles):
@@ -241,7 +237,7 @@ def check_results(case, expected, responses, events, sinks, cycles):
                    transactions=len(events) + len(responses))
     evs = [gesd.Event.from_dict(p) for p in events]
     msg = gesd.compare(case["events"], evs)
-    viol = sum(x.violations for x in sinks)
+    viol = sum(len(x.rule_violations) for x in sinks)
     assert viol == 0, f"{viol} stream-rule violations on the outputs"
     assert msg is None, msg
     bad = counter_mismatch(case["counters"], counters)
@@ -254,8 +250,6 @@ def check_results(case, expected, responses, events, sinks, cycles):
 async def replay(dut):
     """Every case of ``$ELMOE_ESD_CASE`` (one, or a list under ``cases``), the
     controller reset between cases; ``$ELMOE_ESD_OUT`` gets one result each."""
-    loaded = _case()
-    cases = loaded["cases"] if "cases" in loaded else [loaded]
     p = dict(params())
     p.pop("prefetch", None)                        # the DUT's, not the Config's
     cfg = Config(**p)
@@ -267,15 +261,21 @@ async def replay(dut):
         dut.commit__valid.value = 0
         dut.commit__slot.value = 0
         dut.disabled.value = 0
+    await replay_cases(dut, _case(), lambda case: run_case(dut, case, cfg, t, r, idle))
+
+
+async def replay_cases(dut, loaded, run_one):
+    """Start the clock, then per case of ``loaded`` (the
+    ``$ELMOE_ESD_CASE`` pickle: one case, or a list under ``cases``): reset
+    the DUT, ``await run_one(case)`` for its result, and write the results
+    so far to ``$ELMOE_ESD_OUT`` (a list, or the one result)."""
+    cases = loaded["cases"] if "cases" in loaded else [loaded]
     await start_clock_and_reset(dut)
     outs = []
     for case in cases:
         await RisingEdge(dut.clk)                  # leave the ReadOnly phase of the last case
-        dut.rst.value = 1
-        for _ in range(3):
-            await RisingEdge(dut.clk)
-        dut.rst.value = 0
-        outs.append(await run_case(dut, case, cfg, t, r, idle))
+        await reset(dut)
+        outs.append(await run_one(case))
         with open(os.environ["ELMOE_ESD_OUT"], "w") as f:
             json.dump(outs if "cases" in loaded else outs[0], f)
 
@@ -294,8 +294,8 @@ class _Fastest:
 
 
 async def run_case(dut, case, cfg, t, r, idle):
-    clk = dut.clk
-    cyc = [0]
+    loop = CycleLoop(dut.clk)
+    later = loop.later
     joined = hasattr(dut, "commit__valid")       # EsdTagJoin: the real tag unit inside
     tags = None if joined else gesd.TagPolicy(cfg)
     S = cfg.tag_slots
@@ -311,21 +311,19 @@ async def run_case(dut, case, cfg, t, r, idle):
     problems = []
     responses, events = [], []
 
-    host = Src(dut, "host_cmd", t["HostCommand"], r, idle)
-    tag_rsp = None if joined else Src(dut, "tag_rsp", t["TagResponse"], r, idle)
-    ext_rsp = Src(dut, "ext_rsp", t["ExtResponse"], r, idle)
-    fill_done = Src(dut, "fill_done", t["FillDone"], r, idle)
-    kv_move = Src(dut, "kv_move", t["KVMove"], r, idle)
-    announce = Src(dut, "dp_announce", t["ExpertNeed"], r, idle)
-    dp_done = Src(dut, "dp_done", t["PassStats"], r, idle)
-    cand = (Src(dut, "dp_cand", t["PrefetchCandidate"], r, idle)
+    io = streams(dut, r, idle)
+    host = io.source("host_cmd", t["HostCommand"])
+    tag_rsp = None if joined else io.source("tag_rsp", t["TagResponse"])
+    ext_rsp = io.source("ext_rsp", t["ExtResponse"])
+    fill_done = io.source("fill_done", t["FillDone"])
+    kv_move = io.source("kv_move", t["KVMove"])
+    announce = io.source("dp_announce", t["ExpertNeed"])
+    dp_done = io.source("dp_done", t["PassStats"])
+    cand = (io.source("dp_cand", t["PrefetchCandidate"])
             if hasattr(dut, "dp_cand__valid") else None)
 
     def blank(layout):
         return {name: 0 for name, _ in t[layout]}
-
-    def later(d):
-        return cyc[0] + d
 
     # ---- tag unit -----------------------------------------------------------------
     def on_tag(c):
@@ -356,10 +354,11 @@ async def run_case(dut, case, cfg, t, r, idle):
 
     ends = []                                    # (cycle, slot, ok) of fills to end (joined)
 
-    def hb_cycle():
+    def hb_cycle(cycle):
         """Joined: fills whose time came queue up; HB commits one per cycle (the
-        strobe into the tag unit) and reports FillDone from the cycle after."""
-        due = [x for x in ends if x[0] <= cyc[0]]
+        strobe into the tag unit) and reports FillDone from the cycle after;
+        the commit strobe and the disabled mask driven."""
+        due = [x for x in ends if x[0] <= cycle]
         for x in due:
             ends.remove(x)
             commits.append(x[1:])
@@ -371,6 +370,12 @@ async def run_case(dut, case, cfg, t, r, idle):
                 hb_valid[slot] = 1
                 hb_drive["commit"] = slot
                 break
+        c_ = hb_drive["commit"]
+        dut.commit__valid.value = c_ is not None
+        dut.commit__slot.value = c_ or 0
+        if hb_drive["disabled"] is not None:
+            dut.disabled.value = hb_drive["disabled"]
+            hb_drive["disabled"] = None
 
     kv_state = [0]
 
@@ -385,7 +390,7 @@ async def run_case(dut, case, cfg, t, r, idle):
             res, pend = dut.resident.value.to_unsigned(), dut.pending.value.to_unsigned()
             mine = sum(v << s_ for s_, v in enumerate(hb_valid))
             if res != mine or pend:
-                problems.append(f"cycle {cyc[0]}: tag unit resident {res:#x} pending "
+                problems.append(f"cycle {loop.cycle}: tag unit resident {res:#x} pending "
                                 f"{pend:#x}, HB valid {mine:#x} at a KV move")
             inv = newly & mine
             for s_ in range(S):
@@ -400,41 +405,12 @@ async def run_case(dut, case, cfg, t, r, idle):
                     later(r.randint(1, 8)))
 
     # ---- datapath -------------------------------------------------------------------
-    steps = [e for e in case["script"] if e["op"] == "STEP" and "refused" not in e]
-    step_i = [0]
+    router = StepRouter(case, cfg, announce, problems, cand)
     passes = collections.deque()             # experts still to be sourced, per pass
 
     def on_step(c):
-        if step_i[0] >= len(steps):
-            problems.append("dp_step beyond the script")
-            return
-        e = steps[step_i[0]]
-        step_i[0] += 1
-        ph = gesd.Phase(c["phase"])
-        sel = gesd.RankingRouter(e["rankings"], cfg.top_k)(
-            c["mask"] if ph == gesd.Phase.DRAFT else None)
-        if c["tokens"] != len(sel):
-            problems.append(f"step tokens {c['tokens']} != {len(sel)}")
-        prec = int(_ROLE_OF[ph])            # every token of the step has the phase's role
-        full = (gesd.RankingRouter(e["rankings"], cfg.top_k)(None)
-                if cand is not None and ph == gesd.Phase.DRAFT else None)
-        for p0, ntok, counts in gb.pass_counts(sel, cfg.batch_tokens):
-            if full is not None:
-                cands = gesd.prefetch_candidates(full[p0:p0 + ntok], c["mask"])
-                corder = gb.announce_order(cands)
-                if not corder:
-                    cand.put(dict(expert=0, tokens=0, count=0, last=1, none=1))
-                for i, x in enumerate(corder):
-                    cand.put(dict(expert=x, tokens=cands[x], count=len(cands),
-                                  last=int(i == len(corder) - 1), none=0))
-            order = gb.announce_order(counts)
+        for ntok, counts, order in router.passes(c):
             passes.append([len(order), ntok, len(order), sum(counts.values())])
-            if not order:
-                announce.put(dict(layer=c["layer"], expert=0, tokens=0, precision=0, none=1,
-                                  last=1))
-            for i, x in enumerate(order):
-                announce.put(dict(layer=c["layer"], expert=x, tokens=counts[x],
-                                  precision=prec, none=0, last=int(i == len(order) - 1)))
         pass_check()
 
     def pass_check():
@@ -456,17 +432,17 @@ async def run_case(dut, case, cfg, t, r, idle):
     def timed(lst, key):
         def put(x):
             lst.append(x)
-            times[key].append((cyc[0], x.get("kind", x.get("op"))))
+            times[key].append((loop.cycle, x.get("kind", x.get("op"))))
         return put
 
     # (joined: tag_cmd / tag_rsp are inner wires; a write would stick on Icarus)
-    sinks = [Snk(dut, "host_rsp", t["HostResponse"], r, idle, timed(responses, "responses")),
-             Snk(dut, "trace", t["TraceEvent"], r, idle, timed(events, "events")),
-             *([] if joined else [Snk(dut, "tag_cmd", t["TagCommand"], r, idle, on_tag)]),
-             Snk(dut, "ext_cmd", t["ExtCommand"], r, idle, on_ext),
-             Snk(dut, "kv_req", t["KVRequest"], r, idle, on_kv),
-             Snk(dut, "dp_step", t["StepInfo"], r, idle, on_step),
-             Snk(dut, "dp_source", t["ExpertSource"], r, idle, on_source)]
+    sinks = [io.sink("host_rsp", t["HostResponse"], timed(responses, "responses")),
+             io.sink("trace", t["TraceEvent"], timed(events, "events")),
+             *([] if joined else [io.sink("tag_cmd", t["TagCommand"], on_tag)]),
+             io.sink("ext_cmd", t["ExtCommand"], on_ext),
+             io.sink("kv_req", t["KVRequest"], on_kv),
+             io.sink("dp_step", t["StepInfo"], on_step),
+             io.sink("dp_source", t["ExpertSource"], on_source)]
     sources = [host, ext_rsp, fill_done, kv_move, announce, dp_done]
     if cand is not None:
         sources.append(cand)
@@ -481,38 +457,15 @@ async def run_case(dut, case, cfg, t, r, idle):
             expected.append(want)
     total = len(expected) + len(COUNTERS)
     limit = int(os.environ.get("ELMOE_ESD_MAX_CYCLES", "50000000"))
-    idle_after = 0
-    while cyc[0] < limit and not problems:
-        await RisingEdge(clk)
-        cyc[0] += 1
-        if joined:
-            hb_cycle()
-            c_ = hb_drive["commit"]
-            dut.commit__valid.value = c_ is not None
-            dut.commit__slot.value = c_ or 0
-            if hb_drive["disabled"] is not None:
-                dut.disabled.value = hb_drive["disabled"]
-                hb_drive["disabled"] = None
-        for x in sources:
-            x.drive(cyc[0])
-        for x in sinks:
-            x.drive(cyc[0])
-        await ReadOnly()
-        for x in sources:
-            x.sample()
-        for x in sinks:
-            x.sample()
-        if len(responses) >= total:
-            idle_after += 1
-            if idle_after > 50:
-                break
+    cycles = await loop.run(sources, sinks, limit=limit, before=hb_cycle if joined else None,
+                            stop=lambda: problems, done=lambda: len(responses) >= total)
     assert not problems, problems[:5]
     if joined:
         res, pend = dut.resident.value.to_unsigned(), dut.pending.value.to_unsigned()
         mine = sum(v << s_ for s_, v in enumerate(hb_valid))
         assert res == mine and not pend, (f"end: tag unit resident {res:#x} pending {pend:#x}, "
                                           f"HB valid {mine:#x}")
-    out = check_results(case, expected, responses, events, sinks, cyc[0])
+    out = check_results(case, expected, responses, events, sinks, cycles)
     if isinstance(r, _Fastest):
         out["times"] = times
     return out

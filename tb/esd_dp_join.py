@@ -32,11 +32,10 @@ from __future__ import annotations
 from amaranth.hdl import Module
 from amaranth.lib import wiring
 
-from ..config import Config
 from ..hw.esd_feed import TokenFeed
 from ..hw.moe import MoEDatapath
 from ..hw.tile import connect_compute
-from .esd_join import EsdTagJoin
+from .esd_join import EsdTagJoin, Join
 
 __all__ = ["EsdDpJoin"]
 
@@ -46,19 +45,11 @@ _INNER_CTRL = ("dp_step", "dp_announce", "dp_source", "dp_done")
 _INNER_DP = ("tok", "need", "source", "stats")
 
 
-class EsdDpJoin(wiring.Component):
-    """Controller + tag unit + token feed + datapath for ``cfg``.
+class EsdDpJoin(Join):
+    """Controller + tag unit + token feed + datapath for ``cfg``
+    (:class:`~elmoe3d.tb.esd_join.Join`)."""
 
-    Raises
-    ------
-    TypeError
-        For a ``cfg`` that is not a Config.
-    """
-
-    def __init__(self, cfg: Config):
-        if not isinstance(cfg, Config):
-            raise TypeError(f"EsdDpJoin needs a Config, not {cfg!r}")
-        self.cfg = cfg
+    def _build(self, cfg):
         self.ctl = EsdTagJoin(cfg)
         self.feed = TokenFeed(cfg)
         self.dp = MoEDatapath(cfg)
@@ -66,7 +57,7 @@ class EsdDpJoin(wiring.Component):
         members["x"] = self.feed.signature.members["x"]
         members.update({n: m for n, m in self.dp.signature.members.items()
                         if n not in _INNER_DP})
-        super().__init__(members)
+        return members
 
     def elaborate(self, platform):
         m = Module()
@@ -82,15 +73,3 @@ class EsdDpJoin(wiring.Component):
             if name not in _INNER_DP:
                 self._export(m, name, dp)
         return m
-
-    def _export(self, m, name, sub):
-        mine, theirs = getattr(self, name), getattr(sub, name)
-        flow = self.signature.members[name].flow
-        pairs = list(zip(mine, theirs)) if isinstance(mine, list) else [(mine, theirs)]
-        for a, b in pairs:
-            if isinstance(a, wiring.PureInterface) or hasattr(a, "signature"):
-                wiring.connect(m, wiring.flipped(a), b)
-            elif flow == wiring.In:
-                m.d.comb += b.eq(a)
-            else:
-                m.d.comb += a.eq(b)

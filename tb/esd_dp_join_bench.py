@@ -21,8 +21,10 @@ Served by testbench models (imported, not copied):
   (``layout.hb_slot_image``), HB strobes ``commit`` into the tag unit (one
   per cycle) and reports ``fill_done`` 1-4 cycles later;
 * ``ExtResponse`` per command after its beats; no KV moves (``disabled`` 0);
-* the controller's other streams: :class:`elmoe3d.tb.esd_ctrl_bench.Src` /
-  ``Snk`` (random idle and back-pressure, stream rules).
+* the controller's other streams: the testbench kit's
+  :class:`~elmoe3d.tb.kit.Source` / :class:`~elmoe3d.tb.kit.Sink` (random
+  idle and back-pressure, stream rules), the HB and LPDDR beats fed from
+  :class:`MoETB`'s queues.
 
 Checks: the trace equals the golden control sequence event for event
 (:func:`elmoe3d.golden.esd.compare`), every host response the golden's,
@@ -43,7 +45,6 @@ import os
 import cocotb
 import numpy as np
 from amaranth.lib import data
-from cocotb.triggers import ReadOnly, RisingEdge
 
 from ..config import Config
 from ..golden import esd as gesd
@@ -51,33 +52,22 @@ from ..golden import layout as gl
 from ..hw.esd_ctrl import HostOp, esd_ports
 from ..hw.vocab import host_token
 from ..sim.run import tile_script
-from .common import golden_mutation, params, start_clock_and_reset
-from .esd_ctrl_bench import Snk, Src
+from .common import CycleLoop, Scoreboard, golden_mutation, params, start_clock_and_reset
+from .esd_ctrl_bench import streams
 from .moe_layer_bench import MoETB
-
-class _QueueSrc(Src):
-    """An input stream fed from a deque of ``(due cycle, packed payload)``
-    (the queues :class:`MoETB` fills)."""
-
-    def __init__(self, dut, prefix, queue, r, idle):
-        super().__init__(dut, prefix, None, r, idle)
-        self.q = queue
-
-    def drive(self, cycle):
-        if self.fired:
-            self.item = None
-        if (self.item is None and self.q and self.q[0][0] <= cycle
-                and not (self.idle and self.r.random() < self.idle)):
-            self.item = self.q.popleft()[1]
-            self.payload.value = self.item
-        self.valid.value = self.item is not None
-
-    def busy(self):
-        return self.item is not None or self.q
 
 
 def _plain(d):
     return {k: (x.value if hasattr(x, "value") else x) for k, x in d.items()}
+
+
+def _response_differs(want, got):
+    """The first field of the golden response ``want`` that ``got`` differs
+    in, or None (the response scoreboard's comparison)."""
+    for k, val in want.items():
+        if got[k] != val:
+            return f"{k} {got[k]} != {val}"
+    return None
 
 
 def golden_script(cfg, env, rounds, batch, np_rng, faults=None):
@@ -112,20 +102,25 @@ async def join(dut):
     dut.ext__valid.value = 0
     await start_clock_and_reset(dut)
 
-    cyc = [0]
-    problems, responses, events, outputs = [], [], [], []
+    loop = CycleLoop(dut.clk)
+    problems, events, outputs = [], [], []
     hb_valid = [0] * S
     ends, commits = [], collections.deque()
 
-    host = Src(dut, "host_cmd", t["HostCommand"], r, idle)
-    xin = Src(dut, "x", data.Layout.cast(host_token(cfg.hidden)), r, idle)
-    ext_rsp = Src(dut, "ext_rsp", t["ExtResponse"], r, idle)
-    fill_done = Src(dut, "fill_done", t["FillDone"], r, idle)
-    kv_move = Src(dut, "kv_move", t["KVMove"], r, idle)
-    hb_in = [_QueueSrc(dut, f"hb_data__{b}", env.hb_q[b], r, idle) for b in range(env.B)]
-    ext_in = _QueueSrc(dut, "ext", env.ext_q, r, idle)
+    io = streams(dut, r, idle)
+    host = io.source("host_cmd", t["HostCommand"])
+    xin = io.source("x", data.Layout.cast(host_token(cfg.hidden)))
+    ext_rsp = io.source("ext_rsp", t["ExtResponse"])
+    fill_done = io.source("fill_done", t["FillDone"])
+    kv_move = io.source("kv_move", t["KVMove"])
+    # HB and LPDDR beats: MoETB's queues of (due cycle, packed payload)
+    hb_in = [io.source(f"hb_data__{b}", None, later=env.hb_q[b]) for b in range(env.B)]
+    ext_in = io.source("ext", None, later=env.ext_q)
     for c in cmds:
         host.put(c)
+    responses = Scoreboard("response", compare=_response_differs)
+    for i, want in enumerate(want_rsp):
+        responses.expect(want, f"({cmds[i] if i < len(cmds) else '?'})")
     for x in vecs:
         xin.put(dict(x=x))
 
@@ -137,10 +132,10 @@ async def join(dut):
             problems.append(f"ExtCommand address {c['addr']:#x} is not an expert's base")
         planes = [q for q in range(n_pl) if (c["plane_mask"] >> q) & 1]
         before = len(env.ext_q)
-        env.cycle = cyc[0]
+        env.cycle = loop.cycle
         env._queue_ext(layer, e, planes, None)
         nb = len(env.ext_q) - before
-        done = cyc[0] + env.ext_latency + nb + r.randint(0, 8)
+        done = loop.later(env.ext_latency + nb + r.randint(0, 8))
         ext_rsp.put(dict(id=c["id"], error=0, resident=int(bool(c["fill"])), slot=c["slot"]),
                     done)
         if c["fill"]:
@@ -149,8 +144,9 @@ async def join(dut):
             env.slots.pop(s, None)
             ends.append((done + r.randint(0, 6), s, layer, e))
 
-    def hb_cycle():
-        for x in [x for x in ends if x[0] <= cyc[0]]:
+    def hb_cycle(cycle):
+        env.cycle = cycle
+        for x in [x for x in ends if x[0] <= cycle]:
             ends.remove(x)
             commits.append(x[1:])
         drive = None
@@ -160,55 +156,35 @@ async def join(dut):
             env.slots[s] = gl.hb_slot_image(cfg, lay.wg[e], lay.wu[e], lay.wd[e])
             hb_valid[s] = 1
             drive = s
-            fill_done.put(dict(slot=s, ok=1), cyc[0] + 1 + r.randint(0, 3))
+            fill_done.put(dict(slot=s, ok=1), loop.later(1 + r.randint(0, 3)))
         dut.commit__valid.value = drive is not None
         dut.commit__slot.value = drive or 0
 
     def on_hb(b):
         def fn(c):
-            env.cycle = cyc[0]
+            env.cycle = loop.cycle
             env._hb_serve(b, _plain(c))
         return fn
 
     def on_kv(c):
         problems.append(f"unexpected KV request {c}")
 
-    sinks = [Snk(dut, "host_rsp", t["HostResponse"], r, idle, responses.append),
-             Snk(dut, "trace", t["TraceEvent"], r, idle, events.append),
-             Snk(dut, "ext_cmd", t["ExtCommand"], r, idle, lambda c: on_ext(_plain(c))),
-             Snk(dut, "kv_req", t["KVRequest"], r, idle, on_kv),
-             Snk(dut, "o", data.Layout.cast(v.MoEOutput), r, idle, outputs.append)]
-    sinks += [Snk(dut, f"hb_cmd__{b}", data.Layout.cast(v.HBRead), r, idle, on_hb(b))
+    sinks = [io.sink("host_rsp", t["HostResponse"], responses.check),
+             io.sink("trace", t["TraceEvent"], events.append),
+             io.sink("ext_cmd", t["ExtCommand"], lambda c: on_ext(_plain(c))),
+             io.sink("kv_req", t["KVRequest"], on_kv),
+             io.sink("o", data.Layout.cast(v.MoEOutput), outputs.append)]
+    sinks += [io.sink(f"hb_cmd__{b}", data.Layout.cast(v.HBRead), on_hb(b))
               for b in range(env.B)]
     sources = [host, xin, ext_rsp, fill_done, kv_move, ext_in, *hb_in]
 
     limit = int(os.environ.get("ELMOE_JOIN_MAX_CYCLES", "3000000"))
-    after = 0
-    while cyc[0] < limit and not problems:
-        await RisingEdge(dut.clk)
-        cyc[0] += 1
-        env.cycle = cyc[0]
-        hb_cycle()
-        for x in sources:
-            x.drive(cyc[0])
-        for x in sinks:
-            x.drive(cyc[0])
-        await ReadOnly()
-        for x in sources:
-            x.sample()
-        for x in sinks:
-            x.sample()
-        if len(responses) >= len(want_rsp) and len(outputs) >= len(want_y):
-            after += 1
-            if after > 50:
-                break
+    cycles = await loop.run(sources, sinks, limit=limit, before=hb_cycle,
+                            stop=lambda: problems,
+                            done=lambda: (responses.checked >= len(want_rsp)
+                                          and len(outputs) >= len(want_y)))
     assert not problems, problems[:5]
-    assert len(responses) == len(want_rsp), \
-        f"{len(responses)} of {len(want_rsp)} responses, {len(outputs)} of {len(want_y)} " \
-        f"outputs by cycle {cyc[0]}"
-    for i, (want, got) in enumerate(zip(want_rsp, responses)):
-        for k, val in want.items():
-            assert got[k] == val, f"response {i} ({cmds[i]}): {k} {got[k]} != {val}"
+    responses.finish(f"{len(outputs)} of {len(want_y)} outputs by cycle {cycles}")
     # the control sequence first: a different decision (e.g. another DRAFT
     # eligibility mask) changes the outputs too, and the trace names it
     evs = [gesd.Event.from_dict(p) for p in events]
@@ -224,12 +200,12 @@ async def join(dut):
     res, pend = dut.resident.value.to_unsigned(), dut.pending.value.to_unsigned()
     mine = sum(x << s for s, x in enumerate(hb_valid))
     assert res == mine and not pend, f"tag unit resident {res:#x} pending {pend:#x}, HB {mine:#x}"
-    viol = sum(x.violations for x in sinks)
+    viol = sum(len(x.rule_violations) for x in sinks)
     assert viol == 0, f"{viol} stream-rule violations on the outputs"
     out = os.environ.get("ELMOE_JOIN_OUT")
     if out:
         kinds = collections.Counter(gesd.EventKind(e.kind).name for e in evs)
         with open(out, "w") as f:
-            json.dump(dict(cycles=cyc[0], events=len(evs), tokens=len(want_y),
+            json.dump(dict(cycles=cycles, events=len(evs), tokens=len(want_y),
                            steps=sum(1 for c in cmds if c["op"] == HostOp.STEP),
                            kinds=dict(kinds)), f)

@@ -30,14 +30,16 @@ from ..hw import vocab as hv
 from ..hw.esd_ctrl import EsdCtrl
 from ..hw.tag_unit import TagUnit
 
-__all__ = ["EsdTagJoin"]
+__all__ = ["EsdTagJoin", "Join"]
 
 _JOINED = ("tag_cmd", "tag_rsp")
 
 
-class EsdTagJoin(wiring.Component):
-    """Controller (with ``prefetch`` depth) + tag unit for ``cfg`` (see the
-    module doc for the ports).
+class Join(wiring.Component):
+    """Blocks built from one :class:`~elmoe3d.config.Config`, joined inside
+    one component: a subclass builds its blocks in ``_build(cfg)``, which
+    returns the top-level members, and wires them to the top level with
+    :meth:`_export`.
 
     Raises
     ------
@@ -45,18 +47,48 @@ class EsdTagJoin(wiring.Component):
         For a ``cfg`` that is not a Config.
     """
 
-    def __init__(self, cfg: Config, *, prefetch: int = 0):
+    def __init__(self, cfg: Config):
         if not isinstance(cfg, Config):
-            raise TypeError(f"EsdTagJoin needs a Config, not {cfg!r}")
+            raise TypeError(f"{type(self).__name__} needs a Config, not {cfg!r}")
         self.cfg = cfg
-        self.ctrl = EsdCtrl(cfg, prefetch=prefetch)
+        super().__init__(self._build(cfg))
+
+    def _build(self, cfg: Config) -> dict:
+        raise NotImplementedError
+
+    def _export(self, m, name, sub):
+        """Wire top-level member ``name`` to ``sub``'s member of that name
+        (streams connected, plain signals assigned in their direction, a
+        list element by element)."""
+        mine, theirs = getattr(self, name), getattr(sub, name)
+        flow = self.signature.members[name].flow
+        pairs = list(zip(mine, theirs)) if isinstance(mine, list) else [(mine, theirs)]
+        for a, b in pairs:
+            if isinstance(a, wiring.PureInterface) or hasattr(a, "signature"):
+                wiring.connect(m, wiring.flipped(a), b)
+            elif flow == wiring.In:
+                m.d.comb += b.eq(a)
+            else:
+                m.d.comb += a.eq(b)
+
+
+class EsdTagJoin(Join):
+    """Controller (with ``prefetch`` depth) + tag unit for ``cfg`` (see the
+    module doc for the ports; :class:`Join`)."""
+
+    def __init__(self, cfg: Config, *, prefetch: int = 0):
+        self.prefetch = prefetch
+        super().__init__(cfg)
+
+    def _build(self, cfg):
+        self.ctrl = EsdCtrl(cfg, prefetch=self.prefetch)
         self.tags = TagUnit(**gtu.params_from_config(cfg))
         S = cfg.tag_slots
         members = {name: member for name, member in self.ctrl.signature.members.items()
                    if name not in _JOINED}
         members.update(commit=In(hv.slot_strobe(S)), disabled=In(S), resident=Out(S),
                        pending=Out(S))
-        super().__init__(members)
+        return members
 
     def elaborate(self, platform):
         m = Module()
@@ -66,7 +98,7 @@ class EsdTagJoin(wiring.Component):
         wiring.connect(m, tags.o, ctrl.tag_rsp)
         for name in self.ctrl.signature.members:
             if name not in _JOINED:
-                wiring.connect(m, wiring.flipped(getattr(self, name)), getattr(ctrl, name))
+                self._export(m, name, ctrl)
         wiring.connect(m, wiring.flipped(self.commit), tags.commit)
         m.d.comb += [tags.disabled.eq(self.disabled), self.resident.eq(tags.resident),
                      self.pending.eq(tags.pending)]

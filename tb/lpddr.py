@@ -28,7 +28,8 @@ own), so the two agree cycle for cycle when the pause probabilities are 0.
 
 :class:`LpddrPort` drives the model on a DUT's ``m_axi_*`` port inside a
 bench's clock loop (``drive(cycle)`` after the edge, ``sample()`` in
-``ReadOnly``), like the benches' ``Src`` / ``Snk``.
+``ReadOnly``), like the testbench kit's :class:`~elmoe3d.tb.kit.Source` /
+:class:`~elmoe3d.tb.kit.Sink`.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ from ..hw.vocab import vocab
 from ..hw.tile import TileError, TileOp, TileRspKind, tile_command, tile_response
 from ..sim.run.tile_script import lpddr_image
 from .common import params, rng, start_clock_and_reset
-from .esd_ctrl_bench import Snk, Src
+from .esd_ctrl_bench import streams
 from .tile_mem_bench import FaultyRam
 
 
@@ -49,12 +49,12 @@ class TileHost:
     def __init__(self, dut, cfg, r):
         self.dut, self.cfg = dut, cfg
         self.zero = [0] * cfg.hidden
-        self.src = Src(dut, "host_cmd", data.Layout.cast(tile_command(cfg)), r, 0.0)
+        io = streams(dut, r, 0.0)
+        self.src = io.source("host_cmd", data.Layout.cast(tile_command(cfg)))
         self.ctrl, self.outs, self.tile, self.events = [], [], [], []
-        self.snks = [Snk(dut, "host_rsp", data.Layout.cast(tile_response(cfg)), r, 0.0,
-                         self._rsp),
-                     Snk(dut, "trace", data.Layout.cast(vocab(cfg).TraceEvent), r, 0.0,
-                         self.events.append)]
+        self.snks = [io.sink("host_rsp", data.Layout.cast(tile_response(cfg)), self._rsp),
+                     io.sink("trace", data.Layout.cast(vocab(cfg).TraceEvent),
+                             self.events.append)]
         self.cycle = 0
 
     def _rsp(self, p):

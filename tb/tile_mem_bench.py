@@ -7,12 +7,13 @@ real HB bank controller and the real stream engine, cocotbext-axi's
 
 The host script and the golden events come from
 :func:`elmoe3d.golden.esd.run_trace` (as for ``tb/esd_ctrl_bench.py``, whose
-stream drivers, host script and end-of-case checks this bench imports). The
-bench models only the datapath:
+stream maker, case replay, step routing, host script and end-of-case checks
+this bench imports; streams and cycle loop from the testbench kit,
+``tb/kit.py``). The bench models only the datapath:
 
 * ``dp_step`` / ``dp_announce`` / ``dp_source`` / ``dp_done``: the golden
   routing of the step's rankings with the controller's mask, announced per
-  pass in announce order (as in ``tb/esd_ctrl_bench.py``);
+  pass in announce order (``tb/esd_ctrl_bench.StepRouter``);
 * per HB-sourced expert (``ExpertSource.hb``): the whole slot read through HB's
   read port of every bank; every word must equal
   :func:`~elmoe3d.golden.layout.hb_slot_image` of the expert the answer names
@@ -53,14 +54,12 @@ from __future__ import annotations
 
 import collections
 import itertools
-import json
 import logging
 import os
 
 import cocotb
 import numpy as np
 from amaranth.lib import data
-from cocotb.triggers import ReadOnly, RisingEdge
 from cocotbext.axi import AxiRamRead, AxiReadBus
 from cocotbext.axi.constants import AxiResp
 
@@ -68,12 +67,12 @@ from elmoe3d.config import Config
 from elmoe3d.golden import esd as gesd
 from elmoe3d.golden import ext_stream as gext
 from elmoe3d.golden import layout as gl
-from elmoe3d.golden import moe_batched as gb
 from elmoe3d.golden.vocab import ExtError, ExtKind, HBRegion
 from elmoe3d.hw import vocab as hv
 from elmoe3d.hw.esd_ctrl import HostOp, esd_ports
-from elmoe3d.tb.common import params, rng, start_clock_and_reset
-from elmoe3d.tb.esd_ctrl_bench import _ROLE_OF, Snk, Src, _case, check_results, host_script
+from elmoe3d.tb.common import CycleLoop, params, rng
+from elmoe3d.tb.esd_ctrl_bench import (StepRouter, _case, check_results, host_script,
+                                       replay_cases, streams)
 
 EK = gesd.EventKind
 
@@ -167,7 +166,6 @@ async def replay(dut):
     """Every case of ``$ELMOE_ESD_CASE`` (one, or a list under ``cases``), the
     tile reset between cases; ``$ELMOE_ESD_OUT`` gets one result each."""
     loaded = _case()
-    cases = loaded["cases"] if "cases" in loaded else [loaded]
     cfg = Config(**params())
     r = rng()
     idle = float(os.environ.get("ELMOE_ESD_IDLE", "0.2"))
@@ -175,20 +173,13 @@ async def replay(dut):
     plant = os.environ.get("ELMOE_TILE_PLANT")
     mem, images = lpddr_image(cfg, seed=int(loaded.get("image_seed", 1)))
     ram = FaultyRam(dut, cfg, bytes(mem), r, pause, {}, None)
-    await start_clock_and_reset(dut)
-    outs = []
-    for case in cases:
-        await RisingEdge(dut.clk)
-        dut.rst.value = 1
-        for _ in range(3):
-            await RisingEdge(dut.clk)
-        dut.rst.value = 0
+
+    async def run_one(case):
         ram.reset()
         ram.faults = {int(k): ExtError(v) for k, v in (case.get("faults") or {}).items()}
         ram.plant = int(plant) if plant else None
-        outs.append(await run_case(dut, case, cfg, r, idle, ram, mem, images))
-        with open(os.environ["ELMOE_ESD_OUT"], "w") as f:
-            json.dump(outs if "cases" in loaded else outs[0], f)
+        return await run_case(dut, case, cfg, r, idle, ram, mem, images)
+    await replay_cases(dut, loaded, run_one)
 
 
 async def run_case(dut, case, cfg, r, idle, ram, mem, images):
@@ -197,20 +188,19 @@ async def run_case(dut, case, cfg, r, idle, ram, mem, images):
     B, S, SW, n, k = cfg.pes, cfg.tag_slots, cfg.slot_words, cfg.planes, cfg.hb_planes_eff
     sbits = cfg.slice_bits
     all_mask, hb_mask = (1 << n) - 1, (1 << k) - 1
-    cyc = [0]
+    loop = CycleLoop(dut.clk)
+    later = loop.later
     problems = []
     responses, events = [], []
     faults = ram.faults
     read_t = data.Layout.cast(dut_layout(v, "HBRead", cfg))
     beat_t = data.Layout.cast(dut_layout(v, "HBBeat", cfg))
 
-    def later(d):
-        return cyc[0] + d
-
-    host = Src(dut, "host_cmd", t["HostCommand"], r, idle)
-    announce = Src(dut, "dp_announce", t["ExpertNeed"], r, idle)
-    dp_done = Src(dut, "dp_done", t["PassStats"], r, idle)
-    rd_cmd = [Src(dut, f"hb_rd_cmd__{b}", read_t, r, idle) for b in range(B)]
+    io = streams(dut, r, idle)
+    host = io.source("host_cmd", t["HostCommand"])
+    announce = io.source("dp_announce", t["ExpertNeed"])
+    dp_done = io.source("dp_done", t["PassStats"])
+    rd_cmd = [io.source(f"hb_rd_cmd__{b}", read_t) for b in range(B)]
 
     # ---- residency tracker (from the trace as it comes) ---------------------------------
     owner = [None] * S                  # (layer, expert) allocated into the slot
@@ -227,11 +217,8 @@ async def run_case(dut, case, cfg, r, idle, ram, mem, images):
             valid[s] = False
 
     # ---- the datapath model ---------------------------------------------------------------
-    steps = [e for e in case["script"] if e["op"] == "STEP" and "refused" not in e]
-    step_i = [0]
     passes = collections.deque()        # announced passes whose experts are not all sourced
     open_passes = []                    # passes without their dp_done yet
-    cur = {"phase": 0, "layer": 0}
     hb_expect = [collections.deque() for _ in range(B)]   # (record, words, index, what)
     ext_expect = collections.deque()    # [record, beats, index, what]
     ext_got = collections.deque()
@@ -259,32 +246,16 @@ async def run_case(dut, case, cfg, r, idle, ram, mem, images):
                 dp_done.put(pass_stats(tokens=self.ntok, experts=len(self.order),
                                        expert_tokens=self.pairs), later(r.randint(1, 12)))
 
+    router = StepRouter(case, cfg, announce, problems)
+
     def on_step(c):
-        if step_i[0] >= len(steps):
-            problems.append("dp_step beyond the script")
-            return
-        e = steps[step_i[0]]
-        step_i[0] += 1
-        ph = gesd.Phase(c["phase"])
-        cur["phase"], cur["layer"] = ph, c["layer"]
-        sel = gesd.RankingRouter(e["rankings"], cfg.top_k)(c["mask"] if ph == gesd.Phase.DRAFT
-                                                            else None)
-        if c["tokens"] != len(sel):
-            problems.append(f"step tokens {c['tokens']} != {len(sel)}")
-        prec = int(_ROLE_OF[ph])            # every token of the step has the phase's role
-        for _, ntok, counts in gb.pass_counts(sel, cfg.batch_tokens):
-            order = gb.announce_order(counts)
+        for ntok, counts, order in router.passes(c):
             rec = Pass(order, ntok, sum(counts.values()))
             if order:
                 passes.append(rec)
                 open_passes.append(rec)
             else:
-                announce.put(dict(layer=c["layer"], expert=0, tokens=0, precision=0, none=1,
-                                  last=1))
                 dp_done.put(pass_stats(tokens=ntok), later(r.randint(1, 12)))
-            for i, x in enumerate(order):
-                announce.put(dict(layer=c["layer"], expert=x, tokens=counts[x],
-                                  precision=prec, none=0, last=int(i == len(order) - 1)))
 
     def on_source(c):
         if not passes:
@@ -296,7 +267,7 @@ async def run_case(dut, case, cfg, r, idle, ram, mem, images):
         rec.sources -= 1
         if rec.sources == 0:
             passes.popleft()
-        layer, e, ph = cur["layer"], rec.order[pos], cur["phase"]
+        layer, e, ph = router.layer, rec.order[pos], router.phase
         if c["hb"]:
             img = images[layer, e]
             for b in range(B):
@@ -332,7 +303,7 @@ async def run_case(dut, case, cfg, r, idle, ram, mem, images):
         rec, words, i, what = x
         word = sum(int(s_) << (j * sbits) for j, s_ in enumerate(p["sv"]["slices"]))
         if p["error"] or word != int(words[i]) or p["last"] != (i == len(words) - 1):
-            problems.append(f"cycle {cyc[0]}: HB read {what} word {i}: got {word:#x} error "
+            problems.append(f"cycle {loop.cycle}: HB read {what} word {i}: got {word:#x} error "
                             f"{p['error']} last {p['last']}, golden {int(words[i]):#x}")
         x[2] += 1
         stats["hb_words"] += 1
@@ -351,7 +322,7 @@ async def run_case(dut, case, cfg, r, idle, ram, mem, images):
             rec, beats, i, what = x
             want = beats[i]
             if p != want:
-                problems.append(f"cycle {cyc[0]}: {what} beat {i}: {p} != golden {want}")
+                problems.append(f"cycle {loop.cycle}: {what} beat {i}: {p} != golden {want}")
             x[2] += 1
             stats["ext_beats"] += 1
             if x[2] == len(beats):
@@ -363,13 +334,13 @@ async def run_case(dut, case, cfg, r, idle, ram, mem, images):
         ext_got.append(p)
         pump_ext()
 
-    sinks = [Snk(dut, "host_rsp", t["HostResponse"], r, idle, responses.append),
-             Snk(dut, "trace", t["TraceEvent"], r, idle, on_event),
-             Snk(dut, "dp_step", t["StepInfo"], r, idle, on_step),
-             Snk(dut, "dp_source", t["ExpertSource"], r, idle, on_source),
-             Snk(dut, "ext_pe", data.Layout.cast(v.ExtBeat), r, idle, on_ext),
-             *[Snk(dut, f"hb_rd__{b}", beat_t, r, idle,
-                   lambda p, b=b: on_hb_beat(b, p)) for b in range(B)]]
+    sinks = [io.sink("host_rsp", t["HostResponse"], responses.append),
+             io.sink("trace", t["TraceEvent"], on_event),
+             io.sink("dp_step", t["StepInfo"], on_step),
+             io.sink("dp_source", t["ExpertSource"], on_source),
+             io.sink("ext_pe", data.Layout.cast(v.ExtBeat), on_ext),
+             *[io.sink(f"hb_rd__{b}", beat_t, lambda p, b=b: on_hb_beat(b, p))
+               for b in range(B)]]
     sources = [host, announce, dp_done, *rd_cmd]
 
     # ---- residency checks at idle points ------------------------------------------------
@@ -382,7 +353,7 @@ async def run_case(dut, case, cfg, r, idle, ram, mem, images):
         hbv = dut.slot_valid.value.to_unsigned()
         mine = sum(1 << s_ for s_ in range(S) if valid[s_])
         if not (res == hbv == mine) or pend or int(dut.fill_done_overflow.value):
-            problems.append(f"{where} (cycle {cyc[0]}): tag unit resident {res:#x} pending "
+            problems.append(f"{where} (cycle {loop.cycle}): tag unit resident {res:#x} pending "
                             f"{pend:#x}, HB valid {hbv:#x}, trace says {mine:#x}, FillDone "
                             f"overflow {int(dut.fill_done_overflow.value)}")
             return
@@ -429,7 +400,7 @@ async def run_case(dut, case, cfg, r, idle, ram, mem, images):
                     return
             st["mode"], st["where"] = "idle", "end"
         elif mode == "idle":
-            if len(responses) == sent[0] and not busy() and cyc[0] - last_traffic[0] > 40:
+            if len(responses) == sent[0] and not busy() and loop.cycle - last_traffic[0] > 40:
                 if st["where"].startswith("before"):
                     st["checked"] = sent[0]
                 check_residency(st["where"])
@@ -437,29 +408,21 @@ async def run_case(dut, case, cfg, r, idle, ram, mem, images):
         elif mode == "checking" and check_reads[0] == 0 and not busy():
             st["mode"] = "finished" if st["where"] == "end" else "run"
 
-    limit = int(os.environ.get("ELMOE_ESD_MAX_CYCLES", "50000000"))
-    while cyc[0] < limit and not problems and st["mode"] != "finished":
-        await RisingEdge(dut.clk)
-        cyc[0] += 1
+    def before(cycle):
         if int(dut.trace__valid.value) or busy():
-            last_traffic[0] = cyc[0]
+            last_traffic[0] = cycle
         host_cycle()
-        for x in sources:
-            x.drive(cyc[0])
-        for x in sinks:
-            x.drive(cyc[0])
-        await ReadOnly()
-        for x in sources:
-            x.sample()
-        for x in sinks:
-            x.sample()
+
+    limit = int(os.environ.get("ELMOE_ESD_MAX_CYCLES", "50000000"))
+    cycles = await loop.run(sources, sinks, limit=limit, before=before,
+                            stop=lambda: problems or st["mode"] == "finished")
     assert not problems, problems[:5]
     assert not ext_got, f"{len(ext_got)} LPDDR beats nobody asked for"
-    assert st["mode"] == "finished", f"not finished by cycle {cyc[0]} (limit {limit})"
+    assert st["mode"] == "finished", f"not finished by cycle {cycles} (limit {limit})"
     lost = [(c, kd) for c, kd in ram.corrupted if kd != "plant"]
     assert len({c for c, _ in lost}) == len([i for i in faults if i < lpddr_cmds[0]]), (
         f"faults injected {lost}, planned {sorted(faults)[:8]}... of {lpddr_cmds[0]} reads")
-    out = check_results(case, expected, responses, events, sinks, cyc[0])
+    out = check_results(case, expected, responses, events, sinks, cycles)
     out.update(stats)
     out.update(residency_checks=checks[0], lpddr_cmds=lpddr_cmds[0], bursts=ram.bursts,
                ram_cmds=ram.cmd + 1)

@@ -86,7 +86,7 @@ from ..sim.run import tile_script as ts
 from ..sim.run.tile_script import Plan, lpddr_image, plant_dense, trace_plan  # noqa: F401
 from .common import params, rng, start_clock_and_reset
 from .lpddr import LpddrPort
-from .esd_ctrl_bench import Snk, Src, check_results
+from .esd_ctrl_bench import check_results, streams
 from .moe_layer_bench import MoETB
 from .tile_mem_bench import FaultyRam
 
@@ -146,11 +146,12 @@ async def run_plan(dut, cfg, ram, plan: Plan, r, idle, limit, stamps=None):
         else:
             tile_rsp.append(p["rsp"])
 
-    host = Src(dut, "host_cmd", data.Layout.cast(tile_command(cfg)), r, idle)
+    io = streams(dut, r, idle)
+    host = io.source("host_cmd", data.Layout.cast(tile_command(cfg)))
     for c in script:
         host.put(c)
-    sinks = [Snk(dut, "host_rsp", data.Layout.cast(tile_response(cfg)), r, idle, on_rsp),
-             Snk(dut, "trace", data.Layout.cast(vocab(cfg).TraceEvent), r, idle, on_event)]
+    sinks = [io.sink("host_rsp", data.Layout.cast(tile_response(cfg)), on_rsp),
+             io.sink("trace", data.Layout.cast(vocab(cfg).TraceEvent), on_event)]
     n_ctrl = len(plan.want_rsp) + len(counter_cmds)
     clocked = [host, *sinks] + ([ram] if isinstance(ram, LpddrPort) else [])
     cyc, after, load_cycles = 0, 0, None

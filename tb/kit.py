@@ -1,0 +1,400 @@
+"""The testbench kit: one stream source, one stream sink, one per-cycle loop
+and one in-order scoreboard, shared by the cocotb benches (re-exported by
+:mod:`elmoe3d.tb.common`).
+
+A stream port ``<prefix>`` is the ``<prefix>__valid``, ``<prefix>__ready``
+and ``<prefix>__payload`` signals Amaranth makes of a ``wiring`` stream
+member. Every cycle has two halves, after the rising edge of the clock:
+
+1. *drive*: each :class:`Source` offers an item (``valid``, ``payload``),
+   each :class:`Sink` sets ``ready``;
+2. *sample* (in ``ReadOnly``, the settled values of that cycle): a transfer
+   happened on a port where ``valid`` and ``ready`` are both 1.
+
+:class:`CycleLoop` runs both halves for many ports from one coroutine (a
+coroutine per port costs about twice as much simulation time);
+:class:`StreamSource` / :class:`StreamSink` (in :mod:`elmoe3d.tb.common`)
+run one port each from a coroutine of its own. Idle cycles and
+back-pressure are probabilities drawn from the bench's
+:class:`random.Random` (or a callable deciding each cycle), so a seed
+replays a run.
+"""
+
+from __future__ import annotations
+
+import collections
+
+from cocotb.triggers import ReadOnly, RisingEdge
+
+from ..sim.run.payload import pack, unpack
+
+__all__ = ["chance", "reset", "Source", "Sink", "Streams", "CycleLoop", "Scoreboard"]
+
+
+def chance(p, rand) -> bool:
+    """One cycle's draw of an idle cycle or of back-pressure.
+
+    Parameters
+    ----------
+    p : float or callable
+        A probability, or a callable returning the decision for this cycle.
+    rand : random.Random
+        Drawn from only when ``p`` is a non-zero number.
+
+    Returns
+    -------
+    bool
+    """
+    if callable(p):
+        return bool(p())
+    return bool(p) and rand.random() < p
+
+
+async def reset(dut, cycles: int = 3):
+    """Hold ``dut.rst`` high for ``cycles`` rising edges of ``dut.clk``, then
+    release it (the clock must be running)."""
+    dut.rst.value = 1
+    for _ in range(cycles):
+        await RisingEdge(dut.clk)
+    dut.rst.value = 0
+
+
+class _Port:
+    """The ``valid`` / ``ready`` / ``payload`` handles of stream ``prefix``."""
+
+    def __init__(self, dut, prefix: str, layout):
+        self.valid = getattr(dut, f"{prefix}__valid")
+        self.ready = getattr(dut, f"{prefix}__ready")
+        self.payload = getattr(dut, f"{prefix}__payload")
+        self.name, self.layout = prefix, layout
+
+
+class Source(_Port):
+    """Drives the DUT input stream ``prefix`` from a queue of items.
+
+    Per cycle, :meth:`drive`: items whose due cycle has come move from
+    :attr:`later` to :attr:`queue`; the item that transferred last cycle is
+    dropped; with no item held and one queued, an idle cycle is drawn
+    (``idle``), and if none, the next item is packed onto ``payload``;
+    ``valid`` = an item is held. :meth:`sample` (ReadOnly): the item
+    transferred if ``ready``; else, with ``valid`` up, the cycle is a stall.
+    So ``valid`` is held with the payload unchanged until ``ready`` (the
+    stream rules).
+
+    Parameters
+    ----------
+    dut, prefix
+        The DUT and the stream's port name.
+    layout
+        Amaranth layout or shape of the payload (:func:`pack`); ``None``:
+        items are already packed integers.
+    rand : random.Random
+        The draws for idle cycles.
+    idle : float or callable
+        Probability of an idle cycle before an item (see :func:`chance`).
+    later : collections.deque, optional
+        Deque of ``(due cycle, item)`` to take items from (default: a new
+        one, filled by :meth:`put`); an item may be a callable, called for
+        the item when due.
+    on_stall : callable, optional
+        Called with ``prefix`` on every cycle the item waits for ``ready``.
+
+    Attributes
+    ----------
+    sent : list
+        ``(cycle, item)`` of each transfer.
+    stalls : int
+        Cycles with ``valid`` up and ``ready`` down.
+    """
+
+    def __init__(self, dut, prefix: str, layout, rand, idle=0.0, *, later=None,
+                 on_stall=None):
+        super().__init__(dut, prefix, layout)
+        self.rand, self.idle, self.on_stall = rand, idle, on_stall
+        self.queue = collections.deque()
+        self.later = collections.deque() if later is None else later
+        self.item = None
+        self.fired = False
+        self.cycle = 0
+        self.sent = []
+        self.stalls = 0
+        self.valid.value = 0
+
+    def send(self, items):
+        """Queue ``items`` for the next cycles."""
+        self.queue.extend(items)
+
+    def put(self, item, due: int = 0):
+        """Queue ``item`` from cycle ``due`` on (never before an item put
+        earlier: one source keeps its order)."""
+        if self.later and self.later[-1][0] > due:
+            due = self.later[-1][0]
+        self.later.append((due, item))
+
+    def drive(self, cycle: int):
+        """This cycle's ``valid`` and ``payload`` (after the rising edge)."""
+        self.cycle = cycle
+        later = self.later
+        while later and later[0][0] <= cycle:
+            it = later.popleft()[1]
+            self.queue.append(it() if callable(it) else it)
+        if self.fired:
+            self.item = None
+        if self.item is None and self.queue and not chance(self.idle, self.rand):
+            self.item = self.queue.popleft()
+            self.payload.value = (self.item if self.layout is None
+                                  else pack(self.layout, self.item))
+        self.valid.value = self.item is not None
+
+    def sample(self):
+        """Whether the held item transferred this cycle (in ReadOnly)."""
+        item = self.item
+        self.fired = item is not None and bool(self.ready.value)
+        if self.fired:
+            self.sent.append((self.cycle, item))
+        elif item is not None:
+            self.stalls += 1
+            if self.on_stall is not None:
+                self.on_stall(self.name)
+
+    def busy(self) -> bool:
+        """An item is held, queued or due later."""
+        return bool(self.item is not None or self.queue or self.later)
+
+    def empty(self) -> bool:
+        """Nothing held or queued (items due later not counted)."""
+        return not self.queue and self.item is None
+
+
+class Sink(_Port):
+    """Takes the DUT output stream ``prefix`` with random back-pressure and
+    checks the stream rules.
+
+    Per cycle, :meth:`drive`: a back-pressure draw sets ``ready``.
+    :meth:`sample` (ReadOnly): with ``valid`` up, the payload must have no
+    X/Z bits (else AssertionError); a payload offered last cycle and not
+    taken must still be offered, unchanged (else a rule violation); with
+    ``ready`` up the payload is unpacked and handed to ``fn``.
+
+    Parameters
+    ----------
+    dut, prefix, layout
+        As for :class:`Source` (``layout`` unpacks the payload).
+    rand : random.Random
+        The draws for back-pressure.
+    backpressure : float or callable
+        Probability of ``ready`` low in a cycle (see :func:`chance`).
+    fn : callable, optional
+        Called with each transferred payload (a dict for a struct); default:
+        ``(cycle, payload)`` appended to :attr:`received`.
+    on_stall : callable, optional
+        Called with ``prefix`` on every cycle ``valid`` waits for ``ready``.
+
+    Attributes
+    ----------
+    received : list
+        ``(cycle, payload)`` of each transfer, when no ``fn`` is given.
+    rule_violations : list
+        ``(cycle, message)`` per cycle a stream rule was broken.
+    """
+
+    def __init__(self, dut, prefix: str, layout, rand, backpressure=0.0, fn=None, *,
+                 on_stall=None):
+        super().__init__(dut, prefix, layout)
+        self.rand, self.backpressure, self.on_stall = rand, backpressure, on_stall
+        self.received = []
+        self.fn = fn if fn is not None else (lambda p: self.received.append((self.cycle, p)))
+        self.rule_violations = []
+        self.rdy = False
+        self.held = None                    # payload offered, not taken
+        self.cycle = 0
+        self.ready.value = 0
+
+    def drive(self, cycle: int):
+        """This cycle's ``ready`` (after the rising edge)."""
+        self.cycle = cycle
+        self.rdy = not chance(self.backpressure, self.rand)
+        self.ready.value = self.rdy
+
+    def sample(self):
+        """This cycle's transfer and stream-rule check (in ReadOnly)."""
+        if not self.valid.value:
+            if self.held is not None:
+                self.rule_violations.append((self.cycle, "valid dropped before ready"))
+            self.held = None
+            return
+        v = self.payload.value
+        if not v.is_resolvable:
+            raise AssertionError(f"{self.name}: payload {v} has X/Z bits while valid")
+        raw = v.to_unsigned()
+        if self.held is not None and raw != self.held:
+            self.rule_violations.append((self.cycle, "payload changed before ready"))
+        if self.rdy:
+            self.held = None
+            self.fn(unpack(self.layout, raw))
+        else:
+            self.held = raw
+            if self.on_stall is not None:
+                self.on_stall(self.name)
+
+
+class Streams:
+    """Makes a bench's :class:`Source` s and :class:`Sink` s with shared
+    settings: one ``rand``, the ``idle`` probability of every source, the
+    ``backpressure`` of every sink (default: ``idle``), one ``on_stall``
+    hook. (The bench lists them for :meth:`CycleLoop.run` in the order it
+    wants them driven: that order fixes the sequence of draws.)"""
+
+    def __init__(self, dut, rand, idle=0.0, backpressure=None, on_stall=None):
+        self.dut, self.rand, self.idle, self.on_stall = dut, rand, idle, on_stall
+        self.backpressure = idle if backpressure is None else backpressure
+
+    def source(self, prefix: str, layout, **kw) -> Source:
+        """A :class:`Source` for ``prefix`` (``kw``: ``later``)."""
+        return Source(self.dut, prefix, layout, self.rand, self.idle, on_stall=self.on_stall,
+                      **kw)
+
+    def sink(self, prefix: str, layout, fn=None) -> Sink:
+        """A :class:`Sink` for ``prefix`` handing each payload to ``fn``."""
+        return Sink(self.dut, prefix, layout, self.rand, self.backpressure, fn,
+                    on_stall=self.on_stall)
+
+
+class CycleLoop:
+    """Runs a bench's streams cycle by cycle from one coroutine.
+
+    Per cycle, :meth:`run`: waits for the rising edge of ``clk`` and counts
+    the cycle (:attr:`cycle`, from 1); calls ``before(cycle)`` (the bench's
+    own models driving non-stream inputs); drives every source, then every
+    sink; waits for ReadOnly; samples every source, then every sink (their
+    callbacks run here); then asks ``done()``.
+
+    Parameters
+    ----------
+    clk
+        The clock handle.
+
+    Attributes
+    ----------
+    cycle : int
+        The cycles run so far (the bench's time base: :meth:`later`).
+    """
+
+    def __init__(self, clk):
+        self.clk = clk
+        self.cycle = 0
+
+    def later(self, d: int) -> int:
+        """The cycle ``d`` cycles from now."""
+        return self.cycle + d
+
+    async def run(self, sources, sinks, *, limit: int, before=None, stop=None, done=None,
+                  grace: int = 50) -> int:
+        """Run cycles until ``stop()`` (asked before each cycle), until
+        ``done()`` has held for ``grace`` + 1 cycles (asked after each), or
+        until cycle ``limit``.
+
+        Parameters
+        ----------
+        sources, sinks : list
+            :class:`Source` and :class:`Sink` objects (anything with
+            ``drive(cycle)`` and ``sample()``).
+        limit : int
+            The last cycle.
+        before, stop, done : callable, optional
+            See above.
+        grace : int
+            Cycles run on after ``done()`` first holds (late or extra
+            transfers still show up).
+
+        Returns
+        -------
+        int
+            :attr:`cycle` at the end.
+        """
+        after = 0
+        while self.cycle < limit and not (stop is not None and stop()):
+            await RisingEdge(self.clk)
+            self.cycle += 1
+            cycle = self.cycle
+            if before is not None:
+                before(cycle)
+            for x in sources:
+                x.drive(cycle)
+            for x in sinks:
+                x.drive(cycle)
+            await ReadOnly()
+            for x in sources:
+                x.sample()
+            for x in sinks:
+                x.sample()
+            if done is not None and done():
+                after += 1
+                if after > grace:
+                    break
+        return self.cycle
+
+
+class Scoreboard:
+    """Expected items, checked in order as the DUT's items arrive; fails at
+    the end if any was wrong, extra, or left unchecked.
+
+    Per arriving item (:meth:`check`, typically a :class:`Sink`'s ``fn``):
+    compared with the oldest expected item not yet checked; a mismatch, or
+    an item with nothing expected, is recorded (not raised: the bench runs
+    on and :meth:`finish` reports it with the rest).
+
+    Parameters
+    ----------
+    name : str
+        Names the items in messages (e.g. ``"response"``).
+    compare : callable, optional
+        ``compare(want, got)`` -> ``None`` for a match, else a message;
+        default: equality.
+
+    Attributes
+    ----------
+    expected : collections.deque
+        ``(item, label)`` not yet checked.
+    errors : list of str
+    checked : int
+        Items that arrived so far.
+    """
+
+    def __init__(self, name: str, compare=None):
+        self.name = name
+        self.compare = compare or (lambda want, got: None if want == got
+                                   else f"{got!r} != expected {want!r}")
+        self.expected = collections.deque()
+        self.errors = []
+        self.checked = 0
+
+    def expect(self, item, label: str = ""):
+        """Add ``item`` to the expected ones (``label`` goes into messages)."""
+        self.expected.append((item, label))
+
+    def check(self, got) -> bool:
+        """Compare ``got`` with the oldest expected item; True if it matched."""
+        i = self.checked
+        self.checked += 1
+        if not self.expected:
+            self.errors.append(f"{self.name} {i}: {got!r} arrived, none expected")
+            return False
+        want, label = self.expected.popleft()
+        msg = self.compare(want, got)
+        if msg is not None:
+            self.errors.append(f"{self.name} {i}{' ' + label if label else ''}: {msg}")
+            return False
+        return True
+
+    def finish(self, context: str = ""):
+        """Raise AssertionError if an item was wrong or extra, or one is still
+        expected; ``context`` (e.g. the cycle) goes into the message."""
+        left = len(self.expected)
+        if left:
+            self.errors.append(f"{left} {self.name}(s) expected but not received "
+                               f"({self.checked} of {self.checked + left} arrived"
+                               f"{', ' + context if context else ''})")
+        if self.errors:
+            raise AssertionError(f"{len(self.errors)} {self.name} error(s): "
+                                 + "; ".join(self.errors[:5]))
