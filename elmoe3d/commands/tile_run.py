@@ -52,7 +52,8 @@ def register(p):
                    help="LPDDR bandwidth (default: one AXI beat per cycle)")
     p.add_argument("--prefetch", type=int, default=0, metavar="N",
                    help="the tile prefetches during drafts, at most N outstanding (0: none, the "
-                        "default; at most the tile's expert slots)")
+                        "default; at most the tile's expert slots); with --steady-state: the "
+                        "set's SD runs on that tile, added to the set's file")
     p.add_argument("--steady-state", action="store_true",
                    help="the steady-state set: traces zipf,lm x batch 1,4,16 x lpddr,ar,sd x seeds "
                         "1,2,3, 32 warm-up steps, 128 measured at batch 1 and 64 at 4 and 16 "
@@ -137,6 +138,8 @@ def _specs(args):
             if bad:
                 raise ValueError(f"--mode {bad[0]} is not in the steady-state set "
                                  f"({', '.join(ss['modes'])})")
+        if args.prefetch and not args.mode:
+            modes = ["sd"]                     # the set's Elastic-SD runs on a prefetching tile
         return tr.specs(ss["traces"], ss["batches"], modes, ss["seeds"], ss["steps"],
                         ss["warmup"], **kw)
     steps = _steps(args.steps)
@@ -205,7 +208,7 @@ def run(args) -> int:
           f"run equal to the golden: {'yes' if all(r['match'] for r in res) else 'NO'}")
     if out:
         rec = {"command": _command(args), "wall_s": round(secs, 1), "runs": res}
-        if args.steady_state and args.mode and out.is_file():
+        if args.steady_state and (args.mode or args.prefetch) and out.is_file():
             # a part of the set: its runs replace their own in the file's set
             old = json.loads(out.read_text())
             parts = [p for p in old.get("parts", [{"command": old["command"],

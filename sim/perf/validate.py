@@ -105,8 +105,11 @@ def _steady_logs():
 
 
 def steady_runs() -> list:
-    """The recorded steady-state runs (``sim/data/steady_state.json``)."""
-    return json.loads((DATA / "steady_state.json").read_text())["runs"]
+    """The recorded steady-state runs (``sim/data/steady_state.json``) of the
+    tile without prefetch (the one the model prices; the set's ``SD+PF``
+    runs are the prefetching tile's)."""
+    return [r for r in json.loads((DATA / "steady_state.json").read_text())["runs"]
+            if not r.get("prefetch")]
 
 
 def steady_spec(r) -> dict:

@@ -287,26 +287,36 @@ SUMMARY_HEAD = ["trace", "batch", "mode", "seeds", "measured steps", "cycles / t
                 "all = golden"]
 
 
+def mode_label(r: dict) -> str:
+    """A run's mode as the tables name it: ``SD``, or ``SD+PF8`` for SD on a
+    tile that prefetches up to 8 during drafts."""
+    p = r.get("prefetch", 0)
+    return r["mode"].upper() + (f"+PF{p}" if p else "")
+
+
 def summary_rows(results: list[dict]) -> list[list]:
-    """Per trace, batch and mode: cycles per output token over the seeds (mean
-    and min-max), the window's hit rate and accepted length (means), SD's
-    cycles per token over AR's, and whether every run equalled the golden."""
+    """Per trace, batch and mode (:func:`mode_label`): cycles per output token
+    over the seeds (mean and min-max), the window's hit rate and accepted
+    length (means), cycles per token over AR's, and whether every run
+    equalled the golden."""
     groups = {}
     for r in results:
-        groups.setdefault((r["trace"], r["batch"], r["mode"]), []).append(r)
+        groups.setdefault((r["trace"], r["batch"], r["mode"], r.get("prefetch", 0)),
+                          []).append(r)
     means = {k: statistics.mean(x["measured"]["cycles_per_token"] for x in v)
              for k, v in groups.items()}
     rows = []
-    for (t, b, m), v in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1],
-                                                              MODES.index(kv[0][2]))):
+    for (t, b, m, pf), v in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1],
+                                                                  MODES.index(kv[0][2]),
+                                                                  kv[0][3])):
         cpt = [x["measured"]["cycles_per_token"] for x in v]
         hit = [x["measured"]["hb_hit_rate"] for x in v if x["measured"]["hb_hit_rate"]]
-        ar = means.get((t, b, "ar"))
-        rows.append([t, b, m.upper(), len(v), statistics.mean(x["measured"]["steps"] for x in v),
+        ar = means.get((t, b, "ar", 0))
+        rows.append([t, b, mode_label(v[0]), len(v), statistics.mean(x["measured"]["steps"] for x in v),
                      round(statistics.mean(cpt)), f"{round(min(cpt))}-{round(max(cpt))}",
                      round(statistics.mean(hit), 3) if hit else "-",
                      round(statistics.mean(x["measured"]["mean_accepted_len"] for x in v), 2),
-                     round(means[(t, b, m)] / ar, 3) if ar and m != "ar" else "-",
+                     round(means[(t, b, m, pf)] / ar, 3) if ar and m != "ar" else "-",
                      "yes" if all(x["match"] for x in v) else "NO"])
     return rows
 
@@ -317,7 +327,8 @@ def readme_table(recorded: dict) -> str:
     cycles per output token (mean over the seeds, min-max) of LPDDR-only AR
     (the HB expert cache off), HB-cached AR and Elastic-SD, SD / AR, the
     speed-ups over LPDDR-only AR, the weight-access energy per token
-    (:func:`energy_pj`) and SD's mean accepted length."""
+    (:func:`energy_pj`) and SD's mean accepted length; with prefetch runs
+    in the set (``SD+PF<n>``), Elastic-SD on the tile that prefetches too."""
     rows = {}
     for r in recorded["summary"]:
         trace, batch, mode, _, _, mean, spread = r[:7]
@@ -326,12 +337,18 @@ def readme_table(recorded: dict) -> str:
     for r in recorded["runs"]:
         m = r["measured"]
         if m["tokens"]:
-            energy.setdefault((r["trace"], r["batch"], r["mode"].upper()), []).append(
+            energy.setdefault((r["trace"], r["batch"], mode_label(r)), []).append(
                 energy_pj(m["counters_golden"]) / m["tokens"])
+    pf = sorted({mode for v in rows.values() for mode in v if "+PF" in mode})
+    pf = pf[0] if pf else None                # (one prefetch depth in a table)
+    sds = ["SD"] + ([pf] if pf else [])
+    names = "SD" + (f", SD prefetch {pf.split('+PF')[1]}" if pf else "")
     out = ["| trace | batch | LPDDR-only AR cycles / token | HB-cached AR | Elastic-SD | "
-           "SD / AR | speed-up over LPDDR-only: AR, SD | nJ / token: LPDDR-only, AR, SD | "
-           "mean accepted length (SD) |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           + (f"Elastic-SD, prefetch {pf.split('+PF')[1]} | " if pf else "")
+           + ("SD / AR (without / with prefetch) | " if pf else "SD / AR | ")
+           + f"speed-up over LPDDR-only: AR, {names} | "
+           f"nJ / token: LPDDR-only, AR, {names} | mean accepted length (SD) |",
+           "|---|---|---|---|---|---|---|---|---|" + ("---|" if pf else "")]
 
     def cell(v, mode):
         return f"{v[mode][0]:,} ({v[mode][1]})" if mode in v else "-"
@@ -342,25 +359,28 @@ def readme_table(recorded: dict) -> str:
     for (trace, batch), v in sorted(rows.items()):
         if "AR" not in v or "SD" not in v:
             continue
-        ar, sd = v["AR"][0], v["SD"][0]
+        ar = v["AR"][0]
         lp = v["LPDDR"][0] if "LPDDR" in v else None
-        up = f"{lp / ar:.2f}x, {lp / sd:.2f}x" if lp else "-"
+        over = " / ".join(f"{v[x][0] / ar:.2f}" if x in v else "-" for x in sds)
+        up = (", ".join([f"{lp / ar:.2f}x"] + [f"{lp / v[x][0]:.2f}x" if x in v else "-"
+                                               for x in sds]) if lp else "-")
+        energies = ", ".join(nj(trace, batch, x) for x in ["LPDDR", "AR"] + sds)
         out.append(f"| {trace} | {batch} | {cell(v, 'LPDDR')} | {cell(v, 'AR')} | "
-                   f"{cell(v, 'SD')} | {sd / ar:.2f} | {up} | "
-                   f"{nj(trace, batch, 'LPDDR')}, {nj(trace, batch, 'AR')}, "
-                   f"{nj(trace, batch, 'SD')} | {v['SD'][2]} |")
+                   f"{cell(v, 'SD')} | " + (f"{cell(v, pf)} | " if pf else "")
+                   + f"{over} | {up} | {energies} | {v['SD'][2]} |")
     return "\n".join(out)
 
 
 def merge_runs(old: list[dict], new: list[dict]) -> list[dict]:
     """``old`` runs with those of ``new`` added or replaced (same trace, batch,
     mode and seed), in the steady-state set's order."""
-    key = lambda r: (r["trace_key"], r["batch"], r["mode"], r["seed"])   # noqa: E731
+    key = lambda r: (r["trace_key"], r["batch"], r["mode"], r.get("prefetch", 0),  # noqa: E731
+                     r["seed"])
     byk = {key(r): r for r in old}
     byk.update((key(r), r) for r in new)
     order = {m: i for i, m in enumerate(MODES)}
     return sorted(byk.values(), key=lambda r: (r["trace_key"], r["batch"], order[r["mode"]],
-                                               r["seed"]))
+                                               r.get("prefetch", 0), r["seed"]))
 
 
 #: markers around the generated table in README.md
