@@ -149,6 +149,14 @@ def _retired_errors(events):
                for e, r in zip(events, gesd.in_prefetch_retirement(events)))
 
 
+def test_native_builds_kept_apart(exe, exe_prefetch):
+    """The tile with prefetch and the one without are two builds, each found
+    again under its own key (they had shared one index entry: the second
+    build asked for got the first's executable)."""
+    assert exe != exe_prefetch
+    assert native.build(TINY) == exe and native.build(TINY, prefetch=3) == exe_prefetch
+
+
 def test_native_prefetch(exe_prefetch):
     """Prefetch during drafts on the whole tile (`tiny`, depth 3: the
     datapath's candidates, the controller's prefetcher, fill-only LPDDR
@@ -427,10 +435,13 @@ def test_report_reads_steady_state(tmp_path):
     assert [r["all = golden"] for r in rows] == ["yes", "NO"] and not sec.data["recorded"]
     sec = cmd.build_section(types.SimpleNamespace(outdir=tmp_path / "none"))
     d = json.loads(cmd.recorded_steady_state().read_text())
-    assert sec.data["recorded"] and len(d["runs"]) == 54 and all(r["match"] for r in d["runs"])
-    assert {(r["trace_key"], r["batch"], r["mode"], r["seed"]) for r in d["runs"]} == {
-        (t, b, m, s) for t in tr.STEADY_STATE["traces"] for b in tr.STEADY_STATE["batches"]
-        for m in tr.STEADY_STATE["modes"] for s in tr.STEADY_STATE["seeds"]}
+    # the set's 54 runs, and its 18 SD runs on the tile that prefetches 8
+    assert sec.data["recorded"] and len(d["runs"]) == 72 and all(r["match"] for r in d["runs"])
+    ss = tr.STEADY_STATE
+    assert {(r["trace_key"], r["batch"], r["mode"], r.get("prefetch", 0), r["seed"])
+            for r in d["runs"]} == {
+        (t, b, m, p, s) for t in ss["traces"] for b in ss["batches"] for s in ss["seeds"]
+        for m, p in [(m, 0) for m in ss["modes"]] + [("sd", 8)]}
 
 
 def test_steady_state_part_replaces_its_runs():

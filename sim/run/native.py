@@ -113,12 +113,12 @@ def build(cfg, *, jobs: int = 2, progress=None, log=None, prefetch: int = 0) -> 
     say = progress or (lambda text: None)
     prepare_env("verilator")
     index = build_root() / "tile_native-index"
-    fp = source_fingerprint(cfg) + (f"-pf{prefetch}" if prefetch else "")
+    fp = source_fingerprint(cfg)
     vflags, mvars = _verilator_flags(jobs), _make_vars()
     flags = vflags + mvars
     drv = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(SOURCES.glob("*")))).hexdigest()
     tool = hashlib.sha256((drv + json.dumps(flags)).encode()).hexdigest()[:8]
-    known = index / f"{fp[:24]}-{tool}"
+    known = index / f"{fp[:24]}{f'-pf{prefetch}' if prefetch else ''}-{tool}"
     if known.is_file():
         exe = Path(known.read_text().strip())
         if exe.is_file() and (exe.parent / "elmoe3d.stamp").is_file():
