@@ -204,6 +204,13 @@ def test_prefetch_projection_on_one_run():
     g = trun.golden_run(s, v._steps_of(s, r), prefetch=8)
     assert sum(pf._round_prefetches(g.events).values()) == g.controller.prefetch_counts["prefetches"]
     assert any(e.kind == gesd.EventKind.PREFETCH_END for e in g.events)
+    # the prefetching tile's recorded run of the same spec: the projection within 5 %
+    rtl = next(x for x in json.loads((v.DATA / "steady_state.json").read_text())["runs"]
+               if x.get("prefetch") == 8 and (x["trace_key"], x["batch"], x["mode"], x["seed"])
+               == (r["trace_key"], r["batch"], r["mode"], r["seed"]))
+    measured = rtl["measured"]["cycles"] / rtl["measured"]["tokens"]
+    print(f"RTL with prefetch 8: {measured:.0f} cycles/token ({cyc / measured - 1:+.1%})")
+    assert rtl["match"] and abs(cyc / measured - 1) < v.BOUND
 
 
 def test_cli_perf_prefetch_refuses_bad_depth(capsys):

@@ -1,7 +1,7 @@
-"""What prefetch during drafts would give the tile: the golden controller's
-prefetch (:class:`elmoe3d.golden.esd.EsdController`, ``prefetch``; the
-controller RTL does not build it yet) priced by the validated tile cycle
-model (:mod:`.tile_model`, constants fitted as in :mod:`.validate`) on the
+"""What prefetch during drafts gives the tile, by the model: the golden
+controller's prefetch (:class:`elmoe3d.golden.esd.EsdController`,
+``prefetch``; the RTL: ``Tile(cfg, prefetch=N)``) priced by the validated
+tile cycle model (:mod:`.tile_model`, constants fitted as in :mod:`.validate`) on the
 steady-state set's own runs (``sim/data/steady_state.json``: same traces,
 batches, seeds, warm-up windows and acceptance draws).
 
@@ -14,12 +14,15 @@ VERIFY read queues behind the prefetches), so a round pays
 fills' HB writes beside the drafts' HB reads (at the LPDDR rate, a quarter
 of HB's at ``default``), and the announce of a pass's candidates.
 
-``elmoe3d perf --prefetch [N]`` prints the table; the numbers go to the
-issue, not the docs, until the RTL measures them.
+``elmoe3d perf --prefetch [N]`` prints the table, with the RTL's own
+cycles where the recorded set has the prefetching tile's runs at that depth
+(``elmoe3d tile-run --steady-state --prefetch N --record``): the projection
+beside the measurement.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 
 from ...golden import esd as gesd
@@ -95,6 +98,12 @@ def project(prefetch: int = 8, constants: tm.Constants | None = None) -> list:
             g.setdefault("wait", []).append(wait)
             g.setdefault("pf", []).append(counts["prefetches"])
             g.setdefault("pf_hits", []).append(counts["prefetch_hits"])
+    for r in json.loads((va.DATA / "steady_state.json").read_text())["runs"]:
+        if prefetch and r.get("prefetch") == prefetch and r["mode"] == "sd":
+            g = groups.get((r["trace_key"], r["batch"]))
+            if g is not None:
+                g.setdefault("sd_pf_rtl", []).append(r["measured"]["cycles"]
+                                                      / r["measured"]["tokens"])
     rows = []
     for (trace, batch), g in sorted(groups.items()):
         m = {k: statistics.mean(x) for k, x in g.items()}
@@ -104,6 +113,9 @@ def project(prefetch: int = 8, constants: tm.Constants | None = None) -> list:
             row.update(sd_prefetch=m["sd_pf"], wait=m["wait"],
                        sd_prefetch_over_ar=m["sd_pf"] / m["ar"],
                        hit_rate=sum(g["pf_hits"]) / max(1, sum(g["pf"])))
+            if "sd_pf_rtl" in m:
+                row.update(sd_prefetch_rtl=m["sd_pf_rtl"],
+                           sd_prefetch_rtl_over_ar=m["sd_pf_rtl"] / m["ar_rtl"])
         rows.append(row)
     return rows
 
@@ -111,10 +123,15 @@ def project(prefetch: int = 8, constants: tm.Constants | None = None) -> list:
 def table(rows, prefetch: int) -> str:
     from ...report import text_table
     head = ["trace", "batch", "AR RTL", "SD RTL", "AR model", "SD model", "SD/AR",
-            f"SD+prefetch {prefetch}", "SD+prefetch/AR", "wait / token", "prefetch hit rate"]
+            f"SD+prefetch {prefetch}", "SD+prefetch/AR", "wait / token", "prefetch hit rate",
+            "SD+prefetch RTL", "RTL SD+prefetch/AR"]
+
+    def rtl(r, k, nd):
+        return (round(r[k], nd) if nd else round(r[k])) if k in r else "-"
     body = [[r["trace"], r["batch"], round(r["ar_rtl"]), round(r["sd_rtl"]), round(r["ar"]),
              round(r["sd"]), round(r["sd_over_ar"], 3), round(r.get("sd_prefetch", 0)),
              round(r.get("sd_prefetch_over_ar", 0), 3), round(r.get("wait", 0)),
-             round(r.get("hit_rate", 0), 2)] for r in rows]
+             round(r.get("hit_rate", 0), 2), rtl(r, "sd_prefetch_rtl", 0),
+             rtl(r, "sd_prefetch_rtl_over_ar", 3)] for r in rows]
     return ("cycles per output token, steady state (means over seeds); prefetch priced by the "
             "validated tile model\n" + text_table(head, body))
