@@ -27,6 +27,7 @@ CHECKS = [
     ("output", "prove", 3),
     ("record_path", "prove", 3),
     ("scheduler", "bmc", 20),
+    ("scheduler_pf", "bmc", 28),
     ("issue", "bmc", 14),
     ("hb_reader", "bmc", 16),
     ("layer", "bmc", 10),
@@ -37,7 +38,8 @@ CHECKS = [
 ]
 
 #: cover depth per wrapper: every covered output is seen waiting within it.
-COVER = {"pe_array": 16, "topk": 6, "scheduler": 14, "issue": 8, "output": 12,
+COVER = {"pe_array": 16, "topk": 6, "scheduler": 14, "scheduler_pf": 18, "issue": 8,
+         "output": 12,
          "record_path": 12, "hb_reader": 6, "layer": 8}
 
 

@@ -64,6 +64,7 @@ from ...hw.moe.topk import TopK
 from .common import stream_rules_all
 
 __all__ = ["BUGS", "FORMAL_CONFIG", "WRAPPERS", "PEArrayFormal", "TopKFormal", "SchedulerFormal",
+           "SchedulerPrefetchFormal",
            "IssueFormal", "OutputStageFormal", "RecordPathFormal", "HBReaderFormal",
            "MoEDatapathFormal"]
 
@@ -182,6 +183,16 @@ class SchedulerFormal(_UnitFormal):
         super().__init__(ExpertScheduler(_g(cfg)), bug=bug)
 
 
+class SchedulerPrefetchFormal(_UnitFormal):
+    """:class:`ExpertScheduler` built for prefetch: ``need``, ``source`` and
+    the DRAFT passes' candidates on ``pf`` (its bug and cover)."""
+
+    COVERS = ("pf",)
+
+    def __init__(self, cfg: Config, *, bug=None):
+        super().__init__(ExpertScheduler(_g(cfg), prefetch=True), bug=bug)
+
+
 class IssueFormal(_UnitFormal):
     """:class:`Issue` (PE beats on ``o``, the pass summary on ``summary``).
 
@@ -252,5 +263,6 @@ class MoEDatapathFormal(_UnitFormal):
 
 #: name -> wrapper class, in data-flow order.
 WRAPPERS = {"pe_array": PEArrayFormal, "topk": TopKFormal, "scheduler": SchedulerFormal,
+            "scheduler_pf": SchedulerPrefetchFormal,
             "issue": IssueFormal, "output": OutputStageFormal, "record_path": RecordPathFormal,
             "hb_reader": HBReaderFormal, "layer": MoEDatapathFormal}
