@@ -108,6 +108,7 @@ __all__ = ["Role", "Source", "LPDDR", "Job", "PassPlan", "Traffic", "BatchResult
            "announce_order", "precision_of", "job_precision", "pass_slices", "route_pass", "plan_pass",
            "batched_forward", "pass_traffic", "lut_share", "record_words",
            "expert_record_range", "analytic_pass_cycles", "with_sources", "lane_of",
+           "prefetch_candidates",
            "lane_steps", "PlaneGroup"]
 
 
@@ -441,6 +442,26 @@ def expert_record_range(cfg, j: int) -> tuple[int, int]:
 
 def _router_rows(cfg):
     return cfg.experts * cfg.hidden // (cfg.pes * cfg.lanes)
+
+
+def prefetch_candidates(plan: PassPlan, masks, top_k: int, *, last: bool = False) -> dict | None:
+    """A pass's prefetch candidates, the datapath's ``cand`` contract
+    (:func:`elmoe3d.golden.esd.prefetch_candidates` on the real router):
+    ``None`` unless every token of the pass is DRAFT; else ``{expert:
+    tokens}``, per token the best-ranked expert of its unrestricted top-k
+    (:func:`elmoe3d.golden.moe_layer.route` without a mask) that its own
+    mask (``masks``: the step's, by token) does not allow. ``last`` (a
+    mutant) takes the lowest-ranked such expert instead."""
+    if any(Role(r) is not Role.DRAFT for r in plan.roles):
+        return None
+    out = {}
+    for t in range(len(plan.roles)):
+        m = masks[plan.first + t]
+        outside = [e for e in gm.route(plan.logits[t], top_k) if not m[e]]
+        if outside:
+            e = outside[-1] if last else outside[0]
+            out[e] = out.get(e, 0) + 1
+    return out
 
 
 def lane_of(cfg, t: int) -> int:

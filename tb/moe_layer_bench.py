@@ -183,6 +183,7 @@ class MoETB:
         self.steps = []                                  # (layer, xs, roles, masks, facts)
         self.needs = []                                  # (cycle, payload dict), routed experts
         self.need_beats = []                             # every beat on `need` (with `none`)
+        self.cand_beats = None if not hasattr(dut, "cand__valid") else []   # on `cand`
         self.decisions = []                              # Source per need
         self.hb_cmds = [[] for _ in range(self.B)]       # per bank: payload dicts
         self.outputs = []                                # (cycle, y, error, last)
@@ -422,6 +423,9 @@ class MoETB:
         outs = [("need", d.need__valid, d.need__payload, d.need__ready, lay(v.ExpertNeed)),
                 ("o", d.o__valid, d.o__payload, d.o__ready, lay(v.MoEOutput)),
                 ("stats", d.stats__valid, d.stats__payload, d.stats__ready, lay(v.PassStats))]
+        if hasattr(d, "cand__valid"):       # built for prefetch: the candidates too
+            outs.append(("cand", d.cand__valid, d.cand__payload, d.cand__ready,
+                         lay(v.PrefetchCandidate)))
         outs += [(f"hb_cmd{b}", getattr(d, f"hb_cmd__{b}__valid"),
                   getattr(d, f"hb_cmd__{b}__payload"), getattr(d, f"hb_cmd__{b}__ready"),
                   lay(v.HBRead)) for b in range(B)]
@@ -500,6 +504,9 @@ class MoETB:
             self.outputs.append((self.cycle, pl["y"], pl["error"], pl["last"]))
         elif name == "stats":
             self.stats.append((self.cycle, pl))
+        elif name == "cand":
+            self.cand_beats.append({k: (x.value if hasattr(x, "value") else x)
+                                    for k, x in pl.items()})
         else:
             b = int(name[6:])
             pl = {k: (x.value if hasattr(x, "value") else x) for k, x in pl.items()}
@@ -671,6 +678,8 @@ class MoETB:
         if len(self.outputs) != self.n_tokens():
             errors.append(f"{len(self.outputs)} outputs for {self.n_tokens()} tokens")
         errors += self.check_announcements(results)
+        if self.cand_beats is not None:
+            errors += self.check_candidates(results)
         errors += self.check_hb_reads(results, srcs)
         errors += self.check_stats(results, srcs, faults)
         if errors:
@@ -699,6 +708,33 @@ class MoETB:
             errors.append(f"announcements differ from the golden plan at {i} of {len(exp)}: "
                           f"got {got[i:i + 2]} expected {exp[i:i + 2]}")
         return errors
+
+    def check_candidates(self, results):
+        """Every beat on ``cand`` (a datapath built for prefetch) against the
+        golden candidates of each DRAFT pass
+        (:func:`elmoe3d.golden.moe_batched.prefetch_candidates`): announce
+        order, ``count`` on each, ``last``, or one ``none`` beat; nothing for
+        another pass. ``$ELMOE_MOE_PF_LAST`` mutates the golden (each token's
+        lowest-ranked outside expert): the check must then fail."""
+        last = knob("moe_pf_last", False)
+        exp = []
+        for (layer, xs, roles, masks, _), res in zip(self.steps, results):
+            for plan in res.passes:
+                c = gb.prefetch_candidates(plan, masks, self.cfg.top_k, last=last)
+                if c is None:
+                    continue
+                order = gb.announce_order(c)
+                exp += [(e, c[e], len(c), int(i == len(order) - 1), 0)
+                        for i, e in enumerate(order)] or [(0, 0, 0, 1, 1)]
+        got = [(p["expert"], p["tokens"], p["count"], p["last"], p["none"])
+               for p in self.cand_beats]
+        if got != exp:
+            i = next((i for i, (a, b) in enumerate(zip(got, exp)) if a != b),
+                     min(len(got), len(exp)))
+            return [f"prefetch candidates differ from the golden at {i} of {len(exp)}: "
+                    f"got {got[i:i + 2]} expected {exp[i:i + 2]}"]
+        self.cand_checked = len(got)
+        return []
 
     def needed_hb_words(self, layer, plan, srcs):
         """Per bank, the set of HB words the contract lets a pass read."""

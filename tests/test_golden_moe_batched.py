@@ -317,3 +317,36 @@ def test_trace_tokens_refuse_bad_rankings():
                           calib_tokens=2)
     with pytest.raises(ValueError, match="hidden >= experts"):
         gb.trace_layer(small)
+
+
+def test_prefetch_candidates_rule():
+    """A DRAFT pass's candidates are each token's best-ranked expert of its
+    unrestricted top-k outside its own mask (the lowest-ranked with the
+    mutant); a pass with a non-DRAFT token has none; the hardware's shortcut
+    (the best outside expert is a candidate iff the restricted top-k has
+    fewer than k experts or it ranks above the restricted k-th) agrees on
+    random passes."""
+    from elmoe3d.golden import moe_layer as gm
+    rng = np.random.default_rng(5)
+    E, k = 8, 3
+    for _ in range(300):
+        logits = rng.integers(-4, 5, size=(4, E))
+        masks = rng.random((4, E)) < 0.5
+        plan = gb.PassPlan(first=0, roles=[gb.Role.DRAFT] * 4, logits=logits, sel=[], gates=[],
+                           jobs=[])
+        want = {}
+        for t in range(4):
+            full = gm.route(logits[t], k)
+            out = [e for e in full if not masks[t][e]]
+            if out:
+                want[out[0]] = want.get(out[0], 0) + 1
+            # the shortcut the CandidateTracker builds
+            outside = [e for e in range(E) if not masks[t][e]]
+            best = min(outside, key=lambda e: (-logits[t][e], e)) if outside else None
+            r = gm.route(logits[t], k, masks[t])
+            short = best is not None and (len(r) < k or (logits[t][best], -best)
+                                          > (logits[t][r[-1]], -r[-1]))
+            assert short == bool(out) and (not out or best == out[0])
+        assert gb.prefetch_candidates(plan, masks, k) == want
+    plan.roles[2] = gb.Role.VERIFY
+    assert gb.prefetch_candidates(plan, masks, k) is None

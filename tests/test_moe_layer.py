@@ -75,6 +75,37 @@ def test_moe_random_tiny():
           "ELMOE_MOE_MIN_TRANSFERS": str(MIN_TRANSFERS)})
 
 
+def _pf_factory(config, prefetch):
+    from elmoe3d.config import Config
+    from elmoe3d.hw.moe import MoEDatapath
+    return MoEDatapath(Config(**config), prefetch=prefetch)
+
+
+def _run_prefetch(env):
+    return simulate(_pf_factory, block="moe_layer_pf",
+                    params={"config": SETS["tiny"].to_dict(), "prefetch": True}, top=BLOCK.top,
+                    simulator="verilator", test_module="elmoe3d.tb.moe_layer_bench",
+                    testcase="random_batches", env={"ELMOE_MOE_TOKENS": "12", **env}, **BUILD)
+
+
+def test_moe_prefetch_candidates_tiny():
+    """The datapath built for prefetch (``MoEDatapath(cfg, prefetch=True)``,
+    ``tiny``): random steps (DRAFT with none / one / some / all experts
+    allowed, FULL, VERIFY, mixed), random decisions, idle and back-pressure on
+    every port, ``cand`` too: every DRAFT pass's candidates equal the golden's
+    (``golden.moe_batched.prefetch_candidates``: each token's best-ranked
+    outside expert of its unrestricted top-k), beside every output,
+    announcement and HB read of the usual check."""
+    _run_prefetch({})
+
+
+def test_moe_prefetch_catches_wrong_candidates():
+    """A golden that takes each token's lowest-ranked outside expert makes
+    the same bench fail (the candidate check can fail)."""
+    with pytest.raises(SimulationFailed):
+        _run_prefetch({"ELMOE_MOE_PF_LAST": "1"})
+
+
 def test_moe_random_default():
     """The default geometry in the default run: a DRAFT step with no
     allowed expert, then random steps of 1 .. 2 tokens, at least one token
