@@ -281,3 +281,17 @@ def test_report_reads_tile_runs(tmp_path):
     assert got["cycles / token (RTL)"] == round(1230 / c["tokens_out"])
     assert rows[0][4:8:2] == rows[0][5:9:2] and got["RTL = golden"] == "yes"   # RTL, golden
     assert rows[1][-1] == "NO" and all(r[-1] == "yes" for r in rows[2:])
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--prefetch", "8"], "--prefetch 8 needs --rtl on the native harness"),
+    (["--prefetch", "8", "--rtl", "--sim", "cocotb"], "--prefetch 8 needs --rtl on the native"),
+    (["--prefetch", "25", "--rtl"], "--prefetch must be in 0..24, not 25"),
+])
+def test_decode_prefetch_refused(argv, msg, capsys):
+    """`decode --prefetch` outside the native RTL path, or deeper than the lm
+    tile's slots: one line, exit 2, nothing decoded."""
+    from elmoe3d.cli import main
+    assert main(["decode", "--tokens", "2", "--quiet", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and msg in err and not out, err

@@ -44,6 +44,9 @@ def register(p):
                    help="with --rtl: the native harness (default: the tile as a Verilated C++ "
                         "model replaying the golden decode's host script, every response and "
                         "output compared) or cocotb (the host in the loop, about 20x slower)")
+    p.add_argument("--prefetch", type=int, default=0, metavar="N",
+                   help="with --rtl (native): the tile prefetches during drafts, at most N "
+                        "outstanding (default 0: none)")
     p.add_argument("--json", metavar="FILE", help="write tokens, match and counters as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--picture", metavar="FILE",
@@ -248,7 +251,7 @@ def _rtl(args, prompts, out, picture) -> int:
     else:
         print(f"decode --rtl took {secs:.1f} s (a Verilator build included when one ran)")
     r = dict(r, mode=args.mode, batch=len(prompts), tokens=args.tokens,
-             seconds=round(secs, 2))
+             prefetch=getattr(args, "prefetch", 0), seconds=round(secs, 2))
     if out:
         out.write_text(json.dumps(r, indent=1, default=str))
         print(f"wrote {out}")
@@ -284,7 +287,7 @@ def _rtl_native(args, prompts):
         sys.stderr.write(f"\r[tile] cycle {cycle:,}: {done:,} of {total:,} responses")
         sys.stderr.flush()
     res = native_decode.decode(prompts, args.tokens, args.mode, build_progress=say,
-                               progress=progress)
+                               progress=progress, prefetch=args.prefetch)
     if state["t"] is not None:
         sys.stderr.write("\n")
     g = res.golden
@@ -347,6 +350,10 @@ def run(args) -> int:
         return _perplexity(args)
     if args.sim and not args.rtl:
         raise ValueError(f"--sim {args.sim} needs --rtl (the golden model is no simulation)")
+    if args.prefetch and (not args.rtl or args.sim == "cocotb"):
+        raise ValueError(f"--prefetch {args.prefetch} needs --rtl on the native harness")
+    from ..config import check_int
+    check_int("--prefetch", args.prefetch, 0, preset("lm").tag_slots)
     if args.tokens < 1:
         raise ValueError(f"--tokens must be at least 1, not {args.tokens}")
     if args.picture and args.mode == "ar":

@@ -122,23 +122,23 @@ class NativeDecode:
 
 
 def decode(prompts, n_tokens: int, mode: str, *, cfg=None, options=None, exe=None,
-           build_progress=None, progress=None) -> NativeDecode:
+           build_progress=None, progress=None, prefetch: int = 0) -> NativeDecode:
     """The decode of the module doc: golden decode (the script), native run,
-    comparison, RTL tokens. ``progress(cycle, responses, total)`` while the
-    tile runs."""
+    comparison, RTL tokens, on the tile with ``prefetch`` depth during drafts
+    (0: none). ``progress(cycle, responses, total)`` while the tile runs."""
     from ...config import preset
     from ...golden import lm as glm
     from . import native
     cfg = cfg or preset("lm")
     t0 = time.monotonic()
     if exe is None:
-        exe = native.build(cfg, progress=build_progress)
+        exe = native.build(cfg, progress=build_progress, prefetch=prefetch)
     build_s = time.monotonic() - t0
     t1 = time.monotonic()
     weights, meta = glm.load_weights()
     intmoe = li.IntMoE.from_model(weights, meta, cfg=cfg)
     arrays = [np.asarray(p) for p in prompts]
-    tile = ScriptTile(cfg, intmoe)
+    tile = ScriptTile(cfg, intmoe, prefetch=prefetch)
     gold = li.decode(weights, meta, intmoe, arrays, n_tokens, mode=mode, cfg=cfg, tile=tile)
     plan = tile.plan()
     image = ts.lpddr_image(cfg, intmoe.layers, gl.dense_image(cfg, intmoe.layers))
