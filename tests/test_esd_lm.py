@@ -206,7 +206,7 @@ def test_decode_rtl_build_progress(monkeypatch, capsys):
     from elmoe3d.cli import main
     from elmoe3d.sim.run import native_decode
 
-    def fake(prompts, tokens, mode, build_progress=None, progress=None):
+    def fake(prompts, tokens, mode, build_progress=None, progress=None, **kw):
         build_progress("elaborating the tile (preset lm) to Verilog")
         build_progress("compiling Vtile_vm_classes_0.cpp (-O1, 40 s)")
         raise RuntimeError("stop here")
