@@ -44,8 +44,9 @@ from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import data
 
 from ...config import require_config
+from ...golden import esd as gesd
 
-__all__ = ["Emit", "check_config", "clear_counts", "saturating_add", "clamp"]
+__all__ = ["Emit", "check_config", "clear_counts", "saturating_add", "clamp", "allocate_fields"]
 
 
 class Emit:
@@ -145,3 +146,14 @@ def clamp(v, hi: int):
     exceed ``hi`` (no constant comparison in the Verilog: Verilator's lint
     flags those)."""
     return v if (1 << len(v)) - 1 <= hi else Mux(v > hi, hi, v)
+
+
+def allocate_fields(rsp, ok, amount) -> dict:
+    """The ``ALLOCATE`` event's fields from the tag unit's response ``rsp``
+    (``ok``: a victim was found): FREE / EVICT with the victim ``slot``, the
+    evicted ``tag`` and the hotness ``amount``, or NO_VICTIM with zeros (the
+    pass engine's and the prefetcher's, one definition)."""
+    AR = gesd.AllocResult
+    return dict(code=Mux(ok, Mux(rsp.evicted, AR.EVICT, AR.FREE), AR.NO_VICTIM),
+                slot=Mux(ok, rsp.slot, 0), tag=Mux(ok & rsp.evicted, rsp.evicted_tag, 0),
+                value=Mux(ok, amount, 0))

@@ -49,7 +49,7 @@ from amaranth.lib.wiring import In, Out
 from ...config import Config
 from ...golden import esd as gesd
 from .. import vocab as hv
-from .common import Emit, check_config, clamp, clear_counts
+from .common import Emit, allocate_fields, check_config, clamp, clear_counts
 from .counters import counter_fields
 from .payloads import counter_port, esd_ports, pass_entry, pass_order, tag_port
 
@@ -251,11 +251,7 @@ class PassEngine(wiring.Component):
             with m.State("ALLOCATE"):
                 m.d.comb += self.tag.rsp.ready.eq(ev.empty)
                 with m.If(self.tag.rsp.valid & self.tag.rsp.ready):
-                    event(EK.ALLOCATE, code=Mux(ok, Mux(rsp.evicted, gesd.AllocResult.EVICT,
-                                                        gesd.AllocResult.FREE),
-                                                gesd.AllocResult.NO_VICTIM),
-                          slot=Mux(ok, rsp.slot, 0), tag=Mux(ok & rsp.evicted, rsp.evicted_tag, 0),
-                          value=Mux(ok, amount, 0))
+                    event(EK.ALLOCATE, **allocate_fields(rsp, ok, amount))
                     with m.If(ok):
                         m.d.sync += [slot.eq(rsp.slot), pin.eq(1), fill.eq(1),
                                      inc.allocations.eq(1), inc.evictions.eq(rsp.evicted)]

@@ -59,7 +59,7 @@ from ...golden import esd as gesd
 from .. import vocab as hv
 from ..common import adder_tree, check_int
 from ..moe.common import lowest_set
-from .common import Emit, check_config, clamp, clear_counts
+from .common import Emit, allocate_fields, check_config, clamp, clear_counts
 from .counters import counter_fields
 from .payloads import counter_port, esd_ports, prefetch_port, tag_port
 
@@ -280,13 +280,8 @@ class Prefetcher(wiring.Component):
             with m.State("ALLOCATE"):
                 m.d.comb += self.tag.rsp.ready.eq(ev.empty)
                 with m.If(self.tag.rsp.valid & self.tag.rsp.ready):
-                    issue_event(EK.ALLOCATE,
-                                code=Mux(ok, Mux(rsp.evicted, gesd.AllocResult.EVICT,
-                                                 gesd.AllocResult.FREE),
-                                         gesd.AllocResult.NO_VICTIM),
-                                slot=Mux(ok, rsp.slot, 0),
-                                tag=Mux(ok & rsp.evicted, rsp.evicted_tag, 0),
-                                value=Mux(ok, clamp(tokens, (1 << cfg.hot_bits) - 1), 0))
+                    issue_event(EK.ALLOCATE, **allocate_fields(
+                        rsp, ok, clamp(tokens, (1 << cfg.hot_bits) - 1)))
                     with m.If(ok):
                         m.d.sync += [slot.eq(rsp.slot), inc.allocations.eq(1),
                                      inc.evictions.eq(rsp.evicted)]
