@@ -44,8 +44,9 @@ def register(p):
     p.add_argument("--json", metavar="FILE", help="write the claims as JSON")
     p.add_argument("--prefetch", type=int, default=None, metavar="N",
                    help="instead of the claims: project prefetch during drafts (the golden "
-                        "controller's, N outstanding; not built in the RTL yet) on the "
-                        "steady-state runs with the tile cycle model (about a minute)")
+                        "controller's, N outstanding) on the steady-state runs with the tile "
+                        "cycle model, beside the RTL's recorded runs of the tile built with "
+                        "--prefetch N where there are any (about a minute)")
 
 
 def _split(values, conv, what):
