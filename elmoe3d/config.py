@@ -27,37 +27,16 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-# the derived widths and sizes (PARAM_BITS re-exported: it is part of this module's interface)
-from .geometry import PARAM_BITS, acc_width, bits, dense_layout, lpddr_layout
+# the parameter check and the derived widths and sizes (check_int, PARAM_BITS,
+# WEIGHT_BITS and SLICE_WIDTHS re-exported: they are part of this module's interface)
+from .checks import check_int
+from .geometry import PARAM_BITS, SLICE_WIDTHS, WEIGHT_BITS, acc_width, bits, dense_layout, lpddr_layout
 
 __all__ = ["Config", "PRESETS", "preset", "check_int", "require_config", "SLICE_WIDTHS", "WEIGHT_BITS",
            "ACT_BITS", "PARAM_BITS"]
 
-#: Weight and activation precision of the target models (INT8 x INT8).
-WEIGHT_BITS = 8
+#: Activation precision of the target models (INT8 x INT8).
 ACT_BITS = 8
-#: Slice widths that divide an INT8 weight into equal planes.
-SLICE_WIDTHS = (1, 2, 4)
-
-
-def check_int(name: str, value, lo: int, hi: int | None = None) -> int:
-    """Validate an integer parameter: ``TypeError`` for a non-integer (bools
-    included), ``ValueError`` naming the value when out of range. Shared by
-    the Config, the Amaranth blocks and the golden models."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        # NumPy integers are integers too
-        try:
-            import numpy as np
-            if isinstance(value, np.integer):
-                value = int(value)
-            else:
-                raise TypeError
-        except (ImportError, TypeError):
-            raise TypeError(f"{name} must be an integer, not {value!r}") from None
-    if value < lo or (hi is not None and value > hi):
-        rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
-        raise ValueError(f"{name} must be {rng}, not {value!r}")
-    return value
 
 
 def _check_pow2(name, value):

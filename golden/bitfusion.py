@@ -22,7 +22,8 @@ import enum
 
 import numpy as np
 
-from .bitslice import SeqError, max_chunks
+from ..geometry import fusion_max_beats
+from .bitslice import SeqError
 
 __all__ = ["Mode", "W8", "W4", "beat_dot", "pack_w4", "max_beats", "result"]
 
@@ -61,8 +62,8 @@ def beat_dot(act, wbytes, mode) -> int:
 
 def max_beats(mode, *, max_len: int, lanes: int) -> int:
     """Longest dot product in beats: ``ceil(max_len / L)`` (W8) or
-    ``ceil(max_len / 2L)`` (W4)."""
-    return max_chunks(max_len, lanes * (2 if Mode(mode) is W4 else 1))
+    ``ceil(max_len / 2L)`` (W4): :func:`elmoe3d.geometry.fusion_max_beats`."""
+    return fusion_max_beats(Mode(mode) is W4, max_len=max_len, lanes=lanes)
 
 
 def result(beats, *, max_len: int, lanes: int):

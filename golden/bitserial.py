@@ -33,33 +33,12 @@ from __future__ import annotations
 import numpy as np
 
 from ..config import check_int
+from ..geometry import DIGIT_BITS, MAX_WEIGHT_BITS, check_digit_bits
+from ..geometry import serial_acc_width as acc_width
+from ..geometry import serial_max_groups as max_groups
 
 __all__ = ["DIGIT_BITS", "check_digit_bits", "digits", "weight_beats", "dot_beats",
            "run", "truncate", "acc_width", "max_groups"]
-
-#: Digit widths the peer is built for (bits of weight per lane per cycle).
-DIGIT_BITS = (1, 2, 4)
-MAX_WEIGHT_BITS = 8
-
-
-def check_digit_bits(b) -> int:
-    if isinstance(b, bool) or not isinstance(b, int):
-        raise TypeError(f"Digit width must be an integer, not {b!r}")
-    if b not in DIGIT_BITS:
-        raise ValueError(f"Digit width must be 1, 2 or 4, not {b!r}")
-    return b
-
-
-def acc_width(max_len: int) -> int:
-    """Signed accumulator width that holds any dot product of up to
-    ``max_len`` products of an INT8 activation and an (at most) 8-bit weight,
-    and every partial sum on the way."""
-    check_int("Maximum dot-product length", max_len, 1)
-    return (128 * 128 * max_len).bit_length() + 1
-
-
-def max_groups(max_len: int, lanes: int) -> int:
-    return -(-max_len // lanes)
 
 
 def _check_prec(p: int, b: int) -> None:

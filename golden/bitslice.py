@@ -42,7 +42,8 @@ import enum
 
 import numpy as np
 
-from ..geometry import acc_width, max_abs_product, max_chunks
+from ..geometry import (WEIGHT_BITS, acc_width, check_slice_bits, field_shift, max_abs_product,
+                        max_chunks, n_planes)
 
 __all__ = [
     "Mode", "WEIGHT_BITS", "n_planes", "check_slice_bits", "split", "combine",
@@ -51,8 +52,6 @@ __all__ = [
     "SeqError", "check_beats", "pe_result", "mac_result",
 ]
 
-WEIGHT_BITS = 8
-
 
 class Mode(enum.IntEnum):
     """PE precision mode (the 2-bit hardware encoding)."""
@@ -60,19 +59,6 @@ class Mode(enum.IntEnum):
     DRAFT = 1
     MSB = 2
     LSB = 3
-
-
-def check_slice_bits(s) -> int:
-    if isinstance(s, bool) or not isinstance(s, (int, np.integer)):
-        raise TypeError(f"Slice width must be an integer, not {s!r}")
-    if int(s) not in (1, 2, 4):
-        raise ValueError(f"Slice width must be 1, 2 or 4, not {s!r}")
-    return int(s)
-
-
-def n_planes(s: int) -> int:
-    """Planes per INT8 weight for slice width ``s``."""
-    return WEIGHT_BITS // check_slice_bits(s)
 
 
 def _as_int8_values(w) -> np.ndarray:
@@ -204,13 +190,6 @@ def field(slices, plane: int, s: int, round_bit=0) -> np.ndarray:
     if round_bit:
         raise ValueError("Only the MSB plane has a rounding bit")
     return slices
-
-
-def field_shift(plane: int, s: int) -> int:
-    """Left shift applied to a plane's partial sum: ``s*(n-1-p)``, one less for
-    the MSB plane because its field counts half-units."""
-    n = n_planes(s)
-    return s * (n - 1 - plane) - (1 if plane == 0 else 0)
 
 
 def pe_dot(act_chunks, plane_chunks, planes_seq, s: int, mode, keep, augment=True) -> int:

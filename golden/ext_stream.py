@@ -68,6 +68,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..geometry import row_bytes
 from . import layout as L
 from .vocab import AXI_4K, AxiResp, ExtError, ExtKind, FillKind, HBRegion
 
@@ -87,11 +88,6 @@ def command(kind=ExtKind.EXPERT, addr=0, plane_mask=0, fill=0, slot=0, length=0,
 
 def beat_bytes(cfg) -> int:
     return cfg.axi_beat_bits // 8
-
-
-def row_bytes(cfg) -> int:
-    """Bytes of one dense-image row (one word per bank)."""
-    return cfg.pes * cfg.slice_vector_bits // 8
 
 
 def hb_mask(cfg) -> int:

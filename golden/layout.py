@@ -82,13 +82,12 @@ Everything here is plain Python / NumPy with explicit integer types.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
-from ..geometry import DenseLayout, LpddrLayout, dense_layout, lpddr_layout
+from ..geometry import (DenseLayout, LpddrLayout, Proj, Segment, dense_layout, kv_limit,
+                        lpddr_layout, segments)
 from . import bitslice as gbs
 
 __all__ = [
@@ -102,40 +101,6 @@ __all__ = [
     "unpack_param_record", "pack_lut_record", "dense_records", "dense_image",
     "interleaved_offset",
 ]
-
-
-class Proj(enum.IntEnum):
-    """Projection of an expert (hardware encoding)."""
-    ROUTER = 0
-    GATE = 1
-    UP = 2
-    DOWN = 3
-
-
-@dataclass(frozen=True)
-class Segment:
-    """One ``(projection, row group)``: ``chunks`` beats per plane; its words
-    are rows ``row0 .. row0 + chunks - 1`` of every plane."""
-    proj: Proj
-    group: int
-    chunks: int
-    row0: int
-
-
-@lru_cache(maxsize=64)
-def _segments(H, I, B, L) -> tuple:
-    out, row = [], 0
-    for proj, groups, chunks in ((Proj.GATE, I // B, H // L), (Proj.UP, I // B, H // L),
-                                 (Proj.DOWN, H // B, I // L)):
-        for g in range(groups):
-            out.append(Segment(proj, g, chunks, row))
-            row += chunks
-    return tuple(out)
-
-
-def segments(cfg) -> tuple:
-    """The segments of one expert, in consumption order."""
-    return _segments(cfg.hidden, cfg.ffn, cfg.pes, cfg.lanes)
 
 
 def router_segments(cfg) -> tuple:
@@ -221,11 +186,6 @@ def hb_decode(cfg, addr: int) -> tuple[int, int, int]:
             plane, c = divmod(w - base, seg.chunks)
             return slot, plane, seg.row0 + c
     raise AssertionError("unreachable")
-
-
-def kv_limit(cfg) -> int:
-    """Largest KV region in words per bank (it never enters the dense region)."""
-    return cfg.hb_words - cfg.dense_words
 
 
 def slot_covered_mask(cfg, kv_words: int) -> int:

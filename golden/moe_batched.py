@@ -102,6 +102,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..geometry import expert_record_range, lut_share, record_words
 from . import moe_layer as gm
 
 __all__ = ["Role", "Source", "LPDDR", "Job", "PassPlan", "Traffic", "BatchResult",
@@ -409,35 +410,6 @@ def batched_forward(layer, xs, roles, masks=None, *, batch_tokens: int,
 
 # --------------------------------------------------------------------------------------
 # the weight-traffic contract
-
-
-def lut_share(cfg, bank: int) -> range:
-    """SiLU-table records (0..63, 4 entries each) that bank ``bank`` supplies:
-    the table is in every bank; bank 0 supplies all of it (the pass
-    constants are read while the router computes, off the critical path)."""
-    return range(0, 64) if bank == 0 else range(0)
-
-
-def record_words(cfg, first: int, count: int) -> tuple[int, int, int]:
-    """``(word offset, words, records to skip)`` of the words of a layer's
-    record area that hold records ``first .. first+count-1`` (record ``i`` at
-    bit ``32 i``)."""
-    sv = cfg.slice_vector_bits
-    if count <= 0:
-        return 0, 0, 0
-    lo_bit, hi_bit = 32 * first, 32 * (first + count)
-    w0 = lo_bit // sv
-    w1 = -(-hi_bit // sv)
-    skip = (lo_bit - w0 * sv) // 32
-    return w0, w1 - w0, skip
-
-
-def expert_record_range(cfg, j: int) -> tuple[int, int]:
-    """``(first record, count)`` of expert ``j``'s records (routed then shared)."""
-    from .layout import dense_layout
-    d = dense_layout(cfg)
-    per = d.record_index["per_expert"]
-    return d.record_index["experts"] + j * per, per
 
 
 def _router_rows(cfg):

@@ -67,26 +67,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..geometry import GATE_FRAC, GATE_ONE, MULT_BITS, SHIFT_BITS, SHIFT_MAX, T_MAX
 from . import bitslice as gbs
 
 __all__ = [
-    "GATE_FRAC", "GATE_ONE", "EXP2_Q15", "MULT_BITS", "SHIFT_MAX", "Precision",
+    "GATE_FRAC", "GATE_ONE", "EXP2_Q15", "MULT_BITS", "SHIFT_BITS", "SHIFT_MAX", "T_MAX", "Precision",
     "MoELayer", "requant", "route", "gate_weights", "silu_lut", "forward",
     "float_forward", "make_layer", "random_tokens", "random_mask", "analytic_cycles",
     "to_mult_shift", "Result",
 ]
 
-#: Fraction bits of a gate weight (Q12: 4096 is 1.0).
-GATE_FRAC = 12
-GATE_ONE = 1 << GATE_FRAC
-#: 2**(-f/16) in Q15 for f = 0..15.
+#: 2**(-f/16) in Q15 for f = 0..15 (the formats' widths, GATE_FRAC, MULT_BITS,
+#: ..., are :mod:`elmoe3d.geometry`'s).
 EXP2_Q15 = np.array([round(32768 * 2.0 ** (-f / 16)) for f in range(16)], dtype=np.int64)
-#: Requantisation multiplier width (unsigned) and largest shift.
-MULT_BITS = 16
-SHIFT_BITS = 6
-SHIFT_MAX = 47
-#: Softmax exponent clamp (t in 1/16 octaves).
-T_MAX = 255
 
 
 class Precision:

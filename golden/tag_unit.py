@@ -120,9 +120,12 @@ once), to be ended with :meth:`commit` or :meth:`abort`.
 from __future__ import annotations
 
 import enum
-import math
 
-from ..config import check_int
+from ..geometry import TAG_STAT_NAMES
+from ..geometry import check_tag_params as check_params
+from ..geometry import tag_slot_bits as slot_bits
+from ..geometry import tag_unit_params as params_from_config
+from ..geometry import tag_value_bits as value_bits
 
 __all__ = ["TagOp", "TagError", "SlotState", "TagCodec", "TagUnitModel", "STAT_NAMES",
            "RESPONSE_FIELDS", "COMMAND_FIELDS", "OP_BITS", "ERROR_BITS", "slot_bits",
@@ -168,41 +171,15 @@ class SlotState(enum.IntEnum):
     RESIDENT = 2
 
 
-#: STATS counter order (the index in the command's ``slot`` field). The first
-#: four keep the indices they had before PENDING existed.
-STAT_NAMES = ("lookups", "hits", "allocations", "evictions", "pending", "commits", "aborts",
-              "kv_frees")
+#: STATS counter order (the index in the command's ``slot`` field; the widths
+#: of the fields are :mod:`elmoe3d.geometry`'s).
+STAT_NAMES = TAG_STAT_NAMES
 COMMAND_FIELDS = ("op", "tag", "slot", "amount", "planes", "slot_mask")
 RESPONSE_FIELDS = ("op", "error", "hit", "pending", "slot", "planes", "evicted", "evicted_tag",
                    "value", "slot_mask")
 
 OP_BITS = 4
 ERROR_BITS = 4
-
-
-def check_params(slots, layer_bits, expert_bits, hot_bits, decay_shift, plane_bits,
-                 stat_bits, pin_bits) -> None:
-    """Validate the tag unit's parameters (shared by the golden model and the
-    RTL, so both refuse exactly the same values with the same messages)."""
-    check_int("Tag-unit slot count", slots, 2, 4096)
-    check_int("Layer id width", layer_bits, 1, 16)
-    check_int("Expert id width", expert_bits, 1, 16)
-    check_int("Hotness width", hot_bits, 1, 32)
-    check_int("Decay shift", decay_shift, 0, hot_bits)
-    check_int("Resident-plane width", plane_bits, 1, 8)
-    check_int("Statistics counter width", stat_bits, 1, 64)
-    check_int("Pin counter width", pin_bits, 1, 16)
-
-
-def slot_bits(slots: int) -> int:
-    """Width of the command/response ``slot`` field: enough for ``slots - 1``
-    and for every STATS index (``len(STAT_NAMES) - 1``)."""
-    return max((len(STAT_NAMES) - 1).bit_length(), math.ceil(math.log2(slots)))
-
-
-def value_bits(hot_bits: int, stat_bits: int, pin_bits: int) -> int:
-    """Width of the response ``value`` field (hotness, pin count or counter)."""
-    return max(hot_bits, stat_bits, pin_bits)
 
 
 class TagCodec:
@@ -692,13 +669,3 @@ class TagUnitModel(TagCodec):
                 raise AssertionError(f"slot {s} hotness {self.hot[s]} out of range")
         if seen != self._where:
             raise AssertionError("tag index out of sync")
-
-
-def params_from_config(cfg) -> dict:
-    """The tag unit's parameters from a :class:`~elmoe3d.config.Config` (the
-    block registry, the golden model and the testbenches use this one
-    function). ``plane_bits`` holds a plane *count* ``0 .. n``."""
-    return dict(slots=cfg.tag_slots, layer_bits=cfg.layer_bits, expert_bits=cfg.expert_bits,
-                hot_bits=cfg.hot_bits, decay_shift=cfg.decay_shift,
-                plane_bits=max(1, cfg.planes.bit_length()), stat_bits=cfg.stat_bits,
-                pin_bits=cfg.pin_bits)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from amaranth.hdl import Cat, Module, Mux, Signal, signed
 
+from ..geometry import fusion_max_beats
 from ..golden import bitfusion as gbf
 from .pe import LEVELS_PER_STAGE
 from .pe_pipeline import LengthCheck, PipelinedMAC, Term, pipelined_sum, tree_stages
@@ -64,7 +65,7 @@ class BitFusionPE(PipelinedMAC):
         check_int("Adder levels per pipeline stage", levels_per_stage, 1, 16)
         self.tree_stages = tree_stages(8 * lanes, levels_per_stage)
         self.data_stage = self.tree_stages + 3      # a_ = 0, d_, b_, tree, x_
-        self.max_beats = tuple(gbf.max_beats(mode, max_len=max_len, lanes=lanes)
+        self.max_beats = tuple(fusion_max_beats(mode is gbf.Mode.W4, max_len=max_len, lanes=lanes)
                                for mode in gbf.Mode)
         super().__init__(bitfusion_beat(lanes), lanes=lanes, max_len=max_len,
                          levels_per_stage=levels_per_stage)

@@ -36,7 +36,7 @@ from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import check_int
-from ..golden import bitserial as gbsr
+from ..geometry import MAX_WEIGHT_BITS, check_digit_bits, serial_acc_width, serial_max_groups
 from . import vocab as hv
 
 __all__ = ["BitSerialMAC"]
@@ -103,14 +103,14 @@ class BitSerialMAC(wiring.Component):
     def __init__(self, *, lanes: int = 16, digit_bits: int = 4, max_len: int = 4096,
                  levels_per_stage: int = 1):
         check_int("Lane count", lanes, 1, 1024)
-        gbsr.check_digit_bits(digit_bits)
+        check_digit_bits(digit_bits)
         check_int("Maximum dot-product length", max_len, 1)
         check_int("Adder levels per pipeline stage", levels_per_stage, 1, 16)
         self.lanes, self.digit_bits, self.max_len = lanes, digit_bits, max_len
         self.levels_per_stage = levels_per_stage
-        self.acc_width = gbsr.acc_width(max_len)
-        self.max_groups = gbsr.max_groups(max_len, lanes)
-        self.max_digits = gbsr.MAX_WEIGHT_BITS // digit_bits
+        self.acc_width = serial_acc_width(max_len)
+        self.max_groups = serial_max_groups(max_len, lanes)
+        self.max_digits = MAX_WEIGHT_BITS // digit_bits
         terms = lanes * (digit_bits + 1)
         levels = max(1, (terms - 1).bit_length())
         self.tree_stages = -(-levels // levels_per_stage)
@@ -204,7 +204,7 @@ class BitSerialMAC(wiring.Component):
         t_valid, t_msd, t_lsd, t_last, t_bad = (ctrl[k] for k in range(5))
 
         # ---- g_: group (shift-and-add) accumulator --------------------------
-        g_width = len(psum) + gbsr.MAX_WEIGHT_BITS
+        g_width = len(psum) + MAX_WEIGHT_BITS
         grp = Signal(signed(g_width))
         g_sum = Signal(signed(g_width))
         m.d.comb += g_sum.eq(Mux(t_msd, 0, grp << b) + psum)

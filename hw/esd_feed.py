@@ -69,7 +69,6 @@ class TokenFeed(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        cfg = self.cfg
         out = m.submodules.tok_slice = RegisterSlice(self.tok_t)
         wiring.connect(m, out.o, wiring.flipped(self.tok))
         have = Signal()                      # a step is in hand

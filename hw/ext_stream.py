@@ -52,9 +52,8 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import Config, require_config
-from ..geometry import lpddr_layout
-from ..golden import layout as gl
-from ..golden.ext_stream import AXI_ID, row_bytes
+from ..geometry import floor_log2, lpddr_layout, row_bytes, segments
+from ..golden.ext_stream import AXI_ID
 from ..golden.vocab import AXI_4K, AxiResp
 from . import vocab as hv
 from .streams import RegisterSlice
@@ -78,10 +77,6 @@ __all__ = ["ExtStream", "CommandCheck", "RunWalker", "BurstCutter", "BeatRouter"
 TAG_BITS = 3
 
 
-def _log2(x: int) -> int:
-    return x.bit_length() - 1
-
-
 class ExtGeometry:
     """Everything the engine's components derive from a :class:`Config`
     (sizes, constants and the internal payload layouts)."""
@@ -94,13 +89,13 @@ class ExtGeometry:
         self.n, self.k, self.B, self.fw = cfg.planes, cfg.hb_planes_eff, cfg.pes, cfg.fill_words
         self.sv = cfg.slice_vector_bits
         self.bb = cfg.axi_beat_bits // 8                       # bytes per beat
-        self.lbb = _log2(self.bb)
+        self.lbb = floor_log2(self.bb)
         self.addr_bits = cfg.axi_addr_bits
         self.aw = self.addr_bits - self.lbb                    # beat-address width
         self.id_bits = cfg.axi_id_bits
         self.cmd_id_bits = hv.CMD_ID_BITS
         H, I, L = cfg.hidden, cfg.ffn, cfg.lanes
-        segs = gl.segments(cfg)
+        segs = segments(cfg)
         self.nseg = len(segs)
         self.n_gu = 2 * I // self.B                             # GATE + UP segments
         self.ch_g, self.ch_d = H // L, I // L                   # chunks per segment
@@ -116,7 +111,7 @@ class ExtGeometry:
         self.run_bits = max(self.rb_g, self.rb_d, self.dense_beats).bit_length() + 1
         self.max_burst = cfg.axi_max_burst
         lim = min(self.max_burst, AXI_4K // self.bb)
-        self.blk = 1 << _log2(lim)                              # burst block (power of two)
+        self.blk = 1 << floor_log2(lim)                        # burst block (power of two)
         self.outstanding = cfg.axi_outstanding
         self.seq_bits = (self.outstanding + 4).bit_length() + 1
         lay = lpddr_layout(cfg)
@@ -184,7 +179,7 @@ class CommandCheck(wiring.Component):
         g = self.geo
         c = Signal(g.vocab.ExtCommand)
         pow2 = g.row_bytes & (g.row_bytes - 1) == 0
-        lrb = _log2(g.row_bytes)
+        lrb = floor_log2(g.row_bytes)
         hi_lim = g.lpddr_base + g.lpddr_bytes - g.cfg.expert_bytes
         dense_span = g.D * g.row_bytes
         # step A results
@@ -349,7 +344,7 @@ class RunWalker(wiring.Component):
         off = Mux(down, table(g.rb_d, g.aw), table(g.rb_g, g.aw))
         hb_q = Mux(down, table(g.ch_d, g.ob), table(g.ch_g, g.ob))
         single_g, single_d = int(g.rb_g == 1), int(g.rb_d == 1)
-        lb = _log2(g.blk)
+        lb = floor_log2(g.blk)
 
         def room(addr_lo):
             # beats from an address to the next burst-block boundary (for the cutter)
@@ -414,7 +409,7 @@ class BurstCutter(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         g = self.geo
-        blk, lb = g.blk, _log2(g.blk)
+        blk, lb = g.blk, floor_log2(g.blk)
         cur_valid = Signal()
         cur_addr = Signal(g.aw)
         cur_left = Signal(g.run_bits)

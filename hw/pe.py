@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 
-from ..golden import bitslice as gbs
+from ..geometry import check_slice_bits, field_shift, n_planes
 from .pe_pipeline import (PipelinedMAC, LengthCheck, SequenceCheck, Term, mux_tree, pipelined_sum,
                           tree_stages)
 from .vocab import PEMode, int8_beat, pe_beat
@@ -126,14 +126,14 @@ class BitSlicePE(PipelinedMAC):
     def __init__(self, *, lanes: int = 16, slice_bits: int = 4, max_len: int = 4096,
                  augment: bool = True, levels_per_stage: int = LEVELS_PER_STAGE,
                  tokens: int = 1):
-        gbs.check_slice_bits(slice_bits)
+        check_slice_bits(slice_bits)
         if not isinstance(augment, bool):
             raise TypeError(f"augment must be a bool, not {augment!r}")
         from .common import check_int
         check_int("Lane count", lanes, 1, 1024)
         check_int("Adder levels per pipeline stage", levels_per_stage, 1, 16)
         self.slice_bits = slice_bits
-        self.planes = gbs.n_planes(slice_bits)
+        self.planes = n_planes(slice_bits)
         self.augment = augment
         self.deep = augment and self.planes > 2
         rows = slice_bits + 1 + (1 if self.deep else 0)
@@ -211,7 +211,7 @@ class BitSlicePE(PipelinedMAC):
             # ---- x_: the plane's shift ---------------------------------------------------
             opts = []
             for q in range(n):
-                sh = gbs.field_shift(q, s) - u
+                sh = field_shift(q, s) - u
                 opts.append(total << sh if sh >= 0 else total >> 1)   # exact: even there
             x_term = Signal(signed(W), name=f"x_term{sfx[p]}")
             m.d.sync += x_term.eq(mux_tree(t_plane, opts) if n > 1 else opts[0])

@@ -152,13 +152,14 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..golden import tag_unit as gtu
+from ..geometry import (TAG_STAT_NAMES, check_tag_params, tag_slot_bits, tag_unit_params,
+                        tag_value_bits)
 from .streams import RegisterSlice
 from .vocab import TagErrorCode, TagOpcode, bits, slot_strobe, tag_command, tag_response
 
 __all__ = ["TagOpcode", "TagErrorCode", "TagUnit", "value_bits"]
 
-value_bits = gtu.value_bits
+value_bits = tag_value_bits
 
 
 class TagUnit(wiring.Component):
@@ -234,7 +235,7 @@ class TagUnit(wiring.Component):
     def __init__(self, *, slots: int = 16, layer_bits: int = 6, expert_bits: int = 7,
                  hot_bits: int = 8, decay_shift: int = 2, plane_bits: int = 2,
                  stat_bits: int = 32, pin_bits: int = 3):
-        gtu.check_params(slots, layer_bits, expert_bits, hot_bits, decay_shift, plane_bits,
+        check_tag_params(slots, layer_bits, expert_bits, hot_bits, decay_shift, plane_bits,
                          stat_bits, pin_bits)
         self.slots = slots
         self.layer_bits = layer_bits
@@ -245,9 +246,9 @@ class TagUnit(wiring.Component):
         self.plane_bits = plane_bits
         self.stat_bits = stat_bits
         self.pin_bits = pin_bits
-        self.slot_bits = gtu.slot_bits(slots)
+        self.slot_bits = tag_slot_bits(slots)
         self.index_bits = bits(slots)
-        self.value_bits = gtu.value_bits(hot_bits, stat_bits, pin_bits)
+        self.value_bits = tag_value_bits(hot_bits, stat_bits, pin_bits)
         self.cmd_layout = tag_command(slots, self.tag_bits, hot_bits, plane_bits)
         self.rsp_layout = tag_response(slots, self.tag_bits, plane_bits, self.value_bits)
         self.victim_levels = max(1, math.ceil(math.log2(slots)))
@@ -269,7 +270,7 @@ class TagUnit(wiring.Component):
         self.state_planes = [Signal(plane_bits, name=f"planes{s}") for s in range(S)]
         self.state_hot = [Signal(hot_bits, name=f"hot{s}") for s in range(S)]
         self.state_pins = [Signal(pin_bits, name=f"pins{s}") for s in range(S)]
-        self.counters = [Signal(stat_bits, name=f"stat_{n}") for n in gtu.STAT_NAMES]
+        self.counters = [Signal(stat_bits, name=f"stat_{n}") for n in TAG_STAT_NAMES]
         # execute stage (formal wrapper)
         self.x_valid = Signal()
         self.x_cmd = Signal(self.cmd_layout)
@@ -346,7 +347,7 @@ class TagUnit(wiring.Component):
         x_age = Signal()                         # x_ command has waited >= 1 cycle
         x_cmp = Signal(S)                        # tags[s] == x.tag (any state)
         x_sel = Signal(S)                        # one-hot of x.slot (0 when >= S)
-        x_ssel = Signal(len(gtu.STAT_NAMES))     # STATS: one-hot of the counter (0 if bad)
+        x_ssel = Signal(len(TAG_STAT_NAMES))     # STATS: one-hot of the counter (0 if bad)
         x_slot_bad = Signal()
         x_stat_bad = Signal()                    # STATS index beyond the counters
         ops = [Op.LOOKUP, Op.TOUCH, Op.DECAY, Op.ALLOCATE, Op.INVALIDATE, Op.PIN, Op.UNPIN,
@@ -381,7 +382,7 @@ class TagUnit(wiring.Component):
         with m.If(load):
             m.d.sync += [x_valid.eq(c.o.valid), x.eq(cp), x_age.eq(0),
                          x_slot_bad.eq(cp.slot >= S),
-                         x_stat_bad.eq(cp.slot >= len(gtu.STAT_NAMES))]
+                         x_stat_bad.eq(cp.slot >= len(TAG_STAT_NAMES))]
             # the tag match, forwarding the tag an executing ALLOCATE writes now
             # (``alloc_nf`` equals ``alloc`` whenever a command loads behind it)
             same_tag = x.tag == cp.tag
@@ -389,7 +390,7 @@ class TagUnit(wiring.Component):
                                      for s in range(S)))
             m.d.sync += x_sel.eq(Cat(cp.slot == s for s in range(S)))
             m.d.sync += x_ssel.eq(Cat((cp.op == Op.STATS) & (cp.slot == j)
-                                      for j in range(len(gtu.STAT_NAMES))))
+                                      for j in range(len(TAG_STAT_NAMES))))
             m.d.sync += [x_is[op].eq(cp.op == op) for op in ops]
             for n, members in classes.items():
                 if n == "bad_op":
@@ -516,7 +517,7 @@ class TagUnit(wiring.Component):
         m.d.comb += [e_bad.eq(bad_q.any()), e_fnd.eq(fnd_q.any())]
 
         # ---- statistics: increments registered, added one cycle later ------------
-        names = gtu.STAT_NAMES
+        names = TAG_STAT_NAMES
         inc = {n: Signal(range(S + 1) if n == "kv_frees" else 1, name=f"inc_{n}") for n in names}
         inc_any = Signal()                       # a 1-bit increment may be in flight
         inc_any_cm = Signal()                    # a commit strobe was valid last cycle
@@ -810,7 +811,7 @@ def _popcount_pipeline(m, v, levels_per_stage: int, *, clear):
 
 
 def _tag_params(cfg) -> dict:
-    return gtu.params_from_config(cfg)
+    return tag_unit_params(cfg)
 
 
 def _register():

@@ -72,8 +72,7 @@ from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..config import Config, require_config
-from ..golden import tag_unit as gtu
-from ..geometry import lpddr_layout
+from ..geometry import lpddr_layout, tag_unit_params
 from .esd_ctrl import EsdCtrl
 from .esd_feed import TokenFeed
 from .ext_stream import ExtStream
@@ -159,7 +158,7 @@ class TileMem(wiring.Component):
         require_config("TileMem", cfg)
         self.cfg, self.load, self.prefetch = cfg, bool(load), prefetch
         self.ctrl = EsdCtrl(cfg, prefetch=prefetch)
-        self.tags = TagUnit(**gtu.params_from_config(cfg))
+        self.tags = TagUnit(**tag_unit_params(cfg))
         self.hb = HBBank(**hb_params(cfg))
         self.ext = ExtStream(cfg)
         S, B = cfg.tag_slots, cfg.pes

@@ -108,7 +108,7 @@ from amaranth.hdl import signed, unsigned
 from amaranth.lib import data, enum, wiring
 from amaranth.lib.wiring import Out
 
-from ..geometry import acc_width, bits
+from ..geometry import acc_width, bits, tag_slot_bits, tag_unit_params, tag_value_bits
 from ..golden import bitfusion as gbf
 from ..golden import esd as gesd
 from ..golden import vocab as gv
@@ -683,7 +683,7 @@ def tag_command(slots: int, tag_bits: int, hot_bits: int, plane_bits: int) -> ty
     increment, ALLOCATE initial hotness), ``planes`` (ALLOCATE: planes HB
     will hold, a count), ``slot_mask`` (INVALIDATE_MASK)."""
     return struct("TagCommand", {"op": TagOpcode, "tag": unsigned(tag_bits),
-                                 "slot": unsigned(gtu.slot_bits(slots)),
+                                 "slot": unsigned(tag_slot_bits(slots)),
                                  "amount": unsigned(hot_bits), "planes": unsigned(plane_bits),
                                  "slot_mask": unsigned(slots)})
 
@@ -693,7 +693,7 @@ def tag_response(slots: int, tag_bits: int, plane_bits: int, value_bits: int) ->
     """``TagResponse``: see :data:`elmoe3d.golden.tag_unit.RESPONSE_FIELDS`."""
     return struct("TagResponse", {"op": TagOpcode, "error": TagErrorCode,
                                   "hit": unsigned(1), "pending": unsigned(1),
-                                  "slot": unsigned(gtu.slot_bits(slots)),
+                                  "slot": unsigned(tag_slot_bits(slots)),
                                   "planes": unsigned(plane_bits), "evicted": unsigned(1),
                                   "evicted_tag": unsigned(tag_bits),
                                   "value": unsigned(value_bits), "slot_mask": unsigned(slots)})
@@ -745,10 +745,10 @@ class Vocab:
         self.ExpertSource = expert_source(S)
         self.MoEOutput = moe_output(cfg.hidden)
         self.PassStats = pass_stats(cfg.stat_bits, T, E + cfg.shared_experts)
-        tp = gtu.params_from_config(cfg)
+        tp = tag_unit_params(cfg)
         self.TagCommand = tag_command(S, cfg.tag_bits, cfg.hot_bits, tp["plane_bits"])
         self.TagResponse = tag_response(S, cfg.tag_bits, tp["plane_bits"],
-                                        gtu.value_bits(cfg.hot_bits, cfg.stat_bits, cfg.pin_bits))
+                                        tag_value_bits(cfg.hot_bits, cfg.stat_bits, cfg.pin_bits))
         self.SlotStrobe = slot_strobe(S)
         self.HostCommand = host_command(cfg.layer_bits, cfg.draft_len_max)
         self.HostResponse = host_response(cfg.draft_len_max, cfg.stat_bits)

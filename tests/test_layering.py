@@ -181,3 +181,102 @@ def test_import_loop_check_can_fail(tmp_path):
     (sim / "b.py").write_text("from .a import x\n")
     (sim / "c.py").write_text("def f():\n    from . import a\n")
     assert import_cycles({"elmoe3d.sim": sim}) == [["elmoe3d.sim.a", "elmoe3d.sim.b"]]
+
+
+# -- widths: one formula each, in elmoe3d/geometry.py (issue 42: "widths from Config") -----
+
+#: names of width helpers that only :mod:`elmoe3d.geometry` may define
+WIDTH_HELPER_NAMES = {"bits", "bits_for", "ceil_log2", "clog2", "log2", "floor_log2",
+                      "exact_log2"}
+
+
+def width_helpers(files, allowed) -> list[str]:
+    """Module-level functions of ``files`` (but ``allowed``) named as a width
+    helper (``bits``, ``_log2``, ...) or as one of :mod:`elmoe3d.geometry`'s
+    names: a second formula for a width."""
+    from elmoe3d import geometry
+    names = WIDTH_HELPER_NAMES | set(geometry.__all__)
+    bad = []
+    for f in files:
+        if f == allowed:
+            continue
+        for n in ast.parse(f.read_text(), str(f)).body:
+            if isinstance(n, ast.FunctionDef) and n.name.lstrip("_") in names:
+                bad.append(f"{f.relative_to(f.parents[1]).as_posix()} defines {n.name}")
+    return bad
+
+
+def test_one_definition_per_width():
+    """No module but ``elmoe3d/geometry.py`` defines a width helper or one of
+    its derived widths (the golden models and the blocks import them)."""
+    files = [f for d in ("elmoe3d", "hw", "golden", "sim", "tb") for f in (ROOT / d).rglob("*.py")]
+    bad = width_helpers(files, ROOT / "elmoe3d" / "geometry.py")
+    assert not bad, "\n".join(bad)
+
+
+def golden_names(path: Path, package: list) -> set[tuple[str, str]]:
+    """``(golden module, name)`` pairs a module takes from ``elmoe3d.golden``:
+    ``from ..golden.m import a`` and ``gm.a`` after ``from ..golden import m
+    as gm``."""
+    tree = ast.parse(path.read_text(), str(path))
+    alias, out = {}, set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.ImportFrom):
+            mod = _from(n, package)
+            if mod == "elmoe3d.golden":
+                alias.update({a.asname or a.name: a.name for a in n.names})
+            elif mod.startswith("elmoe3d.golden."):
+                out.update((mod.split(".")[2], a.name) for a in n.names)
+    for n in ast.walk(tree):
+        if (isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)
+                and n.value.id in alias):
+            out.add((alias[n.value.id], n.attr))
+    return out
+
+
+def widths_from_golden(files, folder: Path) -> list[str]:
+    """The uses in ``files`` (under ``folder``, the ``hw`` package) of a
+    golden model's name that is a width of :mod:`elmoe3d.geometry` (by name,
+    or the same object under another name)."""
+    import importlib
+
+    from elmoe3d import geometry
+    mine = {id(getattr(geometry, k)) for k in geometry.__all__ if callable(getattr(geometry, k))}
+    bad = []
+    for f in files:
+        package = _dotted(["elmoe3d", "hw"], folder, f)
+        package = package if f.name == "__init__.py" else package[:-1]
+        for mod, name in sorted(golden_names(f, package)):
+            try:
+                obj = getattr(importlib.import_module(f"elmoe3d.golden.{mod}"), name)
+            except (ImportError, AttributeError):
+                obj = None
+            if name in geometry.__all__ or (callable(obj) and id(obj) in mine):
+                bad.append(f"hw/{f.relative_to(folder).as_posix()} takes {name} from golden.{mod}")
+    return bad
+
+
+def test_hw_takes_no_width_from_golden():
+    """The blocks take their widths and sizes from ``Config`` and
+    :mod:`elmoe3d.geometry`, never from a NumPy model (what they do take
+    from ``golden/`` is vocabulary: enums, protocol constants, tables)."""
+    bad = widths_from_golden(sorted((ROOT / "hw").rglob("*.py")), ROOT / "hw")
+    assert not bad, "\n".join(bad)
+
+
+def test_width_checks_can_fail(tmp_path):
+    """A block that takes a width from a golden model (directly, through a
+    module alias, or under the golden model's own name) is caught, and so is
+    a second definition of a width helper."""
+    hw = tmp_path / "hw"
+    (hw / "moe").mkdir(parents=True)
+    (hw / "a.py").write_text("from ..golden.tag_unit import slot_bits\n")
+    (hw / "moe" / "b.py").write_text("from ...golden import moe_layer as gm\nX = gm.MULT_BITS\n"
+                                     "Y = gm.EXP2_Q15\n")
+    (hw / "c.py").write_text("def _log2(x):\n    return x.bit_length() - 1\n"
+                             "def row_bytes(cfg):\n    return 1\n")
+    bad = widths_from_golden(sorted(hw.rglob("*.py")), hw)
+    assert bad == ["hw/a.py takes slot_bits from golden.tag_unit",
+                   "hw/moe/b.py takes MULT_BITS from golden.moe_layer"], bad
+    assert width_helpers([hw / "c.py"], None) == ["hw/c.py defines _log2",
+                                                  "hw/c.py defines row_bytes"]

@@ -24,8 +24,8 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ...config import Config
+from ...geometry import kv_limit
 from ...golden import esd as gesd
-from ...golden import layout as gl
 from .. import vocab as hv
 from ..common import adder_tree
 from ..moe.common import lowest_set
@@ -113,7 +113,7 @@ class KvBoundary(wiring.Component):
                     m.d.sync += words.eq(order.payload.value * cfg.kv_words_per_token)
                     m.next = "SIZE"
             with m.State("SIZE"):                         # the tests of `words`, registered
-                m.d.sync += [over.eq(words > gl.kv_limit(cfg)), same.eq(words == kv_words)]
+                m.d.sync += [over.eq(words > kv_limit(cfg)), same.eq(words == kv_words)]
                 m.next = "CHECK"
             with m.State("CHECK"):                        # `want` follows `words` here
                 with m.If(over | same):

@@ -152,7 +152,6 @@ class Prefetcher(wiring.Component):
             "valid": 1, "ctx": ctx_t, "expert": cfg.expert_bits,
             "slot": hv.bits(cfg.tag_slots), "rsp": 1, "err": 3, "fill": 1, "ok": 1})
         tab = Array(Signal(entry_t, name=f"pf{i}") for i in range(N))
-        valid = Cat(tab[i].valid for i in range(N))
         m.d.comb += self.slots.eq(
             _or([Mux(tab[i].valid, 1 << tab[i].slot, 0)[:cfg.tag_slots] for i in range(N)]))
         nvalid = Signal(range(N + 1))

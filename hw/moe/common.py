@@ -28,14 +28,12 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import Out
 
 from ...config import Config
-from ...geometry import acc_width
-from ...geometry import dense_layout
-from ...golden import moe_layer as gm
+from ...geometry import GATE_ONE, MULT_BITS, acc_width, dense_layout
 
 __all__ = ["Geom", "geom", "pow2ceil", "mul_pipe", "requant_pipe", "delay", "lowest_set",
            "lowest_flag", "zext", "MUL_BITS", "CycleCount", "CycleCounter"]
 
-MUL_BITS = gm.MULT_BITS
+MUL_BITS = MULT_BITS
 
 
 def pow2ceil(n: int) -> int:
@@ -115,7 +113,7 @@ def geom(cfg: Config, *, hb_depth: int | None = None, ext_depth: int | None = No
         if v < need or v & (v - 1):
             raise ValueError(f"{name} must be a power of two of at least {need} words, not {v!r}")
     S = cfg.shared_experts
-    accw = ((S + 1) * gm.GATE_ONE * 128).bit_length() + 1
+    accw = ((S + 1) * GATE_ONE * 128).bit_length() + 1
     T, P = cfg.batch_tokens, cfg.token_lanes
     return Geom(cfg, cfg.slice_bits, n, k, L, B, H, I, E, cfg.top_k, S, T, P, -(-T // P),
                 pe_result_width(cfg), cfg.slice_vector_bits, cfg.fill_words, cfg.expert_rows,

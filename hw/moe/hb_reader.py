@@ -43,7 +43,7 @@ from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ...golden import moe_batched as gb
+from ...geometry import expert_record_range, lut_share, record_words
 from ..vocab import HBRegionKind, TokenRole, bits, hb_beat, hb_read
 from .common import pow2ceil, zext
 from ..streams import BlockFIFO, RegisterSlice
@@ -329,10 +329,10 @@ class HBReader(wiring.Component):
         shared_base = Array(Const(d.shared_base(l, s), 16) for l in layers for s in range(max(S, 1)))
         const_cmd = []
         for b in range(B):
-            nrec = g.g_down + 1 + len(gb.lut_share(cfg, b))
-            w0, words, skip = gb.record_words(cfg, idx["out"], nrec)
+            nrec = g.g_down + 1 + len(lut_share(cfg, b))
+            w0, words, skip = record_words(cfg, idx["out"], nrec)
             const_cmd.append((w0, words, skip, nrec))
-        rec_cmds = [gb.record_words(cfg, *gb.expert_record_range(cfg, j)) for j in range(E + S)]
+        rec_cmds = [record_words(cfg, *expert_record_range(cfg, j)) for j in range(E + S)]
         rec_w0 = Array(Const(c[0], 16) for c in rec_cmds)
         rec_wn = Array(Const(c[1], 16) for c in rec_cmds)
         rec_skip = Array(Const(c[2], 8) for c in rec_cmds)

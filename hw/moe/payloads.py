@@ -9,7 +9,7 @@ from functools import lru_cache
 from amaranth.hdl import signed, unsigned
 from amaranth.lib import data, enum
 
-from ...golden import moe_layer as gm
+from ...geometry import GATE_FRAC, MULT_BITS, SHIFT_BITS
 from ..vocab import PEMode, TokenRole, bits, slice_vector, struct
 
 __all__ = ["Kind", "lane_tag", "desc", "array_beat", "array_result", "seg_params", "logit",
@@ -71,9 +71,9 @@ def array_result(g) -> type:
 def seg_params() -> type:
     """``SegParams``: requantisation of one segment row (``mult``/``shift``)
     and, for an UP row, the product requantisation (``mult2``/``shift2``)."""
-    return struct("SegParams", {"mult": unsigned(gm.MULT_BITS), "shift": unsigned(gm.SHIFT_BITS),
-                                "mult2": unsigned(gm.MULT_BITS),
-                                "shift2": unsigned(gm.SHIFT_BITS)})
+    return struct("SegParams", {"mult": unsigned(MULT_BITS), "shift": unsigned(SHIFT_BITS),
+                                "mult2": unsigned(MULT_BITS),
+                                "shift2": unsigned(SHIFT_BITS)})
 
 
 @lru_cache(maxsize=None)
@@ -97,7 +97,7 @@ def topk_result(g) -> type:
 def gate_row(g) -> type:
     """``GateRow``: a gate-table row: ``gate[k]`` (Q12) and ``sel[k]``
     (expert) in rank order."""
-    return struct("GateRow", {"gate": data.ArrayLayout(unsigned(gm.GATE_FRAC + 1), g.K),
+    return struct("GateRow", {"gate": data.ArrayLayout(unsigned(GATE_FRAC + 1), g.K),
                               "sel": data.ArrayLayout(unsigned(bits(g.E)), g.K)})
 
 

@@ -55,7 +55,7 @@ from amaranth.hdl import signed, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from ...golden import moe_layer as gm
+from ...geometry import MULT_BITS, SHIFT_BITS
 from ..vocab import TokenRole, bits
 from .common import CycleCount, pow2ceil
 from .payloads import act_chunk, gate_row, job_entry, job_source, logit, topk_result
@@ -360,8 +360,8 @@ class SoftmaxRecord(_Signature):
     ``mult``, ``shift``), from the record path of bank 0."""
 
     def __init__(self):
-        super().__init__({"en": Out(1), "par": Out(1), "mult": Out(gm.MULT_BITS),
-                          "shift": Out(gm.SHIFT_BITS)})
+        super().__init__({"en": Out(1), "par": Out(1), "mult": Out(MULT_BITS),
+                          "shift": Out(SHIFT_BITS)})
 
 
 def out_record_write(g, n: int | None = None) -> WritePort:

@@ -25,6 +25,7 @@ from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigne
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
+from ...geometry import GATE_FRAC, MULT_BITS, SHIFT_BITS, T_MAX
 from ...golden import moe_layer as gm
 from .common import delay, mul_pipe
 from .payloads import gate_row, topk_result
@@ -33,7 +34,7 @@ from .queue import Queue
 
 __all__ = ["Softmax", "gate_row"]
 
-F = gm.GATE_FRAC
+F = GATE_FRAC
 
 
 class Softmax(wiring.Component):
@@ -110,8 +111,8 @@ class Softmax(wiring.Component):
         wp, rp = mem.write_port(), mem.read_port()
         m.d.comb += [rp.addr.eq(self.gates.addr), self.gates.data.eq(rp.data)]
 
-        sm_m = Array(Signal(gm.MULT_BITS, name=f"sm_mult{p}") for p in range(2))
-        sm_s = Array(Signal(gm.SHIFT_BITS, name=f"sm_shift{p}") for p in range(2))
+        sm_m = Array(Signal(MULT_BITS, name=f"sm_mult{p}") for p in range(2))
+        sm_s = Array(Signal(SHIFT_BITS, name=f"sm_shift{p}") for p in range(2))
         sm_ok = Signal(2)
         with m.If(self.sm.en):
             m.d.sync += [sm_m[self.sm.par].eq(self.sm.mult), sm_s[self.sm.par].eq(self.sm.shift),
@@ -120,8 +121,8 @@ class Softmax(wiring.Component):
             m.d.sync += sm_ok.bit_select(self.clear.par, 1).eq(0)
 
         cur = Signal(topk_result(g))
-        mult = Signal(gm.MULT_BITS)
-        shift = Signal(gm.SHIFT_BITS)
+        mult = Signal(MULT_BITS)
+        shift = Signal(SHIFT_BITS)
         # exponent pipeline
         launch = Signal()
         lr = Signal(range(K + 1))
@@ -155,9 +156,9 @@ class Softmax(wiring.Component):
         e_lo = Signal(16)                   # EXP2_Q15[t & 15] >> (t >> 4 & 3)
         e_hi = Signal(2)                    # t >> 6
         e_big = Signal()                    # t saturated
-        m.d.sync += [e_lo.eq(exp2[tb[:6]]), e_hi.eq(tb[6:8]), e_big.eq(tb > gm.T_MAX)]
+        m.d.sync += [e_lo.eq(exp2[tb[:6]]), e_hi.eq(tb[6:8]), e_big.eq(tb > T_MAX)]
         v3, r3 = delay(m, v2, 1, "sm_v3"), delay(m, r2, 1, "sm_r3")
-        e_sat = int(gm.EXP2_Q15[gm.T_MAX & 15]) >> (gm.T_MAX >> 4)
+        e_sat = int(gm.EXP2_Q15[T_MAX & 15]) >> (T_MAX >> 4)
         e_now = Signal(16)
         m.d.sync += e_now.eq(Mux(e_big, e_sat, e_lo >> Cat(Const(0, 2), e_hi)))
         v4, r4 = delay(m, v3, 1, "sm_v4"), delay(m, r3, 1, "sm_r4")

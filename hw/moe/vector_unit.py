@@ -82,7 +82,7 @@ from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, signed, unsigne
 from amaranth.lib import memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ...golden import moe_layer as gm
+from ...geometry import GATE_FRAC, GATE_ONE
 from ..vocab import bits
 from .common import delay, mul_pipe, requant_pipe, zext
 from .payloads import Kind, array_result, seg_params
@@ -145,8 +145,7 @@ class VectorUnit(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         g = self.g
-        T, B, L, K, W, P, Tl = g.T, g.B, g.L, g.K, g.W, g.P, g.Tl
-        tb = self.tb
+        B, L, W, P, Tl = g.B, g.L, g.W, g.P, g.Tl
         rb = bits(max(g.E, g.I, g.H))
 
         # ---- memories ----------------------------------------------------------------------
@@ -442,16 +441,16 @@ class VectorUnit(wiring.Component):
         # A2 (the gate is first used at A9)
         gd = self.gates[p].data
         g_hit = Signal(K, name=nm("g_hit"))
-        g_gates = [Signal(gm.GATE_FRAC + 1, name=nm(f"g_gate{r}")) for r in range(K)]
+        g_gates = [Signal(GATE_FRAC + 1, name=nm(f"g_gate{r}")) for r in range(K)]
         g_routed = Signal(name=nm("g_routed"))
         m.d.sync += [g_hit.eq(Cat(*[gd.sel[r] == a_exp for r in range(K)])),
                      g_routed.eq(a_routed)]
         m.d.sync += [g_gates[r].eq(gd.gate[r]) for r in range(K)]
-        gsel = Const(gm.GATE_ONE, gm.GATE_FRAC + 1)
+        gsel = Const(GATE_ONE, GATE_FRAC + 1)
         for r in reversed(range(K)):
             gsel = Mux(g_hit[r], g_gates[r], gsel)
-        gate = Signal(gm.GATE_FRAC + 1, name=nm("gate"))
-        m.d.sync += gate.eq(Mux(g_routed, gsel, gm.GATE_ONE))   # at A2
+        gate = Signal(GATE_FRAC + 1, name=nm("gate"))
+        m.d.sync += gate.eq(Mux(g_routed, gsel, GATE_ONE))   # at A2
 
         # ---- A0..A7: q1 = rq(value) ----------------------------------------------------------
         q1, lat1 = requant_pipe(m, a_val, a_p.mult, a_p.shift, nm("rq1"))

@@ -188,7 +188,7 @@ def _wrap(text: str, width: int = 96, indent: str = "//   ") -> list[str]:
     return lines
 
 
-def _bits(offset: int, width: int) -> str:
+def _bit_range(offset: int, width: int) -> str:
     return f"[{offset + width - 1}:{offset}]" if width > 1 else f"[{offset}]"
 
 
@@ -217,12 +217,12 @@ def _rows(fields: list[dict]) -> list[str]:
                 j += 1
         n = j - i
         if n > 4:
-            rows.append(f"//     {_bits(f['offset'], n * f['width']):>12s}  {base}[0..{n - 1}]  "
-                        f"{n} x {f['width']} bits, {base}[i] at {_bits(f['offset'], f['width'])}"
+            rows.append(f"//     {_bit_range(f['offset'], n * f['width']):>12s}  {base}[0..{n - 1}]  "
+                        f"{n} x {f['width']} bits, {base}[i] at {_bit_range(f['offset'], f['width'])}"
                         f" + {f['width']}*i; {_kind(f)}")
             i = j
         else:
-            rows.append(f"//     {_bits(f['offset'], f['width']):>12s}  "
+            rows.append(f"//     {_bit_range(f['offset'], f['width']):>12s}  "
                         f"{f['name'] or '(value)'}  {_kind(f)}")
             i += 1
     return rows

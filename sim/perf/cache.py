@@ -20,19 +20,16 @@ evicts an expert it is using.
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 
 import numpy as np
 
+from elmoe3d.geometry import bits
 from elmoe3d.golden.tag_unit import TagUnitModel
 
 from .fastpolicy import FastTagUnit
 
 __all__ = ["TagCache", "LRUCache"]
-
-def _bits(n: int) -> int:
-    return max(1, math.ceil(math.log2(max(int(n), 2))))
 
 
 class TagCache:
@@ -55,7 +52,7 @@ class TagCache:
         if engine not in ("fast", "numpy", "numba", "golden"):
             raise ValueError(f"Tag-cache engine must be 'fast', 'numpy', 'numba' or 'golden', "
                              f"not {engine!r}")
-        lb, eb = _bits(layers), _bits(experts)
+        lb, eb = bits(layers), bits(experts)
         if engine == "golden":
             self.tu = TagUnitModel(slots=int(slots), layer_bits=lb, expert_bits=eb, hot_bits=hot_bits,
                                    decay_shift=decay_shift, plane_bits=4)
