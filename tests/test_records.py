@@ -135,3 +135,23 @@ def test_build_resynth_ignores_records_and_caches(resynth, tmp_path, monkeypatch
     assert cli.main(argv) == 0
     assert seen == {"flag": resynth, "arg": resynth}
     assert records.settings["resynth"] is False
+
+
+def test_block_table_names_the_verilog_of_its_figures():
+    """Every row of the README's block table with a recorded figure names the
+    Verilog it was measured on (the first 8 hex digits of its SHA-256), and a
+    changed hash changes the row (issue 43: "a README figure always names the
+    Verilog it was measured on")."""
+    import copy
+
+    from elmoe3d.sim.flow.catalogue import table
+    cat = records.load_catalogue()
+    rows = {line.split("|")[1].strip().split("`")[1]: line
+            for line in table(cat).splitlines()[2:]}
+    assert rows
+    for name, row in rows.items():
+        sha = cat["blocks"][name]["verilog_sha256"]
+        assert f"Verilog `{sha[:8]}`" in row, (name, row)
+    other = copy.deepcopy(cat)
+    other["blocks"]["pe"]["verilog_sha256"] = "f" * 64
+    assert "Verilog `ffffffff`" in table(other) and "Verilog `ffffffff`" not in table(cat)

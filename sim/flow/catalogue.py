@@ -78,20 +78,27 @@ def entry(block, component, result: dict) -> dict:
             **({"part_of": block.part_of} if block.part_of else {})}
 
 
-def _fmax(t: dict | None) -> str:
+def netlist(sha: str | None) -> str:
+    """The short name of the Verilog a block's figures were measured on: the
+    first 8 hex digits of its SHA-256 (``verilog_sha256`` of the record)."""
+    return f"Verilog `{sha[:8]}`" if sha else "Verilog not recorded"
+
+
+def _fmax(t: dict | None, sha: str | None = None) -> str:
     if not t:
         return "not recorded"
     if t.get("fmax_mhz") is None:
         why = t.get("fmax_skipped", "")
         if why.startswith("does not fit"):
-            return "does not fit"
+            return f"does not fit ({netlist(sha)})"
         if why.startswith("place and route not recorded"):
-            return "not recorded: place and route takes hours (`elmoe3d record` without `--no-pnr`)"
-        return "not placed"
+            return (f"not recorded: place and route takes hours (`elmoe3d record` without "
+                    f"`--no-pnr`; {netlist(sha)})")
+        return f"not placed ({netlist(sha)})"
     seeds = t.get("seeds") or []
     med = "median of seeds " + ",".join(map(str, seeds)) if len(seeds) > 1 else f"seed {seeds[0]}"
     return (f"**{t['fmax_mhz']:.2f}** ({med}; target {t['target_mhz']:g}, "
-            f"{'met' if t.get('meets_target') else 'not met'})")
+            f"{'met' if t.get('meets_target') else 'not met'}; {netlist(sha)})")
 
 
 def _area(r: dict) -> str:
@@ -133,7 +140,8 @@ def table(catalogue: dict) -> str:
         if r.get("part_of"):
             continue
         rows.append([f"`{name}` (`{r.get('module', '')}`)", r.get("description", ""),
-                     r.get("interface", ""), r.get("timing", ""), _area(r), _fmax(r.get("ecp5")),
+                     r.get("interface", ""), r.get("timing", ""), _area(r),
+                     _fmax(r.get("ecp5"), r.get("verilog_sha256")),
                      _ice40(r)])
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     out += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
