@@ -105,3 +105,23 @@ def test_sink_flags_stream_rule_breaks():
     snk.drive(4)
     snk.sample()
     assert seen == [4] and len(snk.rule_violations) == 2
+
+
+def test_source_encode_and_sink_decode():
+    """``encode`` packs an item that carries bookkeeping beside its payload
+    (``sent`` keeps the whole item); ``decode`` replaces ``unpack`` (here:
+    the raw integer)."""
+    dut = _Dut("s")
+    src = Source(dut, "s", None, random.Random(0), encode=lambda it: it[0] * 2)
+    src.send([(5, "dot 0")])
+    src.drive(1)
+    assert dut.s__valid.value and dut.s__payload.value == 10
+    dut.s__ready.value = _Value(1)
+    src.sample()
+    assert src.sent == [(1, (5, "dot 0"))]
+    seen = []
+    snk = Sink(dut, "s", 8, random.Random(0), 0.0, seen.append, decode=lambda raw: ("raw", raw))
+    dut.s__payload.value = _Value(200)
+    snk.drive(2)
+    snk.sample()
+    assert seen == [("raw", 200)]
