@@ -274,7 +274,7 @@ class PETB:
     Parameters
     ----------
     dut
-        The cocotb DUT.
+        The cocotb handle of the PE-family block.
 
     Attributes
     ----------
