@@ -410,3 +410,42 @@ class Scoreboard:
         if self.errors:
             raise AssertionError(f"{len(self.errors)} {self.name} error(s): "
                                  + "; ".join(self.errors[:5]))
+
+
+class IdleBackpressure:
+    """Mixin of a bench's ``TB`` class: idle and back-pressure setters in
+    the style of verilog-axi's benches.
+
+    A setting is kept in :attr:`idle` / :attr:`backpressure`, for the ports
+    the bench makes afterwards (it passes them to :class:`Source` and
+    :class:`Sink`), and applied at once to every :class:`Source` /
+    :class:`Sink` that already is an attribute of the bench.
+
+    Attributes
+    ----------
+    idle : float or callable
+        Of every source (see :func:`chance`); default 0.0.
+    backpressure : float or callable
+        Of every sink; default 0.0.
+    """
+
+    idle = 0.0
+    backpressure = 0.0
+
+    def set_idle_generator(self, generator=None):
+        """Idle cycles before an item on the bench's sources: a probability
+        per cycle or a callable deciding each cycle (:func:`chance`);
+        ``None``: none."""
+        self.idle = generator or 0.0
+        for port in self._kit_ports(Source):
+            port.idle = self.idle
+
+    def set_backpressure_generator(self, generator=None):
+        """Back-pressure (``ready`` low) on the bench's sinks, as for
+        :meth:`set_idle_generator`; ``None``: always ready."""
+        self.backpressure = generator or 0.0
+        for port in self._kit_ports(Sink):
+            port.backpressure = self.backpressure
+
+    def _kit_ports(self, kind):
+        return [v for v in vars(self).values() if isinstance(v, kind)]

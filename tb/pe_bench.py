@@ -46,6 +46,7 @@ from ..hw import vocab as hv
 from .common import (CycleLoop, Scoreboard, Sink, Source, golden_mutation, knob, pack, params,
                      rng, start_clock_and_reset)
 from .coverage import write_coverage
+from .kit import IdleBackpressure
 
 CORNERS = (-128, 127, 0, -1, 1, -127)
 
@@ -257,7 +258,7 @@ def coverage_sampler(block: str, kind: str, n: int, limits):
 
 # -- the testbench ----------------------------------------------------------------------------
 
-class PETB:
+class PETB(IdleBackpressure):
     """One PE-family block on the testbench kit (:mod:`elmoe3d.tb.kit`).
 
     :meth:`start` starts the clock, resets, and runs from then on, in one
@@ -268,8 +269,8 @@ class PETB:
     :class:`~elmoe3d.tb.kit.Scoreboard`, which checks the results in order
     as they arrive; :meth:`drain` waits for them, :meth:`check` fails on a
     wrong, extra or missing one. Idle cycles on ``i`` and back-pressure on
-    ``o``: :meth:`set_idle_generator`, :meth:`set_backpressure_generator`
-    (default none).
+    ``o``: ``set_idle_generator``, ``set_backpressure_generator``
+    (:class:`~elmoe3d.tb.kit.IdleBackpressure`; default none).
 
     Parameters
     ----------
@@ -313,7 +314,6 @@ class PETB:
                         "bitfusion": lambda: hv.bitfusion_beat(self.L)}[self.kind]()
         self.out_type = hv.pe_result(self.max_len, self.L)
         self.fast = compile_pack(self.in_type)
-        self.idle = self.backpressure = 0.0
         self.mutate = golden_mutation()
         self.expected = []
         self.received = []
@@ -323,21 +323,6 @@ class PETB:
         limits = ([gbf.max_beats(md, max_len=self.max_len, lanes=self.L) for md in gbf.Mode]
                   if self.kind == "bitfusion" else [self.maxc])
         self.cover = coverage_sampler(self.block, self.kind, self.n, limits)
-
-    def set_idle_generator(self, generator=None):
-        """Idle cycles on ``i``: a probability per cycle or a callable
-        deciding each cycle (:func:`~elmoe3d.tb.kit.chance`; e.g. a
-        :class:`Pattern`); ``None``: no idle cycles."""
-        self.idle = generator or 0.0
-        if hasattr(self, "src"):
-            self.src.idle = self.idle
-
-    def set_backpressure_generator(self, generator=None):
-        """Back-pressure on ``o`` (``ready`` low), as for
-        :meth:`set_idle_generator`; ``None``: always ready."""
-        self.backpressure = generator or 0.0
-        if hasattr(self, "sink"):
-            self.sink.backpressure = self.backpressure
 
     async def start(self):
         """Clock and reset, then the streams, cycle by cycle for the rest of

@@ -52,6 +52,7 @@ from ..hw.vocab import tag_command, tag_response
 from .common import (CycleLoop, Scoreboard, Sink, Source, golden_mutation, knob, params, rng,
                      start_clock_and_reset)
 from .coverage import write_coverage
+from .kit import IdleBackpressure
 
 BLOCK = "tag_unit"
 #: cycles from a command's execution to its response on ``o`` when ``o`` is free
@@ -206,7 +207,7 @@ class _Response(NamedTuple):
     pred_first_valid: int | None
 
 
-class TagTB:
+class TagTB(IdleBackpressure):
     """One tag-unit instance on the testbench kit (:mod:`elmoe3d.tb.kit`):
     clock and reset, commands on ``i`` from a :class:`~elmoe3d.tb.kit.Source`,
     responses on ``o`` into a :class:`~elmoe3d.tb.kit.Sink` (its stream-rule
@@ -219,8 +220,9 @@ class TagTB:
     The test queues a script (:meth:`issue`, :meth:`commit`,
     :meth:`set_disabled`, :meth:`barrier`, :meth:`wait`) and runs it with
     :meth:`run`. Idle cycles on ``i`` and back-pressure on ``o``:
-    :meth:`set_idle_generator`, :meth:`set_backpressure_generator` (default
-    none; they may change between runs and inside ``refill``).
+    ``set_idle_generator``, ``set_backpressure_generator``
+    (:class:`~elmoe3d.tb.kit.IdleBackpressure`; default none; they may
+    change between runs and inside ``refill``).
 
     Parameters
     ----------
@@ -259,7 +261,6 @@ class TagTB:
         self.value_lsb = 1 << dict((n, o) for n, o, _ in self.rsp.fields)["value"]
         self.flip = golden_mutation()
         self.cov = coverage()
-        self.idle = self.backpressure = 0.0
         self.queue = collections.deque()     # ("cmd", dict) / ("commit", s) / ("disabled", m) / ("barrier",) / ("wait", n)
         self.issued = 0
         self.fed = 0                         # commands handed to the source
@@ -296,21 +297,6 @@ class TagTB:
     def checked(self) -> int:
         """Responses checked so far."""
         return self.scoreboard.checked
-
-    def set_idle_generator(self, generator=None):
-        """Idle cycles on ``i`` before a command: a probability per cycle or
-        a callable deciding each cycle (:func:`~elmoe3d.tb.kit.chance`);
-        ``None``: none."""
-        self.idle = generator or 0.0
-        if self.src is not None:
-            self.src.idle = self.idle
-
-    def set_backpressure_generator(self, generator=None):
-        """Back-pressure on ``o`` (``ready`` low), as for
-        :meth:`set_idle_generator`; ``None``: always ready."""
-        self.backpressure = generator or 0.0
-        if self.sink is not None:
-            self.sink.backpressure = self.backpressure
 
     async def start(self):
         """The stream ports, the HB and KV inputs low, then clock and reset."""

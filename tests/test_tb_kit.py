@@ -125,3 +125,26 @@ def test_source_encode_and_sink_decode():
     snk.drive(2)
     snk.sample()
     assert seen == [("raw", 200)]
+
+
+def test_idle_backpressure_setters():
+    """The mixin keeps a setting for ports made later and applies it to the
+    ports the bench already has; ``None`` switches it off."""
+    from elmoe3d.tb.kit import IdleBackpressure
+
+    class TB(IdleBackpressure):
+        pass
+
+    tb = TB()
+    assert tb.idle == tb.backpressure == 0.0
+    tb.set_idle_generator(0.25)
+    dut = _Dut("i")
+    tb.src = Source(dut, "i", None, random.Random(0), tb.idle)
+    tb.snk = Sink(dut, "i", 8, random.Random(0), tb.backpressure)
+    assert tb.src.idle == 0.25 and tb.snk.backpressure == 0.0
+    pattern = lambda: True                              # noqa: E731
+    tb.set_backpressure_generator(pattern)
+    tb.set_idle_generator()
+    assert tb.snk.backpressure is pattern and tb.src.idle == 0.0 == tb.idle
+    tb.snk.drive(1)
+    assert not dut.i__ready.value
