@@ -10,6 +10,7 @@ Parameters from the harness (``$ELMOE_PARAMS``): ``lanes``, ``digit_bits``,
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import cocotb
@@ -18,33 +19,65 @@ from cocotb.triggers import RisingEdge
 
 from ..golden import bitserial as gbsr
 from ..hw.vocab import bitserial_beat, bitserial_result
-from .common import (CycleCounter, StreamSink, StreamSource, golden_mutation, knob, params, rng,
+from .common import (CycleLoop, Scoreboard, Sink, Source, golden_mutation, knob, params, rng,
                      start_clock_and_reset)
+from .kit import IdleBackpressure
 
 CORNERS = (-128, 127, 0, -1, 1)
 
 
-class BitSerialTB:
-    """Clock, reset, driver, monitor and scoreboard for one instance."""
+class BitSerialTB(IdleBackpressure):
+    """One bit-serial MAC vector on the testbench kit (:mod:`elmoe3d.tb.kit`):
+    from :meth:`start` on a :class:`~elmoe3d.tb.kit.CycleLoop` drives the
+    beats (a :class:`~elmoe3d.tb.kit.Source` on ``i``) and takes the results
+    (a :class:`~elmoe3d.tb.kit.Sink` on ``o``); each result is compared on
+    arrival, in order, with the golden one :meth:`queue` put on the
+    :class:`~elmoe3d.tb.kit.Scoreboard`. Idle cycles and back-pressure come
+    from :class:`~elmoe3d.tb.kit.IdleBackpressure` (none by default).
 
-    def __init__(self, dut, *, idle=0.0, backpressure=0.0):
+    Parameters
+    ----------
+    dut
+        The cocotb handle of the bit-serial MAC.
+
+    Attributes
+    ----------
+    src : elmoe3d.tb.kit.Source
+        Its ``sent`` holds ``(cycle, beat)`` per beat, ``stalls`` the cycles
+        a beat waited for ``ready``.
+    sink : elmoe3d.tb.kit.Sink
+    scoreboard : elmoe3d.tb.kit.Scoreboard
+        The golden ``(value, error)`` not yet matched.
+    beats : list
+        The beats queued (the test may clear it between phases).
+    golden : list
+        ``(value, error)`` of every dot product queued.
+    received : list
+        ``(cycle, payload)`` per result (the test may clear it).
+    """
+
+    def __init__(self, dut):
         self.dut = dut
         self.p = params()
         self.L, self.b, self.max_len = self.p["lanes"], self.p["digit_bits"], self.p["max_len"]
         self.W = gbsr.acc_width(self.max_len)
         self.rand = rng()
         self.np_rng = np.random.default_rng(self.rand.getrandbits(32))
-        self.idle, self.backpressure = idle, backpressure
         self.beats = []
+        self.golden = []
+        self.received = []
+        self.scoreboard = Scoreboard("result", compare=self._compare)
         self.mutate = golden_mutation()
 
     async def start(self):
+        """Clock and reset, then the streams, cycle by cycle for the rest of
+        the test."""
         await start_clock_and_reset(self.dut)
-        self.counter = CycleCounter(self.dut.clk)
-        self.src = StreamSource(self.dut, "i", bitserial_beat(self.L, self.b),
-                                self.dut.clk, self.counter, idle=self.idle, rand=self.rand)
-        self.sink = StreamSink(self.dut, "o", bitserial_result(self.W), self.dut.clk,
-                               self.counter, backpressure=self.backpressure, rand=self.rand)
+        self.src = Source(self.dut, "i", bitserial_beat(self.L, self.b), self.rand, self.idle)
+        self.sink = Sink(self.dut, "o", bitserial_result(self.W), self.rand, self.backpressure,
+                         self._result)
+        self.loop = CycleLoop(self.dut.clk)
+        cocotb.start_soon(self.loop.run([self.src], [self.sink], limit=math.inf))
 
     def values(self, n, p):
         lo, hi = -(1 << (p - 1)), (1 << (p - 1))
@@ -87,42 +120,54 @@ class BitSerialTB:
         return beats
 
     def queue(self, beats):
+        """Send one dot product's beats and expect its golden result. The
+        golden model starts afresh after every ``last`` beat, so a dot
+        product's result is :func:`~elmoe3d.golden.bitserial.run` of its
+        own beats."""
+        assert beats[-1]["last"], "a dot product ends with its last beat"
         self.beats.extend(beats)
+        for value, error in gbsr.run(beats, b=self.b, lanes=self.L, max_len=self.max_len):
+            self.golden.append((value, error))
+            self.scoreboard.expect((value ^ 1 if self.mutate else value, error))
         self.src.send(beats)
 
-    def expected(self):
-        return gbsr.run(self.beats, b=self.b, lanes=self.L, max_len=self.max_len)
+    @staticmethod
+    def _compare(want, got):
+        ev, ee = want
+        gv, ge = got["value"], got["error"]
+        if ge != ee or (not ee and gv != ev):
+            return f"got ({gv}, {ge}), expected ({ev}, {ee})"
+        return None
+
+    def _result(self, got):
+        self.received.append((self.sink.cycle, got))
+        self.scoreboard.check(got)
 
     async def drain(self, n_results, timeout=200000):
+        """Wait until the beats are sent and ``n_results`` results arrived
+        (at most ``timeout`` cycles), then 50 cycles more."""
         for _ in range(timeout):
-            if self.src.empty() and len(self.sink.received) >= n_results:
+            if self.src.empty() and len(self.received) >= n_results:
                 break
             await RisingEdge(self.dut.clk)
         for _ in range(50):
             await RisingEdge(self.dut.clk)
 
     def check(self):
-        exp = self.expected()
-        got = [(r["value"], r["error"]) for _, r in self.sink.received]
+        """Fail on a stream-rule violation on ``o`` or a wrong, extra or
+        missing result; returns the dot products queued."""
         assert not self.sink.rule_violations, self.sink.rule_violations[:3]
-        assert len(got) == len(exp), f"{len(got)} results, expected {len(exp)}"
-        errors = 0
-        for k, ((gv, ge), (ev, ee)) in enumerate(zip(got, exp)):
-            if self.mutate:
-                ev ^= 1
-            if ge != ee or (not ee and gv != ev):
-                errors += 1
-                if errors <= 5:
-                    self.dut._log.error(f"result {k}: got ({gv}, {ge}), expected ({ev}, {ee})")
-        assert errors == 0, f"{errors} of {len(exp)} results differ from the golden model"
-        return len(exp)
+        self.scoreboard.finish(f"cycle {self.loop.cycle}")
+        return len(self.golden)
 
 
 @cocotb.test()
 async def random_vectors(dut):
     """Random INT8 / 4-bit / other-precision dot products with malformed ones
     mixed in, random idle cycles on the input and back-pressure on the output."""
-    tb = BitSerialTB(dut, idle=0.2, backpressure=0.3)
+    tb = BitSerialTB(dut)
+    tb.set_idle_generator(0.2)
+    tb.set_backpressure_generator(0.3)
     await tb.start()
     n = knob("bitserial_dots", 600)
     precs = [p for p in range(tb.b, 9, tb.b)]
@@ -139,7 +184,7 @@ async def random_vectors(dut):
         tb.queue(beats)
     await tb.drain(n)
     checked = tb.check()
-    errs = sum(e for _, e in tb.expected())
+    errs = sum(e for _, e in tb.golden)
     dut._log.info(f"{checked} dot products checked ({errs} with error), {len(tb.beats)} beats")
     assert errs > 0, "no error case was exercised"
 
@@ -155,7 +200,7 @@ async def throughput(dut):
     figures = {}
     for p in (8, 4):
         tb.beats = []
-        tb.sink.received.clear()
+        tb.received.clear()
         tb.src.sent.clear()
         for _ in range(dots):
             tb.queue(tb.dot(chunks * tb.L, p))
@@ -163,7 +208,7 @@ async def throughput(dut):
         tb.check()
         cyc = [c for c, _ in tb.src.sent]
         last_cycles = [c for c, beat in tb.src.sent if beat["last"]]
-        out_cycles = [c for c, _ in tb.sink.received]
+        out_cycles = [c for c, _ in tb.received]
         figures[f"W{p}"] = {
             "beats": len(tb.beats), "input_cycles": cyc[-1] - cyc[0] + 1,
             "cycles_per_dot": (cyc[-1] - cyc[0] + 1) / dots, "chunks": chunks,
@@ -185,14 +230,14 @@ async def one_beat_dots_fill_the_buffer(dut):
     """Every beat a whole dot product (L elements of b-bit weights) while the
     output is stalled for long stretches: no result is lost or duplicated and
     ``i.ready`` falls only when every result slot is taken."""
-    tb = BitSerialTB(dut, idle=0.0)
+    tb = BitSerialTB(dut)
     await tb.start()
     stall = {"n": 0}
 
     def bp():
         stall["n"] += 1
         return (stall["n"] // 40) % 2 == 0
-    tb.sink.backpressure = bp
+    tb.set_backpressure_generator(bp)
     for _ in range(300):
         tb.queue(tb.dot(tb.L, tb.b))
     await tb.drain(300)

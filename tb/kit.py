@@ -98,6 +98,11 @@ class Source(_Port):
         the item when due.
     on_stall : callable, optional
         Called with ``prefix`` on every cycle the item waits for ``ready``.
+    encode : callable, optional
+        ``encode(item)`` -> the packed payload integer, instead of
+        ``layout``: a packer compiled once for a long run, or items that
+        carry the bench's bookkeeping beside their payload (``sent`` keeps
+        the whole item).
 
     Attributes
     ----------
@@ -108,9 +113,10 @@ class Source(_Port):
     """
 
     def __init__(self, dut, prefix: str, layout, rand, idle=0.0, *, later=None,
-                 on_stall=None):
+                 on_stall=None, encode=None):
         super().__init__(dut, prefix, layout)
         self.rand, self.idle, self.on_stall = rand, idle, on_stall
+        self.encode = encode
         self.queue = collections.deque()
         self.later = collections.deque() if later is None else later
         self.item = None
@@ -142,7 +148,8 @@ class Source(_Port):
             self.item = None
         if self.item is None and self.queue and not chance(self.idle, self.rand):
             self.item = self.queue.popleft()
-            self.payload.value = (self.item if self.layout is None
+            self.payload.value = (self.encode(self.item) if self.encode is not None
+                                  else self.item if self.layout is None
                                   else pack(self.layout, self.item))
         self.valid.value = self.item is not None
 
@@ -189,6 +196,10 @@ class Sink(_Port):
         ``(cycle, payload)`` appended to :attr:`received`.
     on_stall : callable, optional
         Called with ``prefix`` on every cycle ``valid`` waits for ``ready``.
+    decode : callable, optional
+        ``decode(raw)`` -> what ``fn`` receives, instead of
+        ``unpack(layout, raw)``: e.g. a :class:`~elmoe3d.sim.run.payload.Decoder`,
+        or ``int`` for the packed integer itself.
 
     Attributes
     ----------
@@ -199,9 +210,10 @@ class Sink(_Port):
     """
 
     def __init__(self, dut, prefix: str, layout, rand, backpressure=0.0, fn=None, *,
-                 on_stall=None):
+                 on_stall=None, decode=None):
         super().__init__(dut, prefix, layout)
         self.rand, self.backpressure, self.on_stall = rand, backpressure, on_stall
+        self.decode = decode
         self.received = []
         self.fn = fn if fn is not None else (lambda p: self.received.append((self.cycle, p)))
         self.rule_violations = []
@@ -231,7 +243,7 @@ class Sink(_Port):
             self.rule_violations.append((self.cycle, "payload changed before ready"))
         if self.rdy:
             self.held = None
-            self.fn(unpack(self.layout, raw))
+            self.fn(unpack(self.layout, raw) if self.decode is None else self.decode(raw))
         else:
             self.held = raw
             if self.on_stall is not None:
@@ -398,3 +410,42 @@ class Scoreboard:
         if self.errors:
             raise AssertionError(f"{len(self.errors)} {self.name} error(s): "
                                  + "; ".join(self.errors[:5]))
+
+
+class IdleBackpressure:
+    """Mixin of a bench's ``TB`` class: idle and back-pressure setters in
+    the style of verilog-axi's benches.
+
+    A setting is kept in :attr:`idle` / :attr:`backpressure`, for the ports
+    the bench makes afterwards (it passes them to :class:`Source` and
+    :class:`Sink`), and applied at once to every :class:`Source` /
+    :class:`Sink` that already is an attribute of the bench.
+
+    Attributes
+    ----------
+    idle : float or callable
+        Of every source (see :func:`chance`); default 0.0.
+    backpressure : float or callable
+        Of every sink; default 0.0.
+    """
+
+    idle = 0.0
+    backpressure = 0.0
+
+    def set_idle_generator(self, generator=None):
+        """Idle cycles before an item on the bench's sources: a probability
+        per cycle or a callable deciding each cycle (:func:`chance`);
+        ``None``: none."""
+        self.idle = generator or 0.0
+        for port in self._kit_ports(Source):
+            port.idle = self.idle
+
+    def set_backpressure_generator(self, generator=None):
+        """Back-pressure (``ready`` low) on the bench's sinks, as for
+        :meth:`set_idle_generator`; ``None``: always ready."""
+        self.backpressure = generator or 0.0
+        for port in self._kit_ports(Sink):
+            port.backpressure = self.backpressure
+
+    def _kit_ports(self, kind):
+        return [v for v in vars(self).values() if isinstance(v, kind)]

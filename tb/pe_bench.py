@@ -30,20 +30,23 @@ from __future__ import annotations
 import collections
 import json
 import math
+import operator
 import os
 from pathlib import Path
 
 import cocotb
 import numpy as np
-from cocotb.triggers import ReadOnly, RisingEdge
+from cocotb.triggers import RisingEdge
 
 from ..blocks import get_block
 from ..golden import bitfusion as gbf
 from ..golden import bitslice as gbs
 from ..golden.bitslice import Mode, SeqError
 from ..hw import vocab as hv
-from .common import golden_mutation, knob, pack, params, rng, start_clock_and_reset, unpack
+from .common import (CycleLoop, Scoreboard, Sink, Source, golden_mutation, knob, pack, params,
+                     rng, start_clock_and_reset)
 from .coverage import write_coverage
+from .kit import IdleBackpressure
 
 CORNERS = (-128, 127, 0, -1, 1, -127)
 
@@ -96,7 +99,7 @@ def compile_pack(layout):
     return lambda v: int(v) & mask
 
 
-# -- drivers that record what each transfer went through ------------------------------------
+# -- idle and back-pressure patterns, the input stream with its flow ---------------------------
 
 class Pattern:
     """A per-cycle on/off generator (idle on a source, back-pressure on a
@@ -130,92 +133,44 @@ class Pattern:
         return (self.run // arg) % 2 == 0
 
 
-class Streams:
-    """Drives ``i`` and accepts ``o`` in one coroutine (one clock edge and one
-    read-only phase per cycle for both, which halves the simulator round
-    trips of separate driver and monitor coroutines).
+class BeatSource(Source):
+    """The kit's :class:`~elmoe3d.tb.kit.Source` on ``i`` that also notes the
+    flow each dot product saw (the coverage's ``flow``): items are ``(packed
+    beat, dot index, is_last)`` (the payload is the packed beat); a dot
+    product gets ``"stall"`` when one of its beats waits for ``ready`` and
+    ``"idle"`` when an idle cycle is drawn between two of its beats.
 
-    ``i``: beats from a queue of ``(packed payload, dot index, is_last)``;
-    ``valid`` and the payload are held until ``ready`` (the stream rules);
-    ``idle`` says when to insert an idle cycle. For every dot product it
-    records whether it saw idle cycles inside it or stalls
-    (``valid & ~ready``). ``o``: accepted with the ``backpressure`` pattern,
-    the stream rules checked, ``(cycle, payload, waited)`` recorded per
-    result (``waited``: offered at least once without ``ready``).
+    Parameters
+    ----------
+    dut
+        The DUT.
+    rand : random.Random
+        Drawn from for idle cycles when ``idle`` is a probability.
+    idle : float or callable
+        As for :class:`~elmoe3d.tb.kit.Source` (e.g. a :class:`Pattern`).
+
+    Attributes
+    ----------
+    flags : collections.defaultdict
+        Dot index -> the subset of ``{"idle", "stall"}`` it saw.
     """
 
-    def __init__(self, dut, in_layout, out_layout, *, idle=None, backpressure=None):
-        self.dut = dut
-        self.layout, self.out_layout = in_layout, out_layout
-        self.fast = compile_pack(in_layout)
-        self.idle = idle or (lambda: False)
-        self.backpressure = backpressure or (lambda: False)
-        self.queue = collections.deque()
-        self.sent = []                      # (cycle, dot index, is_last)
-        self.received = []                  # (cycle, payload, waited)
-        self.stalls = 0
-        self.flags = collections.defaultdict(set)     # dot index -> {"idle", "stall"}
-        self.rule_violations = []
-        self.on_result = None
-        self.cycle = 0
-        self._item = None
-        dut.i__valid.value = 0
-        dut.o__ready.value = 0
-        cocotb.start_soon(self._run())
+    def __init__(self, dut, rand, idle=0.0):
+        super().__init__(dut, "i", None, rand, idle, encode=operator.itemgetter(0))
+        self.flags = collections.defaultdict(set)
+        self.mid = False                    # the last beat taken was not its dot's last
 
-    def send(self, dot_index: int, beats: list[dict]):
-        if not self.sent and not self.queue:
-            assert pack(self.layout, beats[0]) == self.fast(beats[0]), "fast packer disagrees"
-        for b in beats:
-            self.queue.append((self.fast(b), dot_index, bool(b["last"])))
-
-    def empty(self) -> bool:
-        return not self.queue and self._item is None
-
-    async def _run(self):
-        dut = self.dut
-        i_valid, i_ready, i_payload = dut.i__valid, dut.i__ready, dut.i__payload
-        o_valid, o_ready, o_payload = dut.o__valid, dut.o__ready, dut.o__payload
-        edge, ro = RisingEdge(dut.clk), ReadOnly()
-        fired, mid, pending = False, False, None   # mid: inside a dot product
-        while True:
-            await edge
-            self.cycle += 1
-            if fired:
-                self._item = None
-            if self._item is None and self.queue:
-                if self.idle():
-                    if mid:
-                        self.flags[self.queue[0][1]].add("idle")
-                else:
-                    self._item = self.queue.popleft()
-                    i_payload.value = self._item[0]
-            i_valid.value = self._item is not None
-            ready = not self.backpressure()
-            o_ready.value = ready
-            await ro
-            item = self._item
-            fired = item is not None and bool(i_ready.value)
-            if item is not None:
-                if fired:
-                    mid = not item[2]
-                    self.sent.append((self.cycle, item[1], item[2]))
-                else:
-                    self.stalls += 1
-                    self.flags[item[1]].add("stall")
-            valid = bool(o_valid.value)
-            raw = o_payload.value.to_unsigned() if valid else None
-            if pending is not None and (not valid or raw != pending):
-                self.rule_violations.append(
-                    (self.cycle, "valid dropped or payload changed before ready"))
-            if valid and ready:
-                res = (self.cycle, unpack(self.out_layout, raw), pending is not None)
-                self.received.append(res)
-                if self.on_result:
-                    self.on_result(res)
-                pending = None
-            else:
-                pending = raw if valid else None
+    def sample(self):
+        """The kit's sample, then this cycle's flow: a stall of the held
+        beat, or (nothing held though beats are queued) an idle cycle drawn."""
+        super().sample()
+        item = self.item
+        if self.fired:
+            self.mid = not item[2]
+        elif item is not None:
+            self.flags[item[1]].add("stall")
+        elif self.queue and self.mid:
+            self.flags[self.queue[0][1]].add("idle")
 
 
 # -- coverage ---------------------------------------------------------------------------------
@@ -303,10 +258,43 @@ def coverage_sampler(block: str, kind: str, n: int, limits):
 
 # -- the testbench ----------------------------------------------------------------------------
 
-class PETB:
-    """Clock, reset, driver, monitor and scoreboard for one PE-family block."""
+class PETB(IdleBackpressure):
+    """One PE-family block on the testbench kit (:mod:`elmoe3d.tb.kit`).
 
-    def __init__(self, dut, *, idle=None, backpressure=None):
+    :meth:`start` starts the clock, resets, and runs from then on, in one
+    :class:`~elmoe3d.tb.kit.CycleLoop`, the beats on ``i``
+    (:class:`BeatSource`) and the results on ``o`` (a
+    :class:`~elmoe3d.tb.kit.Sink`: its stream-rule check). :meth:`queue`
+    puts a dot product's beats on ``i`` and its golden result on the
+    :class:`~elmoe3d.tb.kit.Scoreboard`, which checks the results in order
+    as they arrive; :meth:`drain` waits for them, :meth:`check` fails on a
+    wrong, extra or missing one. Idle cycles on ``i`` and back-pressure on
+    ``o``: ``set_idle_generator``, ``set_backpressure_generator``
+    (:class:`~elmoe3d.tb.kit.IdleBackpressure`; default none).
+
+    Parameters
+    ----------
+    dut
+        The cocotb handle of the PE-family block.
+
+    Attributes
+    ----------
+    src : BeatSource
+        Its ``sent`` holds ``(cycle, (packed beat, dot index, is_last))``
+        per beat, ``stalls`` the cycles a beat waited for ``ready``.
+    sink : elmoe3d.tb.kit.Sink
+    loop : elmoe3d.tb.kit.CycleLoop
+        Its ``cycle`` counts from the end of reset.
+    scoreboard : elmoe3d.tb.kit.Scoreboard
+        The golden ``(value or None, error, features)`` not yet matched.
+    expected : list
+        ``(value or None, error, features)`` of every dot product queued.
+    received : list
+        ``(cycle, payload, waited)`` per result (``waited``: offered at
+        least once without ``ready``).
+    """
+
+    def __init__(self, dut):
         self.dut = dut
         self.p = params()
         self.kind = self.p.get("kind", "bitslice")
@@ -325,22 +313,26 @@ class PETB:
                         "int8": lambda: hv.int8_beat(self.L),
                         "bitfusion": lambda: hv.bitfusion_beat(self.L)}[self.kind]()
         self.out_type = hv.pe_result(self.max_len, self.L)
-        self.idle = idle if idle is not None else (lambda: False)
-        self.backpressure = backpressure if backpressure is not None else (lambda: False)
+        self.fast = compile_pack(self.in_type)
         self.mutate = golden_mutation()
-        self.expected = []                  # (value or None, error, features)
-        self.errors = []
-        self.checked = 0
+        self.expected = []
+        self.received = []
+        self.scoreboard = Scoreboard("result", compare=self._compare)
+        self._waited = False                # the result on o was offered without ready
         self.keep_bits = self.n.bit_length()
         limits = ([gbf.max_beats(md, max_len=self.max_len, lanes=self.L) for md in gbf.Mode]
                   if self.kind == "bitfusion" else [self.maxc])
         self.cover = coverage_sampler(self.block, self.kind, self.n, limits)
 
     async def start(self):
+        """Clock and reset, then the streams, cycle by cycle for the rest of
+        the test (drawing from the generators set so far)."""
         await start_clock_and_reset(self.dut)
-        self.io = Streams(self.dut, self.in_type, self.out_type, idle=self.idle,
-                          backpressure=self.backpressure)
-        self.io.on_result = self._check_one
+        self.src = BeatSource(self.dut, self.rand, self.idle)
+        self.sink = Sink(self.dut, "o", self.out_type, self.rand, self.backpressure,
+                         self._result, on_stall=self._held)
+        self.loop = CycleLoop(self.dut.clk)
+        cocotb.start_soon(self.loop.run([self.src], [self.sink], limit=math.inf))
 
     # -- operands -------------------------------------------------------------------------
     _POOL = 1 << 16
@@ -565,53 +557,67 @@ class PETB:
         if value is not None and self.mutate:
             value ^= 1
         idx = len(self.expected)
-        self.expected.append((value, error, dict(feats, reason=reason.name)))
-        self.io.send(idx, beats)
+        want = (value, error, dict(feats, reason=reason.name))
+        self.expected.append(want)
+        self.scoreboard.expect(want)
+        if not self.src.sent and not self.src.queue:
+            assert pack(self.in_type, beats[0]) == self.fast(beats[0]), "fast packer disagrees"
+        self.src.send((self.fast(b), idx, bool(b["last"])) for b in beats)
         return len(beats)
 
     # -- checking -------------------------------------------------------------------------
-    def _check_one(self, item):
-        cyc, got, waited = item
-        i = self.checked
-        self.checked += 1
-        if i >= len(self.expected):
-            self.errors.append(f"result {i} at cycle {cyc}: no dot product was sent for it")
-            return
-        value, error, feats = self.expected[i]
+    @staticmethod
+    def _compare(want, got):
+        value, error, feats = want
         if got["error"] != error or (value is not None and got["value"] != value):
-            self.errors.append(f"result {i}: got value={got['value']} error={got['error']}, "
-                               f"expected value={value} error={error} ({feats['reason']}, "
-                               f"mode {feats['mode']})")
-        flow = set(self.io.flags.get(i, ())) | ({"wait"} if waited else set())
-        self.cover(dict(feats, flow=flow or {"none"}))
+            return (f"got value={got['value']} error={got['error']}, expected value={value} "
+                    f"error={error} ({feats['reason']}, mode {feats['mode']})")
+        return None
+
+    def _held(self, prefix):
+        self._waited = True
+
+    def _result(self, got):
+        """A result taken from ``o``: onto the scoreboard, and its dot
+        product's features and flow into the coverage."""
+        i = self.scoreboard.checked
+        waited, self._waited = self._waited, False
+        self.received.append((self.sink.cycle, got, waited))
+        self.scoreboard.check(got)
+        if i < len(self.expected):
+            flow = set(self.src.flags.get(i, ())) | ({"wait"} if waited else set())
+            self.cover(dict(self.expected[i][2], flow=flow or {"none"}))
 
     async def drain(self, timeout_cycles=2_000_000):
-        start = self.io.cycle
-        while len(self.io.received) < len(self.expected):
+        """Wait until a result arrived for every dot product queued, then
+        ``latency + 8`` cycles more (nothing extra may arrive)."""
+        start = self.loop.cycle
+        while len(self.received) < len(self.expected):
             await RisingEdge(self.dut.clk)
-            if self.io.cycle - start > timeout_cycles:
-                raise AssertionError(f"timeout: {len(self.io.received)} of "
+            if self.loop.cycle - start > timeout_cycles:
+                raise AssertionError(f"timeout: {len(self.received)} of "
                                      f"{len(self.expected)} results (seed {cocotb.RANDOM_SEED})")
-        for _ in range(self.comp.latency + 8):          # nothing extra may arrive
+        for _ in range(self.comp.latency + 8):
             await RisingEdge(self.dut.clk)
 
     def check(self, run: str):
-        errors = list(self.errors)
-        if len(self.io.received) != len(self.expected):
-            errors.append(f"{len(self.io.received)} results for {len(self.expected)} "
-                          "dot products")
-        errors += [f"stream rule at cycle {c}: {m}" for c, m in self.io.rule_violations]
+        """Write the coverage; fail on a stream-rule violation on ``o``, on a
+        wrong, extra or missing result, or on beats left unsent."""
         write_coverage(self.block, run=f"{run} {self.p}", transactions=len(self.expected))
-        if errors:
-            raise AssertionError(f"{len(errors)} mismatches (seed {cocotb.RANDOM_SEED}); first: "
-                                 + "; ".join(errors[:5]))
-        assert self.io.empty(), "input not drained"
+        rules = [f"cycle {c}: {m}" for c, m in self.sink.rule_violations]
+        assert not rules, (f"{len(rules)} stream-rule violations on o (seed "
+                           f"{cocotb.RANDOM_SEED}); first: " + "; ".join(rules[:5]))
+        self.scoreboard.finish(f"cycle {self.loop.cycle}, seed {cocotb.RANDOM_SEED}")
+        assert self.src.empty(), "input not drained"
 
 
 def _flow_tb(dut):
+    """A :class:`PETB` with idle and back-pressure phases (:class:`Pattern`)."""
     r = rng()
-    return PETB(dut, idle=Pattern(r, rates=(0.0, 0.2, 0.5), burst=0.1),
-                backpressure=Pattern(r, rates=(0.0, 0.3, 0.6), burst=0.25))
+    tb = PETB(dut)
+    tb.set_idle_generator(Pattern(r, rates=(0.0, 0.2, 0.5), burst=0.1))
+    tb.set_backpressure_generator(Pattern(r, rates=(0.0, 0.3, 0.6), burst=0.25))
+    return tb
 
 
 @cocotb.test()
@@ -625,13 +631,13 @@ async def random_vectors(dut):
     beats = 0
     for _ in range(target):
         beats += tb.random_dot()
-        if len(tb.io.queue) > 4000:                 # keep the queue (and memory) short
-            while len(tb.io.queue) > 1000:
+        if len(tb.src.queue) > 4000:                # keep the queue (and memory) short
+            while len(tb.src.queue) > 1000:
                 await RisingEdge(dut.clk)
     await tb.drain()
     tb.check("random_vectors")
     dut._log.info("random_vectors: %d dot products, %d beats, %d cycles, %d input stalls",
-                  len(tb.expected), beats, tb.io.cycle, tb.io.stalls)
+                  len(tb.expected), beats, tb.loop.cycle, tb.src.stalls)
 
 
 @cocotb.test()
@@ -720,7 +726,9 @@ async def stall_recovery(dut):
     """``o.ready`` low for long stretches: the input stops once every result
     slot is taken (``i.ready`` low), nothing is lost or reordered, and the
     stream resumes at full rate."""
-    tb = PETB(dut, backpressure=Pattern(rng(), rates=(0.0,), burst=1.0, phase_cycles=(400, 400)))
+    tb = PETB(dut)
+    tb.set_backpressure_generator(Pattern(rng(), rates=(0.0,), burst=1.0,
+                                          phase_cycles=(400, 400)))
     await tb.start()
     for _ in range(400):
         if tb.kind == "bitslice":
@@ -731,15 +739,15 @@ async def stall_recovery(dut):
             tb.queue(*tb.bitfusion_dot(gbf.W8, 1))
     await tb.drain()
     tb.check("stall_recovery")
-    assert tb.io.stalls > 0, "back-pressure never reached the input"
+    assert tb.src.stalls > 0, "back-pressure never reached the input"
     # while stalled, at most `depth` results were ever outstanding
     assert max_outstanding(tb) <= tb.comp.depth
 
 
 def max_outstanding(tb) -> int:
     """Most results accepted (their ``last`` beat) but not yet delivered."""
-    ev = [(c, 1) for c, _, last in tb.io.sent if last] + [(c, -1) for c, _, _ in
-                                                          tb.io.received]
+    ev = [(c, 1) for c, (_, _, last) in tb.src.sent if last] + [(c, -1) for c, _, _ in
+                                                                tb.received]
     ev.sort(key=lambda e: (e[0], e[1]))
     cur = best = 0
     for _, d in ev:
@@ -768,7 +776,7 @@ async def throughput(dut):
                   ("SINGLE", gbf.W8, None, 1)]
     figures = {}
     for name, mode, keep, ch in groups:
-        first, nres = len(tb.io.sent), len(tb.io.received)
+        first, nres = len(tb.src.sent), len(tb.received)
         n0 = len(tb.expected)
         beats = 0
         for _ in range(count if name != "SINGLE" else 64):
@@ -779,9 +787,9 @@ async def throughput(dut):
             else:
                 beats += tb.queue(*tb.bitfusion_dot(mode, ch))
         await tb.drain()
-        sent, got = tb.io.sent[first:], tb.io.received[nres:]
+        sent, got = tb.src.sent[first:], tb.received[nres:]
         span = sent[-1][0] - sent[0][0] + 1            # cycles the input was busy
-        last_cycles = [c for c, _, last in sent if last]
+        last_cycles = [c for c, (_, _, last) in sent if last]
         lat = sorted({g[0] - c for g, c in zip(got, last_cycles)})
         dots = len(tb.expected) - n0
         figures[name] = {"beats": beats, "dot_products": dots, "chunks": ch,
@@ -789,7 +797,7 @@ async def throughput(dut):
                          "latency": lat[0] if len(lat) == 1 else lat}
         assert span == beats, f"{name}: {beats} beats took {span} cycles (bubbles)"
         assert lat == [tb.comp.latency], f"{name}: latencies {lat}, documented {tb.comp.latency}"
-    assert tb.io.stalls == 0, f"input stalled {tb.io.stalls} cycles with o always ready"
+    assert tb.src.stalls == 0, f"input stalled {tb.src.stalls} cycles with o always ready"
     tb.check("throughput")
     full = figures["FULL"]["input_cycles"]
     for name, fig in figures.items():

@@ -38,18 +38,21 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import cocotb
 import numpy as np
-from cocotb.triggers import ReadOnly, RisingEdge
 
 from ..golden.tag_unit import STAT_NAMES, SlotState, TagError, TagOp, TagUnitModel
 from ..hw.tag_unit import TagUnit
 from ..hw.vocab import tag_command, tag_response
-from .common import golden_mutation, knob, params, rng, start_clock_and_reset
+from .common import (CycleLoop, Scoreboard, Sink, Source, golden_mutation, knob, params, rng,
+                     start_clock_and_reset)
 from .coverage import write_coverage
+from .kit import IdleBackpressure
 
 BLOCK = "tag_unit"
 #: cycles from a command's execution to its response on ``o`` when ``o`` is free
@@ -194,11 +197,52 @@ def coverage() -> Coverage:
 
 # -- the testbench ---------------------------------------------------------------------------
 
-class TagTB:
-    """Clock, reset, the command driver, response monitor, HB and KV models
-    and the cycle-exact scoreboard for one tag-unit instance."""
+class _Response(NamedTuple):
+    """A response as it first becomes valid on ``o`` (what the scoreboard
+    checks): its cycle, the packed payload, and the first-valid cycle of the
+    response right before it when it followed that one without a gap."""
 
-    def __init__(self, dut, *, idle=0.0, backpressure=0.0):
+    cycle: int
+    raw: int
+    pred_first_valid: int | None
+
+
+class TagTB(IdleBackpressure):
+    """One tag-unit instance on the testbench kit (:mod:`elmoe3d.tb.kit`):
+    clock and reset, commands on ``i`` from a :class:`~elmoe3d.tb.kit.Source`,
+    responses on ``o`` into a :class:`~elmoe3d.tb.kit.Sink` (its stream-rule
+    check), the HB commit strobes and the KV ``disabled`` mask, all in one
+    :class:`~elmoe3d.tb.kit.CycleLoop` per :meth:`run`; the responses are
+    paired with their commands in order on a
+    :class:`~elmoe3d.tb.kit.Scoreboard` whose comparison is the cycle-exact
+    golden check (:class:`_Run`).
+
+    The test queues a script (:meth:`issue`, :meth:`commit`,
+    :meth:`set_disabled`, :meth:`barrier`, :meth:`wait`) and runs it with
+    :meth:`run`. Idle cycles on ``i`` and back-pressure on ``o``:
+    ``set_idle_generator``, ``set_backpressure_generator``
+    (:class:`~elmoe3d.tb.kit.IdleBackpressure`; default none; they may
+    change between runs and inside ``refill``).
+
+    Parameters
+    ----------
+    dut
+        The cocotb handle of the tag unit.
+
+    Attributes
+    ----------
+    src : elmoe3d.tb.kit.Source
+        The commands (dicts) on ``i``; ``sent`` holds ``(cycle, command)``
+        per transfer, ``stalls`` the cycles a command waited for ``ready``.
+    sink : elmoe3d.tb.kit.Sink
+        The responses on ``o``.
+    scoreboard : elmoe3d.tb.kit.Scoreboard
+        ``(command, accept cycle)`` of every command whose response is due.
+    loop : elmoe3d.tb.kit.CycleLoop
+        Its ``cycle`` (:attr:`cycle`) counts on across runs.
+    """
+
+    def __init__(self, dut):
         self.dut = dut
         self.p = params()
         self.rand = rng()
@@ -217,16 +261,17 @@ class TagTB:
         self.value_lsb = 1 << dict((n, o) for n, o, _ in self.rsp.fields)["value"]
         self.flip = golden_mutation()
         self.cov = coverage()
-        self.idle, self.backpressure = idle, backpressure
         self.queue = collections.deque()     # ("cmd", dict) / ("commit", s) / ("disabled", m) / ("barrier",) / ("wait", n)
         self.issued = 0
-        self.inflight = collections.deque()  # [cmd, accept_cycle]
-        self.cycle = 0
-        self.sent = self.checked = 0
-        self.in_stalls = 0
+        self.fed = 0                         # commands handed to the source
+        self.sent = 0                        # commands transferred on i
+        self.src = self.sink = None
+        self.loop = CycleLoop(dut.clk)
+        self.scoreboard = Scoreboard("response", compare=self._compare)
+        self._run = None
+        self._i_stalled = self._o_stalled = False
         self.latencies = collections.Counter()       # (op name, latency) -> count
         self.errors = []
-        self.rule_violations = []
         self.error_codes = collections.Counter()
         self.exec_events = collections.Counter()      # (op name, event of its cycle) -> count
         self.log = None                               # list of (cmd, response) when set
@@ -243,10 +288,23 @@ class TagTB:
         self.on_response = None                       # callback(cmd, response) of a closed loop
         self.dis_now = 0
 
+    @property
+    def cycle(self) -> int:
+        """The cycles run so far (from the end of reset)."""
+        return self.loop.cycle
+
+    @property
+    def checked(self) -> int:
+        """Responses checked so far."""
+        return self.scoreboard.checked
+
     async def start(self):
+        """The stream ports, the HB and KV inputs low, then clock and reset."""
         d = self.dut
-        d.i__valid.value = 0
-        d.o__ready.value = 0
+        self.src = Source(d, "i", None, self.rand, self.idle, encode=self.cmd.pack,
+                          on_stall=self._i_stall)
+        self.sink = Sink(d, "o", None, self.rand, self.backpressure, self._take,
+                         on_stall=self._o_stall, decode=int)
         d.commit__valid.value = 0
         d.commit__slot.value = 0
         d.disabled.value = 0
@@ -310,6 +368,9 @@ class TagTB:
             self._transitions(before, "commit")
 
     def _golden_command(self, cmd, raw, accept, exec_cycle, event, entry):
+        """Execute ``cmd`` on the golden model in ``exec_cycle``, sample the
+        coverage, check the latency; returns None if ``raw`` is the golden
+        response, else the mismatch."""
         m = self.model
         before = self._states()
         pre_victim = m.choose_victim()
@@ -338,7 +399,6 @@ class TagTB:
             want ^= self.value_lsb
         lat = exec_cycle + RESPONSE_DELAY - accept
         self.latencies[(name, lat)] += 1
-        self.checked += 1
         if self.log is not None:
             self.log.append((cmd, exp, lat, self.rsp.unpack(raw), exec_cycle))
         if self.on_response is not None:
@@ -346,9 +406,9 @@ class TagTB:
         if lat < self.latency:
             self.errors.append(f"cycle {exec_cycle + 1}: response of {cmd} after {lat} cycles")
         if raw != want:
-            self.errors.append(
-                f"command #{self.checked - 1} {cmd} (executed in cycle {exec_cycle}): got "
-                f"{self.rsp.unpack(raw)}, expected {self.rsp.unpack(want)}")
+            return (f"{cmd} (executed in cycle {exec_cycle}): got {self.rsp.unpack(raw)}, "
+                    f"expected {self.rsp.unpack(want)}")
+        return None
 
     # -- HB and KV models ---------------------------------------------------------
     def _hb(self, pending_seen: int):
@@ -378,202 +438,56 @@ class TagTB:
         k = self._kv_level
         return ((1 << k) - 1) << (self.S - k)
 
-    # -- driver / monitor / scoreboard ------------------------------------------------
+    # -- the streams, the run, the scoreboard -------------------------------------------
+    def _i_stall(self, prefix):
+        self._i_stalled = True
+
+    def _o_stall(self, prefix):
+        self._o_stalled = True
+
+    def _take(self, raw):
+        """A response taken from ``o`` (the sink's ``fn``): coverage only."""
+        op = op_name(self.rsp.unpack(raw)["op"])
+        self.cov.take({"op": op, "stall": "stalled" if self._o_stalled else "direct"})
+        self._o_stalled = False
+
+    def _compare(self, want, got):
+        return self._run.response(want, got)
+
+    def _feed(self, cmd):
+        self.fed += 1
+        self.src.send([cmd])
+
+    def _on_i(self) -> bool:
+        """A command is offered on ``i`` and not taken yet (not waiting out
+        an idle cycle in the source)."""
+        return self.fed > len(self.src.sent) and not self.src.queue
+
+    def _busy(self) -> bool:
+        """A command is still to be sent or its response still due."""
+        return bool(self.fed > len(self.src.sent) or self.queue or self.scoreboard.expected)
+
     async def run(self, refill=None, *, max_errors=10):
         """Drive the queue (``refill()`` tops it up while it returns True)
-        until every response has arrived and been checked."""
-        dut, rand, S = self.dut, self.rand, self.S
-        i_valid, i_ready, i_payload = dut.i__valid, dut.i__ready, dut.i__payload
-        o_valid, o_ready, o_payload = dut.o__valid, dut.o__ready, dut.o__payload
-        c_valid, c_slot, dis_port = dut.commit__valid, dut.commit__slot, dut.disabled
-        res_port, pend_port = dut.resident, dut.pending
-        clk = dut.clk
-        smask = (1 << S) - 1
-        cur = None                     # [cmd, first_cycle]
-        more = refill is not None
-        quiet = 0
-        prev = (None, self.dis_now)    # events of the previous cycle
-        o_prev_valid = o_prev_taken = False
-        held_raw, stall_cycles = None, 0
-        last_accept, last_exec = -10, -10
-        # The golden model lags the hardware: events of cycle c (commit strobe,
-        # disabled) are applied once no command can still turn out to have
-        # executed in c or before (a response queued behind a stalled one
-        # shows its execution cycle only when it reaches ``o``), and the
-        # ``resident`` / ``pending`` outputs of cycle c are compared once the
-        # model stands at the end of cycle c - 1.
-        ev = collections.deque()        # (cycle, commit, disabled, disabled of the cycle before)
-        res_chk = collections.deque()   # (cycle, resident, pending, disabled)
-        applied = [self.cycle - 1]      # events applied up to this cycle
-
-        def apply_events(upto):
-            while True:
-                # the model stands at the end of cycle applied[0]: compare the
-                # outputs of the cycle after it, then step one cycle further
-                while res_chk and res_chk[0][0] - 1 <= applied[0]:
-                    check_outputs()
-                if applied[0] >= upto:
-                    break
-                applied[0] += 1
-                while ev and ev[0][0] <= applied[0]:
-                    _, e_commit, e_dis, _ = ev.popleft()
-                    self._golden_events(e_commit, e_dis)
-
-        def check_outputs():
-            c, res_rtl, pend_rtl, dis_c = res_chk.popleft()
-            res_want = self.model.resident_mask() & ~dis_c & smask
-            pend_want = self.model.pending_mask() & ~dis_c & smask
-            if (res_rtl, pend_rtl) != (res_want, pend_want):
-                self.errors.append(f"cycle {c}: resident/pending {res_rtl:#x}/{pend_rtl:#x}, "
-                                   f"expected {res_want:#x}/{pend_want:#x}")
-
-        head_fv = None                  # first-valid cycle of the response on ``o``
-        pend_seen = 0
-        prev2_dis = self.dis_now
-        waiting = 0
-        while True:
-            await RisingEdge(clk)
-            self.cycle += 1
-            cyc = self.cycle
-            commit_now = None
-            if waiting:
-                waiting -= 1
-            elif cur is None:
-                if more and len(self.queue) < 256:
-                    more = bool(refill())
-                while self.queue and self.queue[0][0] != "cmd":
-                    kind = self.queue[0][0]
-                    if kind == "barrier":
-                        if self.inflight:
-                            break
-                        self.queue.popleft()
-                    elif kind == "wait":
-                        waiting = self.queue.popleft()[1]
-                        break
-                    elif kind == "commit":
-                        if commit_now is not None:
-                            break
-                        commit_now = self.queue.popleft()[1]
-                    else:
-                        self.dis_now = self.queue.popleft()[1]
-                if not waiting and self.queue and self.queue[0][0] == "cmd" and \
-                        not (self.idle and rand.random() < self.idle):
-                    cur = [self.queue.popleft()[1], cyc]
-                    i_payload.value = self.cmd.pack(cur[0])
-            if self.hb_auto and commit_now is None:
-                commit_now = self._hb(pend_seen)
-                if commit_now is not None:
-                    self.shadow.commit(commit_now)
-            if self.kv_auto:
-                new = self._kv()
-                if new != self.dis_now:
-                    self.dis_now = new
-                    self.shadow.set_disabled(new)
-                    self.events_driven["disabled"] += 1
-            i_valid.value = cur is not None
-            ready = not (self.backpressure and rand.random() < self.backpressure)
-            o_ready.value = ready
-            c_valid.value = commit_now is not None
-            c_slot.value = commit_now or 0
-            dis_port.value = self.dis_now
-            if commit_now is not None:
-                self.events_driven["commit"] += 1
-            await ReadOnly()
-            # the golden side: each command in its execution cycle, after the
-            # events of the cycles before it and before the events of its own
-            p_commit, p_dis = prev
-            ev.append((cyc - 1, p_commit, p_dis, prev2_dis))
-            ov = bool(o_valid.value)
-            raw = o_payload.value.to_unsigned() if ov else None
-            if ov and (not o_prev_valid or o_prev_taken):
-                if not self.inflight:
-                    self.errors.append(f"cycle {cyc}: response without a command: "
-                                       f"{self.rsp.unpack(raw)}")
-                    break
-                cmd, accept = self.inflight.popleft()
-                ex = execution_cycle(cyc, head_fv if o_prev_valid else None)
-                if ex <= applied[0]:
-                    self.errors.append(f"cycle {cyc}: response of {cmd} implies execution in "
-                                       f"cycle {ex}, already closed (rule of execution_cycle)")
-                    break
-                apply_events(ex - 1)
-                e = ev[0] if ev and ev[0][0] == ex else (ex, None, self.dis_now, self.dis_now)
-                e_commit, e_dis, e_dis0 = e[1], e[2], e[3]
-                event = ("both" if e_commit is not None and e_dis != e_dis0 else
-                         "commit" if e_commit is not None else
-                         "disabled" if e_dis != e_dis0 else "none")
-                entry = max(accept + 2, last_exec + 1)
-                if ex <= last_exec:
-                    self.errors.append(f"cycle {cyc}: response order: execution cycle {ex} "
-                                       f"not after {last_exec}")
-                self._golden_command(cmd, raw, accept, ex, event, entry)
-                last_exec = ex
-                head_fv = cyc
-                stall_cycles = 0
-            elif not ov:
-                head_fv = None
-            # no command still to come can have executed before this cycle
-            apply_events((cyc if head_fv is None else head_fv) - RESPONSE_DELAY)
-            # input transfer
-            if cur is not None:
-                if i_ready.value:
-                    kind = ("stalled" if cur[1] != cyc else
-                            "back_to_back" if last_accept == cyc - 1 else "idle")
-                    self.cov.accept({"op": op_name(cur[0]["op"]), "kind": kind})
-                    self.inflight.append((cur[0], cyc))
-                    last_accept = cyc
-                    self.sent += 1
-                    cur = None
-                else:
-                    self.in_stalls += 1
-            # stream rules on o, and the take of a response
-            if held_raw is not None and (not ov or raw != held_raw):
-                self.rule_violations.append((cyc, "valid dropped or payload changed before ready"))
-            if ov:
-                op = op_name(self.rsp.unpack(raw)["op"])
-                if ready:
-                    self.cov.take({"op": op, "stall": "stalled" if stall_cycles else "direct"})
-                    held_raw = None
-                else:
-                    stall_cycles += 1
-                    held_raw = raw
-            else:
-                held_raw = None
-            o_prev_valid, o_prev_taken = ov, ov and ready
-            # resident / pending, every cycle
-            res_rtl, pend_rtl = res_port.value.to_unsigned(), pend_port.value.to_unsigned()
-            res_chk.append((cyc, res_rtl, pend_rtl, self.dis_now))
-            apply_events(applied[0])
-            if self.resident_trace is not None:
-                self.resident_trace.append((cyc, res_rtl, commit_now))
-            pend_seen = pend_rtl
-            prev2_dis = p_dis
-            prev = (commit_now, self.dis_now)
-            if len(self.errors) >= max_errors or self.rule_violations:
-                break
-            # (a run ends only once `o` is empty: a response held under
-            # back-pressure past the quiet cycles had been left on `o` for
-            # the next run, which saw it as a response without a command)
-            if cur is None and not self.queue and not more and not self.inflight \
-                    and not waiting and not ov:
-                quiet += 1
-                if quiet > 8:                   # nothing extra may arrive
-                    break
-            else:
-                quiet = 0
-        await RisingEdge(clk)
-        i_valid.value = 0
-        dut.commit__valid.value = 0
-        self.cycle += 1
-        ev.append((self.cycle - 1, prev[0], prev[1], prev2_dis))
-        apply_events(self.cycle - 1)
+        until every response has arrived and been checked (:class:`_Run`),
+        then one more cycle with ``i.valid`` and the commit strobe low; fail
+        on any error so far."""
+        run = self._run = _Run(self, refill, max_errors)
+        await self.loop.run([self.src, run], [self.sink], limit=math.inf, before=run.before,
+                            stop=run.stop)
+        await self.loop.run([], [], limit=self.loop.cycle + 1, before=run.release)
+        run.close()
         self.report()
 
     def report(self):
+        """Raise AssertionError on any error: a golden or timing mismatch, a
+        stream-rule violation on ``o``, a response extra or missing."""
         errs = list(self.errors)
-        errs += [f"stream rule at cycle {c}: {m}" for c, m in self.rule_violations]
-        if self.inflight and not errs:
-            errs.append(f"{len(self.inflight)} responses missing")
+        errs += [f"stream rule at cycle {c}: {m}" for c, m in self.sink.rule_violations]
+        try:
+            self.scoreboard.finish(f"cycle {self.cycle}")
+        except AssertionError as e:
+            errs.append(str(e))
         if errs:
             raise AssertionError(f"{len(errs)} mismatches (seed {cocotb.RANDOM_SEED}); first: "
                                  + "; ".join(errs[:3]))
@@ -581,6 +495,218 @@ class TagTB:
 
     def save_coverage(self, run: str, transactions: int):
         write_coverage(BLOCK, run=f"{knob('coverage_run', '')}:{run}", transactions=transactions)
+
+
+class _Run:
+    """One :meth:`TagTB.run`: the bench's part of each cycle around the
+    kit's command source and response sink, in the order of the
+    :class:`~elmoe3d.tb.kit.CycleLoop`: :meth:`before` (the script:
+    ``refill``, barriers, waits, commit and disabled events, the next
+    command handed to the source), the source's drive (its idle draw),
+    :meth:`drive` (HB and KV models, the ``commit`` and ``disabled``
+    ports), the sink's drive (its back-pressure draw); in ReadOnly the
+    source's sample, :meth:`sample` (the golden side, the command transfer,
+    ``resident`` / ``pending``), the sink's sample (stream rules, the take).
+    That order fixes the sequence of random draws (``refill``, idle, HB,
+    KV, back-pressure), so a seed replays a run.
+
+    The golden model lags the hardware: events of cycle c (commit strobe,
+    disabled) are applied once no command can still turn out to have
+    executed in c or before (a response queued behind a stalled one shows
+    its execution cycle only when it reaches ``o``), and the ``resident`` /
+    ``pending`` outputs of cycle c are compared once the model stands at the
+    end of cycle c - 1.
+    """
+
+    def __init__(self, tb: TagTB, refill, max_errors: int):
+        self.tb, self.refill, self.max_errors = tb, refill, max_errors
+        self.more = refill is not None
+        self.smask = (1 << tb.S) - 1
+        self.quiet = self.waiting = 0
+        self.halt = False
+        self.commit_now = None
+        self.prev = (None, tb.dis_now)          # events of the previous cycle
+        self.prev2_dis = tb.dis_now
+        self.o_prev_valid = self.o_prev_taken = False
+        self.last_accept = self.last_exec = -10
+        self.ev = collections.deque()           # (cycle, commit, disabled, disabled of the cycle before)
+        self.res_chk = collections.deque()      # (cycle, resident, pending, disabled)
+        self.applied = tb.cycle - 1             # events applied up to this cycle
+        self.head_fv = None                     # first-valid cycle of the response on ``o``
+        self.pend_seen = 0
+
+    # -- the golden model's pace ---------------------------------------------------
+    def apply_events(self, upto):
+        while True:
+            # the model stands at the end of cycle self.applied: compare the
+            # outputs of the cycle after it, then step one cycle further
+            while self.res_chk and self.res_chk[0][0] - 1 <= self.applied:
+                self.check_outputs()
+            if self.applied >= upto:
+                break
+            self.applied += 1
+            while self.ev and self.ev[0][0] <= self.applied:
+                _, e_commit, e_dis, _ = self.ev.popleft()
+                self.tb._golden_events(e_commit, e_dis)
+
+    def check_outputs(self):
+        c, res_rtl, pend_rtl, dis_c = self.res_chk.popleft()
+        m = self.tb.model
+        res_want = m.resident_mask() & ~dis_c & self.smask
+        pend_want = m.pending_mask() & ~dis_c & self.smask
+        if (res_rtl, pend_rtl) != (res_want, pend_want):
+            self.tb.errors.append(f"cycle {c}: resident/pending {res_rtl:#x}/{pend_rtl:#x}, "
+                                  f"expected {res_want:#x}/{pend_want:#x}")
+
+    def response(self, want, got: _Response):
+        """The scoreboard's comparison: the golden response of command
+        ``want`` = ``(command, accept cycle)``, executed in the cycle
+        :func:`execution_cycle` derives from ``got``, against ``got``;
+        None if equal, else the mismatch. Timing errors go to the bench's
+        errors."""
+        tb = self.tb
+        cmd, accept = want
+        cyc = got.cycle
+        ex = execution_cycle(cyc, got.pred_first_valid)
+        if ex <= self.applied:
+            self.halt = True
+            return (f"cycle {cyc}: response of {cmd} implies execution in cycle {ex}, "
+                    "already closed (rule of execution_cycle)")
+        self.apply_events(ex - 1)
+        e = self.ev[0] if self.ev and self.ev[0][0] == ex else (ex, None, tb.dis_now, tb.dis_now)
+        e_commit, e_dis, e_dis0 = e[1], e[2], e[3]
+        event = ("both" if e_commit is not None and e_dis != e_dis0 else
+                 "commit" if e_commit is not None else
+                 "disabled" if e_dis != e_dis0 else "none")
+        entry = max(accept + 2, self.last_exec + 1)
+        if ex <= self.last_exec:
+            tb.errors.append(f"cycle {cyc}: response order: execution cycle {ex} "
+                             f"not after {self.last_exec}")
+        msg = tb._golden_command(cmd, got.raw, accept, ex, event, entry)
+        self.last_exec = ex
+        return msg
+
+    # -- the cycle -------------------------------------------------------------------
+    def before(self, cyc):
+        """The script, while no command is on ``i``: ``refill``, barriers,
+        waits, commit and disabled events, and the next command handed to
+        the source (which draws its idle cycles)."""
+        tb, queue = self.tb, self.tb.queue
+        self.commit_now = None
+        if self.waiting:
+            self.waiting -= 1
+        elif not tb._on_i():
+            if self.more and len(queue) + len(tb.src.queue) < 256:
+                self.more = bool(self.refill())
+            if tb.src.queue:                    # the command waits out an idle cycle
+                return
+            while queue and queue[0][0] != "cmd":
+                kind = queue[0][0]
+                if kind == "barrier":
+                    if tb.scoreboard.expected:
+                        break
+                    queue.popleft()
+                elif kind == "wait":
+                    self.waiting = queue.popleft()[1]
+                    break
+                elif kind == "commit":
+                    if self.commit_now is not None:
+                        break
+                    self.commit_now = queue.popleft()[1]
+                else:
+                    tb.dis_now = queue.popleft()[1]
+            if not self.waiting and queue and queue[0][0] == "cmd":
+                tb._feed(queue.popleft()[1])
+
+    def drive(self, cyc):
+        """HB and KV models (after the source's idle draw), the ``commit``
+        and ``disabled`` ports."""
+        tb, dut = self.tb, self.tb.dut
+        if tb.hb_auto and self.commit_now is None:
+            self.commit_now = tb._hb(self.pend_seen)
+            if self.commit_now is not None:
+                tb.shadow.commit(self.commit_now)
+        if tb.kv_auto:
+            new = tb._kv()
+            if new != tb.dis_now:
+                tb.dis_now = new
+                tb.shadow.set_disabled(new)
+                tb.events_driven["disabled"] += 1
+        dut.commit__valid.value = self.commit_now is not None
+        dut.commit__slot.value = self.commit_now or 0
+        dut.disabled.value = tb.dis_now
+        if self.commit_now is not None:
+            tb.events_driven["commit"] += 1
+
+    def sample(self):
+        """In ReadOnly: each command in its execution cycle, after the events
+        of the cycles before it and before the events of its own (a
+        response is checked when it first becomes valid, not when the sink
+        takes it: its execution cycle follows from that cycle); the command
+        transfer on ``i``; ``resident`` / ``pending`` every cycle."""
+        tb, dut = self.tb, self.tb.dut
+        cyc = tb.cycle
+        p_commit, p_dis = self.prev
+        self.ev.append((cyc - 1, p_commit, p_dis, self.prev2_dis))
+        ov = bool(dut.o__valid.value)
+        raw = dut.o__payload.value.to_unsigned() if ov else None
+        if ov and (not self.o_prev_valid or self.o_prev_taken):
+            if not tb.scoreboard.expected:
+                tb.scoreboard.check(dict(tb.rsp.unpack(raw), cycle=cyc))   # none expected
+                self.halt = True
+                return
+            tb.scoreboard.check(_Response(cyc, raw, self.head_fv if self.o_prev_valid else None))
+            if self.halt:
+                return
+            self.head_fv = cyc
+        elif not ov:
+            self.head_fv = None
+        # no command still to come can have executed before this cycle
+        self.apply_events((cyc if self.head_fv is None else self.head_fv) - RESPONSE_DELAY)
+        if len(tb.src.sent) > tb.sent:          # the command on i transferred
+            cmd = tb.src.sent[-1][1]
+            kind = ("stalled" if tb._i_stalled else
+                    "back_to_back" if self.last_accept == cyc - 1 else "idle")
+            tb.cov.accept({"op": op_name(cmd["op"]), "kind": kind})
+            tb.scoreboard.expect((cmd, cyc))
+            self.last_accept = cyc
+            tb.sent += 1
+            tb._i_stalled = False
+        self.o_prev_valid, self.o_prev_taken = ov, ov and tb.sink.rdy
+        res_rtl, pend_rtl = dut.resident.value.to_unsigned(), dut.pending.value.to_unsigned()
+        self.res_chk.append((cyc, res_rtl, pend_rtl, tb.dis_now))
+        self.apply_events(self.applied)
+        if tb.resident_trace is not None:
+            tb.resident_trace.append((cyc, res_rtl, self.commit_now))
+        self.pend_seen = pend_rtl
+        self.prev2_dis = p_dis
+        self.prev = (self.commit_now, tb.dis_now)
+        # (a run ends only once `o` is empty: a response held under
+        # back-pressure past the quiet cycles had been left on `o` for
+        # the next run, which saw it as a response without a command)
+        if not tb._busy() and not self.more and not self.waiting and not ov:
+            self.quiet += 1
+        else:
+            self.quiet = 0
+
+    def stop(self) -> bool:
+        """Asked before each cycle: after a fatal or the ``max_errors``-th
+        error, a stream-rule violation, or 9 quiet cycles (nothing extra may
+        arrive)."""
+        tb = self.tb
+        return (self.halt or self.quiet > 8 or bool(tb.sink.rule_violations)
+                or len(tb.errors) + len(tb.scoreboard.errors) >= self.max_errors)
+
+    def release(self, cyc):
+        """The cycle after the run: ``i.valid`` and the commit strobe low."""
+        self.tb.src.valid.value = 0
+        self.tb.dut.commit__valid.value = 0
+
+    def close(self):
+        """Apply the events up to the run's last cycle."""
+        cyc = self.tb.cycle
+        self.ev.append((cyc - 1, self.prev[0], self.prev[1], self.prev2_dis))
+        self.apply_events(cyc - 1)
 
 
 # -- random traffic -------------------------------------------------------------------------
@@ -657,7 +783,9 @@ def random_batch(tb: TagTB, n: int, pool: list, weights: dict):
 
 
 async def _random_run(dut, target: int, name: str):
-    tb = TagTB(dut, idle=0.2, backpressure=0.25)
+    tb = TagTB(dut)
+    tb.set_idle_generator(0.2)
+    tb.set_backpressure_generator(0.25)
     tb.hb_auto = tb.kv_auto = True
     await tb.start()
     state = {"left": target}
@@ -669,8 +797,8 @@ async def _random_run(dut, target: int, name: str):
         size = tb.rand.choice((tb.S // 2, tb.S, tb.S + tb.S // 2, 2 * tb.S, 3 * tb.S))
         pool = [tb.rand_tag() for _ in range(max(2, size))]
         phase = tb.rand.choice(list(PHASES))
-        tb.idle = tb.rand.choice((0.0, 0.0, 0.1, 0.3))
-        tb.backpressure = tb.rand.choice((0.0, 0.1, 0.3, 0.6))
+        tb.set_idle_generator(tb.rand.choice((0.0, 0.0, 0.1, 0.3)))
+        tb.set_backpressure_generator(tb.rand.choice((0.0, 0.1, 0.3, 0.6)))
         tb.commit_p = tb.rand.choice((0.05, 0.3, 1.0))
         random_batch(tb, n, pool, PHASES[phase])
         state["left"] -= n
@@ -723,7 +851,9 @@ async def allocate_pins_its_victim(dut):
     hit (LOOKUP, LOOKUP_PIN, TOUCH report it as pending), INVALIDATE of it
     is PINNED, ABORT frees it; its commit makes it a hit with the pin
     kept until UNPIN."""
-    tb = TagTB(dut, idle=0.1, backpressure=0.2)
+    tb = TagTB(dut)
+    tb.set_idle_generator(0.1)
+    tb.set_backpressure_generator(0.2)
     await tb.start()
     S, m = tb.S, tb.shadow
     tags = tb.rand.sample(range(1 << m.tag_bits), S + 3)
@@ -761,7 +891,9 @@ async def kv_disabled_slots(dut):
     covered (``resident`` drops that cycle), is never a hit and never a
     victim; with every enabled slot pinned ALLOCATE answers NO_VICTIM even
     though covered slots exist; uncovering gives FREE slots back."""
-    tb = TagTB(dut, idle=0.1, backpressure=0.2)
+    tb = TagTB(dut)
+    tb.set_idle_generator(0.1)
+    tb.set_backpressure_generator(0.2)
     tb.resident_trace = []
     await tb.start()
     S, m = tb.S, tb.shadow
@@ -889,7 +1021,9 @@ async def invalidate_slot_and_mask(dut):
     """INVALIDATE_SLOT frees one slot (FREE slot: no change; pinned: PINNED);
     INVALIDATE_MASK frees every masked slot or, if one of them is pinned,
     none (PINNED), and reports the slots that held a tag."""
-    tb = TagTB(dut, idle=0.2, backpressure=0.3)
+    tb = TagTB(dut)
+    tb.set_idle_generator(0.2)
+    tb.set_backpressure_generator(0.3)
     await tb.start()
     S, m = tb.S, tb.shadow
     tags = tb.rand.sample(range(1 << m.tag_bits), S)
@@ -932,7 +1066,9 @@ async def all_pinned(dut):
     committed but still pinned: NO_VICTIM; one UNPIN makes exactly that slot
     the victim; PIN up to the limit; UNPIN of an unpinned or free slot and
     PIN of a free slot are refused."""
-    tb = TagTB(dut, idle=0.2, backpressure=0.2)
+    tb = TagTB(dut)
+    tb.set_idle_generator(0.2)
+    tb.set_backpressure_generator(0.2)
     await tb.start()
     S, m = tb.S, tb.shadow
     tags = tb.rand.sample(range(1 << m.tag_bits), S + 4)
@@ -974,7 +1110,8 @@ async def thrash(dut):
     """A controller loop (LOOKUP_PIN; hit: TOUCH, UNPIN; miss: ALLOCATE,
     commit, UNPIN) over a working set larger than S cycled in order (every
     lookup misses, every allocation evicts), then one of exactly S (all hits)."""
-    tb = TagTB(dut, backpressure=0.1)
+    tb = TagTB(dut)
+    tb.set_backpressure_generator(0.1)
     await tb.start()
     m = tb.shadow
     for ws, rounds in ((tb.S + tb.S // 2 + 1, 4), (2 * tb.S, 2), (tb.S, 3)):
@@ -1006,7 +1143,9 @@ async def decay_and_saturation(dut):
     repeated DECAY drives every counter to its fixed point of ``h -= h >> d``
     (0 for d = 0, otherwise below 2**d); statistics counters saturate when
     ``stat_bits`` is small; pin counters stop at the limit."""
-    tb = TagTB(dut, idle=0.1, backpressure=0.1)
+    tb = TagTB(dut)
+    tb.set_idle_generator(0.1)
+    tb.set_backpressure_generator(0.1)
     await tb.start()
     m = tb.shadow
     tags = tb.rand.sample(range(1 << m.tag_bits), tb.S)
@@ -1051,7 +1190,9 @@ async def zipf_trace(dut):
     later; a PENDING tag is left to its fill; DECAY every 64 accesses. The
     hit rate comes from the unit's own STATS and must equal the golden
     model's to the count."""
-    tb = TagTB(dut, idle=0.05, backpressure=0.1)
+    tb = TagTB(dut)
+    tb.set_idle_generator(0.05)
+    tb.set_backpressure_generator(0.1)
     tb.hb_auto = True
     tb.bogus_commit_p = 0.0
     tb.commit_delay = (2, 30)
@@ -1159,7 +1300,7 @@ async def latency_and_throughput(dut):
     await tb.run()
     # 1. single-cycle operations, back to back
     tb.latencies.clear()
-    tb.in_stalls = 0
+    tb.src.stalls = 0
     for _ in range(4):
         for t in tags:
             tb.issue(TagOp.LOOKUP, tag=t)
@@ -1170,7 +1311,7 @@ async def latency_and_throughput(dut):
     single = collections.Counter()
     for (name, la), n in tb.latencies.items():
         single[la] += n
-    assert tb.in_stalls == 0, f"command stream stalled {tb.in_stalls} cycles"
+    assert tb.src.stalls == 0, f"command stream stalled {tb.src.stalls} cycles"
     assert set(single) == {L}, dict(single)
     n_single = sum(single.values())
     # 2. the two-cycle operations: L + 1 each alone, one per two cycles back to back
@@ -1266,7 +1407,7 @@ async def one_lookup_per_cycle(dut):
 
     def spy(cmd, raw, accept, exec_cycle, event, entry):
         seen.append(exec_cycle)
-        orig(cmd, raw, accept, exec_cycle, event, entry)
+        return orig(cmd, raw, accept, exec_cycle, event, entry)
     tb._golden_command = spy
     await tb.run()
     ex = seen[-N:]

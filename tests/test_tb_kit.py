@@ -105,3 +105,46 @@ def test_sink_flags_stream_rule_breaks():
     snk.drive(4)
     snk.sample()
     assert seen == [4] and len(snk.rule_violations) == 2
+
+
+def test_source_encode_and_sink_decode():
+    """``encode`` packs an item that carries bookkeeping beside its payload
+    (``sent`` keeps the whole item); ``decode`` replaces ``unpack`` (here:
+    the raw integer)."""
+    dut = _Dut("s")
+    src = Source(dut, "s", None, random.Random(0), encode=lambda it: it[0] * 2)
+    src.send([(5, "dot 0")])
+    src.drive(1)
+    assert dut.s__valid.value and dut.s__payload.value == 10
+    dut.s__ready.value = _Value(1)
+    src.sample()
+    assert src.sent == [(1, (5, "dot 0"))]
+    seen = []
+    snk = Sink(dut, "s", 8, random.Random(0), 0.0, seen.append, decode=lambda raw: ("raw", raw))
+    dut.s__payload.value = _Value(200)
+    snk.drive(2)
+    snk.sample()
+    assert seen == [("raw", 200)]
+
+
+def test_idle_backpressure_setters():
+    """The mixin keeps a setting for ports made later and applies it to the
+    ports the bench already has; ``None`` switches it off."""
+    from elmoe3d.tb.kit import IdleBackpressure
+
+    class TB(IdleBackpressure):
+        pass
+
+    tb = TB()
+    assert tb.idle == tb.backpressure == 0.0
+    tb.set_idle_generator(0.25)
+    dut = _Dut("i")
+    tb.src = Source(dut, "i", None, random.Random(0), tb.idle)
+    tb.snk = Sink(dut, "i", 8, random.Random(0), tb.backpressure)
+    assert tb.src.idle == 0.25 and tb.snk.backpressure == 0.0
+    pattern = lambda: True                              # noqa: E731
+    tb.set_backpressure_generator(pattern)
+    tb.set_idle_generator()
+    assert tb.snk.backpressure is pattern and tb.src.idle == 0.0 == tb.idle
+    tb.snk.drive(1)
+    assert not dut.i__ready.value
