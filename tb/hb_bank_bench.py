@@ -24,8 +24,13 @@ every transfer and strobe with its cycle and afterwards checks:
 * **KV**: every response equals the golden model's, with KV accesses and
   moves in acceptance order;
 * **bounded wait**: ``fill.ready`` is never low longer than
-  ``FILL_READY_BOUND`` cycles.
+  ``FILL_READY_BOUND`` cycles;
+* **streams**: every response arrives once, in order on its port
+  (:class:`HBScoreboard`, per port a kit ``Scoreboard``: none missing,
+  none extra), and every output keeps its payload, unchanged, until
+  ``ready`` (the kit ``Sink``'s check).
 
+The bench is :class:`HBTB` on the testbench kit (:mod:`elmoe3d.tb.kit`).
 Every transfer is sampled into functional coverage (``tb/coverage.py``,
 block ``hb_bank``). Parameters: the harness's ``$ELMOE_PARAMS`` and the
 Config in ``$ELMOE_HB_CONFIG`` (JSON); knobs ``ELMOE_HB_TX`` (random
@@ -42,17 +47,22 @@ from pathlib import Path
 import cocotb
 from amaranth.hdl import unsigned
 from amaranth.lib import data
-from cocotb.triggers import ReadOnly, RisingEdge
+from cocotb.triggers import RisingEdge
 
 from ..config import Config
 from ..golden import layout as L
 from ..golden.hb_map import FillEnd, FillKind, FillParser, FillResult, FillStart, HBModel, HBRegion
 from ..hw import vocab as hv
 from ..hw.hb_bank import FILL_OVERHEAD, FILL_READY_BOUND, FIRST_WORD_LATENCY, hb_params
-from .common import (CycleCounter, StreamSink, StreamSource, golden_mutation, knob, params, rng,
-                     start_clock_and_reset)
+from .common import (CycleLoop, Scoreboard, Sink, Source, golden_mutation, knob, params, rng,
+                     start_clock_and_reset, unpack)
 
 EXPERT, DENSE = int(HBRegion.EXPERT), int(HBRegion.DENSE)
+
+
+def _never_ready():
+    """A PE that is never ready (:meth:`HBTB.set_pe`)."""
+    return True
 
 
 def _u(sig) -> int:
@@ -91,108 +101,195 @@ class History:
         return list(zip(self.cycles[1:], self.values[:-1], self.values[1:]))
 
 
+def _deciders(generator, n):
+    """``n`` per-cycle decisions (:func:`~elmoe3d.tb.kit.chance`'s ``p``)
+    from a setter's ``generator``: ``None`` -> never; a number -> that
+    probability (drawn from the bench's generator, so a seed replays it);
+    a callable -> as verilog-axi's ``set_pause_generator(generator())``:
+    each port its own iterator, one value taken per decision."""
+    if generator is None:
+        return [0.0] * n
+    if not callable(generator):
+        return [generator] * n
+    out = []
+    for _ in range(n):
+        it = generator()
+        out.append(lambda it=it: bool(next(it)))
+    return out
+
+
+class _Monitor:
+    """Samples HB's non-stream outputs once per cycle, in the bench's
+    :class:`~elmoe3d.tb.kit.CycleLoop` after the stream ports (it is one of
+    the loop's ``sinks``, with nothing to drive): the histories of
+    ``slot_valid``, ``dense_valid``, ``covered`` and ``kv_words``, the
+    ``fill_done`` and ``commit`` strobes, the cycles a move report appears,
+    the longest run of ``fill.ready`` low, and the reads' ``last`` beats."""
+
+    def __init__(self, tb):
+        d, v = tb.dut, tb.v
+        self.tb, self.d = tb, d
+        self.done_t, self.commit_t = v.FillDone.as_shape(), v.HBCommit.as_shape()
+        self.last_bit = v.SliceVector.as_shape().size
+        self.mv_prev = 0
+        self.cycle = 0
+
+    def drive(self, cycle: int):
+        """Nothing to drive; remembers the cycle."""
+        self.cycle = cycle
+
+    def sample(self):
+        """This cycle's values (in ReadOnly)."""
+        tb, d, c = self.tb, self.d, self.cycle
+        tb.valid_h.record(c, _u(d.slot_valid))
+        tb.dense_h.record(c, _u(d.dense_valid))
+        tb.cov_h.record(c, _u(d.covered))
+        tb.kvw_h.record(c, _u(d.kv_words))
+        raw = _u(d.fill_done)
+        if raw & 1:                          # FillDone.valid is bit 0
+            tb.done.append((c, unpack(self.done_t, raw)))
+        mv = _u(d.moved__valid)
+        if mv and not self.mv_prev:
+            tb.move_shown.append(c)          # the cycle a move took effect
+        self.mv_prev = mv
+        raw = _u(d.commit)
+        if raw & 1:                          # HBCommit.valid is bit 0
+            tb.commits.append((c, unpack(self.commit_t, raw)["slot"]))
+        if d.fill__valid.value and not d.fill__ready.value:
+            tb.fill_low_run += 1
+            tb.fill_low_max = max(tb.fill_low_max, tb.fill_low_run)
+        else:
+            tb.fill_low_run = 0
+        for b, s in enumerate(tb.rd):
+            # HBBeat: sv (slices, plane), then last, then error
+            if s.valid.value and s.ready.value and (_u(s.payload) >> self.last_bit) & 1:
+                tb.lasts[b] += 1
+
+
 class HBTB:
+    """The HB bank bench (the verilog-axi benches' ``TB``): the DUT's stream
+    ports as the testbench kit's :class:`~elmoe3d.tb.kit.Source` /
+    :class:`~elmoe3d.tb.kit.Sink`, all run by one
+    :class:`~elmoe3d.tb.kit.CycleLoop` together with a monitor of the
+    non-stream outputs; the stimulus helpers the tests use; the contract
+    check (:class:`HBScoreboard`) on the records afterwards.
+
+    Sources: ``rd_cmd[b]`` (one per bank), ``fill``, ``kv``, ``boundary``
+    (:attr:`bnd`); sinks: ``rd[b]`` (the PEs), ``kv_rsp``, ``moved``.
+    :meth:`set_idle_generator` sets the idle cycles of the read-command,
+    fill and KV sources (the boundary source offers each move at once: the
+    tests time moves against open reads and fills);
+    :meth:`set_backpressure_generator` the back-pressure of ``kv_rsp`` and
+    ``moved`` and of the PEs in :meth:`set_pe` mode ``"random"``.
+
+    Parameters
+    ----------
+    dut
+        The ``hb_bank`` DUT (its parameters must be ``hb_params`` of the
+        Config in ``$ELMOE_HB_CONFIG``).
+    idle, backpressure : float or callable
+        Passed to :meth:`set_idle_generator` /
+        :meth:`set_backpressure_generator`.
+
+    Attributes
+    ----------
+    rand : random.Random
+        Every draw of the bench (the stimulus, idle cycles, back-pressure),
+        seeded from ``COCOTB_RANDOM_SEED``.
+    loop : CycleLoop
+        Runs the ports from :meth:`start` on; ``loop.cycle`` (:attr:`cycle`)
+        is the time base of every record.
+    """
+
     def __init__(self, dut, *, idle=0.0, backpressure=0.0):
-        self.dut = dut
+        self.dut = d = dut
         self.cfg = c = config_from_env()
         self.p = params()
         if hb_params(c) != self.p:
             raise RuntimeError(f"DUT parameters {self.p} are not hb_params of the Config")
-        self.v = hv.vocab(c)
+        self.v = v = hv.vocab(c)
         self.B, self.S, self.W = c.pes, c.tag_slots, c.hb_words
         self.SW, self.D, self.FW = c.slot_words, c.dense_words, c.fill_words
         self.sv = c.slice_vector_bits
-        self.rand = rng()
-        self.idle, self.bp = idle, backpressure
-        self.pe_stall = [lambda: False] * self.B
+        self.rand = r = rng()
         self.mutate = golden_mutation()
         self.n_cmds = [0] * self.B
         self.n_kv = self.n_moves = self.n_fill_ends = 0
         self.tags = {}                    # fill index -> how the generator built it
         self.modes_used = set()
-
-    async def start(self):
-        d = self.dut
-        await start_clock_and_reset(d)
-        self.counter = cnt = CycleCounter(d.clk)
-        r, v = self.rand, self.v
-        self.rd_cmd = [StreamSource(d, f"rd_cmd__{b}", v.HBRead.as_shape(), d.clk, cnt,
-                                    idle=self.idle, rand=r) for b in range(self.B)]
+        self.rd_cmd = [Source(d, f"rd_cmd__{b}", v.HBRead.as_shape(), r) for b in range(self.B)]
         # HBBeat with ``sv`` as one integer (slices, then the plane above
-        # them), as the scoreboard reads it; tb/common.unpack now decodes a
-        # nested named Struct into a dict
+        # them), as the scoreboard reads it: unpack decodes a nested named
+        # Struct into a dict
         hb = v.HBBeat.as_shape()
         flat = data.StructLayout({name: unsigned(f.width) for name, f in hb})
         assert all(flat[name].offset == f.offset for name, f in hb)
-        self.rd = [StreamSink(d, f"rd__{b}", flat, d.clk, cnt,
-                              backpressure=(lambda b=b: self.pe_stall[b]()), rand=r)
-                   for b in range(self.B)]
-        self.fill = StreamSource(d, "fill", v.FillBeat.as_shape(), d.clk, cnt,
-                                 idle=self.idle, rand=r)
-        self.kv = StreamSource(d, "kv", v.KVAccess.as_shape(), d.clk, cnt, idle=self.idle,
-                               rand=r)
-        self.kv_rsp = StreamSink(d, "kv_rsp", v.KVResponse.as_shape(), d.clk, cnt,
-                                 backpressure=self.bp, rand=r)
-        self.bnd = StreamSource(d, "boundary", self.W.bit_length(), d.clk, cnt, rand=r)
-        self.moved = StreamSink(d, "moved", v.KVMove.as_shape(), d.clk, cnt,
-                                backpressure=self.bp, rand=r)
+        self.rd = [Sink(d, f"rd__{b}", flat, r) for b in range(self.B)]
+        self.fill = Source(d, "fill", v.FillBeat.as_shape(), r)
+        self.kv = Source(d, "kv", v.KVAccess.as_shape(), r)
+        self.kv_rsp = Sink(d, "kv_rsp", v.KVResponse.as_shape(), r)
+        self.bnd = Source(d, "boundary", self.W.bit_length(), r)
+        self.moved = Sink(d, "moved", v.KVMove.as_shape(), r)
         self.valid_h, self.dense_h = History(0), History(0)
         self.cov_h, self.kvw_h = History(0), History(0)
         self.done, self.commits, self.move_shown = [], [], []
         self.fill_low_run = self.fill_low_max = 0
         self.lasts = [0] * self.B
-        cocotb.start_soon(self._monitor())
+        self.loop = CycleLoop(d.clk)
+        self.set_idle_generator(idle)
+        self.set_backpressure_generator(backpressure)
 
-    def set_pe(self, mode):
-        """PE behaviour: ``"ready"``, ``"random"`` (back-pressure ``self.bp``),
-        ``"stalled"`` (never ready) or a callable per bank."""
-        r = self.rand
+    @property
+    def cycle(self) -> int:
+        """The cycles run since :meth:`start` (:attr:`CycleLoop.cycle`)."""
+        return self.loop.cycle
+
+    def sources(self):
+        """The sources, in the loop's driving order."""
+        return self.rd_cmd + [self.fill, self.kv, self.bnd]
+
+    def sinks(self):
+        """The sinks, in the loop's driving order."""
+        return self.rd + [self.kv_rsp, self.moved]
+
+    async def start(self):
+        """Start the clock, reset the DUT, then run every port (and the
+        monitor) in :attr:`loop` for the rest of the test."""
+        await start_clock_and_reset(self.dut)
+        cocotb.start_soon(self.loop.run(self.sources(), self.sinks() + [_Monitor(self)],
+                                        limit=float("inf")))
+
+    # -- idle and back-pressure (verilog-axi style) --------------------------------------
+    def set_idle_generator(self, generator=None):
+        """Idle cycles before an item on the read-command, fill and KV
+        sources: ``None`` none; a probability per cycle; or, as in
+        verilog-axi, a callable returning an iterator of truth values (each
+        source calls it once and takes one value per decision)."""
+        self.idle = generator
+        ports = self.rd_cmd + [self.fill, self.kv]
+        for s, p in zip(ports, _deciders(generator, len(ports))):
+            s.idle = p
+
+    def set_backpressure_generator(self, generator=None):
+        """Back-pressure (``ready`` low) on ``kv_rsp`` and ``moved``, and on
+        the PEs in :meth:`set_pe` mode ``"random"`` (from the next
+        :meth:`set_pe`); ``generator`` as for :meth:`set_idle_generator`."""
+        self.bp = generator
+        for s, p in zip((self.kv_rsp, self.moved), _deciders(generator, 2)):
+            s.backpressure = p
+
+    def set_pe(self, mode, *, bank=None):
+        """PE behaviour (the back-pressure of the ``rd`` sinks): ``"ready"``,
+        ``"random"`` (:meth:`set_backpressure_generator`'s), ``"stalled"``
+        (never ready) or a callable deciding each cycle (True: stalled); on
+        every bank, or on ``bank`` only."""
         self.modes_used.add(mode if isinstance(mode, str) else "random")
-        for b in range(self.B):
-            if mode == "ready":
-                self.pe_stall[b] = lambda: False
-            elif mode == "stalled":
-                self.pe_stall[b] = lambda: True
-            elif mode == "random":
-                self.pe_stall[b] = lambda: r.random() < self.bp
-            else:
-                self.pe_stall[b] = mode
-
-    async def _monitor(self):
-        d = self.dut
-        done_t, commit_t = self.v.FillDone.as_shape(), self.v.HBCommit.as_shape()
-        from .common import unpack
-        rd = [(getattr(d, f"rd__{b}__valid"), getattr(d, f"rd__{b}__ready"),
-               getattr(d, f"rd__{b}__payload")) for b in range(self.B)]
-        last_bit = self.v.SliceVector.as_shape().size
-        mv_prev = 0
-        while True:
-            await RisingEdge(d.clk)
-            await ReadOnly()
-            c = self.counter.cycle
-            self.valid_h.record(c, _u(d.slot_valid))
-            self.dense_h.record(c, _u(d.dense_valid))
-            self.cov_h.record(c, _u(d.covered))
-            self.kvw_h.record(c, _u(d.kv_words))
-            raw = _u(d.fill_done)
-            if raw & 1:                          # FillDone.valid is bit 0
-                self.done.append((c, unpack(done_t, raw)))
-            mv = _u(d.moved__valid)
-            if mv and not mv_prev:
-                self.move_shown.append(c)        # the cycle a move took effect
-            mv_prev = mv
-            raw = _u(d.commit)
-            if raw & 1:                          # HBCommit.valid is bit 0
-                self.commits.append((c, unpack(commit_t, raw)["slot"]))
-            if d.fill__valid.value and not d.fill__ready.value:
-                self.fill_low_run += 1
-                self.fill_low_max = max(self.fill_low_max, self.fill_low_run)
-            else:
-                self.fill_low_run = 0
-            for b, (vv, rr, pp) in enumerate(rd):
-                # HBBeat: sv (slices, plane), then last, then error
-                if vv.value and rr.value and (_u(pp) >> last_bit) & 1:
-                    self.lasts[b] += 1
+        banks = range(self.B) if bank is None else [bank]
+        random = _deciders(self.bp, len(banks)) if mode == "random" else None
+        for i, b in enumerate(banks):
+            self.rd[b].backpressure = (0.0 if mode == "ready" else _never_ready
+                                       if mode == "stalled" else random[i] if mode == "random"
+                                       else mode)
 
     # -- stimulus -------------------------------------------------------------------
     def rword(self):
@@ -256,9 +353,6 @@ class HBTB:
         self.n_moves += 1
 
     # -- waiting ---------------------------------------------------------------------------
-    def sources(self):
-        return self.rd_cmd + [self.fill, self.kv, self.bnd]
-
     def quiet(self):
         return (all(s.empty() for s in self.sources())
                 and all(self.lasts[b] >= self.n_cmds[b] for b in range(self.B))
@@ -267,10 +361,10 @@ class HBTB:
                 and len(self.done) >= self.n_fill_ends)
 
     async def drain(self, timeout=500_000):
-        start = self.counter.cycle
+        start = self.cycle
         while not self.quiet():
             await RisingEdge(self.dut.clk)
-            if self.counter.cycle - start > timeout:
+            if self.cycle - start > timeout:
                 raise AssertionError(
                     f"timeout (seed {cocotb.RANDOM_SEED}): reads {self.lasts}/{self.n_cmds}, "
                     f"kv {len(self.kv_rsp.received)}/{self.n_kv}, moves "
@@ -315,14 +409,16 @@ class HBTB:
         if dump:
             import pickle
             Path(dump).write_bytes(pickle.dumps(self.records()))
-        sb = Scoreboard(self)
-        errors = sb.run()
+        sb = HBScoreboard(self)
+        sb.run()
         self.scoreboard = sb
         if cover:
             sb.sample_coverage()
-        if errors and raise_on_error:
-            raise AssertionError(f"{len(errors)} contract violations (seed {cocotb.RANDOM_SEED}): "
-                                 + "; ".join(errors[:8]))
+        if raise_on_error:
+            try:
+                sb.finish()
+            except AssertionError as e:
+                raise AssertionError(f"seed {cocotb.RANDOM_SEED}: {e}") from None
         return sb
 
     def transactions(self):
@@ -330,17 +426,86 @@ class HBTB:
                 + len(self.bnd.sent))
 
 
-class Scoreboard:
-    """The contract checks of the module docstring, on a :class:`HBTB`'s records."""
+class HBScoreboard(Scoreboard):
+    """The contract checks of the module docstring on a :class:`HBTB`'s
+    records: the kit's :class:`~elmoe3d.tb.kit.Scoreboard`, matched per port.
+
+    Every request the DUT accepted expects one response on its port, in
+    order within the port (:meth:`port`: a kit ``Scoreboard`` each): a read
+    command on bank ``b`` the beats up to ``last`` on ``rd[b]``, a fill's
+    COMMIT / ABORT its ``fill_done`` report, a KV access its ``kv_rsp``, a
+    boundary move its ``moved`` report. A response is checked when the
+    golden replay of the run (in the order things took effect) reaches it,
+    since what it must be depends on the golden state at its cycle: a KV
+    response and a move report against the golden one, a fill report
+    against the results the rules allow for its beats, a read against the
+    committed versions resident in its window (or the reasons it may be
+    refused). A request with no response stays expected, a response with no
+    request arrives with none expected. The other rules (residency, covered
+    mask, fill refusals' reasons, commit strobes, the ``fill.ready`` bound,
+    the outputs' stream rules) are errors of this board itself (:meth:`err`).
+
+    :meth:`run` checks everything and returns the errors; :meth:`finish`
+    raises if there is any, a request left unanswered included.
+
+    Parameters
+    ----------
+    tb : HBTB
+        After its run.
+
+    Attributes
+    ----------
+    ports : dict of str to Scoreboard
+        The per-port boards, by name.
+    reads, fills, moves : list of dict
+        Every read response, fill and move with what the check found (for
+        coverage and the tests' own assertions).
+    """
 
     def __init__(self, tb: HBTB):
+        super().__init__("HB contract")
         self.tb = tb
         self.cfg = tb.cfg
-        self.errors = []
+        self.ports = {}
+        self.closed = False
         self.samples = {"read": [], "fill": [], "kv": [], "move": []}
 
     def err(self, msg):
+        """Record a broken rule that is not one response's."""
         self.errors.append(msg)
+
+    def port(self, name: str, compare=None) -> Scoreboard:
+        """A kit ``Scoreboard`` for the responses of port ``name``."""
+        self.ports[name] = sb = Scoreboard(name, compare)
+        return sb
+
+    def close(self, context: str = ""):
+        """End every port's board (a request left unanswered is an error
+        there); their errors join :attr:`errors`."""
+        if self.closed:
+            return
+        self.closed = True
+        for sb in self.ports.values():
+            try:
+                sb.finish(context)
+            except AssertionError:
+                self.errors.extend(sb.errors)
+
+    def finish(self, context: str = ""):
+        """Raise AssertionError if any response was wrong, extra or missing,
+        or any other rule was broken."""
+        self.close(context)
+        super().finish(context)
+
+    @staticmethod
+    def _pair(sb, requests, responses, label):
+        """Expect each of ``requests`` (labelled by ``label``), then check
+        each of ``responses``: ``sb`` pairs them in order (also used for
+        what the replay left unpaired, so that ``sb`` reports it)."""
+        for req in requests:
+            sb.expect(req, label(req))
+        for rsp in responses:
+            sb.check(rsp)
 
     def resident_in(self, region, c0, c1):
         """Whether ``region`` was resident in some cycle of ``c0 .. c1``."""
@@ -350,17 +515,17 @@ class Scoreboard:
         return any((x >> region) & 1 for x in tb.valid_h.span(c0, c1))
 
     def run(self):
+        """Check the records; returns :attr:`errors` (every port closed)."""
         tb, cfg = self.tb, self.cfg
         S, B = cfg.tag_slots, cfg.pes
         sv_mask = (1 << tb.sv) - 1
         self.mut = 1 if tb.mutate else 0
 
         # -- moves: windows and the slots each one changes ---------------------------------
-        if len(tb.moved.received) != len(tb.bnd.sent):
-            self.err(f"{len(tb.moved.received)} move reports for {len(tb.bnd.sent)} moves")
         self.moves = []
         for (ch, val), (_, rep), cm in zip(tb.bnd.sent, tb.moved.received, tb.move_shown):
             self.moves.append({"h": ch, "c": cm, "value": val, "rep": rep})
+        self.move_sb = self.port("move report")
 
         # -- fills: parse the stream, pair with the reports ----------------------------------
         parser = FillParser(cfg)
@@ -375,13 +540,11 @@ class Scoreboard:
                 if ev.predicted is not FillResult.STRAY:
                     cur = None
                 fills.append(f)
-        if len(fills) != len(tb.done):
-            self.err(f"{len(tb.done)} fill reports for {len(fills)} fill ends")
         for i, (f, (cd, rep)) in enumerate(zip(fills, tb.done)):
             f["done"], f["result"], f["index"] = cd, FillResult(rep["result"]), i
-            e = f["end"]
-            if rep["region"] != int(e.kind) or (rep["slot"] != e.slot):
-                self.err(f"fill {i}: report names {rep}, the fill was {e.kind.name} {e.slot}")
+        self._pair(self.port("fill report", self._fill_report), [f["end"] for f in fills],
+                   [rep for _, rep in tb.done],
+                   lambda e: f"({e.kind.name} {e.slot}, predicted {e.predicted.name})")
         self.fills = fills
         want_commits = [(f["done"], f["end"].slot) for f in fills if "done" in f
                         and f["result"] is FillResult.COMMITTED and f["end"].kind is HBRegion.EXPERT]
@@ -401,8 +564,7 @@ class Scoreboard:
         for mv in self.moves:
             ev.append(((mv["c"], 1), "move", mv))
         kv_rsp = tb.kv_rsp.received
-        if len(kv_rsp) != len(tb.kv.sent):
-            self.err(f"{len(kv_rsp)} KV responses for {len(tb.kv.sent)} accesses")
+        kv_sb = self.port("KV response")
         for i, ((ca, it), (cr, rsp)) in enumerate(zip(tb.kv.sent, kv_rsp)):
             for mv in self.moves:
                 if mv["h"] < ca < mv["c"]:
@@ -422,10 +584,18 @@ class Scoreboard:
                 i, ca, cr, it, rsp = x
                 exp_d, exp_e = g.kv(bool(it["write"]), it["bank"], it["addr"], it["data"])
                 exp_d ^= self.mut if not exp_e and not it["write"] else 0
-                if (rsp["data"], rsp["error"]) != (exp_d, exp_e):
-                    self.err(f"KV access {i} {it} at {ca}: got {rsp}, expected "
-                             f"data={exp_d:#x} error={exp_e}")
+                kv_sb.expect({"data": exp_d, "error": exp_e}, f"({it} accepted {ca})")
+                kv_sb.check(rsp)
                 self.samples["kv"].append((it, rsp, g.kv_words))
+        n = min(len(tb.bnd.sent), len(tb.moved.received))
+        if len(self.moves) < n:
+            self.err(f"{n - len(self.moves)} move report(s) without a rising moved.valid (back "
+                     f"to back): the bench cannot place them")
+        self._pair(self.move_sb, tb.bnd.sent[n:], [rep for _, rep in tb.moved.received[n:]],
+                   lambda x: f"(to {x[1]} accepted {x[0]})")
+        n = min(len(tb.kv.sent), len(kv_rsp))
+        self._pair(kv_sb, tb.kv.sent[n:], [rsp for _, rsp in kv_rsp[n:]],
+                   lambda x: f"({x[1]} accepted {x[0]})")
         self.golden = g
 
         # -- resident: slot_valid / covered / kv_words rules ---------------------------------
@@ -435,7 +605,6 @@ class Scoreboard:
         self.reads = []
         for b in range(B):
             beats = tb.rd[b].received
-            cmds = tb.rd_cmd[b].sent
             resp, curr = [], []
             for c, beat in beats:
                 curr.append((c, beat))
@@ -444,25 +613,38 @@ class Scoreboard:
                     curr = []
             if curr:
                 self.err(f"bank {b}: {len(curr)} beats after the last 'last'")
-            if len(resp) != len(cmds):
-                self.err(f"bank {b}: {len(resp)} read responses for {len(cmds)} commands")
-            for (ch, cmd), rs in zip(cmds, resp):
-                self._read(b, ch, cmd, rs, sv_mask)
+            sb = self.port(f"bank {b} read",
+                           lambda cmd, rs, b=b: self._read(b, *cmd, rs, sv_mask))
+            self._pair(sb, tb.rd_cmd[b].sent, resp, lambda x: f"({x[1]} accepted {x[0]})")
         for f in fills:
             if "done" in f:
                 self._justify_fill(f)
         if tb.fill_low_max > FILL_READY_BOUND:
             self.err(f"fill.ready low for {tb.fill_low_max} cycles (bound {FILL_READY_BOUND})")
+        for s in tb.sinks():
+            for c, msg in s.rule_violations:
+                self.err(f"{s.name} at {c}: {msg}")
+        self.close()
         return self.errors
 
     # -- pieces -----------------------------------------------------------------------------
+    def _fill_report(self, e, rep):
+        """A fill report against its fill's end: the fill's region and slot,
+        a result the rules allow for its beats."""
+        msgs = []
+        if rep["region"] != int(e.kind) or rep["slot"] != e.slot:
+            msgs.append(f"report names {rep}, the fill was {e.kind.name} {e.slot}")
+        allowed = e.allowed(self.cfg.tag_slots)
+        if FillResult(rep["result"]) not in allowed:
+            msgs.append(f"ended {FillResult(rep['result']).name}; the rules allow "
+                        f"{sorted(x.name for x in allowed)}")
+        return "; ".join(msgs) or None
+
     def _end_fill(self, g, f):
         e, res = f["end"], f["result"]
-        try:
-            g.end_fill(e, res)
-        except ValueError as x:
-            self.err(f"fill {f['index']} (done at {f['done']}): {x}")
-            return
+        if res not in e.allowed(self.cfg.tag_slots):
+            return                        # the fill report's error (no golden effect)
+        g.end_fill(e, res)
         if res is FillResult.COMMITTED:
             words = g.region_words(e.region)
             self.versions[e.region].append((f["done"], words))
@@ -473,13 +655,11 @@ class Scoreboard:
         old = g.kv_words
         changed = g.changed_by(mv["value"])
         newly, _, err = g.move(mv["value"])
-        rep = mv["rep"]
         mv["changed"] = changed
         exp = {"kv_words": old if err else mv["value"], "covered": newly, "error": err,
                "invalidated": newly & tb.valid_h.at(mv["c"] - 1)}
-        if rep != exp:
-            self.err(f"move to {mv['value']} (accepted {mv['h']}, reported {mv['c']}): got {rep}, "
-                     f"expected {exp}")
+        self.move_sb.expect(exp, f"(to {mv['value']} accepted {mv['h']}, reported {mv['c']})")
+        self.move_sb.check(mv["rep"])
         self.samples["move"].append((mv, old))
 
     def _valid_rules(self):
@@ -526,35 +706,35 @@ class Scoreboard:
                 self.err(f"kv_words changed at {c} without a move report")
 
     def _read(self, b, ch, cmd, rs, sv_mask):
-        tb, cfg, g = self.tb, self.cfg, self.golden
+        """One read response (its beats ``rs``) against the contract: a
+        message for each rule it breaks, or None."""
+        tb, g = self.tb, self.golden
         kind, slot, off, count = cmd["region"], cmd["slot"], cmd["offset"], cmd["count"]
         r = g.region_index(kind, slot)
         c_first = rs[0][0]
         rec = {"bank": b, "h": ch, "first": c_first, "last": rs[-1][0], "cmd": cmd, "region": r}
         self.reads.append(rec)
         errors = [beat["error"] for _, beat in rs]
+        msgs = []
         if any(errors):
             rec["ok"] = False
             if len(rs) != 1 or rs[0][1]["sv"] != 0:
-                self.err(f"bank {b} read {cmd} at {ch}: a refusal must be one zero beat, got "
-                         f"{len(rs)} beats")
+                msgs.append(f"a refusal must be one zero beat, got {len(rs)} beats")
             rec["why"] = self._refusal_reason(r, kind, slot, off, count, ch, c_first)
             if rec["why"] is None:
-                self.err(f"bank {b} read {cmd} at {ch}..{c_first} refused, but the region was "
-                         f"resident and in range throughout")
-            return
+                msgs.append(f"refused in {ch}..{c_first}, but the region was resident and in "
+                            f"range throughout")
+            return "; ".join(msgs) or None
         rec["ok"] = True
         rec["why"] = "ok"
         if not g.read_in_range(kind, slot, off, count):
-            self.err(f"bank {b} read {cmd} at {ch} out of range but not refused")
-            return
+            return "out of range but not refused"
         if len(rs) != count or [beat["last"] for _, beat in rs] != [0] * (count - 1) + [1]:
-            self.err(f"bank {b} read {cmd} at {ch}: {len(rs)} beats / wrong last flags")
-            return
+            return f"{len(rs)} beats / wrong last flags"
         got = [beat["sv"] & sv_mask for _, beat in rs]
         planes = {beat["sv"] >> tb.sv for _, beat in rs}
         if planes != {cmd["plane"]}:
-            self.err(f"bank {b} read {cmd} at {ch}: plane fields {planes}")
+            msgs.append(f"plane fields {planes}")
         hist = self.versions[r]
         cands = []
         for k, (cc, words) in enumerate(hist):
@@ -566,12 +746,16 @@ class Scoreboard:
         for words in cands:
             exp = [int(x) ^ self.mut for x in words[b, off:off + count]]
             if exp == got:
-                return
-        self.err(f"bank {b} read {cmd} accepted {ch}, first word {c_first}: words match none of "
-                 f"the {len(cands)} versions resident in that window"
-                 + (f" (first differences vs the latest: "
-                    f"{[(i, hex(x), hex(int(y) ^ self.mut)) for i, (x, y) in enumerate(zip(got, cands[-1][b, off:]))if x != int(y) ^ self.mut][:3]})"
-                    if cands else ""))
+                return "; ".join(msgs) or None
+        msg = (f"first word {c_first}: words match none of the {len(cands)} versions resident "
+               f"in that window")
+        if cands:
+            diff = [(i, hex(x), hex(int(y) ^ self.mut))
+                    for i, (x, y) in enumerate(zip(got, cands[-1][b, off:]))
+                    if x != int(y) ^ self.mut]
+            msg += f" (first differences vs the latest: {diff[:3]})"
+        msgs.append(msg)
+        return "; ".join(msgs)
 
     def _refusal_reason(self, r, kind, slot, off, count, c0, c1):
         """Why a read in cycles c0..c1 may be refused (None: it may not)."""
@@ -710,7 +894,7 @@ def _cover_stall(fill_bp, kv_bp, moved_bp, pe_mode):
 def write_cov(tb, run):
     from .coverage import write_coverage
     for mode in tb.modes_used:
-        _cover_stall(tb.fill.stalls > 0, tb.bp > 0, tb.bp > 0, mode)
+        _cover_stall(tb.fill.stalls > 0, bool(tb.bp), bool(tb.bp), mode)
     write_coverage("hb_bank", run=f"{run}-{os.environ.get('ELMOE_RUN_TAG', '')}",
                    transactions=tb.transactions())
 
@@ -975,7 +1159,7 @@ async def random_traffic(dut):
     dut._log.info("random_traffic: %d transactions (%d read commands, %d fill beats, %d KV, "
                   "%d moves), %d cycles; fills %s; reads %s; moves %s; max fill.ready low %d",
                   tb.transactions(), sum(len(x.sent) for x in tb.rd_cmd), len(tb.fill.sent),
-                  len(tb.kv.sent), len(tb.bnd.sent), tb.counter.cycle, res, why, mk,
+                  len(tb.kv.sent), len(tb.bnd.sent), tb.cycle, res, why, mk,
                   tb.fill_low_max)
     # the stimulus committed fills (two when the run is long enough for two
     # whole expert fills), so reads of committed data were checked
@@ -1077,10 +1261,10 @@ async def fill_behind_open_read(dut):
         await RisingEdge(dut.clk)
     tb.send_fill(tb.fill_beats(EXPERT, x), "conflict")
     tb.send_fill(tb.fill_beats(EXPERT, y), "plain")
-    t0 = tb.counter.cycle
+    t0 = tb.cycle
     while len(tb.done) < 3:
         await RisingEdge(dut.clk)
-        assert tb.counter.cycle - t0 < 50 * tb.SW * tb.B, "fills stopped behind the open read"
+        assert tb.cycle - t0 < 50 * tb.SW * tb.B, "fills stopped behind the open read"
     assert tb.lasts[0] == 0, "the stalled PE took the whole read"
     results = [FillResult(rep["result"]) for _, rep in tb.done]
     assert results == [FillResult.COMMITTED, FillResult.BUSY, FillResult.COMMITTED], results
@@ -1126,10 +1310,10 @@ async def bandwidth(dut):
             for i in range(fills):
                 tb.send_fill(tb.fill_beats(EXPERT, half + i % (S - half)), "plain")
         await RisingEdge(dut.clk)
-        t0 = tb.counter.cycle
+        t0 = tb.cycle
         while not all(tb.lasts[b] >= tb.n_cmds[b] for b in range(B)):
             await RisingEdge(dut.clk)
-        t1 = tb.counter.cycle
+        t1 = tb.cycle
         per_bank = []
         for b, s in enumerate(tb.rd):
             got = s.received[first[b]:]
@@ -1223,7 +1407,7 @@ async def move_waits_for_reads(dut):
     await tb.drain()
     stalled = [True] + [False] * (tb.B - 1)
     tb.set_pe(lambda: False)
-    tb.pe_stall[0] = lambda: stalled[0]
+    tb.set_pe(lambda: stalled[0], bank=0)
     tb.read(0, EXPERT, top, 0, SW)
     for _ in range(20):
         await RisingEdge(dut.clk)

@@ -63,6 +63,22 @@ def test_hb_random_volume(geom, simulator):
          {"ELMOE_HB_TX": str(tx), "ELMOE_RUN_TAG": f"volume-{geom}-{simulator}"})
 
 
+def test_hb_bench_idle_and_backpressure_generators():
+    """The bench's verilog-axi style setters turn ``None``, a probability or
+    a generator factory into per-port decisions: none, the probability
+    (drawn by the kit's ``chance``), each port its own iterator."""
+    import itertools
+    import random
+
+    from elmoe3d.tb.hb_bank_bench import _deciders
+    from elmoe3d.tb.kit import chance
+    r = random.Random(0)
+    assert _deciders(None, 2) == [0.0, 0.0] and _deciders(0.3, 3) == [0.3] * 3
+    a, b = _deciders(lambda: itertools.cycle([1, 0, 0]), 2)
+    assert [chance(a, r) for _ in range(4)] == [True, False, False, True]
+    assert [chance(b, r) for _ in range(2)] == [True, False]       # its own iterator
+
+
 # ---------------------------------------------------------------------------------------------
 # the golden model on its own (pure Python): the issue-10 reproducers and every rule
 
