@@ -596,7 +596,7 @@ class _Run:
         if self.waiting:
             self.waiting -= 1
         elif not tb._on_i():
-            if self.more and len(queue) + len(tb.src.queue) < 256:
+            if self.more and len(queue) + len(tb.src.queue) < tb.refill_below:
                 self.more = bool(self.refill())
             if tb.src.queue:                    # the command waits out an idle cycle
                 return
