@@ -1,28 +1,33 @@
 """cocotb testbench: the external-memory stream engine against its contract
 (:mod:`elmoe3d.golden.ext_stream`).
 
-Speed: one coroutine per clock cycle
-------------------------------------
-Everything the bench does per cycle -- the ``cmd`` driver, ready on ``pe`` /
-``fill`` / ``rsp`` with random back-pressure, the AXI monitor and the LPDDR
-model's AR/R channels -- runs in one coroutine (:meth:`ExtTB._loop`) with two
-triggers per cycle (``RisingEdge``: drive, ``ReadOnly``: sample), reading a
-payload only when its ``valid`` is high and writing a port only when its value
-changes. The previous bench (a coroutine per stream plus cocotbext-axi's
-per-channel coroutines, about ten trigger waits per cycle) ran the same
-stimulus several times slower.
+The bench on the kit
+--------------------
+:class:`ExtTB` is the bench's ``TB`` class (verilog-axi's pattern): the
+``cmd`` stream a kit :class:`~elmoe3d.tb.kit.Source`, ``pe`` / ``fill`` /
+``rsp`` kit :class:`~elmoe3d.tb.kit.Sink` s, idle and back-pressure set by
+:meth:`ExtTB.set_idle`, :meth:`ExtTB.set_backpressure` and
+:meth:`ExtTB.set_axi_pause` (on/off processes, :class:`OnOff`: runs of
+stalls, not single cycles). Everything the bench does per cycle -- the
+streams, the LPDDR model's AR/R channels and the AXI monitor
+(:class:`AxiMonitor`) -- runs in one kit
+:class:`~elmoe3d.tb.kit.CycleLoop` with two triggers per cycle
+(``RisingEdge``: drive, ``ReadOnly``: sample). (A coroutine per stream plus
+cocotbext-axi's per-channel coroutines, about ten trigger waits per cycle,
+ran the same stimulus several times slower.)
 
 LPDDR models
 ------------
 * cocotbext-axi's ``AxiRamRead`` as shipped (``stock_axi_ram``): one burst at
   a time, with cocotbext-axi's pause generators on AR (``arready``) and R
-  (``rvalid``); the bench's loop then only monitors the AXI ports.
-* :class:`Lpddr`, a cycle model driven from the bench's loop: many bursts in
+  (``rvalid``); the bench then only monitors the AXI ports.
+* :class:`Lpddr`, a cycle model in the bench's loop: many bursts in
   flight, the first beat of a burst no earlier than ``latency`` cycles after
-  its AR handshake, random pauses on ``arready`` and ``rvalid`` (``rvalid``
-  held until ``rready``, as AXI requires), and on a random fraction of bursts
-  one fault on one random beat -- SLVERR, DECERR, EXOKAY, an early RLAST, a
-  missing RLAST or a wrong RID. It records every beat it corrupted.
+  its AR handshake, random pauses on ``arready`` and ``rvalid`` (R is a kit
+  :class:`~elmoe3d.tb.kit.Source`: ``rvalid`` held until ``rready``, as AXI
+  requires), and on a random fraction of bursts one fault on one random
+  beat -- SLVERR, DECERR, EXOKAY, an early RLAST, a missing RLAST or a wrong
+  RID. It records every beat it corrupted.
 
 Scoreboard (contracts, not a replay of the RTL's choices)
 ---------------------------------------------------------
@@ -37,7 +42,9 @@ Scoreboard (contracts, not a replay of the RTL's choices)
   command's read (consecutive commands never read the same bytes).
 * Every PE beat, fill beat and response equals
   :func:`~elmoe3d.golden.ext_stream.split_command` given the command's first
-  bad beat (classified by the golden :func:`beat_error`), item for item.
+  bad beat (classified by the golden :func:`beat_error`), item for item (a
+  kit :class:`~elmoe3d.tb.kit.Scoreboard` per stream, filled after the run:
+  a command's expected items depend on the bursts the RTL cut).
 * Stream rules on ``pe``, ``fill``, ``rsp`` (valid held, payload stable
   until ready).
 
@@ -63,6 +70,7 @@ import collections
 import itertools
 import json
 import os
+import re
 import time
 import types
 from pathlib import Path
@@ -77,7 +85,8 @@ from ..golden import ext_stream as ge
 from ..golden import layout as gl
 from ..golden.vocab import ExtError, ExtKind
 from ..hw import vocab as hv
-from .common import golden_mutation, knob, pack, params, rng, start_clock_and_reset
+from .common import (CycleLoop, Scoreboard, Sink, Source, chance, golden_mutation, knob, params,
+                     rng, start_clock_and_reset)
 from ..sim.run.payload import Decoder
 from .coverage import write_coverage
 
@@ -111,26 +120,197 @@ def burst_bin(n, outstanding):
 FAULTS = ("slverr", "decerr", "exokay", "early_rlast", "missing_rlast", "bad_rid")
 
 
+class OnOff:
+    """A random on/off process with a stationary "off" fraction ``p`` and a
+    mean run of ``run`` cycles (runs of stalls and of idle cycles, not only
+    single ones). ``off()`` advances one cycle and says whether this cycle
+    is "off"; it is the per-cycle callable the kit's :class:`Source` (idle)
+    and :class:`Sink` (back-pressure) take (:func:`~elmoe3d.tb.kit.chance`).
+
+    Parameters
+    ----------
+    rand : callable
+        Returns a uniform draw in [0, 1) (``random.Random.random``).
+    p : float
+        The fraction of "off" cycles; 0: never off, no draws.
+    run : float
+        Mean length of a run of "off" (and of "on") cycles.
+    """
+
+    def __init__(self, rand, p, run=4.0):
+        self.rand, self.state = rand, False
+        self.to_off = p / run if p else 0.0
+        self.to_on = (1 - p) / run if p else 1.0
+
+    def off(self) -> bool:
+        if self.to_off:
+            if self.rand() < (self.to_on if self.state else self.to_off):
+                self.state = not self.state
+        return self.state
+
+
+def _reader(handle):
+    """A fast integer read of a port. ``handle.value`` builds a ``Logic`` /
+    ``LogicArray`` per read, a third of the bench's time in a profile;
+    the simulator's bit string is read directly instead (an X or Z bit still
+    raises, as ``int(handle.value)`` would)."""
+    get = handle._handle.get_signal_val_binstr
+    return lambda: int(get(), 2)
+
+
+class _Bits:
+    """A port's value as the kit's :class:`Source` / :class:`Sink` read it
+    (``bool``, ``is_resolvable``, ``to_unsigned``), from the simulator's bit
+    string (an X or Z bit: not resolvable; ``bool`` raises, as cocotb's
+    ``Logic`` does)."""
+
+    __slots__ = ("bits",)
+
+    def __init__(self, bits):
+        self.bits = bits
+
+    def __bool__(self):
+        return int(self.bits, 2) != 0
+
+    @property
+    def is_resolvable(self):
+        return not self.bits.strip("01")
+
+    def to_unsigned(self):
+        return int(self.bits, 2)
+
+    def __str__(self):
+        return self.bits
+
+
+class _Fast:
+    """A port handle for the kit's drivers at the cost of the old hand-made
+    loop: ``value`` reads the simulator's bit string (:class:`_Bits`, no
+    ``Logic`` / ``LogicArray`` built), and a write that does not change the
+    value is skipped (only the bench drives these ports, so its own last
+    write is the port's value). The kit's :class:`Source` / :class:`Sink`
+    write ``valid`` / ``ready`` every cycle and read ``valid`` every cycle;
+    on plain handles the bench ran three times the CPU time."""
+
+    __slots__ = ("handle", "_get", "_last")
+
+    def __init__(self, handle):
+        self.handle, self._get, self._last = handle, handle._handle.get_signal_val_binstr, None
+
+    @property
+    def value(self):
+        return _Bits(self._get())
+
+    @value.setter
+    def value(self, v):
+        if v != self._last:
+            self._last = v
+            self.handle.value = v
+
+
+def _fast_port(dut, prefix):
+    """``prefix``'s ``valid`` / ``ready`` / ``payload`` as :class:`_Fast`
+    handles, under the names the kit looks for (``dut`` for the kit's
+    :class:`Source` / :class:`Sink`)."""
+    return types.SimpleNamespace(**{f"{prefix}__{s}": _Fast(getattr(dut, f"{prefix}__{s}"))
+                                    for s in ("valid", "ready", "payload")})
+
+
+class _Fields:
+    """Several ports written as one payload: ``value = (v0, v1, ...)`` writes
+    ``v0`` to the first handle, ``v1`` to the second, ... (only the ones that
+    changed: a write costs more than the comparison). Lets a kit
+    :class:`Source` drive the AXI R channel, whose payload is four ports."""
+
+    def __init__(self, *handles):
+        self.handles = handles
+        self.driven = [None] * len(handles)
+
+    @property
+    def value(self):
+        return tuple(self.driven)
+
+    @value.setter
+    def value(self, items):
+        for i, (h, v) in enumerate(zip(self.handles, items)):
+            if v != self.driven[i]:
+                self.driven[i] = v
+                h.value = v
+
+
 class Lpddr:
-    """The LPDDR as a cycle model (driven by :meth:`ExtTB._loop`): read
-    latency, many bursts in flight, pauses and fault injection.
+    """The LPDDR as an AXI4 read slave: read latency, many bursts in flight,
+    pauses on AR and R, fault injection. Driven each cycle by the bench's
+    :class:`~elmoe3d.tb.kit.CycleLoop` (``drive`` / ``sample``, listed with
+    the sinks); an AR handshake reaches it from :class:`AxiMonitor`
+    (:meth:`accept`).
 
-    ``records`` holds one entry per burst served, in AR order: ``(cycle,
-    addr, beats, faults)`` with ``faults`` ``{beat: (kind, rid, rresp,
-    rlast)}`` for every beat it corrupts. ``force`` queues faults for the
-    next bursts (``[kind or None, ...]``) ahead of the random ones;
-    ``end_faults`` ``{end address: kind}`` puts a fault on the last beat of
-    the next burst that ends at that address (a command's last burst,
-    whatever the RTL's burst cut)."""
+    Why a model of its own: the kit's :class:`Source` / :class:`Sink` are
+    valid/ready streams with one payload, the LPDDR is a timing model -- a
+    burst's beats may not start before ``latency`` cycles after its AR,
+    bursts queue behind each other, and a beat may be corrupted by one of
+    six faults. It is built on the kit where the AXI channels are plain
+    streams: R is a kit :class:`Source` (the beats of a burst put at their
+    due cycle, :meth:`Source.put`; ``rvalid`` held with the payload
+    unchanged until ``rready``, as AXI requires; ``r_pause`` its idle
+    cycles before a beat), ``arready`` is a kit back-pressure draw
+    (:func:`~elmoe3d.tb.kit.chance`). cocotbext-axi's ``AxiRamRead`` has
+    none of the latency, the bursts in flight or the faults (the stock test
+    uses it as shipped).
 
-    def __init__(self, mem, byte_lanes, id_bits, *, latency, rand, err_prob=0.0, pause=0.0):
-        self.mem, self.byte_lanes, self.id_bits = mem, byte_lanes, id_bits
+    Parameters
+    ----------
+    dut
+        The DUT (its ``m_axi_*`` ports).
+    mem : bytearray
+        The memory image, byte-addressed.
+    byte_lanes : int
+        Bytes per R beat.
+    latency : int
+        Cycles from an AR handshake to the first beat of its burst (may be
+        changed between commands).
+    rand : random.Random
+        The draws for faults and pauses.
+    err_prob : float
+        Probability of a fault on a burst.
+    ar_pause, r_pause : float or callable
+        ``arready`` low in a cycle / an idle cycle before an R beat
+        (:func:`~elmoe3d.tb.kit.chance`; :meth:`ExtTB.set_axi_pause` sets
+        on/off processes).
+
+    Attributes
+    ----------
+    records : list
+        One entry per burst served, in AR order: ``(cycle, addr, beats,
+        faults)`` with ``faults`` ``{beat: (kind, rid, rresp, rlast)}`` for
+        every beat it corrupts.
+    force : list
+        Faults for the next bursts (``[kind or None, ...]``), ahead of the
+        random ones.
+    end_faults : dict
+        ``{end address: kind}``: a fault on the last beat of the next burst
+        that ends at that address (a command's last burst, whatever the
+        RTL's burst cut).
+    r : Source
+        The R channel.
+    """
+
+    def __init__(self, dut, mem, byte_lanes, *, latency, rand, err_prob=0.0, ar_pause=0.0,
+                 r_pause=0.0):
+        self.mem, self.byte_lanes, self.id_bits = mem, byte_lanes, len(dut.m_axi_arid)
         self.latency, self.rand, self.err_prob = latency, rand, err_prob
-        self.ar_pause, self.r_pause = OnOff(rand.random, pause), OnOff(rand.random, pause)
+        self.ar_pause = ar_pause
+        self.arready = dut.m_axi_arready
+        self.arready.value = 0
+        self._ready = False
+        port = types.SimpleNamespace(
+            r__valid=_Fast(dut.m_axi_rvalid), r__ready=_Fast(dut.m_axi_rready),
+            r__payload=_Fields(dut.m_axi_rdata, dut.m_axi_rresp, dut.m_axi_rlast,
+                               dut.m_axi_rid))
+        self.r = Source(port, "r", None, rand, r_pause)
         self.records = []
         self.force = []
         self.end_faults = {}
-        self._bursts = collections.deque()     # [ready cycle, arid, addr, n, faults, next beat]
 
     def _fault(self, addr, n):
         end = addr + n * self.byte_lanes
@@ -157,7 +337,8 @@ class Lpddr:
         return kind, self.rand.randrange(n)
 
     def accept(self, cycle, arid, addr, n):
-        """An AR handshake in ``cycle``."""
+        """An AR handshake in ``cycle``: the burst's beats are due from cycle
+        ``cycle + latency`` on, behind the bursts accepted before."""
         kind, at = self._fault(addr, n)
         faults = {}
         if kind is not None:
@@ -174,95 +355,124 @@ class Lpddr:
                 rid = self.rand.randrange(1, 1 << self.id_bits) if self.id_bits else arid
             faults[at] = (kind, rid, rresp, rlast)
         self.records.append((cycle, addr, n, faults))
-        self._bursts.append([cycle + self.latency, arid, addr, n, faults, 0])
+        due, bl, mem = cycle + self.latency, self.byte_lanes, self.mem
+        for j in range(n):
+            f = faults.get(j)
+            a = addr + j * bl
 
-    def ar_ready(self) -> bool:
-        return not self.ar_pause.off()
+            def beat(a=a, last=int(j == n - 1), f=f):      # read when due, not at AR
+                data = int.from_bytes(mem[a:a + bl], "little")
+                return (data, f[2], f[3], f[1]) if f else (data, 0, last, arid)
+            self.r.put(beat, due)
 
-    def next_beat(self, cycle):
-        """``(rdata, rresp, rlast, rid)`` of the beat to offer in ``cycle``, or None."""
-        if self.r_pause.off() or not self._bursts or self._bursts[0][0] > cycle:
-            return None
-        b = self._bursts[0]
-        _, arid, addr, n, faults, j = b
-        a = addr + j * self.byte_lanes
-        data = int.from_bytes(self.mem[a:a + self.byte_lanes], "little")
-        f = faults.get(j)
-        beat = (data, f[2], f[3], f[1]) if f else (data, 0, int(j == n - 1), arid)
-        b[5] = j + 1
-        if j + 1 == n:
-            self._bursts.popleft()
-        return beat
+    def drive(self, cycle: int):
+        """This cycle's ``arready`` (a pause draw) and R beat."""
+        ready = not chance(self.ar_pause, self.rand)
+        if ready != self._ready:
+            self._ready = ready
+            self.arready.value = ready
+        self.r.drive(cycle)
 
-
-class OnOff:
-    """A random on/off process with a stationary "off" fraction ``p`` and a
-    mean run of ``run`` cycles (runs of stalls and of idle cycles, not only
-    single ones; fewer port writes than a fresh draw every cycle).
-    ``off()`` advances one cycle and says whether this cycle is "off"."""
-
-    def __init__(self, rand, p, run=4.0):
-        self.rand, self.state = rand, False
-        self.to_off = p / run if p else 0.0
-        self.to_on = (1 - p) / run if p else 1.0
-
-    def off(self) -> bool:
-        if self.to_off:
-            if self.rand() < (self.to_on if self.state else self.to_off):
-                self.state = not self.state
-        return self.state
+    def sample(self):
+        """Whether the R beat transferred (in ReadOnly)."""
+        self.r.sample()
 
 
-def _reader(handle):
-    """A fast integer read of a port. ``handle.value`` builds a ``Logic`` /
-    ``LogicArray`` per read, a third of the bench's time in a profile; the
-    simulator's bit string is read directly instead (an X or Z bit still
-    raises, as ``int(handle.value)`` would)."""
-    get = handle._handle.get_signal_val_binstr
-    return lambda: int(get(), 2)
+class AxiMonitor:
+    """Watches the AXI read ports every cycle (``sample`` in ReadOnly; with
+    either LPDDR model): AR payload stable from ``arvalid`` until
+    ``arready``, at most ``outstanding`` bursts in flight (bursts framed by
+    their ``ARLEN``); logs every AR handshake, R beat and pause for the
+    scoreboard and coverage, and hands each AR handshake to ``on_ar``
+    (``cycle, arid, addr, beats``: :meth:`Lpddr.accept`).
+
+    Attributes
+    ----------
+    ar : list
+        ``(cycle, addr, beats, size, burst, id)`` per AR handshake.
+    rbeats : list
+        The cycle of every R handshake.
+    ar_pause, r_pause : list
+        Cycles with ``arvalid`` waiting for ``arready``; with ``rready`` up,
+        a burst in flight and no ``rvalid``.
+    errors : list of str
+    """
+
+    def __init__(self, dut, outstanding, on_ar=None):
+        self.outstanding, self.on_ar = outstanding, on_ar
+        self.ar_pay = [_reader(h) for h in (dut.m_axi_araddr, dut.m_axi_arlen, dut.m_axi_arsize,
+                                            dut.m_axi_arburst, dut.m_axi_arid)]
+        self.read_arvalid, self.read_arready = _reader(dut.m_axi_arvalid), _reader(dut.m_axi_arready)
+        self.read_rvalid, self.read_rready = _reader(dut.m_axi_rvalid), _reader(dut.m_axi_rready)
+        self.ar, self.rbeats, self.ar_pause, self.r_pause, self.errors = [], [], [], [], []
+        self.cycle = 0
+        self._prev_ar = None
+        self._lens, self._done, self._done_beats = [], 0, 0
+
+    def drive(self, cycle: int):
+        """Nothing to drive (a monitor); notes the cycle."""
+        self.cycle = cycle
+
+    def sample(self):
+        """This cycle's AR and R handshakes and the AXI checks (in ReadOnly)."""
+        cyc, prev = self.cycle, self._prev_ar
+        av = self.read_arvalid()
+        if av or prev is not None:
+            pay = tuple(f() for f in self.ar_pay) if av else None
+            if prev is not None and pay != prev:
+                self.errors.append(f"cycle {cyc}: AR dropped or changed before arready")
+            if av and self.read_arready():
+                n = pay[1] + 1
+                self.ar.append((cyc, pay[0], n, pay[2], pay[3], pay[4]))
+                self._lens.append(n)
+                if len(self._lens) - self._done > self.outstanding:
+                    self.errors.append(f"cycle {cyc}: {len(self._lens) - self._done} bursts in "
+                                       f"flight, more than {self.outstanding}")
+                if self.on_ar is not None:
+                    self.on_ar(cyc, pay[4], pay[0], n)
+                self._prev_ar = None
+            elif av:
+                self.ar_pause.append(cyc)
+                self._prev_ar = pay
+            else:
+                self._prev_ar = None
+        rr = self.read_rready()
+        if rr and self.read_rvalid():
+            self.rbeats.append(cyc)
+            self._done_beats += 1
+            if self._done < len(self._lens) and self._done_beats == self._lens[self._done]:
+                self._done, self._done_beats = self._done + 1, 0
+        elif rr and self._done < len(self._lens):
+            self.r_pause.append(cyc)
 
 
-class _Source:
-    """The ``cmd`` stream driver's state (driven by the loop)."""
+class _Wake:
+    """The last step of each cycle (after the sinks' samples): sets ``event``
+    once ``cond()`` holds or cycle ``until`` is reached (:meth:`ExtTB.drain`
+    waits on it instead of a trigger of its own per cycle)."""
 
-    def __init__(self, dut, prefix, layout, idle):
-        self.valid = getattr(dut, f"{prefix}__valid")
-        self.ready = getattr(dut, f"{prefix}__ready")
-        self.payload = getattr(dut, f"{prefix}__payload")
-        self.layout, self.idle = layout, idle
-        self.queue = collections.deque()
-        self.sent = []                     # (cycle, item) of every transfer
-        self.item = None
+    def __init__(self):
+        self.cycle, self.wait = 0, None
 
-    def send(self, items):
-        self.queue.extend(items)
+    def drive(self, cycle: int):
+        """Notes the cycle."""
+        self.cycle = cycle
 
-    def empty(self) -> bool:
-        return not self.queue and self.item is None
-
-
-class _Sink:
-    """An output stream's state: ``received`` ``(cycle, payload dict)``,
-    ``rule_violations`` ``(cycle, message)``."""
-
-    def __init__(self, dut, prefix, layout, backpressure, log):
-        self.valid = getattr(dut, f"{prefix}__valid")
-        self.ready = getattr(dut, f"{prefix}__ready")
-        self.payload = getattr(dut, f"{prefix}__payload")
-        self.layout, self.backpressure, self.log = layout, backpressure, log
-        self.unpack = Decoder(layout)
-        self.read_valid, self.read_payload = _reader(self.valid), _reader(self.payload)
-        self.received = []
-        self.rule_violations = []
-        self.pending = None
-        self.drive = None
-        self.last_valid = 0         # the last cycle ``valid`` was high (drain waits for quiet)
+    def sample(self):
+        """Sets the event when its condition holds or its time is up."""
+        w = self.wait
+        if w is not None and (self.cycle >= w[2] or w[1]()):
+            self.wait = None
+            w[0].set()
 
 
 def _pause(rand, prob):
+    """A cocotbext-axi pause generator: paused with probability ``prob`` per cycle."""
     if not prob:
         return None
     return (rand.random() < prob for _ in itertools.count())
+
+
 _COVER = {}
 
 
@@ -310,13 +520,43 @@ def _coverage(n):
 
 
 class ExtTB:
+    """The stream engine's bench on the testbench kit (verilog-axi's ``TB``).
+
+    Ports: ``cmd`` a kit :class:`Source`; ``pe``, ``fill``, ``rsp`` kit
+    :class:`Sink` s (the stream-rule checks, every transfer in
+    ``received``); the AXI read ports an LPDDR model (:class:`Lpddr`, or
+    cocotbext-axi's ``AxiRamRead`` with ``start(stock=True)``) and an
+    :class:`AxiMonitor`. One :class:`CycleLoop` (:attr:`loop`, the bench's
+    time base) runs them all from one coroutine: two trigger waits per
+    cycle. The scoreboard (:meth:`check`) compares each output stream with
+    the golden model's, in order (kit :class:`Scoreboard`).
+
+    Idle cycles and back-pressure are on/off processes (:class:`OnOff`: runs
+    of idle and stalled cycles) drawn from one :class:`random.Random`
+    seeded by ``COCOTB_RANDOM_SEED``, so a seed replays a run; the setters
+    change them at any time.
+
+    Parameters
+    ----------
+    dut
+        The ``ext_stream`` DUT; its build parameters come from
+        ``$ELMOE_PARAMS`` (:func:`params`).
+    idle, backpressure, axi_pause : float or callable
+        :meth:`set_idle`, :meth:`set_backpressure`, :meth:`set_axi_pause`.
+    latency : int, optional
+        :class:`Lpddr` read latency in cycles (default ``ELMOE_EXT_LATENCY``
+        or 20).
+    err_prob : float, optional
+        :class:`Lpddr` fault probability per burst (default
+        ``ELMOE_EXT_ERR`` or 0.05).
+    """
+
     def __init__(self, dut, *, idle=0.0, backpressure=0.0, axi_pause=0.0, latency=None,
                  err_prob=None):
         self.dut = dut
         self.cfg = cfg = Config(**params()["config"])
-        self.v = hv.vocab(cfg)
+        self.v = v = hv.vocab(cfg)
         self.rand = rng()
-        self.idle, self.bp, self.axi_pause = idle, backpressure, axi_pause
         self.latency = knob("ext_latency", 20) if latency is None else latency
         self.err_prob = knob("ext_err", 0.05) if err_prob is None else err_prob
         self.mutate = golden_mutation()
@@ -329,35 +569,122 @@ class ExtTB:
         # memory beyond the window (a guard) so that a stray read would be seen
         self.mem_bytes = self.hi + 8192
         self.image = bytearray(self.rand.randbytes(self.mem_bytes))
-        # cycle logs for coverage and the AXI checks
-        self.ar = []                  # (cycle, addr, beats, size, burst, id)
-        self.log = {k: [] for k in ("ar_pause", "r_pause", "pe_bp", "fill_bp", "rsp_bp")}
-        self.axi_errors = []
-        self.rbeats = []              # cycle of every R handshake
-        self.counter = types.SimpleNamespace(cycle=0)
-        self._wait = None             # (event, responses wanted, timeout cycle)
+        self.loop = CycleLoop(dut.clk)
+        self.axi = AxiMonitor(dut, cfg.axi_outstanding)
+        self.ar, self.rbeats = self.axi.ar, self.axi.rbeats
+        # cycle logs for coverage: AR/R pauses, back-pressure on each output
+        self.log = {"ar_pause": self.axi.ar_pause, "r_pause": self.axi.r_pause,
+                    "pe_bp": [], "fill_bp": [], "rsp_bp": []}
+        r = self.rand
+        self.cmd = Source(_fast_port(dut, "cmd"), "cmd", v.ExtCommand.as_shape(), r)
+        self.pe, self.fill, self.rsp = (self._sink(name, lay.as_shape()) for name, lay in
+                                        (("pe", v.ExtBeat), ("fill", v.FillBeat),
+                                         ("rsp", v.ExtResponse)))
+        self.sinks = (self.pe, self.fill, self.rsp)
+        self.ram = None
+        self._wake = _Wake()
+        self.set_idle(idle)
+        self.set_backpressure(backpressure)
+        self.set_axi_pause(axi_pause)
         self._combos = []
         self.p_any = 0.0 if cfg.planes <= 2 else 0.3     # more (mask, fill) variety at 4 planes
 
+    def _sink(self, name, layout) -> Sink:
+        """A kit :class:`Sink` on output ``name``: ``received`` holds
+        ``(cycle, payload dict)``. The payload is unpacked by a
+        :class:`~elmoe3d.sim.run.payload.Decoder` (the sink is given the
+        payload's width, so it hands on the raw integer): the same dicts as
+        the kit's :func:`unpack`, ten times faster, for the 10,000-command
+        runs' hundred thousand fill beats."""
+        dec = Decoder(layout)
+        s = Sink(_fast_port(self.dut, name), name, len(getattr(self.dut, f"{name}__payload")),
+                 self.rand, on_stall=self._stalled)
+        s.fn = lambda raw: s.received.append((s.cycle, dec(raw)))
+        return s
+
+    # -- idle and back-pressure (verilog-axi's set_idle_generator /
+    #    set_backpressure_generator) ------------------------------------------
+    def _process(self, p, run=4.0):
+        """``p`` as the kit's per-cycle draw: a callable as it is, 0 as 0
+        (no draws), a fraction as an :class:`OnOff` process with mean runs
+        of ``run`` cycles."""
+        if callable(p) or not p:
+            return p if callable(p) else 0.0
+        return OnOff(self.rand.random, p, run).off
+
+    def set_idle(self, idle=0.0):
+        """Idle cycles on ``cmd`` before a command.
+
+        Parameters
+        ----------
+        idle : float or callable
+            The fraction of idle cycles (an :class:`OnOff` process, runs of
+            2 cycles on average), or a callable returning True for an idle
+            cycle.
+        """
+        self.cmd.idle = self._process(idle, 2.0)
+
+    def set_backpressure(self, backpressure=0.0, ports=("pe", "fill", "rsp")):
+        """Back-pressure (``ready`` low) on output streams.
+
+        Parameters
+        ----------
+        backpressure : float or callable
+            The fraction of not-ready cycles (an :class:`OnOff` process per
+            port, runs of 4 cycles on average), or a callable returning True
+            for a not-ready cycle (shared by ``ports``).
+        ports : str or tuple of str
+            Which of ``pe``, ``fill``, ``rsp``.
+        """
+        for name in (ports,) if isinstance(ports, str) else ports:
+            getattr(self, name).backpressure = self._process(backpressure)
+
+    def set_axi_pause(self, pause=0.0):
+        """Pauses on the LPDDR's AR (``arready`` low) and R (no beat) channels.
+
+        Parameters
+        ----------
+        pause : float or callable
+            For :class:`Lpddr`: the fraction of paused cycles (an
+            :class:`OnOff` process per channel), or a callable returning
+            True for a paused cycle. For ``AxiRamRead`` (a fraction): a
+            cocotbext-axi pause generator per channel, paused with that
+            probability per cycle. Before :meth:`start`: kept for the model
+            it makes.
+        """
+        self.axi_pause = pause
+        if isinstance(self.ram, Lpddr):
+            self.ram.ar_pause, self.ram.r.idle = self._process(pause), self._process(pause)
+        elif self.ram is not None:
+            self.ram.ar_channel.set_pause_generator(_pause(self.rand, pause))
+            self.ram.r_channel.set_pause_generator(_pause(self.rand, pause))
+
+    def _stalled(self, name):
+        """A sink's ``on_stall``: ``valid`` waited for ``ready`` this cycle."""
+        self.log[f"{name}_bp"].append(self.loop.cycle)
+
+    def last_valid(self, sink) -> int:
+        """The last cycle ``sink``'s ``valid`` was high: every such cycle is a
+        transfer or a stall (the drain waits for quiet outputs)."""
+        bp = self.log[f"{sink.name}_bp"]
+        return max(sink.received[-1][0] if sink.received else 0, bp[-1] if bp else 0)
+
     async def start(self, stock=False):
+        """Start the clock, reset, make the LPDDR model (``stock``:
+        cocotbext-axi's ``AxiRamRead`` as shipped, the bench only monitors
+        AXI; else :class:`Lpddr`) and start the cycle loop."""
         d = self.dut
         await start_clock_and_reset(d)
-        r, v = self.rand, self.v
         if stock:
             self.ram = AxiRamRead(AxiReadBus.from_prefix(d, "m_axi"), d.clk, None, mem=self.image)
-            self.ram.ar_channel.set_pause_generator(_pause(r, self.axi_pause))
-            self.ram.r_channel.set_pause_generator(_pause(r, self.axi_pause))
         else:
-            self.ram = Lpddr(self.image, ge.beat_bytes(self.cfg), len(d.m_axi_arid),
-                             latency=self.latency, rand=r, err_prob=self.err_prob,
-                             pause=self.axi_pause)
-        rr = r.random
-        self.cmd = _Source(d, "cmd", v.ExtCommand.as_shape(), OnOff(rr, self.idle, 2.0))
-        self.rsp = _Sink(d, "rsp", v.ExtResponse.as_shape(), OnOff(rr, self.bp), self.log["rsp_bp"])
-        self.pe = _Sink(d, "pe", v.ExtBeat.as_shape(), OnOff(rr, self.bp), self.log["pe_bp"])
-        self.fill = _Sink(d, "fill", v.FillBeat.as_shape(), OnOff(rr, self.bp), self.log["fill_bp"])
-        self.sinks = (self.pe, self.fill, self.rsp)
-        self._task = cocotb.start_soon(self._loop(fast_ram=not stock))
+            self.ram = Lpddr(d, self.image, ge.beat_bytes(self.cfg), latency=self.latency,
+                             rand=self.rand, err_prob=self.err_prob)
+            self.axi.on_ar = self.ram.accept
+        self.set_axi_pause(self.axi_pause)
+        models = [self.ram] if not stock else []
+        self._task = cocotb.start_soon(self.loop.run(
+            [self.cmd], [*self.sinks, *models, self.axi, self._wake], limit=1 << 62))
         if os.environ.get("ELMOE_EXT_WATCH"):
             cocotb.start_soon(self._watch())
 
@@ -371,143 +698,13 @@ class ExtTB:
             for part in path.split("."):
                 h = h._id(part, extended=False)
             hs.append((path, h))
-        while self.counter.cycle <= hi:
+        while self.loop.cycle <= hi:
             await RisingEdge(self.dut.clk)
             await ReadOnly()
-            if self.counter.cycle >= lo:
-                self.dut._log.info("w %d %s", self.counter.cycle, " ".join(
+            if self.loop.cycle >= lo:
+                self.dut._log.info("w %d %s", self.loop.cycle, " ".join(
                     f"{p.split('.')[-1]}={int(h.value) if h.value.is_resolvable else h.value}"
                     for p, h in hs))
-
-    async def _loop(self, fast_ram):
-        """The bench's whole per-cycle work (see the module docstring).
-
-        After each rising edge: take last cycle's handshakes, drive the next
-        values. In ReadOnly: sample, decide this cycle's handshakes, check
-        the AXI and stream rules, log pauses and back-pressure."""
-        d, cfg = self.dut, self.cfg
-        ctr, N = self.counter, cfg.axi_outstanding
-        edge, settle = RisingEdge(d.clk), ReadOnly()
-        cmd, sinks = self.cmd, self.sinks
-        ram = self.ram if fast_ram else None
-        ar_v, ar_r = d.m_axi_arvalid, d.m_axi_arready
-        ar_pay = [_reader(h) for h in (d.m_axi_araddr, d.m_axi_arlen, d.m_axi_arsize,
-                                       d.m_axi_arburst, d.m_axi_arid)]
-        read_arvalid, read_rready = _reader(d.m_axi_arvalid), _reader(d.m_axi_rready)
-        read_arready, read_rvalid = _reader(d.m_axi_arready), _reader(d.m_axi_rvalid)
-        read_cmd_ready = _reader(self.cmd.ready)
-        r_v, r_r = d.m_axi_rvalid, d.m_axi_rready
-        r_data, r_resp, r_last, r_id = d.m_axi_rdata, d.m_axi_rresp, d.m_axi_rlast, d.m_axi_rid
-        ar_log, r_log, rbeats = self.log["ar_pause"], self.log["r_pause"], self.rbeats
-        cmd.valid.value = 0
-        cmd_valid = False
-        cmd_fired = False
-        for s in sinks:
-            s.ready.value = 0
-            s.drive = False
-        arready = rvalid = False
-        beat = None
-        r_fired = False
-        r_drv = [None, None, None, None]          # rdata, rresp, rlast, rid as driven
-        if fast_ram:
-            ar_r.value = 0
-            r_v.value = 0
-        prev_ar = None
-        lens, done, done_beats = [], 0, 0
-        while True:
-            await edge
-            ctr.cycle += 1
-            cyc = ctr.cycle
-            # -- drive ---------------------------------------------------------
-            if cmd_fired:
-                cmd.item = None
-            idle = cmd.idle.off()
-            if cmd.item is None and cmd.queue and not idle:
-                cmd.item = cmd.queue.popleft()
-                cmd.payload.value = pack(cmd.layout, cmd.item)
-            if (cmd.item is not None) != cmd_valid:
-                cmd_valid = cmd.item is not None
-                cmd.valid.value = cmd_valid
-            for s in sinks:
-                rd = not s.backpressure.off()
-                if rd != s.drive:
-                    s.drive = rd
-                    s.ready.value = rd
-            if fast_ram:
-                a = ram.ar_ready()
-                if a != arready:
-                    arready = a
-                    ar_r.value = a
-                if r_fired:
-                    beat = None
-                if beat is None:
-                    beat = ram.next_beat(cyc)
-                    if beat is not None:
-                        for i, h in enumerate((r_data, r_resp, r_last, r_id)):
-                            if beat[i] != r_drv[i]:
-                                r_drv[i] = beat[i]
-                                h.value = beat[i]
-                    if (beat is not None) != rvalid:
-                        rvalid = beat is not None
-                        r_v.value = rvalid
-            # -- sample --------------------------------------------------------
-            await settle
-            cmd_fired = cmd_valid and bool(read_cmd_ready())
-            if cmd_fired:
-                cmd.sent.append((cyc, cmd.item))
-            av = read_arvalid()
-            if not fast_ram:
-                arready = read_arready()
-            if av or prev_ar is not None:
-                pay = tuple(f() for f in ar_pay) if av else None
-                if prev_ar is not None and pay != prev_ar:
-                    self.axi_errors.append(f"cycle {cyc}: AR dropped or changed before arready")
-                if av and arready:
-                    n = pay[1] + 1
-                    self.ar.append((cyc, pay[0], n, pay[2], pay[3], pay[4]))
-                    lens.append(n)
-                    if len(lens) - done > N:
-                        self.axi_errors.append(f"cycle {cyc}: {len(lens) - done} bursts in "
-                                               f"flight, more than {N}")
-                    if fast_ram:
-                        ram.accept(cyc, pay[4], pay[0], n)
-                    prev_ar = None
-                elif av:
-                    ar_log.append(cyc)
-                    prev_ar = pay
-                else:
-                    prev_ar = None
-            if not fast_ram:
-                rvalid = read_rvalid()
-            rr = read_rready()
-            r_fired = rvalid and rr
-            if r_fired:
-                rbeats.append(cyc)
-                done_beats += 1
-                if done < len(lens) and done_beats == lens[done]:
-                    done, done_beats = done + 1, 0
-            elif rr and done < len(lens):
-                r_log.append(cyc)
-            for s in sinks:
-                if s.read_valid():
-                    s.last_valid = cyc
-                    raw = s.read_payload()
-                    if s.pending is not None and raw != s.pending:
-                        s.rule_violations.append((cyc, "payload changed before ready"))
-                    if s.drive:
-                        s.received.append((cyc, s.unpack(raw)))
-                        s.pending = None
-                    else:
-                        s.log.append(cyc)
-                        s.pending = raw
-                elif s.pending is not None:
-                    s.rule_violations.append((cyc, "valid dropped before ready"))
-                    s.pending = None
-            w = self._wait
-            if w is not None and (cyc >= w[2] or (cmd.empty() and
-                                                  len(self.rsp.received) >= w[1])):
-                self._wait = None
-                w[0].set()
 
     # -- stimulus ------------------------------------------------------------
     def send(self, cmd):
@@ -695,8 +892,9 @@ class ExtTB:
         """Until every command sent has its response (the loop wakes us),
         then ``quiet`` more cycles (a stray beat after the last response
         would show)."""
-        ev = Event()
-        self._wait = (ev, len(self.cmds), self.counter.cycle + timeout)
+        ev, want = Event(), len(self.cmds)
+        self._wake.wait = (ev, lambda: self.cmd.empty() and len(self.rsp.received) >= want,
+                           self.loop.cycle + timeout)
         await ev.wait()
         if not (self.cmd.empty() and len(self.rsp.received) >= len(self.cmds)):
             got = len(self.rsp.received)
@@ -720,7 +918,7 @@ class ExtTB:
                                  f", the one before: {self.cmds[got - 1] if got else None}; "
                                  f"{len(self.ar)} bursts, last {self.ar[-3:]}; "
                                  f"{len(self.rbeats)} R beats, last at {self.rbeats[-1:]}; "
-                                 f"cycle {self.counter.cycle}; burst beats "
+                                 f"cycle {self.loop.cycle}; burst beats "
                                  f"{sum(x[2] for x in self.ar)}; ports "
                                  + ", ".join(f"{h}={getattr(self.dut, h).value}" for h in (
                                      "m_axi_rvalid", "m_axi_rready", "m_axi_arvalid",
@@ -730,9 +928,9 @@ class ExtTB:
         # then until no output has shown ``valid`` for ``quiet`` cycles: the
         # response leaves beside its fill's COMMIT, but a back-pressured
         # fill (or PE) FIFO may still hold beats of earlier commands
-        deadline = self.counter.cycle + timeout
-        while quiet and self.counter.cycle - max(s.last_valid for s in self.sinks) < quiet:
-            if self.counter.cycle >= deadline:
+        deadline = self.loop.cycle + timeout
+        while quiet and self.loop.cycle - max(self.last_valid(s) for s in self.sinks) < quiet:
+            if self.loop.cycle >= deadline:
                 raise AssertionError(f"timeout (seed {cocotb.RANDOM_SEED}): outputs still "
                                      f"valid {timeout} cycles after the last response")
             await ClockCycles(self.dut.clk, quiet)
@@ -742,7 +940,7 @@ class ExtTB:
         coverage, and every contract violation found."""
         cfg, bb = self.cfg, ge.beat_bytes(self.cfg)
         recs = getattr(self.ram, "records", None)
-        errors = list(self.axi_errors)
+        errors = list(self.axi.errors)
         if recs is not None and [(a, n) for _, a, n, _ in recs] != \
                 [(a, n) for _, a, n, *_ in self.ar]:
             errors.append("the memory model and the AR monitor disagree")
@@ -834,20 +1032,21 @@ class ExtTB:
         return exp_pe, exp_fill, exp_rsp, facts, errors
 
     def check(self, name="random"):
-        exp_pe, exp_fill, exp_rsp, facts, errors = self.golden()
+        """The scoreboard: every PE beat, fill beat and response against the
+        golden model's, in order (a kit :class:`Scoreboard` per stream: a
+        wrong, extra or missing item fails), the stream rules on every
+        output, and the AXI and burst contracts (:meth:`golden`); raises
+        AssertionError with them all. Then the coverage of the commands.
 
-        def cmp(label, sink, exp):
-            got = [x for _, x in sink.received]
-            if len(got) != len(exp):
-                errors.append(f"{label}: {len(got)} items, expected {len(exp)}")
-            for i, (a, e) in enumerate(zip(got, exp)):
-                if a != e:
-                    errors.append(f"{label}[{i}]: got {a}, expected {e}")
-                    break
-            errors.extend(f"{label} stream rule at {c}: {m}" for c, m in sink.rule_violations)
-        cmp("pe", self.pe, exp_pe)
-        cmp("rsp", self.rsp, exp_rsp)
-        cmp("fill", self.fill, exp_fill)
+        Returns
+        -------
+        tuple
+            The expected fill beats and the per-command facts.
+        """
+        exp_pe, exp_fill, exp_rsp, facts, errors = self.golden()
+        for sink, exp in ((self.pe, exp_pe), (self.rsp, exp_rsp), (self.fill, exp_fill)):
+            errors.extend(_scoreboard(sink.name, exp, [x for _, x in sink.received]))
+            errors.extend(f"{sink.name} stream rule at {c}: {m}" for c, m in sink.rule_violations)
         if errors:
             raise AssertionError(f"{len(errors)} mismatches (seed {cocotb.RANDOM_SEED}): "
                                  + "; ".join(errors[:6]))
@@ -878,6 +1077,33 @@ class ExtTB:
         geo = os.environ.get("ELMOE_EXT_GEOMETRY", f"s{self.cfg.slice_bits}-B{self.cfg.pes}")
         write_coverage("ext_stream", run=f"{name} {cocotb.SIM_NAME.split()[0].lower()} {geo}",
                        transactions=len(facts))
+
+
+def _scoreboard(name, expected, got):
+    """The kit :class:`Scoreboard` of ``got`` against ``expected`` (in
+    order): its error message, or nothing when every item matched and none
+    is missing or extra.
+
+    Parameters
+    ----------
+    name : str
+        Names the items (``"pe"``: messages ``pe 3: ... != expected ...``).
+    expected, got : list
+
+    Returns
+    -------
+    list of str
+    """
+    sb = Scoreboard(name)
+    for x in expected:
+        sb.expect(x)
+    for x in got:
+        sb.check(x)
+    try:
+        sb.finish()
+    except AssertionError as e:
+        return [str(e)]
+    return []
 
 
 async def _random_run(tb, n_cmds, target, batch=20):
@@ -925,7 +1151,7 @@ async def random_commands(dut):
     hist = collections.Counter(f["bursts"] for f in facts)
     volume = {"seed": cocotb.RANDOM_SEED, "commands_sent": len(tb.cmds),
               "commands_checked": len(facts), "bursts": len(tb.ar), "r_beats": len(tb.rbeats),
-              "cycles": tb.counter.cycle, "failed_by_faults": failed,
+              "cycles": tb.loop.cycle, "failed_by_faults": failed,
               "refused": sum(f["error"] == "RANGE" for f in facts),
               "over_outstanding": hist["over_outstanding"],
               "commands_by_bursts": {b: hist[b] for b in BURST_BINS},
@@ -937,8 +1163,8 @@ async def random_commands(dut):
                   "%d fill beats; %d cycles in %.1f s wall / %.1f s CPU (%.0f commands/s, "
                   "%.0f cycles/s of CPU)", len(facts), volume["commands_by_bursts"],
                   volume["across_4k"], len(tb.ar), len(tb.rbeats), failed, volume["refused"],
-                  len(tb.pe.received), len(exp_fill), tb.counter.cycle, wall, cpu,
-                  len(tb.cmds) / cpu, tb.counter.cycle / cpu)
+                  len(tb.pe.received), len(exp_fill), tb.loop.cycle, wall, cpu,
+                  len(tb.cmds) / cpu, tb.loop.cycle / cpu)
     out = os.environ.get("ELMOE_EXT_VOLUME_OUT")
     if out:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -952,15 +1178,6 @@ async def random_commands(dut):
         assert failed > 0, "no command failed: fault injection did not happen"
 
 
-class _Held:
-    """Back-pressure held on (``ready`` low) until ``hold`` is cleared."""
-
-    hold = True
-
-    def off(self) -> bool:
-        return self.hold
-
-
 @cocotb.test()
 async def fill_held_past_response(dut):
     """The drain waits for every output, not only for the responses. A
@@ -972,7 +1189,8 @@ async def fill_held_past_response(dut):
     failed so, two fill beats still in the FIFO behind back-pressure.)"""
     tb = ExtTB(dut, idle=0.0, backpressure=0.0, axi_pause=0.0, err_prob=0.0)
     await tb.start()
-    held = tb.fill.backpressure = _Held()
+    held = [True]                          # fill not ready until release() clears it
+    tb.set_backpressure(lambda: held[0], "fill")
     quiet = 40
 
     async def release():
@@ -980,7 +1198,7 @@ async def fill_held_past_response(dut):
             await RisingEdge(dut.clk)
         await ClockCycles(dut.clk, 3 * quiet)
         assert not tb.fill.received, "a fill beat passed while fill was held"
-        held.hold = False
+        held[0] = False
 
     waiter = cocotb.start_soon(release())
     lay = gl.lpddr_layout(tb.cfg)
@@ -1006,7 +1224,7 @@ async def golden_mutation_fails(dut):
     try:
         tb.check("mutation")
     except AssertionError as e:
-        assert "pe[" in str(e), e
+        assert re.search(r"\bpe \d+: .* != expected", str(e)), e     # a PE beat differs
         dut._log.info("golden mutation caught: %s", str(e)[:200])
         return
     raise AssertionError("a golden model off by one bit was not caught")
@@ -1144,8 +1362,9 @@ async def defect3(dut):
         tb.send(ge.command(addr=tb.expert_addr(), plane_mask=full, fill=0, slot=2))
         await tb.drain()
         exp_pe, _, exp_rsp = ge.split_command(cfg, tb.image, tb.cmds[-1])
-        assert [x for _, x in tb.pe.received][n_pe:] == exp_pe and \
-            tb.rsp.received[-1][1] == exp_rsp, f"{fault}: the next command was affected"
+        errs = (_scoreboard("pe", exp_pe, [x for _, x in tb.pe.received[n_pe:]])
+                + _scoreboard("rsp", [exp_rsp], [tb.rsp.received[-1][1]]))
+        assert not errs, f"{fault}: the next command was affected: {errs}"
         dut._log.info("defect3 %s: %s, PE stream ended with last+error, fill ABORT, next "
                       "command exact", fault, want)
     tb.check("defect3")
@@ -1206,7 +1425,7 @@ async def trace(dut):
             for part in path.split("."):
                 h = getattr(h, part)
             vals.append(f"{path}={h.value}")
-        dut._log.info("%d %s", tb.counter.cycle, " ".join(vals))
+        dut._log.info("%d %s", tb.loop.cycle, " ".join(vals))
 
 
 @cocotb.test(skip=os.environ.get("ELMOE_EXT_REPLAY") is None)
