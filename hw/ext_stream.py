@@ -74,6 +74,7 @@ __all__ = ["ExtStream", "CommandCheck", "RunWalker", "BurstCutter", "BeatRouter"
 #: dropped that command's run -- its beats went to the next command's run,
 #: responses were lost and the engine hung; found by the short-command mix
 #: of the random test, regression ``test_ext_tag_alias_regression``.)
+#: :attr:`ExtStream.tag_bits` defaults to it.
 TAG_BITS = 3
 
 
@@ -81,9 +82,10 @@ class ExtGeometry:
     """Everything the engine's components derive from a :class:`Config`
     (sizes, constants and the internal payload layouts)."""
 
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, tag_bits: int = TAG_BITS):
         require_config("ExtStream", cfg)
         self.cfg = cfg
+        self.tag_bits = tag_bits                               # command tag width
         v = hv.vocab(cfg)
         self.vocab = v
         self.n, self.k, self.B, self.fw = cfg.planes, cfg.hb_planes_eff, cfg.pes, cfg.fill_words
@@ -129,7 +131,7 @@ class ExtGeometry:
             "o0": unsigned(self.ob), "dbeats": unsigned(self.run_bits),
             "pe_stream": 1, "fill_end": 1, "range_err": 1,
             "id": unsigned(self.cmd_id_bits), "slot": unsigned(self.slot_bits),
-            "tag": unsigned(TAG_BITS)})
+            "tag": unsigned(self.tag_bits)})
         #: ``ExtRun``: RunWalker -> BurstCutter / BeatRouter, one run of a command
         self.run_t = hv.struct("ExtRun", {
             "addr": unsigned(self.aw), "beats": unsigned(self.run_bits),
@@ -137,7 +139,7 @@ class ExtGeometry:
             "row0": unsigned(self.row_bits), "hb_off0": unsigned(self.ob), "to_pe": 1,
             "to_fill": 1, "last_pe": 1, "region": HBRegionKind, "pe_stream": 1,
             "fill_end": 1, "range_err": 1, "id": unsigned(self.cmd_id_bits),
-            "slot": unsigned(self.slot_bits), "tag": unsigned(TAG_BITS)})
+            "slot": unsigned(self.slot_bits), "tag": unsigned(self.tag_bits)})
         #: ``AxiBurst``: BurstCutter -> the AR channel, one burst
         self.burst_t = hv.struct("AxiBurst", {
             "addr": unsigned(self.aw), "len": unsigned(8), "last": 1, "end": 1})
@@ -198,7 +200,7 @@ class CommandCheck(wiring.Component):
         dv = Signal(range(max(dense_span, 2) * 2))
         steps = max(g.D, 2).bit_length()
         cnt = Signal(range(steps + 1))
-        tag = Signal(TAG_BITS)
+        tag = Signal(g.tag_bits)
         hbm = Const((1 << g.k) - 1, g.n)
         o = self.o.payload
         with m.If(self.o.valid & self.o.ready):
@@ -278,7 +280,7 @@ class RunWalker(wiring.Component):
         self.geo = geo
         super().__init__({"i": In(stream.Signature(geo.walk_t)),
                           "o": Out(stream.Signature(geo.run_t)),
-                          "flush": In(1), "flush_tag": In(TAG_BITS)})
+                          "flush": In(1), "flush_tag": In(geo.tag_bits)})
 
     def elaborate(self, platform):
         m = Module()
@@ -507,7 +509,7 @@ class BeatRouter(wiring.Component):
             "fill_data": Out(v.FillBeat), "fill_en": Out(1), "fill_room": In(1),
             "rsp_data": Out(v.ExtResponse), "rsp_en": Out(1), "rsp_rdy": In(1),
             "failed": Out(1), "seq": Out(geo.seq_bits), "burst_done": Out(1),
-            "drop": Out(1), "drop_tag": Out(TAG_BITS)})
+            "drop": Out(1), "drop_tag": Out(geo.tag_bits)})
 
     def elaborate(self, platform):
         m = Module()
@@ -636,7 +638,7 @@ class BeatRouter(wiring.Component):
         # in the register slice in front of `runs` are popped and dropped; the
         # walker itself is flushed in the same cycle as the end (`drop`).
         dropping = Signal()
-        dtag = Signal(TAG_BITS)
+        dtag = Signal(g.tag_bits)
         stale = self.runs.valid & (self.runs.payload.tag == dtag)
         with m.If(dropping & ~stale):
             m.d.sync += dropping.eq(0)
@@ -708,8 +710,11 @@ class ExtStream(wiring.Component):
         When ``cfg`` is not a Config.
     """
 
+    #: Width of the command tag (:data:`TAG_BITS`).
+    tag_bits = TAG_BITS
+
     def __init__(self, cfg: Config):
-        self.geo = g = ExtGeometry(cfg)
+        self.geo = g = ExtGeometry(cfg, self.tag_bits)
         self.cfg = cfg
         v = g.vocab
         super().__init__({
@@ -759,7 +764,7 @@ class ExtStream(wiring.Component):
         wiring.connect(m, cutter.o, bq.i)
         ar_active = Signal()                  # the address side is on a command
         ar_seq = Signal(g.seq_bits)
-        ar_tag = Signal(TAG_BITS)
+        ar_tag = Signal(g.tag_bits)
         m.d.comb += [ar_walk.i.payload.eq(ar_cmds.r_data),
                      ar_walk.i.valid.eq(ar_cmds.r_rdy & ~ar_active),
                      ar_cmds.r_en.eq(ar_walk.i.ready & ~ar_active)]

@@ -17,6 +17,8 @@ import contextlib
 import fcntl
 import json
 import os
+import re
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +26,7 @@ from elmoe3d.blocks import get_block
 from elmoe3d.config import preset
 from elmoe3d.hw.ext_stream import ExtStream, ext_params
 from elmoe3d.sim.run.harness import SimulationFailed, build_root, simulate
+from elmoe3d.tb.ext_mutants import mutant_factory
 
 from conftest import ROOT, sim_params
 
@@ -115,11 +118,16 @@ RUNS_SLOW = {
 }
 
 
-def _run(name, simulator, testcase, env=None, cfg=None, seed=None):
+def _run(name, simulator, testcase, env=None, cfg=None, seed=None, bug=None):
+    """One cocotb run of the engine at geometry ``name`` (``cfg`` overrides
+    its Config); with ``bug``, of that planted-bug engine (``tb/ext_mutants.py``)."""
     b = get_block("ext_stream")
     cfg = cfg or CFGS[name]
     env = dict(env or {}, ELMOE_EXT_GEOMETRY=name)
-    return simulate(b.factory, block="ext_stream", params=b.params(cfg), top=b.top,
+    factory, block = b.factory, "ext_stream"
+    if bug:
+        factory, block = mutant_factory(bug), f"ext_stream-bug-{bug}"
+    return simulate(factory, block=block, params=b.params(cfg), top=b.top,
                     simulator=simulator, test_module="elmoe3d.tb.ext_stream_bench",
                     testcase=testcase, env=env, seed=seed)
 
@@ -244,22 +252,31 @@ def test_ext_defect3_regression(simulator, name):
     _verdict(RUNS, simulator, name, "defect3")
 
 
-#: The run that found the run-tag alias (hw/ext_stream.TAG_BITS): the short
-#: command mix at `tiny`, this seed, 80 commands in batches of 40. With the
-#: 2-bit tag, the run of command 69 (4 after the empty command 65) was
-#: flushed with it: wrong responses from command 69 on, then a hang (rvalid
-#: high, rready low for 300,000 cycles). It replays only with the bench's
-#: random draws as they were when it was found.
-TAG_ALIAS_SEED = 859557248
+#: The random run that catches the run-tag alias (hw/ext_stream.TAG_BITS):
+#: the short command mix at `tiny`, 80 commands in batches of 40
+#: (:data:`TAG_ALIAS_KNOBS`), this seed. The engine with a 2-bit tag
+#: (``tb/ext_mutants.py``, ``"tag2"``) hangs on it: 79 of 80 responses, then
+#: ``m_axi_rvalid`` high and ``m_axi_rready`` low until the bench's
+#: 300,000-cycle timeout; the engine passes.
+TAG_ALIAS_SEED = 4
+TAG_ALIAS_KNOBS = {"ELMOE_EXT_CMDS": "80", "ELMOE_EXT_LONG": "0.03", "ELMOE_EXT_BATCH": "40",
+                   "ELMOE_EXT_MIN_CHECKED": "80"}
 
 
 @pytest.mark.parametrize("simulator", [p for p in sim_params() if p.values[0] == "verilator"])
-def test_ext_tag_alias_regression(simulator):
+def test_ext_tag_alias_regression(simulator, tmp_path):
     """Regression: a refused or empty command's flush must not drop the runs
-    of the command 4 after it (failed on the 2-bit tag, 8448c45)."""
-    _run("tiny", simulator, "random_commands",
-         {"ELMOE_EXT_CMDS": "80", "ELMOE_EXT_LONG": "0.03", "ELMOE_EXT_BATCH": "40",
-          "ELMOE_EXT_MIN_CHECKED": "80"}, seed=TAG_ALIAS_SEED)
+    of the command 4 after it. The run at :data:`TAG_ALIAS_SEED` fails on
+    the 2-bit-tag mutant (a hang or wrong responses: the scoreboard's
+    timeout or mismatch, not a build or volume failure) and passes on the
+    engine. The mutant's coverage goes to a scratch folder."""
+    with pytest.raises(SimulationFailed, match="failed: random_commands") as exc:
+        _run("tiny", simulator, "random_commands",
+             dict(TAG_ALIAS_KNOBS, ELMOE_COVERAGE_DIR=str(tmp_path)),
+             seed=TAG_ALIAS_SEED, bug="tag2")
+    log = Path(re.search(r"log=(\S+)", str(exc.value)).group(1)).read_text()
+    assert re.search(r"AssertionError: (timeout|\d+ mismatches) \(seed", log), log[-3000:]
+    _run("tiny", simulator, "random_commands", TAG_ALIAS_KNOBS, seed=TAG_ALIAS_SEED)
 
 
 @pytest.mark.parametrize("simulator,name", _params(RUNS, "golden_mutation_fails"))
@@ -301,7 +318,6 @@ def _check_bandwidth(path, name):
 def test_ext_bandwidth(simulator, name):
     """R beats per cycle at read latencies 10/50/100 (bus peak 1 beat/cycle)."""
     _verdict(RUNS, simulator, name, "bandwidth")
-    from pathlib import Path
     _check_bandwidth(Path(RUNS[(simulator, name)]["bandwidth"]["ELMOE_MEASURE_OUT"]), name)
 
 
