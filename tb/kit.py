@@ -28,7 +28,8 @@ from cocotb.triggers import ReadOnly, RisingEdge
 
 from ..sim.run.payload import pack, unpack
 
-__all__ = ["chance", "reset", "Source", "Sink", "Streams", "CycleLoop", "Scoreboard"]
+__all__ = ["chance", "reset", "Source", "Sink", "Streams", "CycleLoop", "Scoreboard",
+           "Bench"]
 
 
 def chance(p, rand) -> bool:
@@ -398,3 +399,132 @@ class Scoreboard:
         if self.errors:
             raise AssertionError(f"{len(self.errors)} {self.name} error(s): "
                                  + "; ".join(self.errors[:5]))
+
+
+class Bench:
+    """The base of a bench's ``TB`` class (the verilog-axi benches' style):
+    its ports, its cycle loop and its scoreboards in one object, idle cycles
+    and back-pressure set on every port at once.
+
+    The bench makes its ports with :meth:`source` / :meth:`sink` (or adds
+    its own :class:`Source` / :class:`Sink` subclasses with :meth:`add`),
+    in the order they are to be driven (that order fixes the sequence of
+    draws); :meth:`run` runs them all with one :class:`CycleLoop`;
+    :meth:`finish` ends every scoreboard made with :meth:`scoreboard` and
+    fails on any stream-rule violation.
+
+    Parameters
+    ----------
+    dut
+        The DUT (``dut.clk`` clocks the loop).
+    rand : random.Random
+        The draws for idle cycles and back-pressure.
+    idle : float or callable
+        Idle probability of every source (:meth:`set_idle`).
+    backpressure : float or callable, optional
+        Back-pressure of every sink (default: ``idle``).
+    on_stall : callable, optional
+        Called with the port name on every stalled cycle (:class:`Source`).
+    loop : CycleLoop, optional
+        Another bench's loop to share (its cycle count is this bench's
+        time base); default a new one on ``dut.clk``.
+
+    Attributes
+    ----------
+    sources, sinks : list
+        The ports, in driving order.
+    scoreboards : list of Scoreboard
+    loop : CycleLoop
+    """
+
+    def __init__(self, dut, rand, *, idle=0.0, backpressure=None, on_stall=None, loop=None):
+        self.dut, self.rand = dut, rand
+        self.streams = Streams(dut, rand, idle, backpressure, on_stall)
+        self.loop = loop if loop is not None else CycleLoop(dut.clk)
+        self.sources, self.sinks, self.scoreboards = [], [], []
+
+    @property
+    def cycle(self) -> int:
+        """The cycles run so far (:attr:`CycleLoop.cycle`)."""
+        return self.loop.cycle
+
+    def later(self, d: int) -> int:
+        """The cycle ``d`` cycles from now."""
+        return self.loop.later(d)
+
+    def add(self, port):
+        """Run ``port`` (a :class:`Source` or :class:`Sink`, or a subclass)
+        in this bench's loop, after the ports added so far. Returns it."""
+        (self.sinks if isinstance(port, Sink) else self.sources).append(port)
+        return port
+
+    def source(self, prefix: str, layout, **kw) -> Source:
+        """A :class:`Source` for ``prefix`` with the bench's settings
+        (``kw``: ``later``), added to the loop."""
+        return self.add(self.streams.source(prefix, layout, **kw))
+
+    def sink(self, prefix: str, layout, fn=None) -> Sink:
+        """A :class:`Sink` for ``prefix`` handing each payload to ``fn``,
+        added to the loop."""
+        return self.add(self.streams.sink(prefix, layout, fn))
+
+    def scoreboard(self, name: str, compare=None) -> Scoreboard:
+        """A :class:`Scoreboard` that :meth:`finish` ends."""
+        sb = Scoreboard(name, compare)
+        self.scoreboards.append(sb)
+        return sb
+
+    def set_idle(self, p=0.0, names=None):
+        """Idle probability (or callable, :func:`chance`) of the sources named
+        in ``names`` (default: every source, and those made later)."""
+        for s in self.sources:
+            if names is None or s.name in names:
+                s.idle = p
+        if names is None:
+            self.streams.idle = p
+
+    def set_backpressure(self, p=0.0, names=None):
+        """Back-pressure probability (or callable) of the sinks named in
+        ``names`` (default: every sink, and those made later)."""
+        for s in self.sinks:
+            if names is None or s.name in names:
+                s.backpressure = p
+        if names is None:
+            self.streams.backpressure = p
+
+    def set_idle_generator(self, generator=None):
+        """verilog-axi's setter: each source draws its idle decisions from
+        its own ``generator()`` (an iterator of truth values, advanced once
+        per cycle an item waits to be offered); ``None``: no idle cycles."""
+        for s in self.sources:
+            s.idle = _stepper(generator()) if generator is not None else 0.0
+
+    def set_backpressure_generator(self, generator=None):
+        """verilog-axi's setter: each sink draws ``ready`` low from its own
+        ``generator()`` (advanced once per cycle); ``None``: always ready."""
+        for s in self.sinks:
+            s.backpressure = _stepper(generator()) if generator is not None else 0.0
+
+    async def run(self, *, limit: int, before=None, stop=None, done=None,
+                  grace: int = 50) -> int:
+        """Run every port (:meth:`CycleLoop.run`, same arguments)."""
+        return await self.loop.run(self.sources, self.sinks, limit=limit, before=before,
+                                   stop=stop, done=done, grace=grace)
+
+    def rule_violations(self) -> int:
+        """Stream-rule violations seen on the sinks so far."""
+        return sum(len(s.rule_violations) for s in self.sinks)
+
+    def finish(self, context: str = ""):
+        """End every scoreboard (:meth:`Scoreboard.finish`, ``context`` into
+        its message), then raise AssertionError on any stream-rule
+        violation."""
+        for sb in self.scoreboards:
+            sb.finish(context)
+        viol = self.rule_violations()
+        assert viol == 0, f"{viol} stream-rule violations on the outputs"
+
+
+def _stepper(it):
+    """A :func:`chance` callable taking each decision from iterator ``it``."""
+    return lambda: bool(next(it))
