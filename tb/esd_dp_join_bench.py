@@ -89,7 +89,8 @@ class TB(Bench):
     """
 
     def __init__(self, dut, env, idle):
-        super().__init__(dut, env.rand, idle=idle, on_stall=_stall)
+        # MoETB's loop: its cycle is the time base of the HB and LPDDR queues
+        super().__init__(dut, env.rand, idle=idle, on_stall=_stall, loop=env.loop)
         self.env, self.cfg = env, env.cfg
         cfg = env.cfg
         t = {k: data.Layout.cast(v) for k, v in esd_ports(cfg).items()}
@@ -134,7 +135,6 @@ class TB(Bench):
             self.problems.append(f"ExtCommand address {c['addr']:#x} is not an expert's base")
         planes = [q for q in range(cfg.planes) if (c["plane_mask"] >> q) & 1]
         before = len(env.ext_q)
-        env.cycle = self.cycle
         env._queue_ext(layer, e, planes, None)
         nb = len(env.ext_q) - before
         done = self.later(env.ext_latency + nb + r.randint(0, 8))
@@ -150,7 +150,6 @@ class TB(Bench):
         """Fills whose time came end: the slot holds the expert's image, HB
         strobes ``commit`` (one per cycle) and reports FillDone later."""
         env, dut = self.env, self.dut
-        env.cycle = cycle
         for x in [x for x in self.ends if x[0] <= cycle]:
             self.ends.remove(x)
             self.commits.append(x[1:])
@@ -167,7 +166,6 @@ class TB(Bench):
 
     def on_hb(self, b):
         def fn(c):
-            self.env.cycle = self.cycle
             self.env._hb_serve(b, _plain(c))
         return fn
 
