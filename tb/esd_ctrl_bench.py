@@ -40,8 +40,10 @@ the covered mask, and at every KV move (between passes) and at the end the
 tag unit's ``resident`` must equal those bits and ``pending`` be 0.
 
 Every stream has random idle cycles and back-pressure (``$ELMOE_ESD_IDLE``,
-default 0.2); one coroutine drives and samples every port each cycle (about
-twice as fast as one coroutine per port). ``$ELMOE_ESD_FAST=1`` replaces every
+default 0.2); the bench is a :class:`TB` on the testbench kit
+(:class:`~elmoe3d.tb.kit.Bench`: the ports, one cycle loop driving and
+sampling every port each cycle -- about twice as fast as one coroutine per
+port --, the host responses' scoreboard). ``$ELMOE_ESD_FAST=1`` replaces every
 random choice by the fastest one (no idle cycles, no back-pressure, every
 modelled block at its minimum latency): a deterministic environment in which
 two controller designs' cycle counts compare directly; the result then also
@@ -70,7 +72,8 @@ from elmoe3d.hw.esd_ctrl import COUNTERS, TagOp, esd_ports
 from elmoe3d.hw.esd_feed import ROLE_OF_PHASE as _ROLE_OF
 from elmoe3d.sim.run.tile_script import (counter_mismatch, counters_of, host_script,
                                          response_mismatch)
-from elmoe3d.tb.common import CycleLoop, Streams, params, reset, rng, start_clock_and_reset
+from elmoe3d.tb.common import Streams, params, reset, rng, start_clock_and_reset
+from elmoe3d.tb.kit import Bench
 
 
 # -- functional coverage (cocotb-coverage, written by tb/coverage.py) ----------------------
@@ -246,6 +249,60 @@ def check_results(case, expected, responses, events, sinks, cycles):
                 name=case.get("name"))
 
 
+def _response_differs(want, got):
+    """The response scoreboard's comparison: ``None`` for a counter readout
+    (its value is compared with the golden counter at the end), else the
+    first field of the golden response ``want`` that ``got`` differs in."""
+    if want is None:
+        return None
+    for k, v in want.items():
+        if got[k] != v:
+            return f"{k} {got[k]} != {v}; got {got}"
+    return None
+
+
+class CtrlBench(Bench):
+    """The base of the benches around the controller (this one, the tile's
+    memory side, the tile top): the kit's ports and loop with idle cycles
+    and back-pressure ``idle`` drawn from ``rand`` (a stall of a covered
+    stream a coverage sample), the host responses' scoreboard and the
+    end-of-case checks.
+
+    Attributes
+    ----------
+    responses, events : list
+        Host responses and trace events, as they arrived.
+    board : Scoreboard
+        The host responses against the golden's (:meth:`expect_responses`).
+    """
+
+    def __init__(self, dut, rand, idle):
+        super().__init__(dut, rand, idle=idle, on_stall=_stall)
+        self.responses, self.events = [], []
+        self.board = self.scoreboard("response", compare=_response_differs)
+
+    def expect_responses(self, case, expected):
+        """The golden responses ``expected`` to the case's script, in order,
+        then one counter readout per counter (values checked at the end)."""
+        script = case["script"]
+        for i, want in enumerate(expected):
+            self.board.expect(want, f"({script[i] if i < len(script) else '?'})")
+        for _ in COUNTERS:
+            self.board.expect(None, "(COUNTER)")
+
+    def on_response(self, p):
+        """A host response: recorded and checked."""
+        self.responses.append(p)
+        self.board.check(p)
+
+    def check_results(self, case, expected, cycles):
+        """The end-of-case checks: every host response arrived and was the
+        golden's (the scoreboard), then :func:`check_results`. Returns the
+        case's result record."""
+        self.board.finish(f"by cycle {cycles}")
+        return check_results(case, expected, self.responses, self.events, self.sinks, cycles)
+
+
 @cocotb.test()
 async def replay(dut):
     """Every case of ``$ELMOE_ESD_CASE`` (one, or a list under ``cases``), the
@@ -261,7 +318,7 @@ async def replay(dut):
         dut.commit__valid.value = 0
         dut.commit__slot.value = 0
         dut.disabled.value = 0
-    await replay_cases(dut, _case(), lambda case: run_case(dut, case, cfg, t, r, idle))
+    await replay_cases(dut, _case(), lambda case: TB(dut, case, cfg, t, r, idle).run_case())
 
 
 async def replay_cases(dut, loaded, run_one):
@@ -293,179 +350,206 @@ class _Fastest:
         return 1.0
 
 
-async def run_case(dut, case, cfg, t, r, idle):
-    loop = CycleLoop(dut.clk)
-    later = loop.later
-    joined = hasattr(dut, "commit__valid")       # EsdTagJoin: the real tag unit inside
-    tags = None if joined else gesd.TagPolicy(cfg)
-    S = cfg.tag_slots
-    hb_valid = [0] * S                           # the HB model's slot_valid bits (joined)
-    commits = collections.deque()                # fills ended, HB commits one per cycle
-    hb_drive = {"commit": None, "disabled": None}
-    if joined:
-        dut.commit__valid.value = 0
-        dut.commit__slot.value = 0
-        dut.disabled.value = 0
-    faults = dict(case.get("faults") or {})
-    ext_seen = [0]
-    problems = []
-    responses, events = [], []
+class TB(CtrlBench):
+    """The controller's bench for one case (module doc): the host, the
+    modelled tag unit (unless joined), stream engine, HB and datapath on the
+    kit's ports, one cycle loop, the response scoreboard.
 
-    io = streams(dut, r, idle)
-    host = io.source("host_cmd", t["HostCommand"])
-    tag_rsp = None if joined else io.source("tag_rsp", t["TagResponse"])
-    ext_rsp = io.source("ext_rsp", t["ExtResponse"])
-    fill_done = io.source("fill_done", t["FillDone"])
-    kv_move = io.source("kv_move", t["KVMove"])
-    announce = io.source("dp_announce", t["ExpertNeed"])
-    dp_done = io.source("dp_done", t["PassStats"])
-    cand = (io.source("dp_cand", t["PrefetchCandidate"])
-            if hasattr(dut, "dp_cand__valid") else None)
+    Parameters
+    ----------
+    dut
+        ``elmoe3d_esd_ctrl`` or ``elmoe3d_esd_tag_join`` (detected by its
+        ``commit`` port: the real tag unit inside).
+    case : dict
+        The golden case (script, events, counters, faults).
+    cfg : Config
+    t : dict
+        The controller's port layouts (:func:`~elmoe3d.hw.esd_ctrl.esd_ports`).
+    rand : random.Random or _Fastest
+        Every random choice of the bench.
+    idle : float
+        Idle and back-pressure probability of every stream.
+    """
 
-    def blank(layout):
-        return {name: 0 for name, _ in t[layout]}
+    def __init__(self, dut, case, cfg, t, rand, idle):
+        super().__init__(dut, rand, idle)
+        self.case, self.cfg, self.t = case, cfg, t
+        self.joined = joined = hasattr(dut, "commit__valid")
+        self.tags = None if joined else gesd.TagPolicy(cfg)
+        self.hb_valid = [0] * cfg.tag_slots      # the HB model's slot_valid bits (joined)
+        self.commits = collections.deque()       # fills ended, HB commits one per cycle
+        self.ends = []                           # (cycle, slot, ok) of fills to end (joined)
+        self.disabled = None                     # the covered mask to drive next (joined)
+        if joined:
+            dut.commit__valid.value = 0
+            dut.commit__slot.value = 0
+            dut.disabled.value = 0
+        self.faults = dict(case.get("faults") or {})
+        self.ext_seen = 0
+        self.kv_state = 0
+        self.problems = []
+        self.passes = collections.deque()        # experts still to be sourced, per pass
+        self.times = dict(responses=[], events=[])
+
+        # sources in driving order (fixes the sequence of idle draws)
+        self.host = self.source("host_cmd", t["HostCommand"])
+        self.ext_rsp = self.source("ext_rsp", t["ExtResponse"])
+        self.fill_done = self.source("fill_done", t["FillDone"])
+        self.kv_move = self.source("kv_move", t["KVMove"])
+        self.announce = self.source("dp_announce", t["ExpertNeed"])
+        self.dp_done = self.source("dp_done", t["PassStats"])
+        self.cand = (self.source("dp_cand", t["PrefetchCandidate"])
+                     if hasattr(dut, "dp_cand__valid") else None)
+        # (joined: tag_cmd / tag_rsp are inner wires; a write would stick on Icarus)
+        self.tag_rsp = None if joined else self.source("tag_rsp", t["TagResponse"])
+        self.sink("host_rsp", t["HostResponse"], self._timed(self.on_response, "responses"))
+        self.sink("trace", t["TraceEvent"], self._timed(self.events.append, "events"))
+        if not joined:
+            self.sink("tag_cmd", t["TagCommand"], self.on_tag)
+        self.sink("ext_cmd", t["ExtCommand"], self.on_ext)
+        self.sink("kv_req", t["KVRequest"], self.on_kv)
+        self.sink("dp_step", t["StepInfo"], self.on_step)
+        self.sink("dp_source", t["ExpertSource"], self.on_source)
+        self.router = StepRouter(case, cfg, self.announce, self.problems, self.cand)
+
+    def _timed(self, fn, key):
+        def put(x):
+            fn(x)
+            self.times[key].append((self.cycle, x.get("kind", x.get("op"))))
+        return put
 
     # ---- tag unit -----------------------------------------------------------------
-    def on_tag(c):
+    def on_tag(self, c):
         if c["op"] not in _TAG_OPS:
-            problems.append(f"unexpected tag op {c['op']}")
-        tag_rsp.put(tags.execute(c), later(r.randint(1, 4)))
+            self.problems.append(f"unexpected tag op {c['op']}")
+        self.tag_rsp.put(self.tags.execute(c), self.later(self.rand.randint(1, 4)))
 
     # ---- stream engine and HB fills -------------------------------------------------
-    def on_ext(c):
-        i = ext_seen[0]
-        ext_seen[0] += 1
-        err = int(faults.get(i, 0))
+    def on_ext(self, c):
+        r = self.rand
+        i = self.ext_seen
+        self.ext_seen += 1
+        err = int(self.faults.get(i, 0))
         d = r.randint(2, 25)
-        ext_rsp.put(dict(id=c["id"], error=err, resident=int(bool(c["fill"]) and not err),
-                         slot=c["slot"]), later(d))
+        self.ext_rsp.put(dict(id=c["id"], error=err, resident=int(bool(c["fill"]) and not err),
+                              slot=c["slot"]), self.later(d))
         if c["fill"]:
             slot, ok = c["slot"], not err
-            if joined:
-                hb_valid[slot] = 0                   # HB: a fill into the slot began
-                ends.append((later(d + r.randint(0, 6)), slot, ok))
+            if self.joined:
+                self.hb_valid[slot] = 0              # HB: a fill into the slot began
+                self.ends.append((self.later(d + r.randint(0, 6)), slot, ok))
                 return
+            tags = self.tags
 
             def fire(slot=slot, ok=ok):
                 if ok:
                     tags.commit(slot)
                 return dict(slot=slot, ok=int(ok))
-            fill_done.put(fire, later(d + r.randint(0, 6)))
+            self.fill_done.put(fire, self.later(d + r.randint(0, 6)))
 
-    ends = []                                    # (cycle, slot, ok) of fills to end (joined)
-
-    def hb_cycle(cycle):
+    def hb_cycle(self, cycle):
         """Joined: fills whose time came queue up; HB commits one per cycle (the
         strobe into the tag unit) and reports FillDone from the cycle after;
         the commit strobe and the disabled mask driven."""
-        due = [x for x in ends if x[0] <= cycle]
+        due = [x for x in self.ends if x[0] <= cycle]
         for x in due:
-            ends.remove(x)
-            commits.append(x[1:])
-        hb_drive["commit"] = None
-        while commits:
-            slot, ok = commits.popleft()
-            fill_done.put(dict(slot=slot, ok=int(ok)), later(1 + r.randint(0, 3)))
+            self.ends.remove(x)
+            self.commits.append(x[1:])
+        commit = None
+        while self.commits:
+            slot, ok = self.commits.popleft()
+            self.fill_done.put(dict(slot=slot, ok=int(ok)), self.later(1 + self.rand.randint(0, 3)))
             if ok:
-                hb_valid[slot] = 1
-                hb_drive["commit"] = slot
+                self.hb_valid[slot] = 1
+                commit = slot
                 break
-        c_ = hb_drive["commit"]
-        dut.commit__valid.value = c_ is not None
-        dut.commit__slot.value = c_ or 0
-        if hb_drive["disabled"] is not None:
-            dut.disabled.value = hb_drive["disabled"]
-            hb_drive["disabled"] = None
+        dut = self.dut
+        dut.commit__valid.value = commit is not None
+        dut.commit__slot.value = commit or 0
+        if self.disabled is not None:
+            dut.disabled.value = self.disabled
+            self.disabled = None
 
-    kv_state = [0]
+    def hb_mismatch(self):
+        """Joined: ``(resident, pending, HB valid)`` if the tag unit's
+        resident slots differ from HB's valid bits or a fill is pending,
+        else ``None``."""
+        res = self.dut.resident.value.to_unsigned()
+        pend = self.dut.pending.value.to_unsigned()
+        mine = sum(v << s_ for s_, v in enumerate(self.hb_valid))
+        return (res, pend, mine) if res != mine or pend else None
 
-    def on_kv(c):
+    def on_kv(self, c):
+        cfg, S = self.cfg, self.cfg.tag_slots
         words = c["kv_words"]
         if words > gl.kv_limit(cfg):                 # HB would refuse it (KVMove.error)
-            problems.append(f"KV request of {words} words beyond the limit {gl.kv_limit(cfg)}")
+            self.problems.append(f"KV request of {words} words beyond the limit "
+                                 f"{gl.kv_limit(cfg)}")
         mask = gl.slot_covered_mask(cfg, words)
-        newly = mask & ~kv_state[0]
-        if joined:
+        newly = mask & ~self.kv_state
+        if self.joined:
             # between passes: HB's valid bits are the tag unit's RESIDENT slots
-            res, pend = dut.resident.value.to_unsigned(), dut.pending.value.to_unsigned()
-            mine = sum(v << s_ for s_, v in enumerate(hb_valid))
-            if res != mine or pend:
-                problems.append(f"cycle {loop.cycle}: tag unit resident {res:#x} pending "
-                                f"{pend:#x}, HB valid {mine:#x} at a KV move")
+            bad = self.hb_mismatch()
+            if bad:
+                self.problems.append(f"cycle {self.cycle}: tag unit resident {bad[0]:#x} "
+                                     f"pending {bad[1]:#x}, HB valid {bad[2]:#x} at a KV move")
+            mine = sum(v << s_ for s_, v in enumerate(self.hb_valid))
             inv = newly & mine
             for s_ in range(S):
                 if (mask >> s_) & 1:
-                    hb_valid[s_] = 0
-            hb_drive["disabled"] = mask
+                    self.hb_valid[s_] = 0
+            self.disabled = mask
         else:
-            inv = sum(1 << s_ for s_ in range(S) if (newly >> s_) & 1 and tags.valid[s_])
-            tags.set_disabled(mask)
-        kv_state[0] = mask
-        kv_move.put(dict(kv_words=words, covered=newly, invalidated=inv, error=0),
-                    later(r.randint(1, 8)))
+            inv = sum(1 << s_ for s_ in range(S) if (newly >> s_) & 1 and self.tags.valid[s_])
+            self.tags.set_disabled(mask)
+        self.kv_state = mask
+        self.kv_move.put(dict(kv_words=words, covered=newly, invalidated=inv, error=0),
+                         self.later(self.rand.randint(1, 8)))
 
     # ---- datapath -------------------------------------------------------------------
-    router = StepRouter(case, cfg, announce, problems, cand)
-    passes = collections.deque()             # experts still to be sourced, per pass
+    def on_step(self, c):
+        for ntok, counts, order in self.router.passes(c):
+            self.passes.append([len(order), ntok, len(order), sum(counts.values())])
+        self.pass_check()
 
-    def on_step(c):
-        for ntok, counts, order in router.passes(c):
-            passes.append([len(order), ntok, len(order), sum(counts.values())])
-        pass_check()
-
-    def pass_check():
-        while passes and passes[0][0] == 0:
-            _, ntok, nexp, pairs = passes.popleft()
-            st = blank("PassStats")
+    def pass_check(self):
+        while self.passes and self.passes[0][0] == 0:
+            _, ntok, nexp, pairs = self.passes.popleft()
+            st = {name: 0 for name, _ in self.t["PassStats"]}
             st.update(tokens=ntok, experts=nexp, expert_tokens=pairs)
-            dp_done.put(st, later(r.randint(1, 30)))
+            self.dp_done.put(st, self.later(self.rand.randint(1, 30)))
 
-    def on_source(c):
-        if not passes:
-            problems.append("a source answer outside a pass")
+    def on_source(self, c):
+        if not self.passes:
+            self.problems.append("a source answer outside a pass")
             return
-        passes[0][0] -= 1
-        pass_check()
-
-    times = dict(responses=[], events=[])
-
-    def timed(lst, key):
-        def put(x):
-            lst.append(x)
-            times[key].append((loop.cycle, x.get("kind", x.get("op"))))
-        return put
-
-    # (joined: tag_cmd / tag_rsp are inner wires; a write would stick on Icarus)
-    sinks = [io.sink("host_rsp", t["HostResponse"], timed(responses, "responses")),
-             io.sink("trace", t["TraceEvent"], timed(events, "events")),
-             *([] if joined else [io.sink("tag_cmd", t["TagCommand"], on_tag)]),
-             io.sink("ext_cmd", t["ExtCommand"], on_ext),
-             io.sink("kv_req", t["KVRequest"], on_kv),
-             io.sink("dp_step", t["StepInfo"], on_step),
-             io.sink("dp_source", t["ExpertSource"], on_source)]
-    sources = [host, ext_rsp, fill_done, kv_move, announce, dp_done]
-    if cand is not None:
-        sources.append(cand)
-    if not joined:
-        sources.append(tag_rsp)
+        self.passes[0][0] -= 1
+        self.pass_check()
 
     # ---- the host -------------------------------------------------------------------
-    expected = []
-    for cmd, want in host_script(case):
-        host.put(cmd)
-        if want is not None:
-            expected.append(want)
-    total = len(expected) + len(COUNTERS)
-    limit = int(os.environ.get("ELMOE_ESD_MAX_CYCLES", "50000000"))
-    cycles = await loop.run(sources, sinks, limit=limit, before=hb_cycle if joined else None,
-                            stop=lambda: problems, done=lambda: len(responses) >= total)
-    assert not problems, problems[:5]
-    if joined:
-        res, pend = dut.resident.value.to_unsigned(), dut.pending.value.to_unsigned()
-        mine = sum(v << s_ for s_, v in enumerate(hb_valid))
-        assert res == mine and not pend, (f"end: tag unit resident {res:#x} pending {pend:#x}, "
-                                          f"HB valid {mine:#x}")
-    out = check_results(case, expected, responses, events, sinks, cycles)
-    if isinstance(r, _Fastest):
-        out["times"] = times
-    return out
+    async def run_case(self):
+        """Send the case's host script, run until every response is in (or a
+        problem, or ``$ELMOE_ESD_MAX_CYCLES``), check; the result record (in
+        the fast environment with the cycle and kind of every response and
+        event, ``times``)."""
+        case = self.case
+        expected = []
+        for cmd, want in host_script(case):
+            self.host.put(cmd)
+            if want is not None:
+                expected.append(want)
+        self.expect_responses(case, expected)
+        total = len(expected) + len(COUNTERS)
+        limit = int(os.environ.get("ELMOE_ESD_MAX_CYCLES", "50000000"))
+        cycles = await self.run(limit=limit, before=self.hb_cycle if self.joined else None,
+                                stop=lambda: self.problems,
+                                done=lambda: len(self.responses) >= total)
+        assert not self.problems, self.problems[:5]
+        if self.joined:
+            bad = self.hb_mismatch()
+            assert bad is None, (f"end: tag unit resident {bad[0]:#x} pending {bad[1]:#x}, "
+                                 f"HB valid {bad[2]:#x}")
+        out = self.check_results(case, expected, cycles)
+        if isinstance(self.rand, _Fastest):
+            out["times"] = self.times
+        return out

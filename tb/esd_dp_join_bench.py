@@ -24,7 +24,9 @@ Served by testbench models (imported, not copied):
 * the controller's other streams: the testbench kit's
   :class:`~elmoe3d.tb.kit.Source` / :class:`~elmoe3d.tb.kit.Sink` (random
   idle and back-pressure, stream rules), the HB and LPDDR beats fed from
-  :class:`MoETB`'s queues.
+  :class:`MoETB`'s queues; all of it the bench class :class:`TB` (the kit's
+  :class:`~elmoe3d.tb.kit.Bench`: ports, one cycle loop, the host
+  responses' scoreboard).
 
 Checks: the trace equals the golden control sequence event for event
 (:func:`elmoe3d.golden.esd.compare`), every host response the golden's,
@@ -52,22 +54,14 @@ from ..golden import layout as gl
 from ..hw.esd_ctrl import HostOp, esd_ports
 from ..hw.vocab import host_token
 from ..sim.run import tile_script
-from .common import CycleLoop, Scoreboard, golden_mutation, params, start_clock_and_reset
-from .esd_ctrl_bench import streams
+from .common import golden_mutation, params, start_clock_and_reset
+from .esd_ctrl_bench import _response_differs, _stall
+from .kit import Bench
 from .moe_layer_bench import MoETB
 
 
 def _plain(d):
     return {k: (x.value if hasattr(x, "value") else x) for k, x in d.items()}
-
-
-def _response_differs(want, got):
-    """The first field of the golden response ``want`` that ``got`` differs
-    in, or None (the response scoreboard's comparison)."""
-    for k, val in want.items():
-        if got[k] != val:
-            return f"{k} {got[k]} != {val}"
-    return None
 
 
 def golden_script(cfg, env, rounds, batch, np_rng, faults=None):
@@ -78,11 +72,111 @@ def golden_script(cfg, env, rounds, batch, np_rng, faults=None):
                                      mutant=os.environ.get("ELMOE_JOIN_MUTANT") or None)
 
 
+class TB(Bench):
+    """The joined decode's bench (module doc): the host, the HB / LPDDR /
+    fill models around :class:`MoETB`'s queues, on the kit's ports, one
+    cycle loop, the response scoreboard.
+
+    Parameters
+    ----------
+    dut
+        ``elmoe3d_esd_dp_join``.
+    env : MoETB
+        The layers, and the HB and LPDDR beat queues (``hb_q``, ``ext_q``),
+        built with no expert resident.
+    idle : float
+        Idle and back-pressure probability of every stream.
+    """
+
+    def __init__(self, dut, env, idle):
+        # MoETB's loop: its cycle is the time base of the HB and LPDDR queues
+        super().__init__(dut, env.rand, idle=idle, on_stall=_stall, loop=env.loop)
+        self.env, self.cfg = env, env.cfg
+        cfg = env.cfg
+        t = {k: data.Layout.cast(v) for k, v in esd_ports(cfg).items()}
+        v = env.v
+        self.problems, self.events, self.outputs = [], [], []
+        self.hb_valid = [0] * cfg.tag_slots
+        self.ends, self.commits = [], collections.deque()
+        self.responses = self.scoreboard("response", compare=_response_differs)
+
+        self.host = self.source("host_cmd", t["HostCommand"])
+        self.xin = self.source("x", data.Layout.cast(host_token(cfg.hidden)))
+        self.ext_rsp = self.source("ext_rsp", t["ExtResponse"])
+        self.fill_done = self.source("fill_done", t["FillDone"])
+        self.kv_move = self.source("kv_move", t["KVMove"])
+        # HB and LPDDR beats: MoETB's queues of (due cycle, packed payload)
+        self.ext_in = self.source("ext", None, later=env.ext_q)
+        self.hb_in = [self.source(f"hb_data__{b}", None, later=env.hb_q[b])
+                      for b in range(env.B)]
+        self.sink("host_rsp", t["HostResponse"], self.responses.check)
+        self.sink("trace", t["TraceEvent"], self.events.append)
+        self.sink("ext_cmd", t["ExtCommand"], lambda c: self.on_ext(_plain(c)))
+        self.sink("kv_req", t["KVRequest"], self.on_kv)
+        self.sink("o", data.Layout.cast(v.MoEOutput), self.outputs.append)
+        for b in range(env.B):
+            self.sink(f"hb_cmd__{b}", data.Layout.cast(v.HBRead), self.on_hb(b))
+
+    def send(self, cmds, vecs, want_rsp):
+        """Queue the host commands and token vectors; expect the responses."""
+        for c in cmds:
+            self.host.put(c)
+        for i, want in enumerate(want_rsp):
+            self.responses.expect(want, f"({cmds[i] if i < len(cmds) else '?'})")
+        for x in vecs:
+            self.xin.put(dict(x=x))
+
+    def on_ext(self, c):
+        env, cfg, r = self.env, self.cfg, self.rand
+        rel = c["addr"] - cfg.lpddr_base
+        le, off = divmod(rel, cfg.expert_bytes)
+        layer, e = divmod(le, cfg.experts)
+        if off:
+            self.problems.append(f"ExtCommand address {c['addr']:#x} is not an expert's base")
+        planes = [q for q in range(cfg.planes) if (c["plane_mask"] >> q) & 1]
+        before = len(env.ext_q)
+        env._queue_ext(layer, e, planes, None)
+        nb = len(env.ext_q) - before
+        done = self.later(env.ext_latency + nb + r.randint(0, 8))
+        self.ext_rsp.put(dict(id=c["id"], error=0, resident=int(bool(c["fill"])),
+                              slot=c["slot"]), done)
+        if c["fill"]:
+            s = c["slot"]
+            self.hb_valid[s] = 0                  # HB: the slot is invalid from the fill on
+            env.slots.pop(s, None)
+            self.ends.append((done + r.randint(0, 6), s, layer, e))
+
+    def hb_cycle(self, cycle):
+        """Fills whose time came end: the slot holds the expert's image, HB
+        strobes ``commit`` (one per cycle) and reports FillDone later."""
+        env, dut = self.env, self.dut
+        for x in [x for x in self.ends if x[0] <= cycle]:
+            self.ends.remove(x)
+            self.commits.append(x[1:])
+        drive = None
+        if self.commits:
+            s, layer, e = self.commits.popleft()
+            lay = env.layers[layer]
+            env.slots[s] = gl.hb_slot_image(self.cfg, lay.wg[e], lay.wu[e], lay.wd[e])
+            self.hb_valid[s] = 1
+            drive = s
+            self.fill_done.put(dict(slot=s, ok=1), self.later(1 + self.rand.randint(0, 3)))
+        dut.commit__valid.value = drive is not None
+        dut.commit__slot.value = drive or 0
+
+    def on_hb(self, b):
+        def fn(c):
+            self.env._hb_serve(b, _plain(c))
+        return fn
+
+    def on_kv(self, c):
+        self.problems.append(f"unexpected KV request {c}")
+
+
 @cocotb.test()
 async def join(dut):
     """The joined decode (see the module doc)."""
     cfg = Config(**params()["config"])
-    t = {k: data.Layout.cast(v) for k, v in esd_ports(cfg).items()}
     env = MoETB(dut, resident=[], ext_latency=8)
     r = env.rand
     idle = float(os.environ.get("ELMOE_JOIN_IDLE", "0.2"))
@@ -91,8 +185,6 @@ async def join(dut):
     cmds, vecs, want_rsp, want_y, ctl = golden_script(cfg, env, rounds, batch,
                                                       np.random.default_rng(r.getrandbits(32)))
     mutate = golden_mutation()
-    S, n_pl, E = cfg.tag_slots, cfg.planes, cfg.experts
-    v = env.v
 
     dut.commit__valid.value = 0
     dut.commit__slot.value = 0
@@ -102,92 +194,18 @@ async def join(dut):
     dut.ext__valid.value = 0
     await start_clock_and_reset(dut)
 
-    loop = CycleLoop(dut.clk)
-    problems, events, outputs = [], [], []
-    hb_valid = [0] * S
-    ends, commits = [], collections.deque()
-
-    io = streams(dut, r, idle)
-    host = io.source("host_cmd", t["HostCommand"])
-    xin = io.source("x", data.Layout.cast(host_token(cfg.hidden)))
-    ext_rsp = io.source("ext_rsp", t["ExtResponse"])
-    fill_done = io.source("fill_done", t["FillDone"])
-    kv_move = io.source("kv_move", t["KVMove"])
-    # HB and LPDDR beats: MoETB's queues of (due cycle, packed payload)
-    hb_in = [io.source(f"hb_data__{b}", None, later=env.hb_q[b]) for b in range(env.B)]
-    ext_in = io.source("ext", None, later=env.ext_q)
-    for c in cmds:
-        host.put(c)
-    responses = Scoreboard("response", compare=_response_differs)
-    for i, want in enumerate(want_rsp):
-        responses.expect(want, f"({cmds[i] if i < len(cmds) else '?'})")
-    for x in vecs:
-        xin.put(dict(x=x))
-
-    def on_ext(c):
-        rel = c["addr"] - cfg.lpddr_base
-        le, off = divmod(rel, cfg.expert_bytes)
-        layer, e = divmod(le, E)
-        if off:
-            problems.append(f"ExtCommand address {c['addr']:#x} is not an expert's base")
-        planes = [q for q in range(n_pl) if (c["plane_mask"] >> q) & 1]
-        before = len(env.ext_q)
-        env.cycle = loop.cycle
-        env._queue_ext(layer, e, planes, None)
-        nb = len(env.ext_q) - before
-        done = loop.later(env.ext_latency + nb + r.randint(0, 8))
-        ext_rsp.put(dict(id=c["id"], error=0, resident=int(bool(c["fill"])), slot=c["slot"]),
-                    done)
-        if c["fill"]:
-            s = c["slot"]
-            hb_valid[s] = 0                       # HB: the slot is invalid from the fill on
-            env.slots.pop(s, None)
-            ends.append((done + r.randint(0, 6), s, layer, e))
-
-    def hb_cycle(cycle):
-        env.cycle = cycle
-        for x in [x for x in ends if x[0] <= cycle]:
-            ends.remove(x)
-            commits.append(x[1:])
-        drive = None
-        if commits:
-            s, layer, e = commits.popleft()
-            lay = env.layers[layer]
-            env.slots[s] = gl.hb_slot_image(cfg, lay.wg[e], lay.wu[e], lay.wd[e])
-            hb_valid[s] = 1
-            drive = s
-            fill_done.put(dict(slot=s, ok=1), loop.later(1 + r.randint(0, 3)))
-        dut.commit__valid.value = drive is not None
-        dut.commit__slot.value = drive or 0
-
-    def on_hb(b):
-        def fn(c):
-            env.cycle = loop.cycle
-            env._hb_serve(b, _plain(c))
-        return fn
-
-    def on_kv(c):
-        problems.append(f"unexpected KV request {c}")
-
-    sinks = [io.sink("host_rsp", t["HostResponse"], responses.check),
-             io.sink("trace", t["TraceEvent"], events.append),
-             io.sink("ext_cmd", t["ExtCommand"], lambda c: on_ext(_plain(c))),
-             io.sink("kv_req", t["KVRequest"], on_kv),
-             io.sink("o", data.Layout.cast(v.MoEOutput), outputs.append)]
-    sinks += [io.sink(f"hb_cmd__{b}", data.Layout.cast(v.HBRead), on_hb(b))
-              for b in range(env.B)]
-    sources = [host, xin, ext_rsp, fill_done, kv_move, ext_in, *hb_in]
-
+    tb = TB(dut, env, idle)
+    tb.send(cmds, vecs, want_rsp)
+    outputs = tb.outputs
     limit = int(os.environ.get("ELMOE_JOIN_MAX_CYCLES", "3000000"))
-    cycles = await loop.run(sources, sinks, limit=limit, before=hb_cycle,
-                            stop=lambda: problems,
-                            done=lambda: (responses.checked >= len(want_rsp)
-                                          and len(outputs) >= len(want_y)))
-    assert not problems, problems[:5]
-    responses.finish(f"{len(outputs)} of {len(want_y)} outputs by cycle {cycles}")
+    cycles = await tb.run(limit=limit, before=tb.hb_cycle, stop=lambda: tb.problems,
+                          done=lambda: (tb.responses.checked >= len(want_rsp)
+                                        and len(outputs) >= len(want_y)))
+    assert not tb.problems, tb.problems[:5]
+    tb.responses.finish(f"{len(outputs)} of {len(want_y)} outputs by cycle {cycles}")
     # the control sequence first: a different decision (e.g. another DRAFT
     # eligibility mask) changes the outputs too, and the trace names it
-    evs = [gesd.Event.from_dict(p) for p in events]
+    evs = [gesd.Event.from_dict(p) for p in tb.events]
     msg = gesd.compare(ctl.events, evs)
     assert msg is None, msg
     assert len(outputs) == len(want_y), f"{len(outputs)} outputs, {len(want_y)} expected"
@@ -198,9 +216,9 @@ async def join(dut):
             bad.append(i)
     assert not bad, f"{len(bad)} of {len(want_y)} outputs differ, first token {bad[0]}"
     res, pend = dut.resident.value.to_unsigned(), dut.pending.value.to_unsigned()
-    mine = sum(x << s for s, x in enumerate(hb_valid))
+    mine = sum(x << s for s, x in enumerate(tb.hb_valid))
     assert res == mine and not pend, f"tag unit resident {res:#x} pending {pend:#x}, HB {mine:#x}"
-    viol = sum(len(x.rule_violations) for x in sinks)
+    viol = tb.rule_violations()
     assert viol == 0, f"{viol} stream-rule violations on the outputs"
     out = os.environ.get("ELMOE_JOIN_OUT")
     if out:

@@ -56,6 +56,7 @@ from ..hw import vocab as hv
 from ..hw.hb_bank import FILL_OVERHEAD, FILL_READY_BOUND, FIRST_WORD_LATENCY, hb_params
 from .common import (CycleLoop, Scoreboard, Sink, Source, golden_mutation, knob, params, rng,
                      start_clock_and_reset, unpack)
+from .kit import deciders
 
 EXPERT, DENSE = int(HBRegion.EXPERT), int(HBRegion.DENSE)
 
@@ -99,23 +100,6 @@ class History:
 
     def changes(self):
         return list(zip(self.cycles[1:], self.values[:-1], self.values[1:]))
-
-
-def _deciders(generator, n):
-    """``n`` per-cycle decisions (:func:`~elmoe3d.tb.kit.chance`'s ``p``)
-    from a setter's ``generator``: ``None`` -> never; a number -> that
-    probability (drawn from the bench's generator, so a seed replays it);
-    a callable -> as verilog-axi's ``set_pause_generator(generator())``:
-    each port its own iterator, one value taken per decision."""
-    if generator is None:
-        return [0.0] * n
-    if not callable(generator):
-        return [generator] * n
-    out = []
-    for _ in range(n):
-        it = generator()
-        out.append(lambda it=it: bool(next(it)))
-    return out
 
 
 class _Monitor:
@@ -267,7 +251,7 @@ class HBTB:
         source calls it once and takes one value per decision)."""
         self.idle = generator
         ports = self.rd_cmd + [self.fill, self.kv]
-        for s, p in zip(ports, _deciders(generator, len(ports))):
+        for s, p in zip(ports, deciders(generator, len(ports))):
             s.idle = p
 
     def set_backpressure_generator(self, generator=None):
@@ -275,7 +259,7 @@ class HBTB:
         the PEs in :meth:`set_pe` mode ``"random"`` (from the next
         :meth:`set_pe`); ``generator`` as for :meth:`set_idle_generator`."""
         self.bp = generator
-        for s, p in zip((self.kv_rsp, self.moved), _deciders(generator, 2)):
+        for s, p in zip((self.kv_rsp, self.moved), deciders(generator, 2)):
             s.backpressure = p
 
     def set_pe(self, mode, *, bank=None):
@@ -285,7 +269,7 @@ class HBTB:
         every bank, or on ``bank`` only."""
         self.modes_used.add(mode if isinstance(mode, str) else "random")
         banks = range(self.B) if bank is None else [bank]
-        random = _deciders(self.bp, len(banks)) if mode == "random" else None
+        random = deciders(self.bp, len(banks)) if mode == "random" else None
         for i, b in enumerate(banks):
             self.rd[b].backpressure = (0.0 if mode == "ready" else _never_ready
                                        if mode == "stalled" else random[i] if mode == "random"

@@ -28,7 +28,8 @@ from cocotb.triggers import ReadOnly, RisingEdge
 
 from ..sim.run.payload import pack, unpack
 
-__all__ = ["chance", "reset", "Source", "Sink", "Streams", "CycleLoop", "Scoreboard"]
+__all__ = ["chance", "reset", "Source", "Sink", "Streams", "CycleLoop", "Scoreboard",
+           "Bench", "IdleBackpressure", "deciders"]
 
 
 def chance(p, rand) -> bool:
@@ -424,28 +425,173 @@ class IdleBackpressure:
     Attributes
     ----------
     idle : float or callable
-        Of every source (see :func:`chance`); default 0.0.
+        Of the sources made afterwards (see :func:`chance`); default 0.0.
     backpressure : float or callable
-        Of every sink; default 0.0.
+        Of the sinks made afterwards; default 0.0.
     """
 
     idle = 0.0
     backpressure = 0.0
 
     def set_idle_generator(self, generator=None):
-        """Idle cycles before an item on the bench's sources: a probability
-        per cycle or a callable deciding each cycle (:func:`chance`);
+        """Idle cycles before an item on the bench's sources (:func:`deciders`:
+        a probability per cycle, or verilog-axi's generator function);
         ``None``: none."""
-        self.idle = generator or 0.0
-        for port in self._kit_ports(Source):
-            port.idle = self.idle
+        ports = self._kit_ports(Source)
+        for port, d in zip(ports, deciders(generator, len(ports))):
+            port.idle = d
+        self.idle = deciders(generator, 1)[0]
 
     def set_backpressure_generator(self, generator=None):
         """Back-pressure (``ready`` low) on the bench's sinks, as for
         :meth:`set_idle_generator`; ``None``: always ready."""
-        self.backpressure = generator or 0.0
-        for port in self._kit_ports(Sink):
-            port.backpressure = self.backpressure
+        ports = self._kit_ports(Sink)
+        for port, d in zip(ports, deciders(generator, len(ports))):
+            port.backpressure = d
+        self.backpressure = deciders(generator, 1)[0]
 
     def _kit_ports(self, kind):
         return [v for v in vars(self).values() if isinstance(v, kind)]
+
+
+class Bench:
+    """The base of a bench's ``TB`` class (the verilog-axi benches' style):
+    its ports, its cycle loop and its scoreboards in one object, idle cycles
+    and back-pressure set on every port at once.
+
+    The bench makes its ports with :meth:`source` / :meth:`sink` (or adds
+    its own :class:`Source` / :class:`Sink` subclasses with :meth:`add`),
+    in the order they are to be driven (that order fixes the sequence of
+    draws); :meth:`run` runs them all with one :class:`CycleLoop`;
+    :meth:`finish` ends every scoreboard made with :meth:`scoreboard` and
+    fails on any stream-rule violation.
+
+    Parameters
+    ----------
+    dut
+        The DUT (``dut.clk`` clocks the loop).
+    rand : random.Random
+        The draws for idle cycles and back-pressure.
+    idle : float or callable
+        Idle probability of every source (:meth:`set_idle`).
+    backpressure : float or callable, optional
+        Back-pressure of every sink (default: ``idle``).
+    on_stall : callable, optional
+        Called with the port name on every stalled cycle (:class:`Source`).
+    loop : CycleLoop, optional
+        Another bench's loop to share (its cycle count is this bench's
+        time base); default a new one on ``dut.clk``.
+
+    Attributes
+    ----------
+    sources, sinks : list
+        The ports, in driving order.
+    scoreboards : list of Scoreboard
+    loop : CycleLoop
+    """
+
+    def __init__(self, dut, rand, *, idle=0.0, backpressure=None, on_stall=None, loop=None):
+        self.dut, self.rand = dut, rand
+        self.streams = Streams(dut, rand, idle, backpressure, on_stall)
+        self.loop = loop if loop is not None else CycleLoop(dut.clk)
+        self.sources, self.sinks, self.scoreboards = [], [], []
+
+    @property
+    def cycle(self) -> int:
+        """The cycles run so far (:attr:`CycleLoop.cycle`)."""
+        return self.loop.cycle
+
+    def later(self, d: int) -> int:
+        """The cycle ``d`` cycles from now."""
+        return self.loop.later(d)
+
+    def add(self, port):
+        """Run ``port`` (a :class:`Source` or :class:`Sink`, or a subclass)
+        in this bench's loop, after the ports added so far. Returns it."""
+        (self.sinks if isinstance(port, Sink) else self.sources).append(port)
+        return port
+
+    def source(self, prefix: str, layout, **kw) -> Source:
+        """A :class:`Source` for ``prefix`` with the bench's settings
+        (``kw``: ``later``), added to the loop."""
+        return self.add(self.streams.source(prefix, layout, **kw))
+
+    def sink(self, prefix: str, layout, fn=None) -> Sink:
+        """A :class:`Sink` for ``prefix`` handing each payload to ``fn``,
+        added to the loop."""
+        return self.add(self.streams.sink(prefix, layout, fn))
+
+    def scoreboard(self, name: str, compare=None) -> Scoreboard:
+        """A :class:`Scoreboard` that :meth:`finish` ends."""
+        sb = Scoreboard(name, compare)
+        self.scoreboards.append(sb)
+        return sb
+
+    def set_idle(self, p=0.0, names=None):
+        """Idle probability (or callable, :func:`chance`) of the sources named
+        in ``names`` (default: every source, and those made later)."""
+        for s in self.sources:
+            if names is None or s.name in names:
+                s.idle = p
+        if names is None:
+            self.streams.idle = p
+
+    def set_backpressure(self, p=0.0, names=None):
+        """Back-pressure probability (or callable) of the sinks named in
+        ``names`` (default: every sink, and those made later)."""
+        for s in self.sinks:
+            if names is None or s.name in names:
+                s.backpressure = p
+        if names is None:
+            self.streams.backpressure = p
+
+    def set_idle_generator(self, generator=None):
+        """verilog-axi's setter (:func:`deciders`): a probability, or each
+        source draws its idle decisions from its own ``generator()`` (an
+        iterator of truth values, advanced once per cycle an item waits to
+        be offered); ``None``: no idle cycles."""
+        for s, d in zip(self.sources, deciders(generator, len(self.sources))):
+            s.idle = d
+
+    def set_backpressure_generator(self, generator=None):
+        """verilog-axi's setter (:func:`deciders`): a probability, or each
+        sink draws ``ready`` low from its own ``generator()`` (advanced once
+        per cycle); ``None``: always ready."""
+        for s, d in zip(self.sinks, deciders(generator, len(self.sinks))):
+            s.backpressure = d
+
+    async def run(self, *, limit: int, before=None, stop=None, done=None,
+                  grace: int = 50) -> int:
+        """Run every port (:meth:`CycleLoop.run`, same arguments)."""
+        return await self.loop.run(self.sources, self.sinks, limit=limit, before=before,
+                                   stop=stop, done=done, grace=grace)
+
+    def rule_violations(self) -> int:
+        """Stream-rule violations seen on the sinks so far."""
+        return sum(len(s.rule_violations) for s in self.sinks)
+
+    def finish(self, context: str = ""):
+        """End every scoreboard (:meth:`Scoreboard.finish`, ``context`` into
+        its message), then raise AssertionError on any stream-rule
+        violation."""
+        for sb in self.scoreboards:
+            sb.finish(context)
+        viol = self.rule_violations()
+        assert viol == 0, f"{viol} stream-rule violations on the outputs"
+
+
+def deciders(generator, n: int) -> list:
+    """``n`` per-cycle decisions (:func:`chance`'s ``p``) from a
+    ``set_*_generator`` setting: ``None`` -> never; a number -> that
+    probability (drawn from the bench's random generator, so a seed replays
+    it); a callable -> verilog-axi's generator function: each port its own
+    iterator ``generator()``, one value taken per decision."""
+    if generator is None:
+        return [0.0] * n
+    if not callable(generator):
+        return [generator] * n
+    out = []
+    for _ in range(n):
+        it = generator()
+        out.append(lambda it=it: bool(next(it)))
+    return out

@@ -45,8 +45,9 @@ from ..golden import moe_batched as gb
 from ..golden import moe_layer as gm
 from ..hw.vocab import vocab
 from ..sim.run.tile_script import random_layers
-from .common import golden_mutation, knob, pack, params, rng, start_clock_and_reset, unpack
+from .common import golden_mutation, knob, pack, params, rng, start_clock_and_reset
 from .coverage import write_coverage
+from .kit import Bench, Scoreboard, Sink, Source
 
 R = gb.Role
 _COVER = {}
@@ -126,16 +127,73 @@ def _offsets(layout):
     return {name: f.offset for name, f in data.Layout.cast(layout)}
 
 
-class MoETB:
-    """Clock, reset, host, HB banks, controller, LPDDR, monitors, scoreboard."""
+class _In(Source):
+    """An input port of the datapath: the kit's :class:`~elmoe3d.tb.kit.Source`
+    (items packed already) with the bench's bookkeeping: every idle cycle
+    drawn is logged (``<tag>_idle``, the coverage's "held back"), every
+    transfer counted, and ``ready`` must never be X/Z."""
+
+    def __init__(self, tb, prefix, tag, later=None):
+        super().__init__(tb.dut, prefix, None, tb.rand, tb.streams.idle, later=later)
+        self.tb, self.tag = tb, tag
+
+    def drive(self, cycle: int):
+        super().drive(cycle)
+        if self.item is None and self.queue:        # an item waits: the draw said idle
+            self.tb.log[self.tag + "_idle"].append(cycle)
+
+    def sample(self):
+        v = self.ready.value
+        if not v.is_resolvable:
+            raise AssertionError(f"{self.tag}.ready is {v} at cycle {self.cycle}")
+        super().sample()
+        if self.fired:
+            tb = self.tb
+            tb.transfers += 1
+            tb.fired_count[self.tag] += 1
+            if self.tag == "tok":
+                tb.tok_cycles.append(self.cycle)
+
+
+class _Out(Sink):
+    """An output port of the datapath: the kit's :class:`~elmoe3d.tb.kit.Sink`
+    (stream rules, X/Z payloads) whose ``valid`` must never be X/Z either;
+    each transfer counted and handed to :meth:`MoETB._take`, each
+    back-pressured cycle logged (``<tag>_bp``)."""
+
+    def __init__(self, tb, prefix, tag, layout):
+        def take(p):
+            tb.transfers += 1
+            tb._take(tag, p)
+        super().__init__(tb.dut, prefix, layout, tb.rand, tb.streams.backpressure, take,
+                         on_stall=lambda _name: tb.log[tag + "_bp"].append(self.cycle))
+
+    def sample(self):
+        v = self.valid.value
+        if not v.is_resolvable:
+            raise AssertionError(f"{self.name}.valid is {v} at cycle {self.cycle}")
+        super().sample()
+
+
+class MoETB(Bench):
+    """Clock, reset, host, HB banks, controller, LPDDR, monitors, scoreboard:
+    the bench on the testbench kit (:class:`~elmoe3d.tb.kit.Bench`). Its
+    ports (:meth:`start`, in driving order ``tok``, ``source``, ``ext``,
+    ``hb_data__<b>``, then ``need``, ``o``, ``stats``, ``cand``,
+    ``hb_cmd__<b>``) run in the kit's cycle loop; ``idle`` / ``bp`` are the
+    idle and back-pressure probabilities of every input / output
+    (:meth:`~elmoe3d.tb.kit.Bench.set_idle` and
+    :meth:`~elmoe3d.tb.kit.Bench.set_backpressure` change them, per port
+    too); the models' queues are the sources' ``later`` deques. Constructed
+    without :meth:`start` (a bench of a larger DUT using its layers and
+    models), it touches no port."""
 
     def __init__(self, dut, *, stress=False, idle=0.0, bp=0.0, policy="random",
                  decision_delay=(0, 0), ext_latency=20, hb_latency=3, resident=None,
                  free_slots=0, lsb_slots=None):
-        self.dut = dut
+        super().__init__(dut, rng(), idle=idle, backpressure=bp)
         self.cfg = cfg = Config(**params()["config"])
         self.v = vocab(cfg)
-        self.rand = rng()
         self.np_rng = np.random.default_rng(self.rand.getrandbits(32))
         self.T, self.B, self.E, self.n, self.k = (cfg.batch_tokens, cfg.pes, cfg.experts,
                                                   cfg.planes, cfg.hb_planes_eff)
@@ -162,9 +220,7 @@ class MoETB:
             lay = self.layers[l]
             self.slots[s] = gl.hb_slot_image(cfg, lay.wg[e], lay.wu[e], lay.wd[e], group=1)
         self.words = {}
-        self.idle, self.bp, self.policy = idle, bp, policy
-        #: per-input idle probability overriding ``idle`` (e.g. ``{"hb0": 0.9}``)
-        self.in_idle = {}
+        self.policy = policy
         self.decision_delay, self.ext_latency, self.hb_latency = (decision_delay, ext_latency,
                                                                   hb_latency)
         self.mutate = golden_mutation()
@@ -189,7 +245,6 @@ class MoETB:
         self.outputs = []                                # (cycle, y, error, last)
         self.stats = []
         self.errors = []
-        self.cycle = 0
         self.log = collections.defaultdict(list)         # stall events by kind
         self.transfers = 0
         self.tok_cycles = []                             # cycle each token was accepted
@@ -365,14 +420,31 @@ class MoETB:
 
     # -- the cycle loop ----------------------------------------------------------------------
     async def start(self):
+        """Quiet every port, start the clock, reset, and run the ports in the
+        kit's cycle loop from now on (one coroutine for every port)."""
         d = self.dut
-        for name in ("tok", "source", "ext") + tuple(f"hb_data__{b}" for b in range(self.B)):
+        B = self.B
+        for name in ("tok", "source", "ext") + tuple(f"hb_data__{b}" for b in range(B)):
             getattr(d, f"{name}__valid").value = 0
             getattr(d, f"{name}__payload").value = 0
-        for name in ("need", "o", "stats") + tuple(f"hb_cmd__{b}" for b in range(self.B)):
+        for name in ("need", "o", "stats") + tuple(f"hb_cmd__{b}" for b in range(B)):
             getattr(d, f"{name}__ready").value = 0
+        tok = self.add(_In(self, "tok", "tok"))
+        tok.queue = self.tok_q                   # add_step queues packed tokens here
+        self.add(_In(self, "source", "source", later=self.src_q))
+        self.add(_In(self, "ext", "ext", later=self.ext_q))
+        for b in range(B):
+            self.add(_In(self, f"hb_data__{b}", f"hb{b}", later=self.hb_q[b]))
+        lay, v = data.Layout.cast, self.v
+        outs = [("need", v.ExpertNeed), ("o", v.MoEOutput), ("stats", v.PassStats)]
+        if hasattr(d, "cand__valid"):       # built for prefetch: the candidates too
+            outs.append(("cand", v.PrefetchCandidate))
+        for name, layout in outs:
+            self.add(_Out(self, name, name, lay(layout)))
+        for b in range(B):
+            self.add(_Out(self, f"hb_cmd__{b}", f"hb_cmd{b}", lay(v.HBRead)))
         await start_clock_and_reset(d)
-        cocotb.start_soon(self._run())
+        cocotb.start_soon(self.run(limit=1 << 62))
         if knob("moe_trace", False):
             cocotb.start_soon(self._trace())
 
@@ -389,107 +461,6 @@ class MoETB:
             if cur[:4] != (last or (None,) * 7)[:4]:
                 self.trace.append((self.cycle,) + cur)
             last = cur
-
-    def _chance(self, p):
-        return p > 0 and self.rand.random() < p
-
-    async def _run(self):
-        """One coroutine drives and samples every port each cycle; a signal
-        is written only when its value changes (handle writes and reads
-        through VPI are the simulation's main cost)."""
-        d = self.dut
-        B = self.B
-        v = self.v
-        lay = data.Layout.cast
-
-        in_idle = self.in_idle
-
-        class In_:
-            __slots__ = ("valid", "payload", "ready", "item", "fired", "vset", "queue", "timed",
-                         "name", "idle")
-
-            def __init__(s, prefix, queue, timed, name):
-                s.valid = getattr(d, f"{prefix}__valid")
-                s.payload = getattr(d, f"{prefix}__payload")
-                s.ready = getattr(d, f"{prefix}__ready")
-                s.item, s.fired, s.vset = None, False, False
-                s.queue, s.timed, s.name = queue, timed, name
-                s.idle = in_idle.get(name, self.idle)
-
-        ins = [In_("tok", self.tok_q, False, "tok"), In_("source", self.src_q, True, "source"),
-               In_("ext", self.ext_q, True, "ext")]
-        ins += [In_(f"hb_data__{b}", self.hb_q[b], True, f"hb{b}") for b in range(B)]
-        tok_in = ins[0]
-        outs = [("need", d.need__valid, d.need__payload, d.need__ready, lay(v.ExpertNeed)),
-                ("o", d.o__valid, d.o__payload, d.o__ready, lay(v.MoEOutput)),
-                ("stats", d.stats__valid, d.stats__payload, d.stats__ready, lay(v.PassStats))]
-        if hasattr(d, "cand__valid"):       # built for prefetch: the candidates too
-            outs.append(("cand", d.cand__valid, d.cand__payload, d.cand__ready,
-                         lay(v.PrefetchCandidate)))
-        outs += [(f"hb_cmd{b}", getattr(d, f"hb_cmd__{b}__valid"),
-                  getattr(d, f"hb_cmd__{b}__payload"), getattr(d, f"hb_cmd__{b}__ready"),
-                  lay(v.HBRead)) for b in range(B)]
-        pend = [None] * len(outs)
-        rset = [None] * len(outs)
-        log = self.log
-        idle, bp = self.idle, self.bp
-        rnd = self.rand.random
-        while True:
-            await RisingEdge(d.clk)
-            cyc = self.cycle = self.cycle + 1
-            for s in ins:
-                if s.fired:
-                    s.item = None
-                    s.fired = False
-                q = s.queue
-                if s.item is None and q:
-                    t, raw = q[0] if s.timed else (0, q[0])
-                    if t <= cyc:
-                        if s.idle and rnd() < s.idle:
-                            log[s.name + "_idle"].append(cyc)
-                        else:
-                            q.popleft()
-                            s.item = raw
-                            s.payload.value = raw
-                want = s.item is not None
-                if want != s.vset:
-                    s.valid.value = want
-                    s.vset = want
-            rdy = []
-            for i, o in enumerate(outs):
-                r = not (bp and rnd() < bp)
-                rdy.append(r)
-                if r != rset[i]:
-                    o[3].value = r
-                    rset[i] = r
-            await ReadOnly()
-            for s in ins:
-                if not s.ready.value.is_resolvable:
-                    raise AssertionError(f"{s.name}.ready is {s.ready.value} at cycle {cyc}")
-                if s.item is not None and s.ready.value:
-                    s.fired = True
-                    self.transfers += 1
-                    self.fired_count[s.name] += 1
-                    if s is tok_in:
-                        self.tok_cycles.append(cyc)
-            for i, (name, valid, payload, _, layout) in enumerate(outs):
-                if not valid.value.is_resolvable:
-                    raise AssertionError(f"{name}.valid is {valid.value} at cycle {cyc}")
-                if not valid.value:
-                    if pend[i] is not None:
-                        self.errors.append(f"{name}: valid dropped before ready at cycle {cyc}")
-                        pend[i] = None
-                    continue
-                raw = payload.value.to_unsigned()
-                if pend[i] is not None and raw != pend[i]:
-                    self.errors.append(f"{name}: payload changed before ready at cycle {cyc}")
-                if rdy[i]:
-                    pend[i] = None
-                    self.transfers += 1
-                    self._take(name, unpack(layout, raw))
-                else:
-                    pend[i] = raw
-                    log[name + "_bp"].append(cyc)
 
     def _take(self, name, pl):
         if name == "need":
@@ -638,45 +609,22 @@ class MoETB:
         return out, plans
 
     def check(self, *, faults=False):
+        """Everything against the golden, with the recorded decisions as
+        sources: every output (:meth:`output_board`), announcement, prefetch
+        candidate, HB read and pass counter, the stream rules on every
+        output port. Raises AssertionError naming the first mismatches;
+        returns the golden ``(results, sources)``."""
         errors = list(self.errors)
-        cfg = self.cfg
+        errors += [f"{s.name}: {msg} at cycle {c}" for s in self.sinks
+                   for c, msg in s.rule_violations]
         results, srcs = self.golden()
-        # outputs, token by token
-        oi = 0
-        faulted_passes = 0
-        for si, ((layer, xs, roles, masks, _), res) in enumerate(zip(self.steps, results)):
-            for pi, plan in enumerate(res.passes):
-                fault = any(f for _, f in srcs[si][pi].values())
-                faulted_passes += fault
-                n = len(plan.roles)
-                for t in range(n):
-                    if oi >= len(self.outputs):
-                        errors.append(f"missing output {oi}")
-                        break
-                    _, y, err, last = self.outputs[oi]
-                    exp = [int(a) ^ 1 if self.mutate else int(a) for a in res.y[plan.first + t]]
-                    exp_last = int(plan.first + t == len(xs) - 1)
-                    if last != exp_last:
-                        errors.append(f"output {oi}: last={last}, expected {exp_last}")
-                    if fault:
-                        if not err:
-                            errors.append(f"output {oi}: a faulted pass must flag error")
-                    else:
-                        if err:
-                            errors.append(f"output {oi} (step {si} pass {pi}): unexpected error")
-                        if list(y) != exp:
-                            bad = [h for h in range(cfg.hidden) if y[h] != exp[h]]
-                            jobs = [(j.expert, j.tokens, j.hb_planes, j.ext_planes, j.lsb_planes,
-                                     srcs[si][pi].get(j.expert, (None,))[0])
-                                    for j in plan.jobs if t in j.tokens]
-                            errors.append(f"output {oi} (step {si} pass {pi} token {t}, "
-                                          f"{R(plan.roles[t]).name}): {len(bad)} outputs differ, "
-                                          f"first y[{bad[0]}]={y[bad[0]]} expected {exp[bad[0]]}; "
-                                          f"its jobs (expert, tokens, HB, LPDDR, LSB planes, "
-                                          f"source): {jobs}")
-                    oi += 1
-        if len(self.outputs) != self.n_tokens():
-            errors.append(f"{len(self.outputs)} outputs for {self.n_tokens()} tokens")
+        board = self.output_board(results, srcs)
+        for o in self.outputs:
+            board.check(o)
+        try:
+            board.finish(f"{self.n_tokens()} tokens")
+        except AssertionError:
+            errors += board.errors
         errors += self.check_announcements(results)
         if self.cand_beats is not None:
             errors += self.check_candidates(results)
@@ -686,6 +634,47 @@ class MoETB:
             raise AssertionError(f"{len(errors)} mismatches (seed {cocotb.RANDOM_SEED}); first: "
                                  + "; ".join(errors[:6]))
         return results, srcs
+
+    def output_board(self, results, srcs):
+        """A kit :class:`~elmoe3d.tb.kit.Scoreboard` expecting every token's
+        output in order: ``last`` on each step's final token; a faulted pass's
+        outputs (a recorded decision with a fault) must carry ``error``, every
+        other output no ``error`` and ``y`` bit for bit the golden layer's
+        (bit 0 flipped with ``$ELMOE_GOLDEN_MUTATION``)."""
+        cfg = self.cfg
+
+        def differs(want, got):
+            exp, exp_last, fault, plan, pass_srcs, t = want
+            _, y, err, last = got
+            msgs = []
+            if last != exp_last:
+                msgs.append(f"last={last}, expected {exp_last}")
+            if fault:
+                if not err:
+                    msgs.append("a faulted pass must flag error")
+            else:
+                if err:
+                    msgs.append("unexpected error")
+                if list(y) != exp:
+                    bad = [h for h in range(cfg.hidden) if y[h] != exp[h]]
+                    jobs = [(j.expert, j.tokens, j.hb_planes, j.ext_planes, j.lsb_planes,
+                             pass_srcs.get(j.expert, (None,))[0])
+                            for j in plan.jobs if t in j.tokens]
+                    msgs.append(f"{len(bad)} outputs differ, first y[{bad[0]}]={y[bad[0]]} "
+                                f"expected {exp[bad[0]]}; its jobs (expert, tokens, HB, LPDDR, "
+                                f"LSB planes, source): {jobs}")
+            return "; ".join(msgs) or None
+
+        board = Scoreboard("output", compare=differs)
+        for si, ((layer, xs, roles, masks, _), res) in enumerate(zip(self.steps, results)):
+            for pi, plan in enumerate(res.passes):
+                fault = any(f for _, f in srcs[si][pi].values())
+                for t in range(len(plan.roles)):
+                    exp = [int(a) ^ 1 if self.mutate else int(a) for a in res.y[plan.first + t]]
+                    board.expect((exp, int(plan.first + t == len(xs) - 1), fault, plan,
+                                  srcs[si][pi], t),
+                                 f"(step {si} pass {pi} token {t}, {R(plan.roles[t]).name})")
+        return board
 
     def check_announcements(self, results):
         """Every beat on ``need`` against the golden pass plan: per pass its
@@ -951,10 +940,10 @@ def random_steps(tb, tokens_per_mode, *, roles=(R.FULL, R.DRAFT, R.VERIFY), max_
 async def _run_random(dut, name, *, stress=False, policy="random", faults=None, hb_idle=0.2):
     tb = MoETB(dut, stress=stress, idle=0.2, bp=0.25, policy=policy, decision_delay=(0, 12),
                ext_latency=12)
-    tb.in_idle = {f"hb{b}": hb_idle for b in range(tb.B)}
     if faults:
         tb.fault = faults
     await tb.start()
+    tb.set_idle(hb_idle, names={f"hb_data__{b}" for b in range(tb.B)})
     max_step = knob("moe_max_step", 0) or None
     if knob("moe_none_step", True):
         # a DRAFT step with no allowed expert: its tokens run no routed expert
@@ -1029,8 +1018,8 @@ async def late_constants(dut):
     could clear the constants' "loaded" flags before the last constant
     arrived)."""
     tb = MoETB(dut, policy="random", decision_delay=(0, 3))
-    tb.in_idle = {"hb0": 0.9}
     await tb.start()
+    tb.set_idle(0.9, names={"hb_data__0"})
     none = np.zeros(tb.E, bool)
     for rep in range(knob("moe_late_steps", 2)):
         for layer in range(tb.cfg.layers):

@@ -8,8 +8,9 @@ real HB bank controller and the real stream engine, cocotbext-axi's
 The host script and the golden events come from
 :func:`elmoe3d.golden.esd.run_trace` (as for ``tb/esd_ctrl_bench.py``, whose
 stream maker, case replay, step routing, host script and end-of-case checks
-this bench imports; streams and cycle loop from the testbench kit,
-``tb/kit.py``). The bench models only the datapath:
+this bench imports; the bench is a :class:`TB` on its
+:class:`~elmoe3d.tb.esd_ctrl_bench.CtrlBench`, the testbench kit's
+:class:`~elmoe3d.tb.kit.Bench`: ports, cycle loop, response scoreboard). The bench models only the datapath:
 
 * ``dp_step`` / ``dp_announce`` / ``dp_source`` / ``dp_done``: the golden
   routing of the step's rankings with the controller's mask, announced per
@@ -70,9 +71,8 @@ from elmoe3d.golden import layout as gl
 from elmoe3d.golden.vocab import ExtError, ExtKind, HBRegion
 from elmoe3d.hw import vocab as hv
 from elmoe3d.hw.esd_ctrl import HostOp, esd_ports
-from elmoe3d.tb.common import CycleLoop, params, rng
-from elmoe3d.tb.esd_ctrl_bench import (StepRouter, _case, check_results, host_script,
-                                       replay_cases, streams)
+from elmoe3d.tb.common import params, rng
+from elmoe3d.tb.esd_ctrl_bench import CtrlBench, StepRouter, _case, host_script, replay_cases
 
 EK = gesd.EventKind
 
@@ -178,257 +178,289 @@ async def replay(dut):
         ram.reset()
         ram.faults = {int(k): ExtError(v) for k, v in (case.get("faults") or {}).items()}
         ram.plant = int(plant) if plant else None
-        return await run_case(dut, case, cfg, r, idle, ram, mem, images)
+        return await TB(dut, case, cfg, r, idle, ram, mem, images).run_case()
     await replay_cases(dut, loaded, run_one)
 
 
-async def run_case(dut, case, cfg, r, idle, ram, mem, images):
-    t = {k: data.Layout.cast(v) for k, v in esd_ports(cfg).items()}
-    v = hv.vocab(cfg)
-    B, S, SW, n, k = cfg.pes, cfg.tag_slots, cfg.slot_words, cfg.planes, cfg.hb_planes_eff
-    sbits = cfg.slice_bits
-    all_mask, hb_mask = (1 << n) - 1, (1 << k) - 1
-    loop = CycleLoop(dut.clk)
-    later = loop.later
-    problems = []
-    responses, events = [], []
-    faults = ram.faults
-    read_t = data.Layout.cast(dut_layout(v, "HBRead", cfg))
-    beat_t = data.Layout.cast(dut_layout(v, "HBBeat", cfg))
+class _Pass:
+    """One pass of the datapath model: its experts in announce order (the
+    order of the source answers: ``ExpertSource`` does not name the expert),
+    what is still to come of it (source answers, HB reads, LPDDR commands)."""
 
-    io = streams(dut, r, idle)
-    host = io.source("host_cmd", t["HostCommand"])
-    announce = io.source("dp_announce", t["ExpertNeed"])
-    dp_done = io.source("dp_done", t["PassStats"])
-    rd_cmd = [io.source(f"hb_rd_cmd__{b}", read_t) for b in range(B)]
+    def __init__(self, order, ntok, pairs):
+        self.order, self.ntok, self.pairs = order, ntok, pairs
+        self.sources, self.reads, self.ext, self.pos = len(order), 0, 0, 0
+        self.done = not order
 
-    # ---- residency tracker (from the trace as it comes) ---------------------------------
-    owner = [None] * S                  # (layer, expert) allocated into the slot
-    valid = [False] * S
 
-    def on_event(p):
-        events.append(p)
+class TB(CtrlBench):
+    """The tile memory side's bench for one case (module doc): the host, the
+    datapath model and the residency checks on the kit's ports, one cycle
+    loop, the response scoreboard (:class:`~elmoe3d.tb.esd_ctrl_bench.CtrlBench`).
+
+    Parameters
+    ----------
+    dut
+        ``elmoe3d_tile_mem``.
+    case : dict
+        The golden case.
+    cfg : Config
+    rand : random.Random
+    idle : float
+        Idle and back-pressure probability of every stream.
+    ram : FaultyRam
+        The LPDDR model (its faults set for the case).
+    mem, images
+        :func:`lpddr_image`.
+    """
+
+    def __init__(self, dut, case, cfg, rand, idle, ram, mem, images):
+        super().__init__(dut, rand, idle)
+        self.case, self.cfg, self.ram, self.mem, self.images = case, cfg, ram, mem, images
+        self.t = t = {k: data.Layout.cast(v) for k, v in esd_ports(cfg).items()}
+        v = hv.vocab(cfg)
+        B, S = cfg.pes, cfg.tag_slots
+        self.hb_mask = (1 << cfg.hb_planes_eff) - 1
+        self.all_mask = (1 << cfg.planes) - 1
+        self.problems = []
+        self.faults = ram.faults
+        read_t = data.Layout.cast(dut_layout(v, "HBRead", cfg))
+        beat_t = data.Layout.cast(dut_layout(v, "HBBeat", cfg))
+
+        self.host = self.source("host_cmd", t["HostCommand"])
+        self.announce = self.source("dp_announce", t["ExpertNeed"])
+        self.dp_done = self.source("dp_done", t["PassStats"])
+        self.rd_cmd = [self.source(f"hb_rd_cmd__{b}", read_t) for b in range(B)]
+        self.sink("host_rsp", t["HostResponse"], self.on_response)
+        self.sink("trace", t["TraceEvent"], self.on_event)
+        self.sink("dp_step", t["StepInfo"], self.on_step)
+        self.sink("dp_source", t["ExpertSource"], self.on_source)
+        self.sink("ext_pe", data.Layout.cast(v.ExtBeat), self.on_ext)
+        for b in range(B):
+            self.sink(f"hb_rd__{b}", beat_t, lambda p, b=b: self.on_hb_beat(b, p))
+
+        # residency tracker (from the trace as it comes)
+        self.owner = [None] * S             # (layer, expert) allocated into the slot
+        self.valid = [False] * S
+        # the datapath model
+        self.passes = collections.deque()   # announced passes whose experts are not all sourced
+        self.open_passes = []               # passes without their dp_done yet
+        self.hb_expect = [collections.deque() for _ in range(B)]   # [pass, words, index, what]
+        self.ext_expect = collections.deque()    # [pass, beats, index, what]
+        self.ext_got = collections.deque()
+        self.lpddr_cmds = 0
+        self.stats = collections.Counter()
+        self.router = StepRouter(case, cfg, self.announce, self.problems)
+        # residency checks at idle points; the host's state
+        self.check_reads = 0
+        self.checks = 0
+        self.script = host_script(case)
+        self.sent = 0
+        self.st = {"mode": "run", "checked": None, "next": "run"}
+        self.last_traffic = 0
+
+    # ---- residency tracker --------------------------------------------------------------
+    def on_event(self, p):
+        self.events.append(p)
         kind, s = p["kind"], p["slot"]
         if kind == EK.ALLOCATE and p["code"] != gesd.AllocResult.NO_VICTIM:
-            owner[s], valid[s] = (p["layer"], p["expert"]), False
+            self.owner[s], self.valid[s] = (p["layer"], p["expert"]), False
         elif kind == EK.FILL_END and p["code"] == gesd.FillEnd.COMMIT:
-            valid[s] = True
+            self.valid[s] = True
         elif kind == EK.INVALIDATE:
-            valid[s] = False
+            self.valid[s] = False
 
-    # ---- the datapath model ---------------------------------------------------------------
-    passes = collections.deque()        # announced passes whose experts are not all sourced
-    open_passes = []                    # passes without their dp_done yet
-    hb_expect = [collections.deque() for _ in range(B)]   # (record, words, index, what)
-    ext_expect = collections.deque()    # [record, beats, index, what]
-    ext_got = collections.deque()
-    lpddr_cmds = [0]
-    stats = collections.Counter()
-
-    def pass_stats(**fields):
-        st = {name: 0 for name, _ in t["PassStats"]}
+    # ---- the datapath model -------------------------------------------------------------
+    def pass_stats(self, **fields):
+        st = {name: 0 for name, _ in self.t["PassStats"]}
         st.update(fields)
         return st
 
-    class Pass:
-        """One pass: its experts in announce order (the order of the source
-        answers: ``ExpertSource`` does not name the expert)."""
+    def settle(self, rec):
+        """``rec``'s ``dp_done`` once its sources, reads and beats are all in."""
+        if not rec.done and rec.sources == 0 and rec.reads == 0 and rec.ext == 0:
+            rec.done = True
+            self.open_passes.remove(rec)
+            self.dp_done.put(self.pass_stats(tokens=rec.ntok, experts=len(rec.order),
+                                             expert_tokens=rec.pairs),
+                             self.later(self.rand.randint(1, 12)))
 
-        def __init__(self, order, ntok, pairs):
-            self.order, self.ntok, self.pairs = order, ntok, pairs
-            self.sources, self.reads, self.ext, self.pos = len(order), 0, 0, 0
-            self.done = not order
-
-        def settle(self):
-            if not self.done and self.sources == 0 and self.reads == 0 and self.ext == 0:
-                self.done = True
-                open_passes.remove(self)
-                dp_done.put(pass_stats(tokens=self.ntok, experts=len(self.order),
-                                       expert_tokens=self.pairs), later(r.randint(1, 12)))
-
-    router = StepRouter(case, cfg, announce, problems)
-
-    def on_step(c):
-        for ntok, counts, order in router.passes(c):
-            rec = Pass(order, ntok, sum(counts.values()))
+    def on_step(self, c):
+        for ntok, counts, order in self.router.passes(c):
+            rec = _Pass(order, ntok, sum(counts.values()))
             if order:
-                passes.append(rec)
-                open_passes.append(rec)
+                self.passes.append(rec)
+                self.open_passes.append(rec)
             else:
-                dp_done.put(pass_stats(tokens=ntok), later(r.randint(1, 12)))
+                self.dp_done.put(self.pass_stats(tokens=ntok),
+                                 self.later(self.rand.randint(1, 12)))
 
-    def on_source(c):
-        if not passes:
-            problems.append("a source answer outside a pass")
+    def read_slot(self, slot, img, rec, what):
+        """A read of the whole of ``slot`` on every bank, each word to equal
+        ``img`` (``rec``: the pass waiting for it, or None: a residency
+        check's)."""
+        for b in range(self.cfg.pes):
+            self.rd_cmd[b].put(dict(region=int(HBRegion.EXPERT), slot=slot, offset=0,
+                                    count=self.cfg.slot_words, plane=0))
+            self.hb_expect[b].append([rec, img[b], 0, f"{what} bank {b}"])
+
+    def on_source(self, c):
+        cfg = self.cfg
+        if not self.passes:
+            self.problems.append("a source answer outside a pass")
             return
-        rec = passes[0]
+        rec = self.passes[0]
         pos = rec.pos
         rec.pos += 1
         rec.sources -= 1
         if rec.sources == 0:
-            passes.popleft()
-        layer, e, ph = router.layer, rec.order[pos], router.phase
+            self.passes.popleft()
+        layer, e, ph = self.router.layer, rec.order[pos], self.router.phase
         if c["hb"]:
-            img = images[layer, e]
-            for b in range(B):
-                rd_cmd[b].put(dict(region=int(HBRegion.EXPERT), slot=c["slot"], offset=0,
-                                   count=SW, plane=0))
-                hb_expect[b].append([rec, img[b], 0, f"L{layer} E{e} slot {c['slot']} bank {b}"])
-                rec.reads += 1
-            stats["hb_reads"] += 1
+            self.read_slot(c["slot"], self.images[layer, e], rec,
+                           f"L{layer} E{e} slot {c['slot']}")
+            rec.reads += cfg.pes
+            self.stats["hb_reads"] += 1
         if ph == gesd.Phase.DRAFT:
-            lmask = 0 if c["hb"] else hb_mask
+            lmask = 0 if c["hb"] else self.hb_mask
         else:
-            lmask = all_mask & ~hb_mask if c["hb"] else all_mask
+            lmask = self.all_mask & ~self.hb_mask if c["hb"] else self.all_mask
         if lmask:
-            i = lpddr_cmds[0]
-            lpddr_cmds[0] += 1
+            i = self.lpddr_cmds
+            self.lpddr_cmds += 1
             cmd = gext.command(kind=ExtKind.EXPERT, addr=gl.lpddr_expert_base(cfg, layer, e),
                                plane_mask=lmask, id=pos)
-            err = faults.get(i)
-            pe, _fill, _rsp = gext.split_command(cfg, mem, cmd, None if err is None
+            err = self.faults.get(i)
+            pe, _fill, _rsp = gext.split_command(cfg, self.mem, cmd, None if err is None
                                                  else (0, err))
-            ext_expect.append([rec, pe, 0, f"LPDDR read {i} (L{layer} E{e} mask {lmask:#x}"
-                               f"{' fault ' + err.name if err else ''})"])
+            self.ext_expect.append([rec, pe, 0, f"LPDDR read {i} (L{layer} E{e} mask "
+                                    f"{lmask:#x}{' fault ' + err.name if err else ''})"])
             rec.ext += 1
-            stats["lpddr_reads"] += 1
-        rec.settle()
-        pump_ext()
+            self.stats["lpddr_reads"] += 1
+        self.settle(rec)
+        self.pump_ext()
 
-    def on_hb_beat(b, p):
-        if not hb_expect[b]:
-            problems.append(f"bank {b}: an HB beat nobody asked for")
+    def on_hb_beat(self, b, p):
+        if not self.hb_expect[b]:
+            self.problems.append(f"bank {b}: an HB beat nobody asked for")
             return
-        x = hb_expect[b][0]
+        x = self.hb_expect[b][0]
         rec, words, i, what = x
+        sbits = self.cfg.slice_bits
         word = sum(int(s_) << (j * sbits) for j, s_ in enumerate(p["sv"]["slices"]))
         if p["error"] or word != int(words[i]) or p["last"] != (i == len(words) - 1):
-            problems.append(f"cycle {loop.cycle}: HB read {what} word {i}: got {word:#x} error "
-                            f"{p['error']} last {p['last']}, golden {int(words[i]):#x}")
+            self.problems.append(f"cycle {self.cycle}: HB read {what} word {i}: got {word:#x} "
+                                 f"error {p['error']} last {p['last']}, golden "
+                                 f"{int(words[i]):#x}")
         x[2] += 1
-        stats["hb_words"] += 1
+        self.stats["hb_words"] += 1
         if x[2] == len(words):
-            hb_expect[b].popleft()
+            self.hb_expect[b].popleft()
             if rec is not None:
                 rec.reads -= 1
-                rec.settle()
+                self.settle(rec)
             else:
-                check_reads[0] -= 1
+                self.check_reads -= 1
 
-    def pump_ext():
-        while ext_got and ext_expect:
-            p = ext_got.popleft()
-            x = ext_expect[0]
+    def pump_ext(self):
+        while self.ext_got and self.ext_expect:
+            p = self.ext_got.popleft()
+            x = self.ext_expect[0]
             rec, beats, i, what = x
             want = beats[i]
             if p != want:
-                problems.append(f"cycle {loop.cycle}: {what} beat {i}: {p} != golden {want}")
+                self.problems.append(f"cycle {self.cycle}: {what} beat {i}: {p} != golden {want}")
             x[2] += 1
-            stats["ext_beats"] += 1
+            self.stats["ext_beats"] += 1
             if x[2] == len(beats):
-                ext_expect.popleft()
+                self.ext_expect.popleft()
                 rec.ext -= 1
-                rec.settle()
+                self.settle(rec)
 
-    def on_ext(p):
-        ext_got.append(p)
-        pump_ext()
-
-    sinks = [io.sink("host_rsp", t["HostResponse"], responses.append),
-             io.sink("trace", t["TraceEvent"], on_event),
-             io.sink("dp_step", t["StepInfo"], on_step),
-             io.sink("dp_source", t["ExpertSource"], on_source),
-             io.sink("ext_pe", data.Layout.cast(v.ExtBeat), on_ext),
-             *[io.sink(f"hb_rd__{b}", beat_t, lambda p, b=b: on_hb_beat(b, p))
-               for b in range(B)]]
-    sources = [host, announce, dp_done, *rd_cmd]
+    def on_ext(self, p):
+        self.ext_got.append(p)
+        self.pump_ext()
 
     # ---- residency checks at idle points ------------------------------------------------
-    check_reads = [0]
-    checks = [0]
-
-    def check_residency(where):
+    def check_residency(self, where):
+        dut, S = self.dut, self.cfg.tag_slots
         res = dut.resident.value.to_unsigned()
         pend = dut.pending.value.to_unsigned()
         hbv = dut.slot_valid.value.to_unsigned()
-        mine = sum(1 << s_ for s_ in range(S) if valid[s_])
+        mine = sum(1 << s_ for s_ in range(S) if self.valid[s_])
         if not (res == hbv == mine) or pend or int(dut.fill_done_overflow.value):
-            problems.append(f"{where} (cycle {loop.cycle}): tag unit resident {res:#x} pending "
-                            f"{pend:#x}, HB valid {hbv:#x}, trace says {mine:#x}, FillDone "
-                            f"overflow {int(dut.fill_done_overflow.value)}")
+            self.problems.append(f"{where} (cycle {self.cycle}): tag unit resident {res:#x} "
+                                 f"pending {pend:#x}, HB valid {hbv:#x}, trace says {mine:#x}, "
+                                 f"FillDone overflow {int(dut.fill_done_overflow.value)}")
             return
         for s_ in range(S):
-            if valid[s_]:
-                img = images[owner[s_]]
-                for b in range(B):
-                    rd_cmd[b].put(dict(region=int(HBRegion.EXPERT), slot=s_, offset=0,
-                                       count=SW, plane=0))
-                    hb_expect[b].append([None, img[b], 0,
-                                         f"{where}: resident slot {s_} (L{owner[s_][0]} "
-                                         f"E{owner[s_][1]}) bank {b}"])
-                    check_reads[0] += 1
-        checks[0] += 1
-        stats["resident_checked"] += bin(mine).count("1")
+            if self.valid[s_]:
+                lay, e = self.owner[s_]
+                self.read_slot(s_, self.images[self.owner[s_]], None,
+                               f"{where}: resident slot {s_} (L{lay} E{e})")
+                self.check_reads += self.cfg.pes
+        self.checks += 1
+        self.stats["resident_checked"] += bin(mine).count("1")
 
     # ---- the host: commands in order; idle points around every CONTEXT ------------------
-    script = host_script(case)
-    expected = [w for _, w in script if w is not None]
-    total = len(script)
-    sent = [0]
-    st = {"mode": "run", "checked": None, "next": "run"}
-    last_traffic = [0]
+    def busy(self):
+        return (any(x.busy() for x in self.sources) or any(self.hb_expect) or self.ext_expect
+                or self.ext_got or any(not p.done for p in self.open_passes))
 
-    def busy():
-        return (any(x.busy() for x in sources) or any(hb_expect) or ext_expect or ext_got
-                or any(not p.done for p in open_passes))
-
-    def host_cycle():
+    def host_cycle(self):
         """Feed the host queue in order; hold a CONTEXT until the tile is idle
         and the residency check is done, check again once it has been
         answered, and at the end."""
+        st, script = self.st, self.script
         mode = st["mode"]
         if mode == "run":
-            while sent[0] < total:
-                cmd = script[sent[0]][0]
-                if cmd["op"] == HostOp.CONTEXT and st["checked"] != sent[0]:
+            while self.sent < len(script):
+                cmd = script[self.sent][0]
+                if cmd["op"] == HostOp.CONTEXT and st["checked"] != self.sent:
                     st["mode"], st["where"] = "idle", f"before CONTEXT {cmd['value']}"
                     return
-                host.put(cmd)
-                sent[0] += 1
+                self.host.put(cmd)
+                self.sent += 1
                 if cmd["op"] == HostOp.CONTEXT:
                     st["mode"], st["where"] = "idle", f"after CONTEXT {cmd['value']}"
                     return
             st["mode"], st["where"] = "idle", "end"
         elif mode == "idle":
-            if len(responses) == sent[0] and not busy() and loop.cycle - last_traffic[0] > 40:
+            if (len(self.responses) == self.sent and not self.busy()
+                    and self.cycle - self.last_traffic > 40):
                 if st["where"].startswith("before"):
-                    st["checked"] = sent[0]
-                check_residency(st["where"])
+                    st["checked"] = self.sent
+                self.check_residency(st["where"])
                 st["mode"] = "checking"
-        elif mode == "checking" and check_reads[0] == 0 and not busy():
+        elif mode == "checking" and self.check_reads == 0 and not self.busy():
             st["mode"] = "finished" if st["where"] == "end" else "run"
 
-    def before(cycle):
-        if int(dut.trace__valid.value) or busy():
-            last_traffic[0] = cycle
-        host_cycle()
+    def before(self, cycle):
+        if int(self.dut.trace__valid.value) or self.busy():
+            self.last_traffic = cycle
+        self.host_cycle()
 
-    limit = int(os.environ.get("ELMOE_ESD_MAX_CYCLES", "50000000"))
-    cycles = await loop.run(sources, sinks, limit=limit, before=before,
-                            stop=lambda: problems or st["mode"] == "finished")
-    assert not problems, problems[:5]
-    assert not ext_got, f"{len(ext_got)} LPDDR beats nobody asked for"
-    assert st["mode"] == "finished", f"not finished by cycle {cycles} (limit {limit})"
-    lost = [(c, kd) for c, kd in ram.corrupted if kd != "plant"]
-    assert len({c for c, _ in lost}) == len([i for i in faults if i < lpddr_cmds[0]]), (
-        f"faults injected {lost}, planned {sorted(faults)[:8]}... of {lpddr_cmds[0]} reads")
-    out = check_results(case, expected, responses, events, sinks, cycles)
-    out.update(stats)
-    out.update(residency_checks=checks[0], lpddr_cmds=lpddr_cmds[0], bursts=ram.bursts,
-               ram_cmds=ram.cmd + 1)
-    assert ram.cmd + 1 == lpddr_cmds[0], (f"the LPDDR model saw {ram.cmd + 1} commands, the "
-                                          f"datapath expected {lpddr_cmds[0]}")
-    return out
+    async def run_case(self):
+        """Run the case to its end (module doc) and check it; the result record."""
+        case, ram, faults = self.case, self.ram, self.faults
+        expected = [w for _, w in self.script if w is not None]
+        self.expect_responses(case, expected)
+        limit = int(os.environ.get("ELMOE_ESD_MAX_CYCLES", "50000000"))
+        cycles = await self.run(limit=limit, before=self.before,
+                                stop=lambda: self.problems or self.st["mode"] == "finished")
+        assert not self.problems, self.problems[:5]
+        assert not self.ext_got, f"{len(self.ext_got)} LPDDR beats nobody asked for"
+        assert self.st["mode"] == "finished", f"not finished by cycle {cycles} (limit {limit})"
+        lost = [(c, kd) for c, kd in ram.corrupted if kd != "plant"]
+        assert len({c for c, _ in lost}) == len([i for i in faults if i < self.lpddr_cmds]), (
+            f"faults injected {lost}, planned {sorted(faults)[:8]}... of {self.lpddr_cmds} reads")
+        out = self.check_results(case, expected, cycles)
+        out.update(self.stats)
+        out.update(residency_checks=self.checks, lpddr_cmds=self.lpddr_cmds, bursts=ram.bursts,
+                   ram_cmds=ram.cmd + 1)
+        assert ram.cmd + 1 == self.lpddr_cmds, (f"the LPDDR model saw {ram.cmd + 1} commands, "
+                                                f"the datapath expected {self.lpddr_cmds}")
+        return out
 
 
 def dut_layout(v, name, cfg):

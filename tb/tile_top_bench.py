@@ -24,7 +24,7 @@ streams (``$ELMOE_TILE_IDLE``, default 0.2).
 
 Checks: every controller response and counter equals the golden's and the
 trace the golden control sequence event for event
-(:func:`elmoe3d.tb.esd_ctrl_bench.check_results`); every layer output bit for
+(:meth:`elmoe3d.tb.esd_ctrl_bench.CtrlBench.check_results`); every layer output bit for
 bit the golden batched layer (:func:`elmoe3d.golden.moe_batched.batched_forward`),
 ``last`` on each step's final token, no ``error``; the tile's own answers
 (LOAD_DENSE OK, BUSY, BAD_OP); at the end the tag unit's ``resident`` equals
@@ -72,7 +72,7 @@ import time
 import cocotb
 import numpy as np
 from amaranth.lib import data
-from cocotb.triggers import ReadOnly, RisingEdge
+from cocotb.triggers import RisingEdge
 
 from ..config import Config
 from ..golden import esd as gesd
@@ -86,7 +86,7 @@ from ..sim.run import tile_script as ts
 from ..sim.run.tile_script import Plan, lpddr_image, plant_dense, trace_plan  # noqa: F401
 from .common import params, rng, start_clock_and_reset
 from .lpddr import LpddrPort
-from .esd_ctrl_bench import check_results, streams
+from .esd_ctrl_bench import CtrlBench
 from .moe_layer_bench import MoETB
 from .tile_mem_bench import FaultyRam
 
@@ -111,86 +111,114 @@ def lpddr_model(dut, cfg, mem, r, pause):
     return FaultyRam(dut, cfg, bytes(mem), r, pause, {}, None)
 
 
+class TB(CtrlBench):
+    """The tile top's bench for one plan (module doc): the host stream, the
+    response and trace streams on the kit's ports, the LPDDR model, one
+    cycle loop, the controller responses' scoreboard
+    (:class:`~elmoe3d.tb.esd_ctrl_bench.CtrlBench`).
+
+    Parameters
+    ----------
+    dut
+        ``elmoe3d_tile``.
+    cfg : Config
+    ram : FaultyRam or LpddrPort
+        The LPDDR model (an :class:`~elmoe3d.tb.lpddr.LpddrPort` is clocked
+        by this bench's loop, after the streams: cocotbext-axi runs itself).
+    plan : Plan
+        What to send and what to expect.
+    rand : random.Random
+    idle : float
+        Idle probability of the command stream, back-pressure of the
+        response and trace streams.
+    stamps : dict, optional
+        Gets the cycle of every response (``rsp``) and trace event (``trace``).
+
+    Attributes
+    ----------
+    outputs, tile_rsp : list
+        The layer outputs and the tile's own answers, as they arrived.
+    """
+
+    def __init__(self, dut, cfg, ram, plan: Plan, rand, idle, stamps=None):
+        super().__init__(dut, rand, idle)
+        self.cfg, self.ram, self.plan, self.stamps = cfg, ram, plan, stamps
+        hs = ts.host_commands(cfg, plan)
+        self.tile_want, self.counter_cmds = hs.tile_want, hs.counter_cmds
+        self.case = dict(script=plan.cmds + hs.counter_cmds, events=plan.events,
+                         counters=plan.counters, name=plan.name)
+        self.outputs, self.tile_rsp = [], []
+        if stamps is not None:
+            stamps.update(rsp=[], trace=[])
+        self.host = self.source("host_cmd", data.Layout.cast(tile_command(cfg)))
+        for c in hs.commands:
+            self.host.put(c)
+        self.sink("host_rsp", data.Layout.cast(tile_response(cfg)), self.on_rsp)
+        self.sink("trace", data.Layout.cast(vocab(cfg).TraceEvent), self.on_event)
+        self.expect_responses(self.case, plan.want_rsp)
+        self.clocked = [ram] if isinstance(ram, LpddrPort) else []
+
+    def on_event(self, p):
+        self.events.append(p)
+        if self.stamps is not None:
+            self.stamps["trace"].append(self.cycle)
+
+    def on_rsp(self, p):
+        if self.stamps is not None:
+            self.stamps["rsp"].append(self.cycle)
+        kind = p["kind"]
+        if kind == TileRspKind.TILE.value and not self.tile_rsp:
+            # the dense load's reads are the LPDDR model's first commands; the
+            # golden counts expert reads only
+            self.ram.faults = {i + self.ram.cmd + 1: e for i, e in self.plan.faults.items()}
+        if kind == TileRspKind.OUTPUT.value:
+            self.outputs.append(p["out"])
+        elif kind == TileRspKind.CTRL.value:
+            self.on_response(p["rsp"])
+        else:
+            self.tile_rsp.append(p["rsp"])
+
+    async def run_plan(self, limit):
+        """Run until every response and output is in (or ``limit`` cycles),
+        check (module doc); the result record (``check_results``'s, plus the
+        tile's own numbers)."""
+        plan, ram, dut = self.plan, self.ram, self.dut
+        n_ctrl = len(plan.want_rsp) + len(self.counter_cmds)
+        load = []
+
+        def done():
+            if not load and self.tile_rsp:
+                load.append(self.cycle)
+            return (len(self.responses) >= n_ctrl and len(self.outputs) >= len(plan.want_y)
+                    and len(self.tile_rsp) >= len(self.tile_want))
+        cyc = await self.loop.run(self.sources, [*self.sinks, *self.clocked], limit=limit,
+                                  done=done)
+        bad = ts.tile_answer_mismatch(self.tile_rsp, self.tile_want)
+        assert bad is None, bad[1]
+        bad = ts.fault_mismatch([c for c, _ in ram.corrupted], plan)
+        assert bad is None, bad[1]
+        out = self.check_results(self.case, plan.want_rsp, cyc)
+        bad = ts.output_mismatch(plan.want_y, self.outputs)
+        assert bad is None, bad[1]
+        res, pend = dut.resident.value.to_unsigned(), dut.pending.value.to_unsigned()
+        hbv = dut.slot_valid.value.to_unsigned()
+        bad = ts.state_mismatch(res, pend, hbv, int(dut.fill_done_overflow.value))
+        assert bad is None, bad[1]
+        kinds = collections.Counter(gesd.EventKind(e.kind).name for e in plan.events)
+        return dict(out, name=plan.name, load_dense_cycles=load[0] if load else None,
+                    tokens=len(plan.want_y),
+                    spoilt_outputs=sum(1 for y, _ in plan.want_y if y is None),
+                    lpddr_faults_injected=len(ram.corrupted),
+                    faults={k: v.name for k, v in plan.faults.items()},
+                    steps=sum(1 for c in plan.cmds if c["op"] == HostOp.STEP),
+                    kinds=dict(kinds), bursts=ram.bursts, resident=res)
+
+
 async def run_plan(dut, cfg, ram, plan: Plan, r, idle, limit, stamps=None):
     """Send ``plan`` through the host stream (LOAD_DENSE first, every STEP
     followed by its vectors, every COUNTER at the end), take every response
-    and trace event, and check them (module doc). Returns the result record
-    (``check_results``'s, plus the tile's own numbers); ``stamps`` (a dict)
-    gets the cycle of every response (``rsp``) and trace event (``trace``)."""
-    hs = ts.host_commands(cfg, plan)
-    script, tile_want, counter_cmds = hs.commands, hs.tile_want, hs.counter_cmds
-
-    responses, outputs, tile_rsp, events = [], [], [], []
-
-    now = [0]
-    if stamps is not None:
-        stamps.update(rsp=[], trace=[])
-
-    def on_event(p):
-        events.append(p)
-        if stamps is not None:
-            stamps["trace"].append(now[0])
-
-    def on_rsp(p):
-        if stamps is not None:
-            stamps["rsp"].append(now[0])
-        kind = p["kind"]
-        if kind == TileRspKind.TILE.value and not tile_rsp:
-            # the dense load's reads are the LPDDR model's first commands; the
-            # golden counts expert reads only
-            ram.faults = {i + ram.cmd + 1: e for i, e in plan.faults.items()}
-        if kind == TileRspKind.OUTPUT.value:
-            outputs.append(p["out"])
-        elif kind == TileRspKind.CTRL.value:
-            responses.append(p["rsp"])
-        else:
-            tile_rsp.append(p["rsp"])
-
-    io = streams(dut, r, idle)
-    host = io.source("host_cmd", data.Layout.cast(tile_command(cfg)))
-    for c in script:
-        host.put(c)
-    sinks = [io.sink("host_rsp", data.Layout.cast(tile_response(cfg)), on_rsp),
-             io.sink("trace", data.Layout.cast(vocab(cfg).TraceEvent), on_event)]
-    n_ctrl = len(plan.want_rsp) + len(counter_cmds)
-    clocked = [host, *sinks] + ([ram] if isinstance(ram, LpddrPort) else [])
-    cyc, after, load_cycles = 0, 0, None
-    while cyc < limit:
-        await RisingEdge(dut.clk)
-        cyc += 1
-        now[0] = cyc
-        for x in clocked:
-            x.drive(cyc)
-        await ReadOnly()
-        for x in clocked:
-            x.sample()
-        if load_cycles is None and tile_rsp:
-            load_cycles = cyc
-        if (len(responses) >= n_ctrl and len(outputs) >= len(plan.want_y)
-                and len(tile_rsp) >= len(tile_want)):
-            after += 1
-            if after > 50:
-                break
-    bad = ts.tile_answer_mismatch(tile_rsp, tile_want)
-    assert bad is None, bad[1]
-    bad = ts.fault_mismatch([c for c, _ in ram.corrupted], plan)
-    assert bad is None, bad[1]
-    case = dict(script=plan.cmds + counter_cmds, events=plan.events, counters=plan.counters,
-                name=plan.name)
-    out = check_results(case, plan.want_rsp, responses, events, sinks, cyc)
-    bad = ts.output_mismatch(plan.want_y, outputs)
-    assert bad is None, bad[1]
-    res, pend = dut.resident.value.to_unsigned(), dut.pending.value.to_unsigned()
-    hbv = dut.slot_valid.value.to_unsigned()
-    bad = ts.state_mismatch(res, pend, hbv, int(dut.fill_done_overflow.value))
-    assert bad is None, bad[1]
-    kinds = collections.Counter(gesd.EventKind(e.kind).name for e in plan.events)
-    return dict(out, name=plan.name, load_dense_cycles=load_cycles, tokens=len(plan.want_y),
-                spoilt_outputs=sum(1 for y, _ in plan.want_y if y is None),
-                lpddr_faults_injected=len(ram.corrupted),
-                faults={k: v.name for k, v in plan.faults.items()},
-                steps=sum(1 for c in plan.cmds if c["op"] == HostOp.STEP), kinds=dict(kinds),
-                bursts=ram.bursts, resident=res)
+    and trace event, and check them (module doc): :meth:`TB.run_plan`."""
+    return await TB(dut, cfg, ram, plan, r, idle, stamps).run_plan(limit)
 
 
 @cocotb.test()

@@ -130,6 +130,8 @@ def test_source_encode_and_sink_decode():
 def test_idle_backpressure_setters():
     """The mixin keeps a setting for ports made later and applies it to the
     ports the bench already has; ``None`` switches it off."""
+    import itertools
+
     from elmoe3d.tb.kit import IdleBackpressure
 
     class TB(IdleBackpressure):
@@ -142,9 +144,60 @@ def test_idle_backpressure_setters():
     tb.src = Source(dut, "i", None, random.Random(0), tb.idle)
     tb.snk = Sink(dut, "i", 8, random.Random(0), tb.backpressure)
     assert tb.src.idle == 0.25 and tb.snk.backpressure == 0.0
-    pattern = lambda: True                              # noqa: E731
-    tb.set_backpressure_generator(pattern)
+    tb.set_backpressure_generator(lambda: itertools.cycle([1, 0]))   # verilog-axi's
     tb.set_idle_generator()
-    assert tb.snk.backpressure is pattern and tb.src.idle == 0.0 == tb.idle
-    tb.snk.drive(1)
-    assert not dut.i__ready.value
+    assert tb.src.idle == 0.0 == tb.idle
+    ready = []
+    for cycle in (1, 2, 3):
+        tb.snk.drive(cycle)
+        ready.append(bool(dut.i__ready.value))
+    assert ready == [False, True, False]
+
+
+def test_bench_owns_ports_setters_and_scoreboards():
+    """The ``TB`` base (``kit.Bench``): ports made or added join the loop in
+    order; ``set_idle`` / ``set_backpressure`` reach every port (or the named
+    ones) and the ports made later; the generator setters take each port's
+    decisions from its own iterator; ``finish`` fails on a scoreboard item
+    left unchecked and on a stream-rule break."""
+    import itertools
+
+    from elmoe3d.tb.kit import Bench
+
+    dut = _Dut("i")
+    for s in ("valid", "ready", "payload"):
+        setattr(dut, f"o__{s}", _Sig())
+    tb = Bench(dut, random.Random(0), idle=0.1, loop=object())
+    src = tb.source("i", None)
+    extra = tb.add(Sink(dut, "o", 8, tb.rand))
+    assert tb.sources == [src] and tb.sinks == [extra]
+    assert src.idle == 0.1 and tb.streams.backpressure == 0.1
+    tb.set_idle(0.5, names={"x"})
+    assert src.idle == 0.1
+    tb.set_idle(0.0)
+    tb.set_backpressure(1.0)
+    assert src.idle == 0.0 and extra.backpressure == 1.0 and tb.streams.backpressure == 1.0
+    tb.set_backpressure_generator(lambda: itertools.cycle([1, 0]))
+    tb.set_idle_generator(lambda: itertools.cycle([0, 1]))
+    rdy = []
+    for cycle in (1, 2, 3):
+        extra.drive(cycle)
+        rdy.append(extra.rdy)
+    assert rdy == [False, True, False]
+    src.put(5)
+    src.drive(1)
+    assert dut.i__valid.value and dut.i__payload.value == 5   # first draw 0: offered
+    tb.set_idle_generator(None)
+    tb.set_backpressure_generator(None)
+    assert src.idle == 0.0 and extra.backpressure == 0.0
+    sb = tb.scoreboard("beat")
+    sb.expect(1)
+    sb.check(1)
+    tb.finish()
+    tb.scoreboard("beat").expect(2)                   # left unchecked
+    with pytest.raises(AssertionError, match="expected but not received"):
+        tb.finish()
+    tb.scoreboards.pop()
+    extra.rule_violations.append((3, "payload changed before ready"))
+    with pytest.raises(AssertionError, match="1 stream-rule violations"):
+        tb.finish()
