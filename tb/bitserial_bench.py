@@ -21,7 +21,7 @@ from ..golden import bitserial as gbsr
 from ..hw.vocab import bitserial_beat, bitserial_result
 from .common import (CycleLoop, Scoreboard, Sink, Source, golden_mutation, knob, params, rng,
                      start_clock_and_reset)
-from .kit import IdleBackpressure
+from .kit import IdleBackpressure, per_cycle
 
 CORNERS = (-128, 127, 0, -1, 1)
 
@@ -237,7 +237,7 @@ async def one_beat_dots_fill_the_buffer(dut):
     def bp():
         stall["n"] += 1
         return (stall["n"] // 40) % 2 == 0
-    tb.set_backpressure_generator(bp)
+    tb.set_backpressure_generator(per_cycle(bp))
     for _ in range(300):
         tb.queue(tb.dot(tb.L, tb.b))
     await tb.drain(300)

@@ -29,7 +29,7 @@ from cocotb.triggers import ReadOnly, RisingEdge
 from ..sim.run.payload import pack, unpack
 
 __all__ = ["chance", "reset", "Source", "Sink", "Streams", "CycleLoop", "Scoreboard",
-           "Bench", "IdleBackpressure", "deciders"]
+           "Bench", "IdleBackpressure", "deciders", "per_cycle"]
 
 
 def chance(p, rand) -> bool:
@@ -595,3 +595,11 @@ def deciders(generator, n: int) -> list:
         it = generator()
         out.append(lambda it=it: bool(next(it)))
     return out
+
+
+def per_cycle(fn):
+    """A ``set_*_generator`` setting (verilog-axi's generator function) from
+    ``fn``, a callable deciding each cycle (True: idle / not ready): every
+    port's iterator calls the same ``fn``, so the decisions keep ``fn``'s
+    order of draws."""
+    return lambda: iter(fn, None)

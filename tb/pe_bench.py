@@ -46,7 +46,7 @@ from ..hw import vocab as hv
 from .common import (CycleLoop, Scoreboard, Sink, Source, golden_mutation, knob, pack, params,
                      rng, start_clock_and_reset)
 from .coverage import write_coverage
-from .kit import IdleBackpressure
+from .kit import IdleBackpressure, per_cycle
 
 CORNERS = (-128, 127, 0, -1, 1, -127)
 
@@ -615,8 +615,8 @@ def _flow_tb(dut):
     """A :class:`PETB` with idle and back-pressure phases (:class:`Pattern`)."""
     r = rng()
     tb = PETB(dut)
-    tb.set_idle_generator(Pattern(r, rates=(0.0, 0.2, 0.5), burst=0.1))
-    tb.set_backpressure_generator(Pattern(r, rates=(0.0, 0.3, 0.6), burst=0.25))
+    tb.set_idle_generator(per_cycle(Pattern(r, rates=(0.0, 0.2, 0.5), burst=0.1)))
+    tb.set_backpressure_generator(per_cycle(Pattern(r, rates=(0.0, 0.3, 0.6), burst=0.25)))
     return tb
 
 
@@ -727,8 +727,8 @@ async def stall_recovery(dut):
     slot is taken (``i.ready`` low), nothing is lost or reordered, and the
     stream resumes at full rate."""
     tb = PETB(dut)
-    tb.set_backpressure_generator(Pattern(rng(), rates=(0.0,), burst=1.0,
-                                          phase_cycles=(400, 400)))
+    tb.set_backpressure_generator(per_cycle(Pattern(rng(), rates=(0.0,), burst=1.0,
+                                                    phase_cycles=(400, 400))))
     await tb.start()
     for _ in range(400):
         if tb.kind == "bitslice":

@@ -70,8 +70,7 @@ def test_hb_bench_idle_and_backpressure_generators():
     import itertools
     import random
 
-    from elmoe3d.tb.hb_bank_bench import _deciders
-    from elmoe3d.tb.kit import chance
+    from elmoe3d.tb.kit import chance, deciders as _deciders
     r = random.Random(0)
     assert _deciders(None, 2) == [0.0, 0.0] and _deciders(0.3, 3) == [0.3] * 3
     a, b = _deciders(lambda: itertools.cycle([1, 0, 0]), 2)
