@@ -72,7 +72,7 @@ from elmoe3d.hw.esd_ctrl import COUNTERS, TagOp, esd_ports
 from elmoe3d.hw.esd_feed import ROLE_OF_PHASE as _ROLE_OF
 from elmoe3d.sim.run.tile_script import (counter_mismatch, counters_of, host_script,
                                          response_mismatch)
-from elmoe3d.tb.common import Streams, params, reset, rng, start_clock_and_reset
+from elmoe3d.tb.common import params, reset, rng, start_clock_and_reset
 from elmoe3d.tb.kit import Bench
 
 
@@ -149,14 +149,6 @@ _STALL_NAMES = {"host_cmd", "trace", "tag_cmd", "ext_cmd", "dp_source", "dp_anno
 def _stall(name):
     if name in _STALL_NAMES:
         _cover_stall(name)
-
-
-def streams(dut, r, idle):
-    """The stream maker of the controller's benches
-    (:class:`~elmoe3d.tb.kit.Streams`): idle cycles and back-pressure
-    ``idle`` drawn from ``r``, a stall of a covered stream a coverage
-    sample."""
-    return Streams(dut, r, idle, on_stall=_stall)
 
 
 class StepRouter:

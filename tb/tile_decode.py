@@ -26,7 +26,7 @@ import cocotb
 import numpy as np
 from amaranth.lib import data
 from cocotb.task import bridge, resume
-from cocotb.triggers import ReadOnly, RisingEdge
+from cocotb.triggers import RisingEdge
 
 from ..config import Config
 from ..golden import esd as gesd
@@ -38,24 +38,23 @@ from ..hw.vocab import vocab
 from ..hw.tile import TileError, TileOp, TileRspKind, tile_command, tile_response
 from ..sim.run.tile_script import lpddr_image
 from .common import params, rng, start_clock_and_reset
-from .esd_ctrl_bench import streams
+from .esd_ctrl_bench import CtrlBench
 from .tile_mem_bench import FaultyRam
 
 
-class TileHost:
-    """The tile's host side: one command queue, responses sorted by kind,
-    a clock loop (start :meth:`run` as a task)."""
+class TileHost(CtrlBench):
+    """The tile's host side, a bench on the kit (:class:`CtrlBench`: no idle
+    cycles, no back-pressure): one command queue, responses sorted by kind,
+    the kit's cycle loop (start :meth:`run` as a task)."""
 
     def __init__(self, dut, cfg, r):
-        self.dut, self.cfg = dut, cfg
+        super().__init__(dut, r, 0.0)
+        self.cfg = cfg
         self.zero = [0] * cfg.hidden
-        io = streams(dut, r, 0.0)
-        self.src = io.source("host_cmd", data.Layout.cast(tile_command(cfg)))
-        self.ctrl, self.outs, self.tile, self.events = [], [], [], []
-        self.snks = [io.sink("host_rsp", data.Layout.cast(tile_response(cfg)), self._rsp),
-                     io.sink("trace", data.Layout.cast(vocab(cfg).TraceEvent),
-                             self.events.append)]
-        self.cycle = 0
+        self.src = self.source("host_cmd", data.Layout.cast(tile_command(cfg)))
+        self.ctrl, self.outs, self.tile = [], [], []
+        self.sink("host_rsp", data.Layout.cast(tile_response(cfg)), self._rsp)
+        self.sink("trace", data.Layout.cast(vocab(cfg).TraceEvent), self.events.append)
 
     def _rsp(self, p):
         k = p["kind"]
@@ -66,17 +65,10 @@ class TileHost:
         else:
             self.tile.append(p["rsp"])
 
-    async def run(self):
-        while True:
-            await RisingEdge(self.dut.clk)
-            self.cycle += 1
-            self.src.drive(self.cycle)
-            for s in self.snks:
-                s.drive(self.cycle)
-            await ReadOnly()
-            self.src.sample()
-            for s in self.snks:
-                s.sample()
+    async def run(self, *, limit: int = 1 << 62, **kw):
+        """Clock the host's streams (the kit's loop) until cycle ``limit``:
+        for ever by default."""
+        return await super().run(limit=limit, **kw)
 
     def put(self, op, phase=0, step=0, layer=0, value=0, x=None):
         self.src.put(dict(op=int(op), phase=int(phase), step=int(step), layer=int(layer),
